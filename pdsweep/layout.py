@@ -1,0 +1,132 @@
+"""Results layout: one directory per run, one per cell; atomic, versioned JSON.
+
+::
+
+    results/<run>/
+      run.json            index: sweep, host, cells -> status        (RUN_FILE)
+      plan.json           cells, rejected cells with rule and reason (PLAN_FILE)
+      <cell-id>/
+        cell.json         resolved cell, instances (argv, env), build, versions, git sha
+        status.json       {"status": ok|failed, "phase", "reason", timings}
+        accuracy.json     per task: value, stderr, n, expected, reference, p_value, verdict
+        consistency.json  per prompt: exact-match rate, first divergence, max |dlogprob|
+        transfer.json     vllm:nixl_* deltas per instance and totals, latency figures
+        load.json         load phase (TTFT/TPOT/ITL percentiles, throughput)
+        lm_eval/          lm-eval's own results and samples
+        metrics/          raw /metrics text before/after each phase
+        logs/             prefill-0.log, decode-0.log, proxy.log, ...
+
+Every JSON file carries ``"schema": SCHEMA``; :func:`read_json` refuses newer schemas.
+Writes go to a temp file in the same directory, then ``os.replace``: a reader never
+sees a half-written file, and a killed run leaves either the old file or the new one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .errors import UserError
+
+SCHEMA = 1
+RUN_FILE = "run.json"
+PLAN_FILE = "plan.json"
+CELL_FILE = "cell.json"
+STATUS_FILE = "status.json"
+ACCURACY_FILE = "accuracy.json"
+CONSISTENCY_FILE = "consistency.json"
+TRANSFER_FILE = "transfer.json"
+LOAD_FILE = "load.json"
+
+FINAL_STATUSES = ("ok", "failed")  # --resume skips cells with one of these
+
+
+def _clean(obj: Any) -> Any:
+    """JSON has no NaN: store NaN/inf as null so a reader fails closed on a missing value."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def write_json(path: Path, data: dict[str, Any]) -> Path:
+    """Atomically write ``data`` (plus ``schema``) to ``path``; returns ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = json.dumps({"schema": SCHEMA, **_clean(data)}, indent=2, sort_keys=False, default=str)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(payload + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_text(path: Path, text: str) -> Path:
+    """Atomically write a text file (reports, summaries)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """Read a results JSON file. Raises ``FileNotFoundError`` if absent and
+    ``UserError`` if unreadable or written by a newer pdsweep (schema > SCHEMA)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"{path}: unreadable results file: {e}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a JSON object")
+    if int(data.get("schema", 0)) > SCHEMA:
+        raise UserError(f"{path}: schema {data['schema']} is newer than this pdsweep ({SCHEMA}); upgrade pdsweep")
+    return data
+
+
+def read_json_or_none(path: Path) -> dict[str, Any] | None:
+    try:
+        return read_json(path)
+    except FileNotFoundError:
+        return None
+
+
+def cell_dir(run_dir: Path, cell_id: str) -> Path:
+    return Path(run_dir) / cell_id
+
+
+def cell_status(run_dir: Path, cell_id: str) -> str | None:
+    """``ok``/``failed``/... from the cell's status.json, or None when it has none."""
+    data = read_json_or_none(cell_dir(run_dir, cell_id) / STATUS_FILE)
+    return data.get("status") if data else None
+
+
+def iter_cell_dirs(run_dir: Path) -> list[Path]:
+    """Cell directories of a run, in run.json order when present, else sorted."""
+    run_dir = Path(run_dir)
+    index = read_json_or_none(run_dir / RUN_FILE)
+    if index and "cells" in index:
+        return [run_dir / cid for cid in index["cells"]]
+    return sorted(p for p in run_dir.iterdir() if p.is_dir() and (p / CELL_FILE).exists())

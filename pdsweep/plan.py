@@ -1,0 +1,314 @@
+"""Expand a sweep matrix into named cells; reject invalid ones with the reason; derive
+the exact ``vllm serve`` argv and environment of every instance.
+
+Matrix semantics follow GitHub Actions ``strategy.matrix``: the product of the axes,
+minus ``exclude`` entries (partial match), then each ``include`` entry is merged into
+every combination whose *original* axis values it does not overwrite, or appended as a
+new combination when it fits none.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from . import rules
+from .errors import UserError
+from .spec import AXES, LoadedSweep, ModelSpec
+
+MAX_INSTANCES = 12  # per cell; bounded by the per-slot port layout below
+PORTS_PER_SLOT = 200
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One PD deployment (``kind='pd'``) or a single-instance reference (``kind='ref'``)."""
+
+    model: str
+    prefill_tp: int
+    decode_tp: int
+    prefill_block_size: int
+    decode_block_size: int
+    num_prefill: int
+    num_decode: int
+    kv_buffer_device: str
+    build: str
+    serve_args: str = "base"
+    env: str = "base"
+    kind: str = "pd"
+    platform: str = "cuda"
+    expect_fail: bool = False
+    expect_reason: str | None = None
+    expect_ref: str | None = None
+
+    @property
+    def id(self) -> str:
+        """Stable, readable id, e.g. ``kimi-linear.p2d1.b128-128.fixed``."""
+        if self.kind == "ref":
+            parts = [self.model, f"ref-tp{self.decode_tp}", f"b{self.decode_block_size}", self.build]
+        else:
+            parts = [self.model, f"p{self.prefill_tp}d{self.decode_tp}",
+                     f"b{self.prefill_block_size}-{self.decode_block_size}", self.build]
+            if (self.num_prefill, self.num_decode) != (1, 1):
+                parts.append(f"{self.num_prefill}x{self.num_decode}")
+        if self.kv_buffer_device != self.platform:  # e.g. host staging on a GPU node
+            parts.append(f"kvbuf-{self.kv_buffer_device}")
+        if self.serve_args != "base":
+            parts.append(self.serve_args)
+        if self.env != "base":
+            parts.append(f"env-{self.env}")
+        return ".".join(parts)
+
+    @property
+    def compare_key(self) -> str:
+        """The id without the build, to line up fixed and unfixed runs of one cell."""
+        return ".".join(p for p in self.id.split(".") if p != self.build)
+
+    @property
+    def tp_ratio(self) -> int:
+        return rules.tp_ratio(self.prefill_tp, self.decode_tp)
+
+    @property
+    def num_gpus(self) -> int:
+        """GPUs the cell holds: num_prefill*prefill_tp + num_decode*decode_tp (ref: decode_tp)."""
+        if self.kind == "ref":
+            return self.decode_tp
+        return self.num_prefill * self.prefill_tp + self.num_decode * self.decode_tp
+
+    def reference(self) -> Cell:
+        """The single-instance (non-PD) reference of this cell at the decode TP."""
+        return replace(self, kind="ref", prefill_tp=self.decode_tp, prefill_block_size=self.decode_block_size,
+                       num_prefill=0, num_decode=1, expect_fail=False, expect_reason=None, expect_ref=None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, **asdict(self)}
+
+
+@dataclass(frozen=True)
+class Rejected:
+    cell: Cell
+    rule: str
+    reason: str
+
+
+@dataclass
+class Plan:
+    """Result of :func:`expand`. ``cells`` are valid and include reference cells."""
+
+    loaded: LoadedSweep
+    cells: list[Cell] = field(default_factory=list)
+    rejected: list[Rejected] = field(default_factory=list)
+
+    @property
+    def pd_cells(self) -> list[Cell]:
+        return [c for c in self.cells if c.kind == "pd"]
+
+    def model(self, cell: Cell) -> ModelSpec:
+        return self.loaded.catalogue.models[cell.model]
+
+
+def _matches(combo: dict[str, Any], entry: dict[str, Any]) -> bool:
+    return all(k in combo and str(combo[k]) == str(v) for k, v in entry.items())
+
+
+def matrix_combinations(matrix: Any) -> list[dict[str, Any]]:
+    """GitHub-Actions matrix expansion: product, exclude, include (see module doc)."""
+    axes = [(k, getattr(matrix, k)) for k in AXES if getattr(matrix, k)]
+    keys = [k for k, _ in axes]
+    combos = [dict(zip(keys, vals)) for vals in itertools.product(*(v for _, v in axes))]
+    combos = [c for c in combos if not any(_matches(c, e) for e in matrix.exclude)]
+    originals = [dict(c) for c in combos]
+    extra: list[dict[str, Any]] = []
+    for entry in matrix.include:
+        merged = False
+        for combo, orig in zip(combos, originals):
+            if all(str(orig[k]) == str(v) for k, v in entry.items() if k in orig):
+                combo.update(entry)
+                merged = True
+        if not merged:
+            extra.append(dict(entry))
+    return combos + extra
+
+
+def _to_cell(combo: dict[str, Any], ls: LoadedSweep) -> Cell:
+    d = ls.sweep.defaults
+    v = {k: getattr(d, k) for k in ("prefill_tp", "decode_tp", "prefill_block_size", "decode_block_size",
+                                     "num_prefill", "num_decode", "kv_buffer_device", "build", "serve_args", "env")}
+    v["kv_buffer_device"] = v["kv_buffer_device"] or ("cpu" if ls.sweep.platform == "cpu" else "cuda")
+    for k, val in combo.items():
+        if k == "tp":
+            p, dd = str(val)[1:].split("d")
+            v["prefill_tp"], v["decode_tp"] = int(p), int(dd)
+        elif k == "block_size":
+            v["prefill_block_size"] = v["decode_block_size"] = int(val)
+        elif k in ("expect", "reason", "ref"):
+            continue
+        else:
+            v[k] = val
+    if "model" not in combo:
+        raise UserError(f"{ls.path}: matrix.include entry {combo} has no 'model' and matches no combination")
+    cell = Cell(model=combo["model"], **{k: val for k, val in v.items() if k != "model"},
+                platform=ls.sweep.platform, expect_fail=combo.get("expect") == "fail",
+                expect_reason=combo.get("reason"), expect_ref=combo.get("ref"))
+    return cell
+
+
+def expand(ls: LoadedSweep) -> Plan:
+    """Expand ``ls`` into valid cells (PD cells, then one reference per distinct
+    (model, decode TP, decode block, build, variants) when ``eval.reference``) and
+    rejected cells with rule id and reason. Raises ``UserError`` on duplicate ids."""
+    plan = Plan(loaded=ls)
+    seen: dict[str, Cell] = {}
+    for combo in matrix_combinations(ls.sweep.matrix):
+        cell = _to_cell(combo, ls)
+        if cell.id in seen:
+            raise UserError(f"{ls.path}: matrix: two combinations give the same cell id '{cell.id}' "
+                            "(an include entry duplicates a product combination?)")
+        seen[cell.id] = cell
+        model = ls.catalogue.models[cell.model]
+        if cell.num_prefill + cell.num_decode > MAX_INSTANCES:
+            plan.rejected.append(Rejected(cell, "instances", f"more than {MAX_INSTANCES} instances per cell"))
+            continue
+        bad = rules.check(cell, model, ls)
+        if bad:
+            plan.rejected.append(Rejected(cell, *bad))
+        else:
+            plan.cells.append(cell)
+    if ls.sweep.eval.reference:
+        refs: dict[str, Cell] = {}
+        for c in plan.cells:
+            r = c.reference()
+            refs.setdefault(r.id, r)
+        plan.cells.extend(refs.values())
+    return plan
+
+
+# ---------------------------------------------------------------- instances
+@dataclass(frozen=True)
+class Slot:
+    """Resources of one scheduled cell: GPU ids, a private block of ports, CPU cores."""
+
+    index: int
+    gpus: tuple[int, ...]
+    port_base: int
+    cpus: tuple[int, ...] = ()
+
+    def proxy_port(self) -> int:
+        return self.port_base
+
+    def http_port(self, k: int) -> int:
+        return self.port_base + 1 + k
+
+    def vllm_port(self, k: int) -> int:
+        return self.port_base + 20 + 5 * k
+
+    def side_channel_port(self, k: int) -> int:
+        """Base side-channel port of instance ``k``; vLLM adds rank offsets (8 reserved)."""
+        return self.port_base + 100 + 8 * k
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    """One ``vllm serve`` process: argv (never a shell string) and the env it adds."""
+
+    name: str  # prefill-0, decode-1, single-0
+    role: str  # prefill | decode | single
+    tp: int
+    port: int
+    side_channel_port: int | None
+    gpus: tuple[int, ...]
+    argv: tuple[str, ...]
+    env: dict[str, str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "argv": list(self.argv)}
+
+
+def derived_env(model: ModelSpec, role: str) -> dict[str, str]:
+    """Environment vLLM needs for this model and role (never hand-written in sweeps):
+    ``VLLM_SSM_CONV_STATE_LAYOUT=DS`` for SSM models (nixl/base_worker.py asserts
+    ``is_conv_state_dim_first``); ``VLLM_KV_CACHE_LAYOUT=HND`` on decode for non-MLA
+    attention (upstream run_accuracy_test.sh DECODER_KV_LAYOUT)."""
+    env: dict[str, str] = {}
+    if model.is_hybrid:
+        env["VLLM_SSM_CONV_STATE_LAYOUT"] = "DS"
+    if role == "decode" and model.attention != "mla":
+        env["VLLM_KV_CACHE_LAYOUT"] = "HND"
+    return env
+
+
+def kv_transfer_config(cell: Cell, role: str, ls: LoadedSweep) -> dict[str, Any]:
+    """``--kv-transfer-config`` for a NixlConnector producer (prefill) or consumer (decode)."""
+    cfg: dict[str, Any] = {
+        "kv_connector": "NixlConnector",
+        "kv_role": "kv_both" if ls.sweep.defaults.kv_role == "both" else
+                   {"prefill": "kv_producer", "decode": "kv_consumer"}[role],
+        "kv_buffer_device": cell.kv_buffer_device,
+    }
+    if ls.sweep.defaults.kv_lease_duration_s:
+        cfg["kv_connector_extra_config"] = {"kv_lease_duration": ls.sweep.defaults.kv_lease_duration_s}
+    return cfg
+
+
+def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: str) -> list[InstanceSpec]:
+    """Every instance of ``cell`` on ``slot``: prefill-i, then decode-i (or single-0).
+
+    GPUs are handed out consecutively from ``slot.gpus`` (prefill first, as upstream);
+    on CPU each TP rank is bound to a core with ``VLLM_CPU_OMP_THREADS_BIND``.
+    """
+    s, d = ls.sweep, ls.sweep.defaults
+    model = ls.catalogue.models[cell.model]
+    variant = s.serve_variant(cell.serve_args)
+    roles = ([("single", cell.decode_tp, cell.decode_block_size)] if cell.kind == "ref" else
+             [("prefill", cell.prefill_tp, cell.prefill_block_size)] * cell.num_prefill
+             + [("decode", cell.decode_tp, cell.decode_block_size)] * cell.num_decode)
+    out, gpu_i, rank_i, counters = [], 0, 0, {"prefill": 0, "decode": 0, "single": 0}
+    for k, (role, tp, block) in enumerate(roles):
+        name = f"{role}-{counters[role]}"
+        counters[role] += 1
+        gpus = slot.gpus[gpu_i:gpu_i + tp] if slot.gpus else ()
+        gpu_i += tp
+        argv = [python, "-m", "vllm.entrypoints.cli.main", "serve", model_path,
+                "--served-model-name", cell.model, "--host", "127.0.0.1", "--port", str(slot.http_port(k)),
+                "--tensor-parallel-size", str(tp), "--block-size", str(block),
+                "--max-model-len", str(d.max_model_len or model.max_model_len), "--seed", "0"]
+        if s.platform == "cuda":
+            argv += ["--gpu-memory-utilization", str(d.gpu_memory_utilization)]
+        if d.enforce_eager:
+            argv.append("--enforce-eager")
+        if d.max_num_seqs:
+            argv += ["--max-num-seqs", str(d.max_num_seqs)]
+        if role != "single":
+            argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(cell, role, ls), separators=(",", ":"))]
+        argv += list(model.serve_args) + list(variant.both)
+        argv += list(variant.prefill if role == "prefill" else variant.decode if role == "decode" else [])
+        env = {**derived_env(model, role), **model.env, **s.ucx, **s.env[cell.env]}
+        env["VLLM_PORT"] = str(slot.vllm_port(k))
+        side = None
+        if role != "single":
+            side = slot.side_channel_port(k)
+            env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(side)
+        if s.platform == "cuda":
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+        else:
+            cores = slot.cpus or tuple(range(os.cpu_count() or 1))
+            env["VLLM_TARGET_DEVICE"] = "cpu"
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(d.cpu_kvcache_space_gib)
+            env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(cores[(rank_i + r) % len(cores)]) for r in range(tp))
+            env.setdefault("PDSWEEP_NIXL_PROGRESS_DELAY_US", "1000")
+            rank_i += tp
+        out.append(InstanceSpec(name, role, tp, slot.http_port(k), side, tuple(gpus), tuple(argv), env))
+    return out
+
+
+def model_path(model: ModelSpec, name: str, cache_dir: Path | None = None) -> str:
+    """Where vLLM loads ``model`` from: HF id, local path, or the generated tiny checkpoint."""
+    if model.tiny is not None:
+        from .tinymodels import checkpoint_dir
+
+        return str(checkpoint_dir(name, model, cache_dir))
+    return model.path or model.hf_id  # type: ignore[return-value]

