@@ -39,6 +39,7 @@ class Cell:
     build: str
     serve_args: str = "base"
     env: str = "base"
+    decode_dp: int = 1
     kind: str = "pd"
     platform: str = "cuda"
     expect_fail: bool = False
@@ -55,6 +56,8 @@ class Cell:
                      f"b{self.prefill_block_size}-{self.decode_block_size}", self.build]
             if (self.num_prefill, self.num_decode) != (1, 1):
                 parts.append(f"{self.num_prefill}x{self.num_decode}")
+            if self.decode_dp != 1:
+                parts.append(f"ddp{self.decode_dp}")
         if self.kv_buffer_device != self.platform:  # e.g. host staging on a GPU node
             parts.append(f"kvbuf-{self.kv_buffer_device}")
         if self.serve_args != "base":
@@ -73,16 +76,21 @@ class Cell:
         return rules.tp_ratio(self.prefill_tp, self.decode_tp)
 
     @property
-    def num_gpus(self) -> int:
-        """GPUs the cell holds: num_prefill*prefill_tp + num_decode*decode_tp (ref: decode_tp)."""
+    def num_ranks(self) -> int:
+        """Model-executing ranks: num_prefill*prefill_tp + num_decode*decode_tp (ref: decode_tp)."""
         if self.kind == "ref":
             return self.decode_tp
-        return self.num_prefill * self.prefill_tp + self.num_decode * self.decode_tp
+        return self.num_prefill * self.prefill_tp + self.num_decode * self.decode_tp * self.decode_dp
+
+    @property
+    def num_gpus(self) -> int:
+        """GPUs the cell holds: one per rank on cuda, none on cpu."""
+        return self.num_ranks if self.platform == "cuda" else 0
 
     def reference(self) -> Cell:
         """The single-instance (non-PD) reference of this cell at the decode TP."""
         return replace(self, kind="ref", prefill_tp=self.decode_tp, prefill_block_size=self.decode_block_size,
-                       num_prefill=0, num_decode=1, expect_fail=False, expect_reason=None, expect_ref=None)
+                       num_prefill=0, num_decode=1, decode_dp=1, expect_fail=False, expect_reason=None, expect_ref=None)
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, **asdict(self)}
@@ -137,7 +145,8 @@ def matrix_combinations(matrix: Any) -> list[dict[str, Any]]:
 def _to_cell(combo: dict[str, Any], ls: LoadedSweep) -> Cell:
     d = ls.sweep.defaults
     v = {k: getattr(d, k) for k in ("prefill_tp", "decode_tp", "prefill_block_size", "decode_block_size",
-                                     "num_prefill", "num_decode", "kv_buffer_device", "build", "serve_args", "env")}
+                                     "num_prefill", "num_decode", "decode_dp", "kv_buffer_device", "build", "serve_args",
+                                     "env")}
     v["kv_buffer_device"] = v["kv_buffer_device"] or ("cpu" if ls.sweep.platform == "cpu" else "cuda")
     for k, val in combo.items():
         if k == "tp":
@@ -266,20 +275,24 @@ def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: 
     roles = ([("single", cell.decode_tp, cell.decode_block_size)] if cell.kind == "ref" else
              [("prefill", cell.prefill_tp, cell.prefill_block_size)] * cell.num_prefill
              + [("decode", cell.decode_tp, cell.decode_block_size)] * cell.num_decode)
+    eager = d.enforce_eager if variant.enforce_eager is None else variant.enforce_eager
     out, gpu_i, rank_i, counters = [], 0, 0, {"prefill": 0, "decode": 0, "single": 0}
     for k, (role, tp, block) in enumerate(roles):
         name = f"{role}-{counters[role]}"
         counters[role] += 1
-        gpus = slot.gpus[gpu_i:gpu_i + tp] if slot.gpus else ()
-        gpu_i += tp
+        dp = cell.decode_dp if role == "decode" else 1
+        gpus = slot.gpus[gpu_i:gpu_i + tp * dp] if slot.gpus else ()
+        gpu_i += tp * dp
         argv = [python, "-m", "vllm.entrypoints.cli.main", "serve", model_path,
                 "--served-model-name", cell.model, "--host", "127.0.0.1", "--port", str(slot.http_port(k)),
                 "--tensor-parallel-size", str(tp), "--block-size", str(block),
                 "--max-model-len", str(d.max_model_len or model.max_model_len), "--seed", "0"]
         if s.platform == "cuda":
             argv += ["--gpu-memory-utilization", str(d.gpu_memory_utilization)]
-        if d.enforce_eager:
+        if eager:
             argv.append("--enforce-eager")
+        if dp > 1:
+            argv += ["--data-parallel-size", str(dp), "--enable-expert-parallel"]
         if d.max_num_seqs:
             argv += ["--max-num-seqs", str(d.max_num_seqs)]
         if role != "single":
@@ -298,9 +311,9 @@ def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: 
             cores = slot.cpus or tuple(range(os.cpu_count() or 1))
             env["VLLM_TARGET_DEVICE"] = "cpu"
             env["VLLM_CPU_KVCACHE_SPACE"] = str(d.cpu_kvcache_space_gib)
-            env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(cores[(rank_i + r) % len(cores)]) for r in range(tp))
+            env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(cores[(rank_i + r) % len(cores)]) for r in range(tp * dp))
             env.setdefault("PDSWEEP_NIXL_PROGRESS_DELAY_US", "1000")
-            rank_i += tp
+            rank_i += tp * dp
         out.append(InstanceSpec(name, role, tp, slot.http_port(k), side, tuple(gpus), tuple(argv), env))
     return out
 

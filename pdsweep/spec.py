@@ -38,6 +38,7 @@ AXES = (
     "decode_block_size",
     "num_prefill",
     "num_decode",
+    "decode_dp",
     "kv_buffer_device",
     "build",
     "serve_args",
@@ -188,9 +189,13 @@ class BuildSpec(_Strict):
 
 
 class ServeArgsVariant(_Strict):
+    """Extra ``vllm serve`` args for both roles, prefill only, decode only; appended
+    after pdsweep's own flags, so a repeated flag here wins (argparse keeps the last)."""
+
     both: list[str] = []
     prefill: list[str] = []
     decode: list[str] = []
+    enforce_eager: bool | None = None  # override defaults.enforce_eager (e.g. MTP, CUDA graphs)
 
 
 class Defaults(_Strict):
@@ -200,6 +205,7 @@ class Defaults(_Strict):
     decode_block_size: int = Field(default=16, ge=1)
     num_prefill: int = Field(default=1, ge=1)
     num_decode: int = Field(default=1, ge=1)
+    decode_dp: int = Field(default=1, ge=1)  # decode as data parallel (+ expert parallel), upstream DP_EP
     kv_buffer_device: KvBufferDevice | None = None  # None: cuda on GPU, cpu on CPU
     build: str = "fixed"
     serve_args: str = "base"
@@ -262,6 +268,7 @@ class Matrix(_Strict):
     decode_block_size: list[int] | None = None
     num_prefill: list[int] | None = None
     num_decode: list[int] | None = None
+    decode_dp: list[int] | None = None
     kv_buffer_device: list[KvBufferDevice] | None = None
     build: list[str] | None = None
     serve_args: list[str] | None = None

@@ -1,0 +1,70 @@
+# pdsweep. Two commands do everything on a fresh machine:
+#   make sweep   the main job: the GPU matrix on a GPU node, sweeps/cpu-smoke.yaml without one
+#   make test    the tests
+# Both create/update the venv first (quick when nothing changed).
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.pdsweep-installed
+HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
+SWEEP ?= $(if $(HAVE_GPU),sweeps/hybrid-mla-mamba.yaml,sweeps/cpu-smoke.yaml)
+SWEEP_NAME := $(basename $(notdir $(SWEEP)))
+RUN ?= results/$(SWEEP_NAME)-$(shell date +%Y%m%d-%H%M%S)
+LATEST ?= results/latest
+A ?= results/unfixed
+B ?= results/fixed
+BASELINE ?= results/last-green
+PYTEST_ARGS ?=
+
+.PHONY: install sweep plan validate gate report compare nightly test bench baseline-env clean
+
+install: $(STAMP)
+$(STAMP): pyproject.toml scripts/install-env.sh scripts/cpu-env-fixups.py
+	bash scripts/install-env.sh $(VENV)
+
+validate: install
+	$(PY) -m pdsweep validate $(SWEEP)
+
+plan: install
+	$(PY) -m pdsweep plan $(SWEEP)
+
+# Run the sweep, point results/latest at it, write the report, then gate it.
+sweep: install
+	$(PY) -m pdsweep run $(SWEEP) --out $(RUN)
+	ln -sfn $(abspath $(RUN)) $(LATEST)
+	$(PY) -m pdsweep report $(LATEST)
+	$(PY) -m pdsweep gate $(LATEST)
+
+gate: install
+	$(PY) -m pdsweep gate $(LATEST) --junit $(LATEST)/junit.xml --summary $(LATEST)/summary.md
+
+report: install
+	$(PY) -m pdsweep report $(LATEST)
+
+compare: install
+	$(PY) -m pdsweep compare $(A) $(B)
+
+# Nightly: sweep + gate + compare against the last green run (if any) + summary.
+# A green gate moves results/last-green to this run.
+nightly: install
+	$(PY) -m pdsweep run $(SWEEP) --out $(RUN) --quiet
+	ln -sfn $(abspath $(RUN)) $(LATEST)
+	$(PY) -m pdsweep report $(LATEST)
+	status=0; $(PY) -m pdsweep gate $(LATEST) --junit $(LATEST)/junit.xml --summary $(LATEST)/summary.md || status=$$?; \
+	if [ -e $(BASELINE) ]; then $(PY) -m pdsweep compare $(BASELINE) $(LATEST) --out $(LATEST) || status=1; fi; \
+	if [ $$status -eq 0 ]; then ln -sfn $(abspath $(RUN)) $(BASELINE); fi; exit $$status
+
+baseline-env: install
+	$(PY) -m pdsweep baseline-env --dest $(VENV)-unfixed
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: install
+	mkdir -p results/bench
+	$(PY) -m pytest bench/ --benchmark-only --benchmark-json=results/bench/bench.json $(PYTEST_ARGS)
+	$(PY) scripts/bench-summary.py results/bench/bench.json > results/bench/summary.md
+	cat results/bench/summary.md
+
+clean:
+	rm -rf .pytest_cache .hypothesis .benchmarks

@@ -1,0 +1,297 @@
+"""Compare two runs cell by cell. **A = baseline, B = candidate**; ratios are B/A.
+
+Cells line up by ``compare_key`` (cell.json: the id without the build), so a fixed and an
+unfixed run of the same sweep match; within one key, identical ids pair first. Each pair
+gets a verdict and an asv-style mark:
+
+=================  ====  =======================================================
+``regression``     ``-``  B worse: passed in A and fails in B, an accuracy task
+                          significantly lower (one-sided two-proportion test at
+                          ``alpha``), consistency pass -> fail, or more failed
+                          transfers / notifications than A
+``improvement``    ``+``  the mirror image, with nothing worse
+``same``           `` ``  neither
+``not-comparable`` ``x``  ``config_hash`` differs (something but the build changed)
+``only-in-A``      ``<``  no match in B (or rejected in B)
+``only-in-B``      ``>``  no match in A (or rejected in A)
+=================  ====  =======================================================
+
+GB/s, TTFT and TPOT ratios are reported, never judged (performance is noisy on shared
+hosts). :func:`compare_runs` gates both runs with :func:`pdsweep.gate.gate_run`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import layout
+from .accuracy import two_proportion_p
+from .errors import GateFailed
+from .gate import SKIPPED, CellResult, GateResult, TaskScore, gate_run, md_escape, md_table
+from .spec import GateSpec
+
+REGRESSION, IMPROVEMENT, SAME = "regression", "improvement", "same"
+NOT_COMPARABLE, ONLY_A, ONLY_B = "not-comparable", "only-in-A", "only-in-B"
+MARKS = {REGRESSION: "-", IMPROVEMENT: "+", SAME: " ", NOT_COMPARABLE: "x", ONLY_A: "<", ONLY_B: ">"}
+DIRECTION = "A = baseline, B = candidate; ratios are B/A"
+
+
+@dataclass(frozen=True)
+class TaskDelta:
+    """One accuracy task in A and B. ``p_lower``/``p_higher``: one-sided p-values that
+    B is lower/higher than A (None when a value or sample count is missing)."""
+
+    task: str
+    a: float | None
+    b: float | None
+    p_lower: float | None = None
+    p_higher: float | None = None
+
+    @property
+    def delta(self) -> float | None:
+        return None if self.a is None or self.b is None else self.b - self.a
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"task": self.task, "a": self.a, "b": self.b, "delta": self.delta, "p_lower": self.p_lower,
+                "p_higher": self.p_higher}
+
+
+@dataclass(frozen=True)
+class CellComparison:
+    """One compare key: A's and B's gate results (None where absent), the verdict and why."""
+
+    key: str
+    verdict: str
+    a: CellResult | None
+    b: CellResult | None
+    tasks: tuple[TaskDelta, ...] = ()
+    gbps_ratio: float | None = None
+    ttft_ratio: float | None = None
+    tpot_ratio: float | None = None
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def mark(self) -> str:
+        return MARKS[self.verdict]
+
+    def to_dict(self) -> dict[str, Any]:
+        def side(r: CellResult | None) -> dict[str, Any] | None:
+            return None if r is None else {"cell_id": r.cell_id, "verdict": r.verdict, "status": r.facts.status,
+                                           "consistency": r.facts.consistency, "config_hash": r.facts.config_hash,
+                                           "failed_transfers": r.facts.total("failed_transfers"),
+                                           "failed_notifications": r.facts.total("failed_notifications")}
+        return {"key": self.key, "verdict": self.verdict, "mark": self.mark, "a": side(self.a), "b": side(self.b),
+                "tasks": [t.to_dict() for t in self.tasks], "gbps_ratio": self.gbps_ratio,
+                "ttft_ratio": self.ttft_ratio, "tpot_ratio": self.tpot_ratio, "reasons": list(self.reasons)}
+
+
+@dataclass(frozen=True)
+class CompareResult:
+    """A (baseline) against B (candidate): one :class:`CellComparison` per compare key,
+    in A's order then B's new keys."""
+
+    a: Path
+    b: Path
+    a_name: str
+    b_name: str
+    alpha: float
+    cells: tuple[CellComparison, ...]
+
+    def by_verdict(self, verdict: str) -> list[CellComparison]:
+        return [c for c in self.cells if c.verdict == verdict]
+
+    @property
+    def regressions(self) -> list[CellComparison]:
+        return self.by_verdict(REGRESSION)
+
+    @property
+    def improvements(self) -> list[CellComparison]:
+        return self.by_verdict(IMPROVEMENT)
+
+    @property
+    def regressed(self) -> bool:
+        """True when any cell regressed (the CLI exits 1)."""
+        return bool(self.regressions)
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.regressed else 0
+
+    def cell(self, key: str) -> CellComparison:
+        """The comparison of compare key ``key``; raises ``KeyError``."""
+        for c in self.cells:
+            if c.key == key:
+                return c
+        raise KeyError(key)
+
+    def raise_for_verdict(self) -> None:
+        """Raise :class:`~pdsweep.errors.GateFailed` listing the regressions, if any."""
+        if self.regressed:
+            lines = [f"- {c.key}: {'; '.join(c.reasons)}" for c in self.regressions]
+            raise GateFailed(f"compare: {len(lines)} regression(s) of {self.b_name} against {self.a_name}:\n"
+                             + "\n".join(lines))
+
+    def to_dict(self) -> dict[str, Any]:
+        counts = {v: len(self.by_verdict(v)) for v in MARKS}
+        return {"a": str(self.a), "b": str(self.b), "a_name": self.a_name, "b_name": self.b_name,
+                "direction": DIRECTION, "alpha": self.alpha, "counts": counts, "regressed": self.regressed,
+                "cells": [c.to_dict() for c in self.cells]}
+
+
+# ---------------------------------------------------------------- judging one pair
+def _ratio(b: float | None, a: float | None) -> float | None:
+    return None if a is None or b is None or a <= 0 else b / a
+
+
+def task_deltas(a: tuple[TaskScore, ...], b: tuple[TaskScore, ...]) -> list[TaskDelta]:
+    """Per task present in A or B: values and one-sided two-proportion p-values."""
+    ta, tb = {t.task: t for t in a}, {t.task: t for t in b}
+    out = []
+    for name in dict.fromkeys([*ta, *tb]):
+        x, y = ta.get(name), tb.get(name)
+        lower = higher = None
+        if x and y and None not in (x.value, y.value) and (x.n or 0) > 0 and (y.n or 0) > 0:
+            ka, kb = round(x.value * x.n), round(y.value * y.n)  # type: ignore[operator]
+            if 0 <= ka <= x.n and 0 <= kb <= y.n:  # type: ignore[operator]
+                lower, higher = two_proportion_p(kb, y.n, ka, x.n), two_proportion_p(ka, x.n, kb, y.n)
+        out.append(TaskDelta(name, x.value if x else None, y.value if y else None, lower, higher))
+    return out
+
+
+def _counter_changes(a: CellResult, b: CellResult) -> tuple[list[str], list[str]]:
+    worse, better = [], []
+    for key in ("failed_transfers", "failed_notifications"):
+        fa, fb = a.facts.total(key), b.facts.total(key)
+        if fb is not None and fb > (fa or 0):
+            worse.append(f"new {key.replace('_', ' ')}: {fa if fa is None else f'{fa:g}'} -> {fb:g}")
+        elif fa and fb == 0:
+            better.append(f"no more {key.replace('_', ' ')}: {fa:g} -> 0")
+    return worse, better
+
+
+def judge_pair(key: str, a: CellResult, b: CellResult, alpha: float) -> CellComparison:
+    """Compare one cell of A with its match in B (see the module doc for the rules)."""
+    if SKIPPED in (a.verdict, b.verdict):
+        if a.verdict == b.verdict:
+            return CellComparison(key, SAME, a, b, reasons=("rejected in both",))
+        skipped = a if a.verdict == SKIPPED else b
+        side = ONLY_B if skipped is a else ONLY_A
+        return CellComparison(key, side, a, b, reasons=(f"rejected in {'A' if skipped is a else 'B'}: "
+                                                        f"{skipped.message}",))
+    fa, fb = a.facts, b.facts
+    ratios = dict(gbps_ratio=_ratio(fb.total("gbps_xfer"), fa.total("gbps_xfer")),
+                  ttft_ratio=_ratio(fb.total("ttft_mean_s"), fa.total("ttft_mean_s")),
+                  tpot_ratio=_ratio(fb.total("tpot_mean_s"), fa.total("tpot_mean_s")))
+    tasks = tuple(task_deltas(fa.tasks, fb.tasks))
+    if fa.config_hash and fb.config_hash and fa.config_hash != fb.config_hash:
+        return CellComparison(key, NOT_COMPARABLE, a, b, tasks, **ratios,
+                              reasons=(f"config_hash differs: {fa.config_hash} -> {fb.config_hash}",))
+    worse, better = _counter_changes(a, b)
+    if a.checks_passed and not b.checks_passed:
+        worse.insert(0, f"was passing, now {b.verdict}: {b.reasons[0] if b.reasons else 'no reason'}")
+    elif b.checks_passed and not a.checks_passed:
+        better.insert(0, f"was {a.verdict}, now passes")
+    for t in tasks:
+        if t.a is not None and t.b is None:
+            worse.append(f"{t.task}: no score in B (A: {t.a:.3f})")
+        elif t.p_lower is not None and t.p_lower < alpha:
+            worse.append(f"{t.task}: {t.a:.3f} -> {t.b:.3f}, significantly lower (p={t.p_lower:.2g} < {alpha})")
+        elif t.p_higher is not None and t.p_higher < alpha:
+            better.append(f"{t.task}: {t.a:.3f} -> {t.b:.3f}, significantly higher (p={t.p_higher:.2g} < {alpha})")
+        elif t.a is not None and t.b is not None and t.b < t.a and t.p_lower is None:
+            worse.append(f"{t.task}: {t.a:.3f} -> {t.b:.3f}, lower and untestable (sample count missing)")
+    if a.kind != "ref" and (fa.consistency == "pass") != (fb.consistency == "pass"):
+        (worse if fa.consistency == "pass" else better).append(f"consistency {fa.consistency} -> {fb.consistency}")
+    verdict = REGRESSION if worse else IMPROVEMENT if better else SAME
+    return CellComparison(key, verdict, a, b, tasks, **ratios, reasons=tuple(worse or better))
+
+
+def _key(c: CellResult) -> str:
+    return c.facts.compare_key or c.cell_id
+
+
+def compare_cells(a: list[CellResult], b: list[CellResult], alpha: float) -> list[CellComparison]:
+    """Pair A's and B's cells by compare key (identical ids first, then in order) and judge each pair."""
+    out = []
+    for key in dict.fromkeys([*map(_key, a), *map(_key, b)]):
+        xs, ys = [c for c in a if _key(c) == key], [c for c in b if _key(c) == key]
+        same = [(x, y) for x in xs for y in ys if x.cell_id == y.cell_id]
+        xs = [x for x in xs if all(x is not p for p, _ in same)]
+        ys = [y for y in ys if all(y is not q for _, q in same)]
+        for x, y in same + list(zip(xs, ys)):
+            out.append(judge_pair(key, x, y, alpha))
+        out += [CellComparison(key, ONLY_A, x, None, reasons=("no match in B",)) for x in xs[len(ys):]]
+        out += [CellComparison(key, ONLY_B, None, y, reasons=("no match in A",)) for y in ys[len(xs):]]
+    return out
+
+
+def compare_results(a: GateResult, b: GateResult, alpha: float | None = None) -> CompareResult:
+    """Compare two gated runs (``alpha`` default: B's gate alpha)."""
+    alpha = b.gate.alpha if alpha is None else alpha
+    return CompareResult(a.run_dir, b.run_dir, a.run_name, b.run_name, alpha,
+                         tuple(compare_cells(list(a.cells), list(b.cells), alpha)))
+
+
+def compare_runs(a: Path, b: Path, gate: GateSpec | None = None) -> CompareResult:
+    """Gate runs ``a`` (baseline) and ``b`` (candidate) and compare them cell by cell.
+    Raises ``UserError`` when either has no readable run.json."""
+    gate = gate or GateSpec()
+    return compare_results(gate_run(Path(a), gate), gate_run(Path(b), gate), gate.alpha)
+
+
+# ---------------------------------------------------------------- outputs
+COLUMNS = ("", "cell", "A", "B", "accuracy A -> B (p lower)", "consistency A -> B", "GB/s B/A", "TTFT B/A",
+           "TPOT B/A", "verdict", "reasons")
+
+
+def _x(r: float | None) -> str:
+    return "—" if r is None else f"{r:.2f}x"
+
+
+def _task_text(t: TaskDelta) -> str:
+    def v(x: float | None) -> str:
+        return "—" if x is None else f"{x:.3f}"
+    p = "" if t.p_lower is None else f" (p={t.p_lower:.2g})"
+    return f"{t.task} {v(t.a)} -> {v(t.b)}{p}"
+
+
+def rows(result: CompareResult) -> list[tuple[str, ...]]:
+    """One tuple of plain-text fields per comparison, in :data:`COLUMNS` order."""
+    out = []
+    for c in result.cells:
+        con = "—" if (c.a or c.b).kind == "ref" else " -> ".join(  # type: ignore[union-attr]
+            (x.facts.consistency or "—") if x else "—" for x in (c.a, c.b))
+        out.append((c.mark, c.key, c.a.verdict if c.a else "—", c.b.verdict if c.b else "—",
+                    "; ".join(map(_task_text, c.tasks)) or "—", con, _x(c.gbps_ratio), _x(c.ttft_ratio),
+                    _x(c.tpot_ratio), c.verdict, "; ".join(c.reasons)))
+    return out
+
+
+def markdown(result: CompareResult) -> str:
+    """The comparison as markdown: direction, legend, newly failing / fixed lists, table."""
+    counts = ", ".join(f"{len(result.by_verdict(v))} {v}" for v in MARKS if result.by_verdict(v))
+    lines = [f"# Compare: {result.a_name} (A, baseline) vs {result.b_name} (B, candidate)", "",
+             f"A = baseline: `{result.a}`; B = candidate: `{result.b}`. Ratios are B/A; accuracy p-values are "
+             f"one-sided two-proportion tests that B is lower (alpha = {result.alpha}).", "",
+             "Marks: `+` improvement, `-` regression, `x` not comparable (config_hash differs), "
+             "`<` only in A, `>` only in B, blank: same.", "",
+             f"**{'REGRESSED' if result.regressed else 'NO REGRESSION'}**: {counts or 'no cells'}", ""]
+    for title, verdict in (("Regressions", REGRESSION), ("Improvements", IMPROVEMENT)):
+        if result.by_verdict(verdict):
+            lines += [f"## {title}", ""]
+            lines += [f"- `{c.key}`: {md_escape('; '.join(c.reasons))}" for c in result.by_verdict(verdict)]
+            lines.append("")
+    lines += ["## All cells", "", md_table(COLUMNS, rows(result)), ""]
+    return "\n".join(lines)
+
+
+def write_markdown(result: CompareResult, path: Path) -> Path:
+    """Write :func:`markdown` to ``path``; returns ``path``."""
+    return layout.write_text(path, markdown(result))
+
+
+def write_json(result: CompareResult, path: Path) -> Path:
+    """Write ``result.to_dict()`` (schema-versioned, NaN -> null) to ``path``; returns ``path``."""
+    return layout.write_json(path, result.to_dict())

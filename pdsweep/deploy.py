@@ -1,0 +1,185 @@
+"""One cell's deployment: start its instances, wait until ready, put the PD proxy in
+front, prove one real PD request moves KV, and tear everything down.
+
+Readiness is not "``/health`` says 200": a PD pair can be healthy while every PD
+request fails (vLLM #42895, sglang #31295 in ../shared/BUGS.md). A cell is ready only
+after one real request through the proxy returned tokens and the decode instances'
+``vllm:nixl_*`` histograms recorded a transfer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from .launcher import Handle, Launcher, port_free, tail
+from .plan import Cell, InstanceSpec, Slot
+
+log = logging.getLogger(__name__)
+
+HEALTH_POLL_S = 0.1  # readiness is detected within one poll of /health answering 200
+READY_PROMPT = "Q: What is 1 + 1?\nA:"
+NIXL_COUNT_METRIC = "vllm:nixl_xfer_time_seconds"
+
+
+class CellFailed(Exception):
+    """A cell failed in ``phase``; ``log_tail`` holds the last lines of the culprit's log."""
+
+    def __init__(self, phase: str, reason: str, log_tail: list[str] | None = None) -> None:
+        super().__init__(f"{phase}: {reason}")
+        self.phase, self.reason, self.log_tail = phase, reason, log_tail or []
+
+
+@dataclass
+class Deployment:
+    cell: Cell
+    slot: Slot
+    handles: list[Handle]
+    proxy: object | None = None
+    proxy_log: Path | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        """Where clients send requests: the PD proxy, or the single reference instance."""
+        return self.proxy.url if self.proxy is not None else self.handles[0].url  # type: ignore[attr-defined]
+
+    def role(self, role: str) -> list[Handle]:
+        return [h for h in self.handles if h.name.startswith(role + "-")]
+
+    @property
+    def decode_handles(self) -> list[Handle]:
+        return self.role("decode") or self.role("single")
+
+
+def wait_healthy(handles: list[Handle], timeout_s: float, stop: Callable[[], bool] = lambda: False) -> float:
+    """Poll every instance's ``/health`` every ``HEALTH_POLL_S`` until all answer 200.
+
+    Returns seconds waited. Raises ``CellFailed('start', ...)`` at once when a process
+    exits (with its log tail), or when ``timeout_s`` passes.
+    """
+    t0 = time.monotonic()
+    pending = {h.name: h for h in handles}
+    with httpx.Client(timeout=2.0) as client:
+        while pending:
+            if stop():
+                raise CellFailed("start", "interrupted")
+            for name, h in list(pending.items()):
+                rc = h.returncode()
+                if rc is not None:
+                    raise CellFailed("start", f"{name} exited with code {rc} during startup", tail(h.log_path))
+                try:
+                    if client.get(f"{h.url}/health").status_code == 200:
+                        del pending[name]
+                        log.info("%s healthy after %.1f s", name, time.monotonic() - t0)
+                except httpx.HTTPError:
+                    pass
+            if pending:
+                if time.monotonic() - t0 > timeout_s:
+                    names = ", ".join(pending)
+                    h = next(iter(pending.values()))
+                    raise CellFailed("start", f"{names} not healthy after {timeout_s:.0f} s", tail(h.log_path))
+                time.sleep(HEALTH_POLL_S)
+    return time.monotonic() - t0
+
+
+def nixl_transfer_count(handles: list[Handle]) -> int | None:
+    """Sum of ``vllm:nixl_xfer_time_seconds`` sample counts over ``handles``' /metrics;
+    None when no instance exposes the metric (fail closed)."""
+    from .metrics import parse, scrape_sync
+
+    total, seen = 0, False
+    for h in handles:
+        snap = parse(scrape_sync(f"{h.url}/metrics"))
+        hist = snap.histograms.get(NIXL_COUNT_METRIC)
+        if hist is not None:
+            seen = True
+            total += int(hist.count)
+    return total if seen else None
+
+
+def first_request(dep: Deployment, model: str, timeout_s: float) -> None:
+    """One real completion through the deployment; for PD cells the decode side must
+    record a NIXL transfer. Raises ``CellFailed('ready', ...)``."""
+    try:
+        r = httpx.post(f"{dep.url}/v1/completions", timeout=timeout_s,
+                       json={"model": model, "prompt": READY_PROMPT, "max_tokens": 4, "temperature": 0})
+    except httpx.HTTPError as e:
+        raise CellFailed("ready", f"first request failed: {type(e).__name__}: {e}", _tails(dep)) from None
+    if r.status_code != 200:
+        raise CellFailed("ready", f"first request: HTTP {r.status_code}: {r.text[:500]}", _tails(dep))
+    usage = r.json().get("usage") or {}
+    if not usage.get("completion_tokens"):
+        raise CellFailed("ready", f"first request returned no tokens: {r.text[:300]}", _tails(dep))
+    if dep.cell.kind == "pd":
+        n = nixl_transfer_count(dep.decode_handles)
+        if not n:
+            raise CellFailed("ready", f"first PD request moved no KV: decode {NIXL_COUNT_METRIC} count = {n}",
+                             _tails(dep))
+
+
+def _tails(dep: Deployment, n: int = 25) -> list[str]:
+    out: list[str] = []
+    for h in dep.handles:
+        out += [f"[{h.name}] {line}" for line in tail(h.log_path, n)]
+    if dep.proxy_log:
+        out += [f"[proxy] {line}" for line in tail(dep.proxy_log, n)]
+    return out
+
+
+def check_ports(specs: list[InstanceSpec], slot: Slot) -> list[int]:
+    """Ports of ``slot`` that something else already holds."""
+    ports = [slot.proxy_port()] + [p for s in specs for p in (s.port, s.side_channel_port) if p]
+    return [p for p in ports if not port_free(p)]
+
+
+@contextlib.contextmanager
+def deploy(cell: Cell, slot: Slot, specs: list[InstanceSpec], launcher: Launcher, log_dir: Path,
+           startup_timeout_s: float, request_timeout_s: float, drop_kv_transfer_params: bool = False,
+           on_phase: Callable[[str], None] = lambda p: None, stop: Callable[[], bool] = lambda: False,
+           ) -> Iterator[Deployment]:
+    """Start ``specs`` on ``slot``, make the cell ready, yield the :class:`Deployment`,
+    and always tear down (also on exceptions and interrupts).
+
+    Raises ``CellFailed`` for startup/readiness failures.
+    """
+    dep = Deployment(cell, slot, [])
+    try:
+        on_phase("start")
+        t0 = time.monotonic()
+        for s in specs:
+            ports = tuple(p for p in (s.port, s.side_channel_port) if p)
+            try:
+                dep.handles.append(launcher.start(s.name, list(s.argv), s.env, s.port,
+                                                  log_dir / f"{s.name}.log", ports))
+            except OSError as e:
+                raise CellFailed("start", f"{s.name}: cannot start {s.argv[0]}: {e}") from None
+        wait_healthy(dep.handles, startup_timeout_s, stop)
+        dep.timings["healthy_s"] = time.monotonic() - t0
+        on_phase("ready")
+        if cell.kind == "pd":
+            from .proxy import ProxyServer
+
+            dep.proxy_log = log_dir / "proxy.log"
+            dep.proxy = ProxyServer(
+                prefill_urls=[h.url for h in dep.role("prefill")], decode_urls=[h.url for h in dep.role("decode")],
+                port=slot.proxy_port(), timeout_s=request_timeout_s, drop_kv_transfer_params=drop_kv_transfer_params,
+                log_path=dep.proxy_log)
+            dep.proxy.__enter__()  # type: ignore[attr-defined]
+        t1 = time.monotonic()
+        first_request(dep, cell.model, request_timeout_s)
+        dep.timings["first_request_s"] = time.monotonic() - t1
+        yield dep
+    finally:
+        on_phase("teardown")
+        if dep.proxy is not None:
+            with contextlib.suppress(Exception):
+                dep.proxy.__exit__(None, None, None)  # type: ignore[attr-defined]
+        for h in reversed(dep.handles):
+            launcher.stop(h)

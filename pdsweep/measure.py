@@ -1,0 +1,115 @@
+"""Measured phases of a ready deployment: /metrics scrapes around each phase, the
+consistency probe's raw outputs, and the optional load phase (``vllm bench serve``)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from .deploy import Deployment
+from .plan import Cell
+from .spec import LoadedSweep
+
+log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def scrape_phase(dep: Deployment, phases: dict[str, Any], name: str, out_dir: Path | None = None) -> Iterator[None]:
+    """Scrape every instance's /metrics before and after the block; store
+    ``phases[name][instance] = (before, after, wall_s)`` and the raw text under
+    ``<cell>/metrics/``. An instance that cannot be scraped is left out, so its
+    metrics read as missing (the gate fails closed)."""
+    from .metrics import parse, scrape_sync
+
+    out_dir = out_dir or dep.handles[0].log_path.parent.parent / "metrics"
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    def grab(tag: str) -> dict[str, Any]:
+        snaps = {}
+        for h in dep.handles:
+            try:
+                text = scrape_sync(f"{h.url}/metrics")
+            except Exception as e:  # recorded as missing
+                log.warning("%s: /metrics scrape failed (%s): %s", h.name, tag, e)
+                continue
+            (out_dir / f"{name}.{h.name}.{tag}.txt").write_text(text)
+            snaps[h.name] = parse(text)
+        return snaps
+
+    before, t0 = grab("before"), time.monotonic()
+    try:
+        yield
+    finally:
+        wall = time.monotonic() - t0
+        after = grab("after")
+        phases[name] = {n: (before[n], after[n], wall) for n in before if n in after}
+
+
+def complete(url: str, model: str, prompt: str, max_tokens: int, timeout_s: float) -> dict[str, Any]:
+    """Greedy completion with top-1 logprobs: ``{text, tokens, token_logprobs}``."""
+    r = httpx.post(f"{url}/v1/completions", timeout=timeout_s, json={
+        "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "seed": 0,
+        "logprobs": 1})
+    r.raise_for_status()
+    ch = r.json()["choices"][0]
+    lp = ch.get("logprobs") or {}
+    return {"text": ch.get("text", ""), "tokens": lp.get("tokens") or [],
+            "token_logprobs": lp.get("token_logprobs") or []}
+
+
+def collect_probe(ls: LoadedSweep, cell: Cell, dep: Deployment, mpath: str) -> dict[str, Any]:
+    """Send the consistency prompts (several lengths) greedy with logprobs; raw outputs
+    are judged later against the reference cell's (``judge``)."""
+    from .consistency import build_prompts
+
+    model = ls.catalogue.models[cell.model]
+    spec = ls.sweep.eval.consistency
+    max_len = ls.sweep.defaults.max_model_len or model.max_model_len
+    prompts = build_prompts(model.tokenizer or mpath, cell.decode_block_size, max_len, spec.lengths)
+    out = []
+    for p in prompts:
+        res = complete(dep.url, cell.model, p.text, spec.max_tokens, ls.sweep.defaults.request_timeout_s)
+        out.append({"name": p.name, "prompt_tokens": p.num_tokens, **res})
+    return {"max_tokens": spec.max_tokens, "prompts": out}
+
+
+def run_load(ls: LoadedSweep, cell: Cell, dep: Deployment, mpath: str, cdir: Path) -> dict[str, Any]:
+    """Drive the deployment with ``vllm bench serve`` (random dataset, local tokenizer)
+    at each concurrency of the sweep's ``bench`` section. Returns the load.json body."""
+    b = ls.sweep.bench
+    python = json.loads((cdir / "cell.json").read_text())["build"]["python"]
+    model = ls.catalogue.models[cell.model]
+    runs = []
+    for conc in b.concurrencies:
+        name = f"load-c{conc}.json"
+        argv = [python, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "openai",
+                "--base-url", dep.url, "--endpoint", "/v1/completions", "--model", cell.model,
+                "--tokenizer", model.tokenizer or mpath, "--dataset-name", "random",
+                "--random-input-len", str(b.input_len), "--random-output-len", str(b.output_len),
+                "--num-prompts", str(b.num_prompts), "--max-concurrency", str(conc), "--ignore-eos",
+                "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
+                "--save-result", "--result-dir", str(cdir / "logs"), "--result-filename", name]
+        with open(cdir / "logs" / f"load-c{conc}.log", "w") as logf:
+            rc = subprocess.run(argv, stdout=logf, stderr=subprocess.STDOUT, timeout=3600).returncode
+        if rc != 0:
+            raise RuntimeError(f"vllm bench serve (concurrency {conc}) exited {rc}; see logs/load-c{conc}.log")
+        r = json.loads((cdir / "logs" / name).read_text())
+
+        def pct(metric: str) -> dict[str, Any]:
+            return {"mean": r.get(f"mean_{metric}_ms"), "p50": r.get(f"p50_{metric}_ms", r.get(f"median_{metric}_ms")),
+                    "p90": r.get(f"p90_{metric}_ms"), "p99": r.get(f"p99_{metric}_ms")}
+
+        runs.append({"concurrency": conc, "num_prompts": b.num_prompts, "input_len": b.input_len,
+                     "output_len": b.output_len, "ttft_ms": pct("ttft"), "tpot_ms": pct("tpot"), "itl_ms": pct("itl"),
+                     "e2el_ms": pct("e2el"), "output_tok_s": r.get("output_throughput"),
+                     "req_s": r.get("request_throughput"), "completed": r.get("completed"),
+                     "errors": r.get("failed", b.num_prompts - (r.get("completed") or 0))})
+    return {"runs": runs}

