@@ -174,7 +174,9 @@ def run_lm_eval(base_url: str, model: str, tokenizer: str, eval_spec: EvalSpec, 
     lm_dir = Path(out_dir) / "lm_eval"
     lm_dir.mkdir(parents=True, exist_ok=True)
     include = [str(arith.render_task(lm_dir / "tasks"))] if arith.TASK_NAME in eval_spec.tasks else []
-    tm = TaskManager(include_path=include or None)
+    # lm-eval's own task index (thousands of YAMLs, seconds to scan) only when needed
+    own = set(eval_spec.tasks) <= {arith.TASK_NAME}
+    tm = TaskManager(include_path=include or None, include_defaults=not own)
     unknown = [t for t in eval_spec.tasks if t not in tm.all_tasks]
     if unknown:
         raise UserError(f"eval.tasks: unknown lm-eval task(s) {unknown}")

@@ -165,7 +165,7 @@ def _counter_changes(a: CellResult, b: CellResult) -> tuple[list[str], list[str]
     for key in ("failed_transfers", "failed_notifications"):
         fa, fb = a.facts.total(key), b.facts.total(key)
         if fb is not None and fb > (fa or 0):
-            worse.append(f"new {key.replace('_', ' ')}: {fa if fa is None else f'{fa:g}'} -> {fb:g}")
+            worse.append(f"new {key.replace('_', ' ')}: {'null' if fa is None else f'{fa:g}'} -> {fb:g}")
         elif fa and fb == 0:
             better.append(f"no more {key.replace('_', ' ')}: {fa:g} -> 0")
     return worse, better

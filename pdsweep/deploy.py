@@ -176,8 +176,7 @@ def deploy(cell: Cell, slot: Slot, specs: list[InstanceSpec], launcher: Launcher
         first_request(dep, cell.model, request_timeout_s)
         dep.timings["first_request_s"] = time.monotonic() - t1
         yield dep
-    finally:
-        on_phase("teardown")
+    finally:  # the phase stays where it failed; teardown is not reported as the culprit
         if dep.proxy is not None:
             with contextlib.suppress(Exception):
                 dep.proxy.__exit__(None, None, None)  # type: ignore[attr-defined]

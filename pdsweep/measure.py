@@ -66,19 +66,35 @@ def complete(url: str, model: str, prompt: str, max_tokens: int, timeout_s: floa
 
 
 def collect_probe(ls: LoadedSweep, cell: Cell, dep: Deployment, mpath: str) -> dict[str, Any]:
-    """Send the consistency prompts (several lengths) greedy with logprobs; raw outputs
-    are judged later against the reference cell's (``judge``)."""
-    from .consistency import build_prompts
+    """Send the consistency prompts (exact token counts: short, several blocks, long)
+    greedy with top-1 logprobs, one at a time; the raw outputs are judged later against
+    the reference cell's (:mod:`pdsweep.judge`). A failed request is recorded in the
+    prompt's ``error`` (the judge fails it), never raised."""
+    import asyncio
+
+    from .consistency import _complete, build_prompts
+    from .accuracy import completions_url
 
     model = ls.catalogue.models[cell.model]
     spec = ls.sweep.eval.consistency
     max_len = ls.sweep.defaults.max_model_len or model.max_model_len
-    prompts = build_prompts(model.tokenizer or mpath, cell.decode_block_size, max_len, spec.lengths)
-    out = []
-    for p in prompts:
-        res = complete(dep.url, cell.model, p.text, spec.max_tokens, ls.sweep.defaults.request_timeout_s)
-        out.append({"name": p.name, "prompt_tokens": p.num_tokens, **res})
-    return {"max_tokens": spec.max_tokens, "prompts": out}
+    prompts = build_prompts(model.tokenizer or mpath, cell.decode_block_size, max_len, spec.lengths, spec.max_tokens)
+
+    async def go() -> list[dict[str, Any]]:
+        rows = []
+        async with httpx.AsyncClient(timeout=ls.sweep.defaults.request_timeout_s) as client:
+            for p in prompts:
+                row: dict[str, Any] = {"name": p.name, "prompt_tokens": p.num_tokens, "tokens": [],
+                                       "token_logprobs": [], "error": None}
+                try:
+                    row["tokens"], row["token_logprobs"] = await _complete(
+                        client, completions_url(dep.url), cell.model, p, spec.max_tokens)
+                except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as e:
+                    row["error"] = f"request failed: {type(e).__name__}: {e}"
+                rows.append(row)
+        return rows
+
+    return {"max_tokens": spec.max_tokens, "prompts": asyncio.run(go())}
 
 
 def run_load(ls: LoadedSweep, cell: Cell, dep: Deployment, mpath: str, cdir: Path) -> dict[str, Any]:

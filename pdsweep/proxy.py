@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import json
 import logging
 import socket
@@ -159,7 +158,7 @@ class _Proxy:
     async def prefill(self, path: str, body: dict[str, Any], headers: dict[str, str], chat: bool) -> Any:
         """Run the prefill leg; returns the response's ``kv_transfer_params`` (None only when
         ``drop_kv_transfer_params``). Raises :class:`UpstreamError` (stage ``prefill``)."""
-        req = copy.deepcopy(body)
+        req = dict(body)  # only top-level keys change
         req["kv_transfer_params"] = dict(PREFILL_KV_PARAMS)
         req["stream"] = False
         req["max_tokens"] = 1

@@ -139,6 +139,43 @@ def now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
+# ---------------------------------------------------------------- ports
+_PORT_LOCK = threading.Lock()
+_CLAIMED: set[int] = set()  # alternate port blocks held by running cells
+ALT_BLOCKS_FROM = 64  # alternates start past any lane a run can use
+
+
+def free_slot(slot: Slot, make_specs) -> tuple[Slot, list]:
+    """``slot`` if none of its ports is taken, else the same slot on the first free
+    alternate port block (another process on the host may hold our lane's ports).
+    Raises ``CellFailed('start')`` when no block is free."""
+    from dataclasses import replace as _replace
+
+    from .deploy import check_ports
+    from .plan import PORTS_PER_SLOT
+
+    specs = make_specs(slot)
+    if not check_ports(specs, slot):
+        return slot, specs
+    with _PORT_LOCK:
+        for j in range(ALT_BLOCKS_FROM, ALT_BLOCKS_FROM + 64):
+            base = slot.port_base - slot.index * PORTS_PER_SLOT + j * PORTS_PER_SLOT
+            if base + PORTS_PER_SLOT > 65535 or base in _CLAIMED:
+                continue
+            alt = _replace(slot, port_base=base)
+            specs = make_specs(alt)
+            if not check_ports(specs, alt):
+                _CLAIMED.add(base)
+                log.warning("ports of lane %d are taken; using port block %d", slot.index, base)
+                return alt, specs
+    raise CellFailed("start", f"no free block of {PORTS_PER_SLOT} ports found near {slot.port_base}")
+
+
+def release_slot_ports(slot: Slot) -> None:
+    with _PORT_LOCK:
+        _CLAIMED.discard(slot.port_base)
+
+
 # ---------------------------------------------------------------- one cell
 def run_cell(ctx: RunContext, cell: Cell, slot: Slot) -> dict[str, Any]:
     """Deploy and measure one cell; always returns (and writes) its status."""
@@ -161,7 +198,7 @@ def run_cell(ctx: RunContext, cell: Cell, slot: Slot) -> dict[str, Any]:
         model = ls.catalogue.models[cell.model]
         mpath = model_path(model, cell.model)
         build = ctx.builds[cell.build]
-        specs = instances(cell, slot, ls, mpath, build["python"])
+        slot, specs = free_slot(slot, lambda s: instances(cell, s, ls, mpath, build["python"]))
         ref = cell.reference().id if cell.kind == "pd" else None
         layout.write_json(cdir / layout.CELL_FILE, {
             "cell": cell.to_dict(), "compare_key": cell.compare_key, "reference_cell": ref,
@@ -186,6 +223,7 @@ def run_cell(ctx: RunContext, cell: Cell, slot: Slot) -> dict[str, Any]:
         tails = [line for p in sorted((cdir / "logs").glob("*.log")) for line in tail(p, 20)]
         status.update(status="interrupted" if ctx.stop.is_set() else "failed",
                       reason=f"{type(e).__name__}: {e}", log_tail=tails)
+    release_slot_ports(slot)
     status.update(finished=now(), duration_s=round(time.monotonic() - t0, 1))
     layout.write_json(cdir / layout.STATUS_FILE, status)
     if ctx.progress:

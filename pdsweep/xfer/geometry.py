@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from ..spec import ModelSpec
+if TYPE_CHECKING:  # pydantic is slow to import in every rank process
+    from ..spec import ModelSpec
 
 RegionKind = Literal["mla", "k", "v", "conv", "recurrent"]
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}

@@ -264,8 +264,9 @@ def build_read_plan(
     single_read_assumed = geometry.is_mla and ratio < 0
     if plan == "unfixed" and single_read_assumed and len(sources) > 1:
         notes.append(
-            f"vLLM {PLANS[1]} (9df2f91) asserts len(read_specs) == 1 here but has {len(sources)}: "
-            "the decode worker fails; with asserts off only the first source rank is read"
+            f"pre-#49297 vLLM (9df2f91) asserts len(read_specs) == 1 in _read_blocks_for_req but there are "
+            f"{len(sources)} (source ranks {list(m.all_source_ranks)}): the decode worker fails; "
+            "with asserts off only the first source rank is read"
         )
         sources = sources[:1]
     if plan == "fixed":

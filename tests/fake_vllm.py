@@ -1,0 +1,139 @@
+"""A stand-in for ``vllm serve`` for orchestration tests: same CLI shape, /health,
+/v1/models, /v1/completions (PD kv_transfer_params flow, greedy logprobs), and /metrics
+with vLLM's ``vllm:nixl_*`` and latency metric names. Behaviour knobs (env):
+
+FAKE_STARTUP_S       seconds before /health answers 200 (default 0.3)
+FAKE_EXIT_AT_STARTUP exit with this code during startup, after a log line
+FAKE_DIE_AFTER       hard-exit after this many completions (decode killed mid-run)
+FAKE_FAILED_XFERS    add this to vllm:nixl_num_failed_transfers per PD request
+FAKE_WRONG_EVERY     answer every Nth arithmetic question wrong (default: never)
+FAKE_DIVERGE         decode (with KV) shifts its first generated token (lost KV shape)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import threading
+import time
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    if argv and argv[0] == "serve":
+        argv = argv[1:]
+    p = argparse.ArgumentParser()
+    p.add_argument("model")
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--kv-transfer-config", default=None)
+    args, _ = p.parse_known_args(argv)
+    name = args.served_model_name or args.model
+    print(f"fake vllm serve {name} on {args.port} kv={args.kv_transfer_config}", flush=True)
+    code = os.environ.get("FAKE_EXIT_AT_STARTUP")
+    if code:
+        print("ValueError: fake startup failure: unrecognized argument --bogus", flush=True)
+        sys.exit(int(code))
+
+    reg = CollectorRegistry()
+    lbl = ["model_name", "engine"]
+    xfer = Histogram("vllm:nixl_xfer_time_seconds", "x", lbl, registry=reg, buckets=(0.001, 0.01, 0.1, 1))
+    post = Histogram("vllm:nixl_post_time_seconds", "x", lbl, registry=reg, buckets=(0.001, 0.01, 0.1, 1))
+    nbytes = Histogram("vllm:nixl_bytes_transferred", "x", lbl, registry=reg, buckets=(1e4, 1e5, 1e6, 1e7))
+    ndesc = Histogram("vllm:nixl_num_descriptors", "x", lbl, registry=reg, buckets=(1, 10, 100, 1000))
+    failed = Counter("vllm:nixl_num_failed_transfers", "x", lbl, registry=reg)
+    failed_n = Counter("vllm:nixl_num_failed_notifications", "x", lbl, registry=reg)
+    expired = Counter("vllm:nixl_num_kv_expired_reqs", "x", lbl, registry=reg)
+    ttft = Histogram("vllm:time_to_first_token_seconds", "x", lbl, registry=reg, buckets=(0.01, 0.1, 1))
+    tpot = Histogram("vllm:request_time_per_output_token_seconds", "x", lbl, registry=reg, buckets=(0.01, 0.1, 1))
+    itl = Histogram("vllm:inter_token_latency_seconds", "x", lbl, registry=reg, buckets=(0.01, 0.1, 1))
+    e2e = Histogram("vllm:e2e_request_latency_seconds", "x", lbl, registry=reg, buckets=(0.01, 0.1, 1))
+    for m in (failed, failed_n, expired):
+        m.labels(name, "0").inc(0)
+
+    t0 = time.monotonic()
+    startup = float(os.environ.get("FAKE_STARTUP_S", "0.3"))
+    state = {"n": 0, "q": 0}
+    lock = threading.Lock()
+    app = FastAPI()
+
+    @app.get("/health")
+    def health():
+        return PlainTextResponse("", status_code=200 if time.monotonic() - t0 >= startup else 503)
+
+    @app.get("/metrics")
+    def metrics():
+        return PlainTextResponse(generate_latest(reg).decode())
+
+    @app.get("/v1/models")
+    def models():
+        return {"object": "list", "data": [{"id": name, "object": "model"}]}
+
+    @app.post("/v1/completions")
+    async def completions(req: Request):
+        body = await req.json()
+        prompt = body.get("prompt", "")
+        if isinstance(prompt, list):  # token ids (consistency probe) or a batch of one
+            prompt = str(prompt) if prompt and isinstance(prompt[0], int) else prompt[0]
+        kv = body.get("kv_transfer_params") or {}
+        with lock:
+            state["n"] += 1
+            n = state["n"]
+        die = os.environ.get("FAKE_DIE_AFTER")
+        if die and n > int(die):
+            os._exit(9)
+        qs = re.findall(r"What is (\d+) ([+-]) (\d+)\?", prompt)
+        if qs:
+            a, op, b = qs[-1]
+            ans = int(a) + int(b) if op == "+" else int(a) - int(b)
+            with lock:
+                state["q"] += 1
+                q = state["q"]
+            every = int(os.environ.get("FAKE_WRONG_EVERY", "0"))
+            if every and q % every == 0:
+                ans += 1
+            text = f" {ans}\n\nQ:"
+        else:
+            text = "".join(chr(97 + (hash(prompt) + i) % 26) for i in range(8))
+        max_tokens = int(body.get("max_tokens") or 16)
+        tokens = [text[i:i + 1] for i in range(len(text))][:max_tokens]
+        if kv.get("do_remote_prefill") and os.environ.get("FAKE_DIVERGE"):
+            tokens[0] = "Z"
+        out = {"id": "cmpl-fake", "object": "text_completion", "model": name,
+               "choices": [{"index": 0, "text": "".join(tokens), "finish_reason": "length",
+                            "logprobs": {"tokens": tokens, "token_logprobs": [-0.1 * (i + 1) for i in range(len(tokens))],
+                                         "top_logprobs": None, "text_offset": list(range(len(tokens)))}}],
+               "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": len(tokens),
+                         "total_tokens": len(prompt.split()) + len(tokens)}}
+        if kv.get("do_remote_decode"):
+            out["kv_transfer_params"] = {"do_remote_prefill": True, "do_remote_decode": False,
+                                         "remote_engine_id": f"fake-{args.port}", "remote_block_ids": [1, 2],
+                                         "remote_host": "127.0.0.1", "remote_port": args.port}
+        elif kv.get("do_remote_prefill"):
+            lab = (name, "0")
+            xfer.labels(*lab).observe(0.004)
+            post.labels(*lab).observe(0.0005)
+            nbytes.labels(*lab).observe(131072)
+            ndesc.labels(*lab).observe(8)
+            failed.labels(*lab).inc(int(os.environ.get("FAKE_FAILED_XFERS", "0")))
+        if not kv.get("do_remote_decode"):
+            lab = (name, "0")
+            ttft.labels(*lab).observe(0.02)
+            tpot.labels(*lab).observe(0.005)
+            itl.labels(*lab).observe(0.005)
+            e2e.labels(*lab).observe(0.05)
+        return JSONResponse(out)
+
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

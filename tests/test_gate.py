@@ -1,0 +1,248 @@
+"""Gate on hand-made results trees (tests/fixtures/make_runs.py): golden verdicts and
+reasons per case, fail-closed edge cases, JUnit and summary outputs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from fixtures.make_runs import CON, MIXED, MIXED_REJECTED, OUTSIDE, SSM_LOST, TASK, case, ids, pd, write_all, write_run
+
+from pdsweep import layout
+from pdsweep.errors import GateFailed, UserError
+from pdsweep.gate import FAIL, PASS, SKIPPED, XFAIL, XPASS, XPASS_REASON, gate_run, run_gate, write_junit, write_summary
+from pdsweep.spec import GateSpec
+
+ID = ids(MIXED)
+REJECTED_ID = MIXED_REJECTED[0][0].id
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return write_all(tmp_path_factory.mktemp("runs"))
+
+
+@pytest.fixture
+def copy_of(runs: dict[str, Path], tmp_path: Path):
+    def make(name: str) -> Path:
+        return Path(shutil.copytree(runs[name], tmp_path / name))
+    return make
+
+
+def w(case_name: str, file: str) -> str:
+    return f"{ID[case_name]}/{file}"
+
+
+GOLDEN = {
+    "pass": (PASS, []),
+    "within_noise": (PASS, []),
+    "stderr_na": (PASS, []),
+    "ref": (PASS, []),
+    "ref_tp2": (PASS, []),
+    "acc_regression": (FAIL, [f"{w('acc_regression', 'accuracy.json')}: {TASK}: {OUTSIDE % 0.62}"]),
+    "missing_accuracy": (FAIL, [f"{w('missing_accuracy', 'accuracy.json')}: missing"]),
+    "crashed": (FAIL, [f"{w('crashed', 'status.json')}: failed in phase eval: decode-0 exited with code -11"
+                       " — last log line: Segmentation fault (core dumped)"]),
+    "failed_null": (FAIL, [f"{w('failed_null', 'transfer.json')}: totals.failed_transfers is null (metric missing)"]),
+    "failed_positive": (FAIL, [f"{w('failed_positive', 'transfer.json')}: totals.failed_transfers = 3 (allowed: 0)"]),
+    "no_kv": (FAIL, [f"{w('no_kv', 'transfer.json')}: no KV transferred (num_transfers 0, bytes 0): "
+                     "decode did not receive KV from prefill"]),
+    "unreadable": (FAIL, [f"{w('unreadable', 'consistency.json')}: unreadable: Expecting property name enclosed in "
+                          "double quotes: line 1 column 2 (char 1)"]),
+    "acc_null": (FAIL, [f"{w('acc_null', 'accuracy.json')}: {TASK}: value is null (metric missing)"]),
+    "xfail": (XFAIL, [f"{w('xfail', 'accuracy.json')}: {TASK}: {OUTSIDE % 0.31}",
+                      f"{w('xfail', 'consistency.json')}: long: diverges at token 0, max |dlogprob| 7.1 > 0.5"]),
+    "xpass": (XPASS, [XPASS_REASON]),
+}
+
+
+def test_golden_covers_every_case() -> None:
+    assert set(GOLDEN) == set(MIXED)
+
+
+@pytest.mark.parametrize("name", list(GOLDEN))
+def test_mixed_run_golden(runs: dict[str, Path], name: str) -> None:
+    verdict, reasons = GOLDEN[name]
+    res = gate_run(runs["mixed"]).cell(ID[name])
+    assert (res.verdict, list(res.reasons)) == (verdict, reasons)
+
+
+def test_mixed_run_fails_on_fail_and_xpass_only(runs: dict[str, Path]) -> None:
+    result = gate_run(runs["mixed"])
+    assert not result.passed and result.exit_code == 1
+    assert result.counts == {PASS: 5, FAIL: 8, XFAIL: 1, XPASS: 1, SKIPPED: 1}
+    assert {c.cell_id for c in result.failures} == {ID[k] for k, (v, _) in GOLDEN.items() if v in (FAIL, XPASS)}
+    with pytest.raises(GateFailed) as e:
+        result.raise_for_verdict()
+    assert f"XPASS {ID['xpass']}: xpass: {XPASS_REASON} [expected: MLA hetero-TP read plan (vllm#43523)]" in str(e.value)
+
+
+def test_every_cell_of_run_json_and_rejected_is_listed(runs: dict[str, Path]) -> None:
+    result = gate_run(runs["mixed"])
+    index = layout.read_json(runs["mixed"] / layout.RUN_FILE)
+    assert [c.cell_id for c in result.cells] == [*index["cells"], REJECTED_ID]
+    skipped = result.cell(REJECTED_ID)
+    assert (skipped.verdict, skipped.rule, skipped.reasons) == (SKIPPED, "platform-limit",
+                                                                 ("prefill TP > 2 on cuda: fixture limit",))
+    assert skipped.ok and skipped.facts.prefill_tp == 4  # placed from plan.json for the heatmaps
+
+
+def test_all_pass_run(runs: dict[str, Path]) -> None:
+    result = gate_run(runs["all-pass"])
+    assert result.passed and result.exit_code == 0
+    assert result.headline() == "PASSED: 5 PASS, 1 SKIPPED"
+    result.raise_for_verdict()
+
+
+def test_deleting_one_accuracy_json_fails_naming_the_cell(copy_of) -> None:
+    run = copy_of("all-pass")
+    victim = ID["within_noise"]
+    (run / victim / layout.ACCURACY_FILE).unlink()
+    result = gate_run(run)
+    assert [c.cell_id for c in result.failures] == [victim]
+    assert result.cell(victim).reasons == (f"{victim}/accuracy.json: missing",)
+    with pytest.raises(GateFailed, match=f"FAIL {victim}: {victim}/accuracy.json: missing"):
+        result.raise_for_verdict()
+
+
+def test_expected_failure_that_fails_is_ok(tmp_path: Path) -> None:
+    run = write_run(tmp_path, "xf", [MIXED["pass"], MIXED["xfail"]])
+    result = gate_run(run)
+    assert result.passed
+    xf = result.cell(ID["xfail"])
+    assert xf.message.endswith(f"[expected: {SSM_LOST} (vllm#49297)]") and xf.message.startswith("xfail: ")
+
+
+@pytest.mark.parametrize("spec, name, verdict", [
+    (GateSpec(require_accuracy=False), "missing_accuracy", PASS),
+    (GateSpec(require_accuracy=False), "acc_regression", PASS),
+    (GateSpec(require_consistency=False), "unreadable", PASS),
+    (GateSpec(max_failed_transfers=3), "failed_positive", PASS),
+    (GateSpec(max_failed_transfers=2), "failed_positive", FAIL),
+    (GateSpec(max_failed_transfers=3), "failed_null", FAIL),  # a missing metric is never within budget
+    (GateSpec(require_accuracy=False, require_consistency=False), "no_kv", FAIL),
+])
+def test_gate_spec_is_honoured(runs: dict[str, Path], spec: GateSpec, name: str, verdict: str) -> None:
+    assert gate_run(runs["mixed"], spec).cell(ID[name]).verdict == verdict
+
+
+# ---------------------------------------------------------------- fail closed
+def test_no_run_json_is_a_user_error(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="run.json missing"):
+        gate_run(tmp_path)
+
+
+def test_run_with_no_cells_fails(tmp_path: Path) -> None:
+    run = write_run(tmp_path, "empty", [], MIXED_REJECTED)
+    result = gate_run(run)
+    assert not result.passed and "no cell was meant to run" in result.problems[0]
+
+
+def test_cell_that_never_ran_fails(copy_of) -> None:
+    run = copy_of("all-pass")
+    victim = ID["pass"]
+    shutil.rmtree(run / victim)
+    assert gate_run(run).cell(victim).reasons == (
+        f"{victim}/status.json: missing (no cell directory: never ran?)",)
+
+
+def test_planned_cell_missing_from_run_json_fails(copy_of) -> None:
+    run = copy_of("all-pass")
+    index = layout.read_json(run / layout.RUN_FILE)
+    del index["cells"][ID["pass"]]
+    layout.write_json(run / layout.RUN_FILE, index)
+    assert gate_run(run).cell(ID["pass"]).verdict == PASS  # still found through plan.json
+    shutil.rmtree(run / ID["pass"])
+    assert gate_run(run).cell(ID["pass"]).verdict == FAIL
+
+
+@pytest.mark.parametrize("status", ["running", "interrupted"])
+def test_unfinished_status_fails(copy_of, status: str) -> None:
+    run = copy_of("all-pass")
+    path = run / ID["pass"] / layout.STATUS_FILE
+    layout.write_json(path, {**layout.read_json(path), "status": status, "phase": "eval", "reason": None})
+    assert gate_run(run).cell(ID["pass"]).reasons == (
+        f"{ID['pass']}/status.json: {status} in phase eval: no reason recorded",)
+
+
+def test_nan_value_with_pass_verdict_fails(copy_of) -> None:
+    run = copy_of("all-pass")
+    path = run / ID["pass"] / layout.ACCURACY_FILE
+    path.write_text(path.read_text().replace('"value": 0.8,', '"value": NaN,', 1))
+    assert json.loads(path.read_text())  # Python's json reads NaN; the gate must not trust it
+    assert gate_run(run).cell(ID["pass"]).reasons == (
+        f"{ID['pass']}/accuracy.json: {TASK}: value is NaN (metric missing)",)
+
+
+def test_file_of_another_cell_fails(copy_of) -> None:
+    run = copy_of("all-pass")
+    a, b = ID["pass"], ID["within_noise"]
+    shutil.copy(run / b / CON, run / a / CON)
+    assert gate_run(run).cell(a).reasons == (f"{a}/consistency.json: belongs to cell '{b}'",)
+
+
+def test_consistency_without_prompts_fails(tmp_path: Path) -> None:
+    run = write_run(tmp_path, "r", [case(pd("tiny-llama", 1, 1), {CON: {"prompts": []}})])
+    assert gate_run(run).cell(ID["pass"]).reasons == (f"{ID['pass']}/consistency.json: no prompts compared",)
+
+
+def test_newer_schema_fails_the_cell(copy_of) -> None:
+    run = copy_of("all-pass")
+    path = run / ID["pass"] / layout.TRANSFER_FILE
+    path.write_text(json.dumps({**json.loads(path.read_text()), "schema": 99}))
+    (reason,) = gate_run(run).cell(ID["pass"]).reasons
+    assert reason.startswith(f"{ID['pass']}/transfer.json: unreadable: schema 99 is newer")
+
+
+# ---------------------------------------------------------------- outputs
+def test_junit_one_testcase_per_cell(runs: dict[str, Path], tmp_path: Path) -> None:
+    result = gate_run(runs["mixed"])
+    root = ET.parse(write_junit(result, tmp_path / "junit.xml")).getroot()
+    cases = {c.get("name"): c for c in root.iter("testcase")}
+    assert len(cases) == len(list(root.iter("testcase"))) == len(MIXED) + len(MIXED_REJECTED)
+    assert {c.get("classname") for c in cases.values()} == {"pdsweep.mixed"}
+    for name, (verdict, reasons) in GOLDEN.items():
+        el = cases[ID[name]]
+        failure, skipped = el.find("failure"), el.find("skipped")
+        if verdict == PASS:
+            assert failure is None and skipped is None
+        elif verdict in (FAIL, XPASS):
+            assert skipped is None and failure.get("type") == verdict
+            assert failure.get("message") == result.cell(ID[name]).message
+        else:
+            assert failure is None and skipped.get("message").startswith("xfail: " + reasons[0])
+    rejected = cases[REJECTED_ID].find("skipped")
+    assert rejected.get("message") == "rejected by rule platform-limit: prefill TP > 2 on cuda: fixture limit"
+    suite = root.find("testsuite")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("16", "9", "2")
+
+
+def test_junit_escapes_log_tail(runs: dict[str, Path], tmp_path: Path) -> None:
+    root = ET.parse(write_junit(gate_run(runs["mixed"]), tmp_path / "junit.xml")).getroot()
+    crashed = next(c for c in root.iter("testcase") if c.get("name") == ID["crashed"]).find("failure")
+    assert 'ERROR <nixl> prepXferDlist: NOT_FOUND & "remote" descriptor' in crashed.text  # ANSI gone, text intact
+
+
+def test_summary_lists_every_cell(runs: dict[str, Path], tmp_path: Path) -> None:
+    result = gate_run(runs["mixed"])
+    text = write_summary(result, tmp_path / "summary.md").read_text()
+    assert text.startswith("# Gate: mixed\n\n**FAILED: 5 PASS, 8 FAIL, 1 XFAIL, 1 XPASS, 1 SKIPPED**")
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    assert set(rows) >= set(ID.values()) | {REJECTED_ID}
+    assert f"{TASK} 0.790 ±N/A / 0.800±0.050 / 0.800 / p=0.99" in rows[ID["stderr_na"]]
+    assert "| pass (short: 100% match) | 220 | 286.1 MiB | 10.00 | 0/0 |" in rows[ID["pass"]]
+    assert "| fail (long: 0% match, diverges at token 0) |" in rows[ID["xfail"]]
+    assert "| —/0 |" in rows[ID["failed_null"]]
+    assert "max \\|dlogprob\\| 7.1" in rows[ID["xfail"]]  # pipes escaped: the table keeps its columns
+    assert all(line.count(" | ") == 9 for line in rows.values())
+    assert "rejected by rule platform-limit" in rows[REJECTED_ID]
+
+
+def test_run_gate_writes_both_files(copy_of) -> None:
+    run = copy_of("all-pass")
+    result = run_gate(run)
+    assert result.passed
+    assert (run / "junit.xml").is_file() and (run / "summary.md").is_file()

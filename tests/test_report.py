@@ -1,0 +1,118 @@
+"""write_report on hand-made runs: files, every cell listed, images embedded and decodable."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import re
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+from fixtures.make_runs import MIXED, MIXED_REJECTED, crashed, case, ids, pd, write_all, write_run
+
+from pdsweep.report import write_report
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+DATA_URI = re.compile(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return write_all(tmp_path_factory.mktemp("runs"))
+
+
+@pytest.fixture(scope="module")
+def mixed_report(runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return write_report(runs["mixed"], tmp_path_factory.mktemp("report"))
+
+
+def embedded_images(page: str) -> list[bytes]:
+    return [base64.b64decode(m, validate=True) for m in DATA_URI.findall(page)]
+
+
+def test_files_and_plots(mixed_report: dict[str, Path]) -> None:
+    assert set(mixed_report) == {"markdown", "html", "accuracy", "heatmap_accuracy", "heatmap_gbps"}
+    assert all(p.is_file() and p.stat().st_size > 0 for p in mixed_report.values())
+    assert mixed_report["accuracy"].parent.name == "plots"
+
+
+def test_every_cell_appears(mixed_report: dict[str, Path]) -> None:
+    md, page = mixed_report["markdown"].read_text(), mixed_report["html"].read_text()
+    every = [*ids(MIXED).values(), MIXED_REJECTED[0][0].id]
+    for cid in every:
+        assert f"| {cid} |" in md
+        assert f"<td>{cid}</td>" in page
+    rejected = "rejected by rule platform-limit: prefill TP > 2 on cuda: fixture limit"
+    assert rejected in md and html.escape(rejected) in page
+    for text in (md, page):
+        assert "decode-0 exited with code -11" in text
+        assert "Gate FAILED: 5 PASS, 8 FAIL, 1 XFAIL, 1 XPASS, 1 SKIPPED" in text
+
+
+def test_html_is_self_contained_and_images_decode(mixed_report: dict[str, Path]) -> None:
+    page = mixed_report["html"].read_text()
+    images = embedded_images(page)
+    assert len(images) == 3 == page.count("<img ")
+    assert not re.search(r"""(src|href)=['"](?!data:)""", page) and "<link" not in page and "http" not in page
+    for data in images:
+        assert data.startswith(PNG_MAGIC)
+        pixels = matplotlib.image.imread(io.BytesIO(data), format="png")
+        h, w = pixels.shape[:2]
+        assert 300 <= w <= 2000 and 200 <= h <= 4000  # readable, not a poster
+
+
+def test_html_escapes_cell_text(mixed_report: dict[str, Path]) -> None:
+    page = mixed_report["html"].read_text()
+    assert "max |dlogprob| 7.1 &gt; 0.5" in page
+    assert '<td class="XPASS">XPASS</td>' in page and '<td class="XFAIL">XFAIL</td>' in page
+
+
+def test_markdown_links_plots(mixed_report: dict[str, Path]) -> None:
+    md = mixed_report["markdown"].read_text()
+    for name in ("accuracy", "heatmap_accuracy", "heatmap_gbps"):
+        assert f"![{name}](plots/{name}.png)" in md
+
+
+def test_default_out_dir_is_the_run(tmp_path: Path) -> None:
+    run = write_run(tmp_path, "r", [MIXED["pass"], MIXED["ref"]])
+    paths = write_report(run)
+    assert paths["markdown"] == run / "report.md" and paths["html"] == run / "report.html"
+    assert (run / "plots" / "accuracy.png").is_file()
+
+
+def test_both_builds_in_one_run(runs: dict[str, Path], tmp_path: Path) -> None:
+    paths = write_report(runs["mission"], tmp_path)
+    assert "builds" in paths
+    md = paths["markdown"].read_text()
+    assert "## mission [unfixed] (A, baseline) vs mission [fixed] (B, candidate)" in md
+    assert "| + | kimi-linear.p2d1.b16-16 | FAIL | PASS |" in md
+    assert len(embedded_images(paths["html"].read_text())) == 4
+
+
+def test_compare_with(runs: dict[str, Path], tmp_path: Path) -> None:
+    paths = write_report(runs["unfixed"], tmp_path, compare_with=runs["fixed"])
+    md = paths["markdown"].read_text()
+    assert "## fixed (A, baseline) vs unfixed (B, candidate)" in md and "REGRESSED" in md
+    assert "| - | kimi-linear.p2d1.b16-16 | PASS | FAIL |" in md
+    assert paths["builds"].read_bytes().startswith(PNG_MAGIC)
+    assert not (runs["unfixed"] / "report.md").exists()  # out_dir respected
+
+
+def test_run_without_scores_still_reports_every_cell(tmp_path: Path) -> None:
+    cell = pd("tiny-qwen3-next", 1, 1)
+    run = write_run(tmp_path, "r", [case(cell, crashed("start", "prefill-0 never became ready", []))])
+    paths = write_report(run)
+    assert "accuracy" not in paths  # nothing to plot, no empty figure
+    assert f"| {cell.id} | pd | FAIL |" in paths["markdown"].read_text()
+    for data in embedded_images(paths["html"].read_text()):
+        assert matplotlib.image.imread(io.BytesIO(data), format="png").size
+
+
+def test_missing_run_json_is_a_user_error(tmp_path: Path) -> None:
+    from pdsweep.errors import UserError
+
+    with pytest.raises(UserError):
+        write_report(tmp_path)
+    assert not (tmp_path / "report.md").exists()

