@@ -175,7 +175,7 @@ def run_lm_eval(base_url: str, model: str, tokenizer: str, eval_spec: EvalSpec, 
     lm_dir.mkdir(parents=True, exist_ok=True)
     include = [str(arith.render_task(lm_dir / "tasks"))] if arith.TASK_NAME in eval_spec.tasks else []
     # lm-eval's own task index (thousands of YAMLs, seconds to scan) only when needed
-    own = set(eval_spec.tasks) <= {arith.TASK_NAME}
+    own = all(t.startswith("pdsweep_") for t in eval_spec.tasks)  # pdsweep's offline namespace
     tm = TaskManager(include_path=include or None, include_defaults=not own)
     unknown = [t for t in eval_spec.tasks if t not in tm.all_tasks]
     if unknown:
@@ -194,16 +194,19 @@ def run_lm_eval(base_url: str, model: str, tokenizer: str, eval_spec: EvalSpec, 
         "seed": eval_spec.seed,
     }
     log.info("lm-eval %s on %s (%s), limit=%s", eval_spec.tasks, model_args["base_url"], model, eval_spec.limit)
-    results = lm_eval.simple_evaluate(
-        model="local-chat-completions" if chat else "local-completions",
-        model_args=model_args,
-        tasks=list(eval_spec.tasks),
-        num_fewshot=eval_spec.num_fewshot,
-        limit=eval_spec.limit,
-        task_manager=tm,
-        apply_chat_template=chat,
-        log_samples=True,
-    )
+    try:
+        results = lm_eval.simple_evaluate(
+            model="local-chat-completions" if chat else "local-completions",
+            model_args=model_args,
+            tasks=list(eval_spec.tasks),
+            num_fewshot=eval_spec.num_fewshot,
+            limit=eval_spec.limit,
+            task_manager=tm,
+            apply_chat_template=chat,
+            log_samples=True,
+        )
+    finally:
+        _stop_tqdm_monitors()
     if results is None:  # not rank 0: cannot happen for API models
         raise RuntimeError("lm-eval returned no results")
 
@@ -216,6 +219,23 @@ def run_lm_eval(base_url: str, model: str, tokenizer: str, eval_spec: EvalSpec, 
     for task, r in out.items():
         log.info("%s: %s = %s (stderr %s, n=%s)", task, r["metric"], r["value"], r["stderr"], r["n"])
     return out
+
+
+def _stop_tqdm_monitors() -> None:
+    """End the monitor threads tqdm starts for lm-eval's progress bars (one per tqdm
+    class), so an evaluation leaves no thread behind."""
+    try:
+        from tqdm import std
+    except ImportError:
+        return
+    todo = [std.tqdm]
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        mon = cls.__dict__.get("monitor")
+        if mon is not None:
+            mon.exit()
+            cls.monitor = None
 
 
 # ---------------------------------------------------------------- statistics
@@ -279,10 +299,7 @@ def _judge_task(task: str, r: dict[str, Any], expected: dict[str, Any] | None,
                                    f"{ref_cell} {rv:.4f} (n={rn}): one-sided p={p_value:.4g} < alpha={alpha}")
         if exp is None and ref is None and not is_reference:
             reasons.append(f"{task}: nothing to gate against (no expected value, no reference)")
-    if not reasons and is_reference and exp is None:
-        note = ["reference"]
-    else:
-        note = []
+    note = ["reference"] if is_reference and exp is None and not reasons else []
     return {
         "metric": metric, "value": value, "stderr": _stderr(r.get("stderr")), "n": n,
         "expected": dict(exp) if exp else None, "reference": ref, "p_value": p_value,

@@ -139,10 +139,23 @@ def _gate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--summary", type=Path, default=None)
 
 
+def run_gate_spec(run_dir: Path):
+    """The ``gate:`` section of the sweep a run came from (run.json names it); the
+    defaults (every check on) when that file is gone: never looser than the sweep."""
+    from .layout import RUN_FILE, read_json_or_none
+    from .spec import GateSpec, load_sweep
+
+    index = read_json_or_none(Path(run_dir) / RUN_FILE) or {}
+    try:
+        return load_sweep(index["sweep"]).sweep.gate
+    except (KeyError, UserError):
+        return GateSpec()
+
+
 def _gate(args: argparse.Namespace) -> int:
     from .gate import gate_run, write_junit, write_summary
 
-    result = gate_run(args.run_dir)
+    result = gate_run(args.run_dir, run_gate_spec(args.run_dir))
     write_junit(result, args.junit or args.run_dir / "junit.xml")
     summary = write_summary(result, args.summary or args.run_dir / "summary.md")
     print(Path(summary).read_text() if summary else "")

@@ -141,13 +141,18 @@ def _token(t: Any) -> int | str:
     return t
 
 
-async def _complete(client: Any, url: str, model: str, prompt: Prompt, max_tokens: int
-                    ) -> tuple[list[int | str], list[float | None]]:
+async def complete(client: Any, url: str, model: str, prompt: Prompt, max_tokens: int
+                   ) -> tuple[list[int | str], list[float | None]]:
+    """One greedy completion of ``prompt`` (token ids) at ``url`` (the full
+    ``/v1/completions`` URL) with an ``httpx.AsyncClient``: ``temperature=0, seed=0,
+    logprobs=1``, plus the vLLM extensions ``ignore_eos`` (always ``max_tokens`` tokens)
+    and ``return_tokens_as_token_ids``. Returns ``(tokens, top-1 logprobs)``, tokens as
+    ints where the server sent ``"token_id:N"``. Raises ``httpx.HTTPError`` on a failed
+    request and ``ValueError``/``KeyError``/``IndexError`` on a malformed body."""
     body = {
         "model": model, "prompt": prompt.token_ids, "max_tokens": max_tokens,
         "temperature": 0, "seed": 0, "logprobs": 1, "stream": False,
-        "ignore_eos": True,  # vLLM extension: always max_tokens tokens
-        "return_tokens_as_token_ids": True,  # vLLM extension: ids, not decoded pieces
+        "ignore_eos": True, "return_tokens_as_token_ids": True,
     }
     r = await client.post(url, json=body)
     r.raise_for_status()
@@ -156,6 +161,9 @@ async def _complete(client: Any, url: str, model: str, prompt: Prompt, max_token
     if not isinstance(tokens, list) or not isinstance(lps, list) or len(tokens) != len(lps):
         raise ValueError("response has no logprobs.tokens/token_logprobs of equal length")
     return [_token(t) for t in tokens], [float(x) if isinstance(x, (int, float)) else None for x in lps]
+
+
+_complete = complete  # old private name, kept for callers
 
 
 def compare(pd_tokens: list, pd_logprobs: list, ref_tokens: list, ref_logprobs: list) -> dict[str, Any]:
@@ -214,10 +222,10 @@ async def probe(pd_url: str, ref_url: str, model: str, prompts: list[Prompt], ma
                                    "ref_tokens": [], "pd_logprobs": [], "ref_logprobs": [], "error": None}
             side = "reference"
             try:
-                row["ref_tokens"], row["ref_logprobs"] = await _complete(
+                row["ref_tokens"], row["ref_logprobs"] = await complete(
                     client, completions_url(ref_url), model, p, max_tokens)
                 side = "PD"
-                row["pd_tokens"], row["pd_logprobs"] = await _complete(
+                row["pd_tokens"], row["pd_logprobs"] = await complete(
                     client, completions_url(pd_url), model, p, max_tokens)
             except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as e:
                 row["error"] = f"{side} request failed: {type(e).__name__}: {e}"

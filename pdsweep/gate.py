@@ -422,7 +422,7 @@ class GateResult:
         raise KeyError(cell_id)
 
     def raise_for_verdict(self) -> None:
-        """Raise :class:`~pdsweep.errors.GateFailed` (one line per failure) unless ``ok``."""
+        """Raise :class:`~pdsweep.errors.GateFailed` (one line per failure) unless ``passed``."""
         if not self.passed:
             lines = list(self.problems) + [f"{c.verdict} {c.cell_id}: {c.message}" for c in self.failures]
             raise GateFailed(f"gate failed for run {self.run_name}:\n" + "\n".join(lines))
@@ -480,6 +480,8 @@ def gate_run(run_dir: Path, gate: GateSpec | None = None) -> GateResult:
     planned = {c.id: c for c in map(cell_from_dict, plan.get("cells") or []) if c}
     rejected: dict[str, tuple[str, str]] = {}
     for r in list(index.get("rejected") or []) + list(plan.get("rejected") or []):
+        if not isinstance(r, dict):
+            continue
         rc = cell_from_dict(r.get("cell"))
         cid = r.get("cell_id") or (rc.id if rc else None)
         if cid:
@@ -499,7 +501,8 @@ def gate_run(run_dir: Path, gate: GateSpec | None = None) -> GateResult:
             continue
         files = load_files(run_dir, cid)
         cj = (files.get(layout.CELL_FILE) or {}).get("cell") or {}
-        kind = _first(entry.get("kind"), cj.get("kind"), fallback.kind if fallback else None, "pd")  # unknown: strictest
+        # kind unknown: "pd", the strictest (transfer and consistency checks apply)
+        kind = _first(entry.get("kind"), cj.get("kind"), fallback.kind if fallback else None, "pd")
         results.append(judge_cell(files, kind, checks, entry, fallback))
     problems = () if any(r.verdict != SKIPPED for r in results) else (
         f"{run_dir / layout.RUN_FILE}: no cell was meant to run",)

@@ -19,7 +19,6 @@ instance exposes is ``None`` in every summary, never 0: gates fail closed on ``N
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -27,8 +26,6 @@ from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
-
-log = logging.getLogger(__name__)
 
 NIXL_XFER_TIME = "vllm:nixl_xfer_time_seconds"
 NIXL_POST_TIME = "vllm:nixl_post_time_seconds"

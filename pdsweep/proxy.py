@@ -52,6 +52,7 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
                    30.0, 60.0, 120.0, 300.0)
 MAX_ERROR_BODY = 2000  # characters of an upstream error body quoted in our error message
 KEEPALIVE_EXPIRY_S = 2.0  # below vLLM/uvicorn's 5 s keep-alive: never reuse a socket the server closes
+SERVER_KEEPALIVE_S = 75  # above clients' idle timeouts (aiohttp in lm-eval: 15 s), so clients close first
 
 
 class UpstreamError(Exception):
@@ -192,7 +193,8 @@ class _Proxy:
             return error_response(400, "request", "request body must be a JSON object")
         req_id = str(uuid.uuid4())
         headers = {"X-Request-Id": req_id}
-        if auth := request.headers.get("authorization"):
+        auth = request.headers.get("authorization", "").strip()
+        if len(auth.split()) > 1:  # lm-eval sends "Bearer " without a key: h11 refuses to forward that
             headers["Authorization"] = auth
         try:
             kv = await self.prefill(endpoint, body, headers, chat)
@@ -340,7 +342,7 @@ class AppServer:
         sock = bind_socket(self.host, self.port)
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(self.app, host=self.host, port=self.port, log_config=None, log_level=None,
-                                access_log=False, lifespan="on",
+                                access_log=False, lifespan="on", timeout_keep_alive=SERVER_KEEPALIVE_S,
                                 timeout_graceful_shutdown=max(1, round(self.graceful_shutdown_s)))
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True,
@@ -445,7 +447,8 @@ def main(args: argparse.Namespace) -> int:
         sock = bind_socket(args.host, args.port)
     except (ValueError, OSError) as e:
         raise UserError(f"pdsweep proxy: {e}") from None
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=sock.getsockname()[1], access_log=False))
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=sock.getsockname()[1], access_log=False,
+                                           timeout_keep_alive=SERVER_KEEPALIVE_S))
     log.info("PD proxy listening on http://%s:%d (prefill %s, decode %s)", args.host,
                 sock.getsockname()[1], args.prefill, args.decode)
     server.run(sockets=[sock])

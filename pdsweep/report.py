@@ -197,7 +197,7 @@ def compare_series(cmp: CompareResult) -> Series:
 
 
 def plot_side_by_side(series: Series, path: Path) -> Path:
-    """Grouped horizontal bars per compare key: accuracy (first task) and GB/s, one bar
+    """Grouped horizontal bars per compare key: accuracy (the first task) and GB/s, one bar
     per series; failed cells hatched with their verdict, absent ones ``n/a``."""
     names, rows = series
     nb = len(names)
@@ -205,7 +205,8 @@ def plot_side_by_side(series: Series, path: Path) -> Path:
     axes = fig.subplots(1, 2, sharey=True)
     palette = ["#90a4ae", "#1e88e5", "#8e24aa", "#00897b"]
     bar = 0.8 / nb
-    metrics = (("accuracy (first task)", lambda c: _first_value(c), "{:.3f}"),
+    task = (_tasks([c for _, cs in rows for c in cs if c]) or [None])[0]
+    metrics = ((f"accuracy ({task})", lambda c: _first_value(c, task), "{:.3f}"),
                ("KV transfer GB/s", lambda c: c.facts.total("gbps_xfer"), "{:.1f}"))
     for ax, (label, get, fmt) in zip(axes, metrics):
         top = max((get(c) or 0 for _, cs in rows for c in cs if c), default=0) or 1.0

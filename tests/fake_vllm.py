@@ -3,6 +3,7 @@
 with vLLM's ``vllm:nixl_*`` and latency metric names. Behaviour knobs (env):
 
 FAKE_STARTUP_S       seconds before /health answers 200 (default 0.3)
+FAKE_READY_FILE      /health answers 200 only once this file exists (readiness bench)
 FAKE_EXIT_AT_STARTUP exit with this code during startup, after a log line
 FAKE_DIE_AFTER       hard-exit after this many completions (decode killed mid-run)
 FAKE_FAILED_XFERS    add this to vllm:nixl_num_failed_transfers per PD request
@@ -18,6 +19,7 @@ import re
 import sys
 import threading
 import time
+import zlib
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -67,7 +69,11 @@ def main() -> None:
 
     @app.get("/health")
     def health():
-        return PlainTextResponse("", status_code=200 if time.monotonic() - t0 >= startup else 503)
+        ready = time.monotonic() - t0 >= startup
+        gate = os.environ.get("FAKE_READY_FILE")
+        if gate:
+            ready = ready and os.path.exists(gate)
+        return PlainTextResponse("", status_code=200 if ready else 503)
 
     @app.get("/metrics")
     def metrics():
@@ -90,10 +96,10 @@ def main() -> None:
         die = os.environ.get("FAKE_DIE_AFTER")
         if die and n > int(die):
             os._exit(9)
-        qs = re.findall(r"What is (\d+) ([+-]) (\d+)\?", prompt)
+        qs = re.findall(r"What is (\d+) ([-+*]) (\d+)\?", prompt)
         if qs:
             a, op, b = qs[-1]
-            ans = int(a) + int(b) if op == "+" else int(a) - int(b)
+            ans = {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op]
             with lock:
                 state["q"] += 1
                 q = state["q"]
@@ -102,7 +108,7 @@ def main() -> None:
                 ans += 1
             text = f" {ans}\n\nQ:"
         else:
-            text = "".join(chr(97 + (hash(prompt) + i) % 26) for i in range(8))
+            text = "".join(chr(97 + (zlib.crc32(prompt.encode()) + i) % 26) for i in range(8))
         max_tokens = int(body.get("max_tokens") or 16)
         tokens = [text[i:i + 1] for i in range(len(text))][:max_tokens]
         if kv.get("do_remote_prefill") and os.environ.get("FAKE_DIVERGE"):

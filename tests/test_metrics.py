@@ -375,7 +375,8 @@ def test_delta_metric_new_after_counts_from_zero() -> None:
     assert d.counters == after.counters and d.histograms == after.histograms
 
 
-RESTARTED = DECODE_AFTER.replace('finished_reason="stop",model_name="m"} 3.0', 'finished_reason="stop",model_name="m"} 0.0')
+RESTARTED = DECODE_AFTER.replace('finished_reason="stop",model_name="m"} 3.0',
+                                 'finished_reason="stop",model_name="m"} 0.0')  # 6 -> 3 successes
 
 
 def test_delta_counter_reset_raises() -> None:

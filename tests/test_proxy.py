@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import json
 import socketserver
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -75,7 +77,8 @@ class Fake:
                 if self.kv:
                     out["kv_transfer_params"] = {"do_remote_prefill": True, "do_remote_decode": False,
                                                  "remote_engine_id": self.name, "remote_block_ids": [n, n + 1],
-                                                 "remote_host": "127.0.0.1", "remote_port": 5559}
+                                                 "remote_host": "127.0.0.1", "remote_port": 5559,
+                                                 "remote_request_id": request.headers.get("x-request-id")}
                 return out
             if body.get("stream"):
                 return StreamingResponse(self._sse(n), media_type="text/event-stream")
@@ -157,11 +160,12 @@ def test_prefill_leg_then_decode_leg_with_prefill_kv(fakes: dict[str, Fake]) -> 
                                                  "remote_engine_id": None, "remote_block_ids": None,
                                                  "remote_host": None, "remote_port": None}
     assert "max_completion_tokens" not in pre["body"]
-    expected_kv = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": "prefill-0",
-                   "remote_block_ids": [1, 2], "remote_host": "127.0.0.1", "remote_port": 5559}
-    assert dec["body"] == {**body, "kv_transfer_params": expected_kv}
     rid = pre["headers"]["x-request-id"]
     assert rid and dec["headers"]["x-request-id"] == rid
+    expected_kv = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": "prefill-0",
+                   "remote_block_ids": [1, 2], "remote_host": "127.0.0.1", "remote_port": 5559,
+                   "remote_request_id": rid}
+    assert dec["body"] == {**body, "kv_transfer_params": expected_kv}
     assert r.json() == {"id": "decode-0-1", "choices": [{"text": "decoded by decode-0"}], "echo_kv": expected_kv}
 
 
@@ -181,12 +185,42 @@ def test_chat_prefill_caps_completion_tokens_and_drops_stream_options(fakes: dic
     assert dec["body"]["max_completion_tokens"] == 30 and "max_tokens" not in dec["body"]
 
 
+def test_authorization_forwarded_only_with_a_key(fakes: dict[str, Fake]) -> None:
+    with _proxy(fakes, prefill=("prefill-0",), decode=("decode-0",)) as px:
+        for auth in ("Bearer ", "Bearer sk-1"):  # lm-eval sends "Bearer " when no key is set
+            conn = http.client.HTTPConnection("127.0.0.1", px.port, timeout=10)
+            try:
+                conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "p", "max_tokens": 2}),
+                             headers={"Content-Type": "application/json", "Authorization": auth})
+                assert conn.getresponse().status == 200
+            finally:
+                conn.close()
+    for f in (fakes["prefill-0"], fakes["decode-0"]):
+        assert [r["headers"].get("authorization") for r in f.requests] == [None, "Bearer sk-1"]
+
+
 def test_each_request_gets_its_own_request_id(fakes: dict[str, Fake]) -> None:
     with _proxy(fakes) as px, _client() as c:
         for _ in range(3):
             assert c.post(f"{px.url}/v1/completions", json={"prompt": "p", "max_tokens": 2}).status_code == 200
     ids = [r["headers"]["x-request-id"] for n in ("prefill-0", "prefill-1") for r in fakes[n].requests]
     assert len(set(ids)) == 3
+
+
+def test_concurrent_requests_keep_their_own_kv(fakes: dict[str, Fake]) -> None:
+    """Under concurrency each decode leg carries the KV handle of its own prefill leg."""
+    n = 24
+    with _proxy(fakes) as px, _client() as c, ThreadPoolExecutor(8) as pool:
+        rs = list(pool.map(lambda i: c.post(f"{px.url}/v1/completions", json={"prompt": f"p{i}", "max_tokens": 2}),
+                           range(n)))
+    assert [r.status_code for r in rs] == [200] * n
+    decoded = [r for name in ("decode-0", "decode-1") for r in fakes[name].requests]
+    assert len(decoded) == n
+    for r in decoded:
+        assert r["body"]["kv_transfer_params"]["remote_request_id"] == r["headers"]["x-request-id"]
+    prompts = {r["body"]["prompt"]: r["headers"]["x-request-id"]
+               for name in ("prefill-0", "prefill-1") for r in fakes[name].requests}
+    assert {r["body"]["prompt"]: r["headers"]["x-request-id"] for r in decoded} == prompts
 
 
 def test_round_robin_over_two_prefill_and_two_decode(fakes: dict[str, Fake]) -> None:
@@ -218,6 +252,21 @@ def test_streaming_passes_sse_chunks_through_in_order(fakes: dict[str, Fake]) ->
     expected = [f"data: {json.dumps({'i': i, 'by': 'decode-0', 'n': 1})}" for i in range(N_CHUNKS)]
     assert events == expected + ["data: [DONE]"]
     assert fakes["prefill-0"].requests[0]["body"]["stream"] is False
+
+
+def test_stream_stalling_mid_way_ends_with_an_error_event(fakes: dict[str, Fake]) -> None:
+    fakes["decode-0"].wait_after_first_chunk = True  # never released: the decode stream stalls
+    with _proxy(fakes, timeout_s=0.3) as px, _client() as c:
+        with c.stream("POST", f"{px.url}/v1/completions",
+                      json={"prompt": "p", "max_tokens": 8, "stream": True}) as r:
+            events = [line for line in r.iter_lines() if line]
+        metrics = _samples(c.get(f"{px.url}/metrics").text)
+    assert r.status_code == 200  # headers were already sent when the stream broke
+    assert events[0] == f"data: {json.dumps({'i': 0, 'by': 'decode-0', 'n': 1})}"
+    assert len(events) == 2 and "data: [DONE]" not in events
+    err = json.loads(events[1].removeprefix("data: "))["error"]
+    assert err["stage"] == "decode" and err["code"] == 504 and "stream broken: ReadTimeout" in err["message"]
+    assert metrics[("pdsweep_proxy_errors_total", (("endpoint", "/v1/completions"), ("stage", "decode")))] == 1
 
 
 @pytest.mark.parametrize("status", [400, 500])

@@ -26,9 +26,11 @@ HERE = Path(__file__).resolve().parent
 FAKE_PY = HERE / "fake_build" / "python"
 
 
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory) -> Path:
-    return build_tokenizer(tmp_path_factory.mktemp("tok"))
+@pytest.fixture
+def tok(tmp_path) -> Path:
+    """Per test, under ``tmp_path``: the model path is in every instance's argv, so
+    :func:`ours` finds exactly this test's processes."""
+    return build_tokenizer(tmp_path / "tok")
 
 
 def make_sweep(tmp_path: Path, tok: Path, *, matrix: str, env: str = "  base: {}", port_base: int = 31000,
@@ -102,9 +104,10 @@ def test_happy_path_through_gate(tmp_path, tok):
     cons = layout.read_json(pd / "consistency.json")
     assert cons["verdict"] == "pass" and [p["name"] for p in cons["prompts"]] == ["short", "len40"]
     tr = layout.read_json(pd / "transfer.json")["totals"]
-    # 1 readiness request + 8 lm-eval questions + 2 probe prompts, 128 KiB each on the decode side
-    assert tr["num_transfers"] == 11 and tr["bytes"] == 11 * 131072 and tr["failed_transfers"] == 0
+    # measured phases: 8 lm-eval questions + 2 probe prompts (readiness is not measured), 128 KiB each
+    assert tr["num_transfers"] == 10 and tr["bytes"] == 10 * 131072 and tr["failed_transfers"] == 0
     assert (pd / "logs" / "prefill-0.log").read_text().startswith("fake vllm serve fake-gqa")
+    assert str(tmp_path) in " ".join(cell["instances"][0]["argv"])  # what ours() matches on
     assert not ours(tmp_path)
     assert main(["gate", str(run)]) == 0
     assert (run / "junit.xml").exists()

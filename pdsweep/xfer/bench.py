@@ -265,6 +265,7 @@ def _prefill_main(conn: Any, cfg: dict[str, Any]) -> None:
         reg_descs = agent.register_memory([(buf.addr, buf.nbytes, buf.dev, "")], buf.mem)
         try:
             conn.send(("ready", {"name": cfg["name"], "metadata": agent.get_agent_metadata(), "base": buf.addr}))
+            serving, cpu0 = time.monotonic(), time.process_time()
             notifs: dict[str, list[str]] = {}
 
             def drain() -> None:
@@ -280,7 +281,7 @@ def _prefill_main(conn: Any, cfg: dict[str, Any]) -> None:
                 drain()
                 time.sleep(0.005)
             drain()
-            conn.send(("notifs", notifs))
+            conn.send(("notifs", {"notifs": notifs, "cpu_s": time.process_time() - cpu0, "serving_s": time.monotonic() - serving}))
         finally:
             agent.deregister_memory(reg_descs)
 
@@ -510,12 +511,16 @@ class TransferSession:
     ):
         self.geometry, self.P, self.D, self.plans, self.requests = geometry, prefill_tp, decode_tp, plans, requests
         self.device, self.delay_us, self.timeout_s, self.seed = device, progress_delay_us, timeout_s, seed
+        for d, p in enumerate(plans):
+            bad = [r for r in (*p.transfers, *p.notify_ranks) if not 0 <= r < prefill_tp]
+            if (p.prefill_tp, p.decode_tp, p.decode_rank) != (prefill_tp, decode_tp, d) or bad or len(plans) != decode_tp:
+                raise ValueError(f"plan {d} does not fit prefill TP {prefill_tp} / decode TP {decode_tp} (bad ranks: {bad})")
         self.procs: list[mp.process.BaseProcess] = []
         self.pconns: list[Any] = []
         self.dconns: list[Any] = []
         self.iterations = 0
         self.ucx_dir: str | None = None
-        self.notifs: dict[int, dict[str, list[str]]] | None = None
+        self.notifs: dict[int, dict[str, Any]] | None = None
         self.transport = "unknown"
 
     def _gpu(self, index: int) -> int:
@@ -618,8 +623,10 @@ class TransferSession:
         ``stray_bytes`` (written outside the request's pages), ``checked_bytes``."""
         return self._all_decode("verify")
 
-    def notifications(self) -> dict[int, dict[str, list[str]]]:
-        """Stop the prefill ranks and return what each received, by sender agent."""
+    def notifications(self) -> dict[int, dict[str, Any]]:
+        """Stop the prefill ranks; per rank ``notifs`` (messages by sender agent),
+        ``cpu_s`` (process CPU seconds while serving) and ``serving_s`` (wall seconds
+        from metadata sent to stop)."""
         if self.notifs is None:
             per_rank = {r: 0 for r in range(self.P)}
             for plan in self.plans:
@@ -732,7 +739,7 @@ def run_transfer_bench(
     geometry = kv_geometry(model_name, model, block_size, (prefill_tp, decode_tp))
     plans = plans_for(geometry, prefill_tp, decode_tp, plan, mapping)
     reqs = make_requests(requests, blocks, seed)
-    per_rank_bytes = [sum(p.bytes_from(r, geometry, blocks) for r in p.transfers) * requests for p in plans]
+    nbytes = bytes_per_rank(plans, geometry, blocks, requests)
     runs: list[list[dict[str, Any]]] = []
     with TransferSession(geometry, prefill_tp, decode_tp, plans, reqs, device, progress_delay_us, timeout_s, seed) as s:
         for i in range(warmup + iters):
@@ -740,35 +747,20 @@ def run_transfer_bench(
             out = s.iterate()
             if i >= warmup:
                 runs.append(out)
-        memcpy_s = s.memcpy(per_rank_bytes)
+        memcpy_s = s.memcpy(nbytes)
         checks = s.verify() if verify else None
         notifs = s.notifications()
     transport = s.transport
-
-    total = sum(per_rank_bytes)
-    walls = [max(r["wall_s"] for r in run) for run in runs]
-    wall = statistics.median(walls)
-    gbps = total / wall / 1e9 if wall > 0 else float("nan")
-    memcpy_gbps = total / max(memcpy_s) / 1e9 if max(memcpy_s) > 0 else float("nan")
-    ranks = []
-    for d, p in enumerate(plans):
-        w = statistics.median(run[d]["wall_s"] for run in runs)
-        ndesc = p.descriptors_per_request(geometry, blocks)
-        ranks.append({
-            "decode_rank": d,
-            "bytes_per_iteration": per_rank_bytes[d],
-            "transfers_per_request": len(p.transfers),
-            "descriptors_per_request": ndesc,
-            "nixl_descriptors_per_request": runs[-1][d]["nixl_descs"] / requests,
-            "wall_s": [run[d]["wall_s"] for run in runs],
-            "post_s_median": statistics.median(run[d]["post_s"] for run in runs),
-            "gbps": per_rank_bytes[d] / w / 1e9 if w > 0 else float("nan"),
-            "us_per_descriptor": w / (ndesc * requests) * 1e6 if ndesc else float("nan"),
-            "memcpy_gbps": per_rank_bytes[d] / memcpy_s[d] / 1e9 if memcpy_s[d] > 0 else float("nan"),
-        })
+    stats = transfer_stats(plans, geometry, blocks, requests, runs, memcpy_s)
     read_ranks = {r for p in plans for r in p.transfers}
     notifications = {
-        str(r): {"received": sum(len(v) for v in notifs.get(r, {}).values()), "read": r in read_ranks} for r in range(prefill_tp)
+        str(r): {
+            "received": sum(len(v) for v in notifs[r]["notifs"].values()),
+            "read": r in read_ranks,
+            # CPU seconds per wall second while serving: a busy-spinning progress thread is ~1.0
+            "cpu_fraction": round(notifs[r]["cpu_s"] / notifs[r]["serving_s"], 3) if notifs[r]["serving_s"] else None,
+        }
+        for r in range(prefill_tp)
     }
     result: dict[str, Any] = {
         "config": {
@@ -779,21 +771,68 @@ def run_transfer_bench(
             "bytes_per_rank": {"prefill": geometry.rank_bytes(prefill_tp), "decode": geometry.rank_bytes(decode_tp)},
         },
         "plans": [_plan_summary(p, geometry, blocks) for p in plans],
+        **stats,
+        "transport": transport,
+        "notifications": notifications,
+        "notified_without_read": sorted(int(r) for r, v in notifications.items() if v["received"] and not v["read"]),
+    }
+    result["verification"] = summarise_verification(checks)
+    return result
+
+
+def bytes_per_rank(plans: list[ReadPlan], geometry: KVGeometry, blocks: int, requests: int) -> list[int]:
+    """Bytes each decode rank reads per iteration (``requests`` requests)."""
+    return [sum(p.bytes_from(r, geometry, blocks) for r in p.transfers) * requests for p in plans]
+
+
+def transfer_stats(
+    plans: list[ReadPlan],
+    geometry: KVGeometry,
+    blocks: int,
+    requests: int,
+    runs: list[list[dict[str, Any]]],
+    memcpy_s: list[float],
+) -> dict[str, Any]:
+    """Throughput from timed iterations (``runs[i][decode_rank]`` as returned by
+    :meth:`TransferSession.iterate`) and per-rank memcpy seconds: ``gbps`` (all
+    ranks' bytes / median slowest-rank wall), ``memcpy_gbps`` (same bytes / slowest
+    rank's memcpy), ``ratio``, ``wall_s_median``, ``bytes_per_iteration`` and per-rank
+    ``ranks``."""
+    nbytes = bytes_per_rank(plans, geometry, blocks, requests)
+    total = sum(nbytes)
+    wall = statistics.median(max(r["wall_s"] for r in run) for run in runs)
+    gbps = total / wall / 1e9 if wall > 0 else float("nan")
+    memcpy_gbps = total / max(memcpy_s) / 1e9 if max(memcpy_s) > 0 else float("nan")
+    ranks = []
+    for d, p in enumerate(plans):
+        w = statistics.median(run[d]["wall_s"] for run in runs)
+        ndesc = p.descriptors_per_request(geometry, blocks)
+        ranks.append({
+            "decode_rank": d,
+            "bytes_per_iteration": nbytes[d],
+            "transfers_per_request": len(p.transfers),
+            "descriptors_per_request": ndesc,
+            "nixl_descriptors_per_request": runs[-1][d]["nixl_descs"] / requests,
+            "wall_s": [run[d]["wall_s"] for run in runs],
+            "post_s_median": statistics.median(run[d]["post_s"] for run in runs),
+            "gbps": nbytes[d] / w / 1e9 if w > 0 else float("nan"),
+            "us_per_descriptor": w / (ndesc * requests) * 1e6 if ndesc else float("nan"),
+            "memcpy_gbps": nbytes[d] / memcpy_s[d] / 1e9 if memcpy_s[d] > 0 else float("nan"),
+        })
+    return {
         "ranks": ranks,
         "bytes_per_iteration": total,
         "wall_s_median": wall,
         "gbps": gbps,
         "memcpy_gbps": memcpy_gbps,
-        "ratio": gbps / memcpy_gbps if memcpy_gbps else float("nan"),
-        "transport": transport,
-        "notifications": notifications,
-        "notified_without_read": sorted(int(r) for r, v in notifications.items() if v["received"] and not v["read"]),
+        "ratio": gbps / memcpy_gbps if memcpy_gbps == memcpy_gbps and memcpy_gbps else float("nan"),
     }
-    result["verification"] = _summarise(checks)
-    return result
 
 
-def _summarise(checks: list[dict[str, Any]] | None) -> dict[str, Any]:
+def summarise_verification(checks: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """Merge :meth:`TransferSession.verify` output: ``{ok, missing, wrong, stray_bytes,
+    checked_bytes}``; ``missing``/``wrong`` entries are ``{decode_rank, layer, kind,
+    prefill_rank, pages, bytes}``. ``ok`` is None when ``checks`` is None."""
     if checks is None:
         return {"ok": None, "missing": [], "wrong": [], "stray_bytes": None, "checked_bytes": 0}
     issues = [i for c in checks for i in c["issues"]]
@@ -868,6 +907,11 @@ def main(args: argparse.Namespace) -> int:
     from ..layout import write_json
 
     try:
+        check_device(args.device)
+    except (RuntimeError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
         model = _find_model(args.models, args.model)
         res = run_transfer_bench(
             args.model, model, args.prefill_tp, args.decode_tp, args.block_size, args.blocks, args.plan,
@@ -880,6 +924,9 @@ def main(args: argparse.Namespace) -> int:
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # the session has stopped its rank processes by now
+        print("interrupted", file=sys.stderr)
+        return 130
     c = res["config"]
     print(f"{c['model']} prefill TP {c['prefill_tp']} -> decode TP {c['decode_tp']} (tp_ratio {c['tp_ratio']}), "
           f"plan {c['plan']}, block_size {c['block_size']}, {c['blocks']} blocks x {c['requests']} request(s), "
@@ -896,6 +943,9 @@ def main(args: argparse.Namespace) -> int:
               f"{_fmt_gbps(r['gbps'])} GB/s")
     print(f"transfer: {_fmt_gbps(res['gbps'])} GB/s, host memcpy {_fmt_gbps(res['memcpy_gbps'])} GB/s, "
           f"ratio {res['ratio']:.2f}x memcpy, UCX transport: {res['transport']}")
+    cpu = {r: n["cpu_fraction"] for r, n in res["notifications"].items()}
+    print(f"prefill ranks: notifications received {[n['received'] for n in res['notifications'].values()]}, "
+          f"CPU fraction (progress delay {c['progress_delay_us']} us) {cpu}")
     if res["notified_without_read"]:
         print(f"prefill ranks notified without being read: {res['notified_without_read']}")
     v = res["verification"]
