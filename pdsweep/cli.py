@@ -70,6 +70,7 @@ def _plan(args: argparse.Namespace) -> int:
         print(json.dumps(d, indent=2))
         return 0
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     con = Console(highlight=False, soft_wrap=True)
@@ -95,7 +96,7 @@ def _plan(args: argparse.Namespace) -> int:
     for c in d["cells"]:
         for i in c.get("instances", []):
             env = " ".join(f"{k}={shlex.quote(v)}" for k, v in i["env"].items())
-            con.print(f"[{c['id']}] {i['name']}: {env} {shlex.join(i['argv'])}")
+            con.print(escape(f"[{c['id']}] {i['name']}: {env} {shlex.join(i['argv'])}"))
     con.print("\n[bold]schedule[/bold]")
     for p in s["placements"]:
         gp = ",".join(map(str, p["gpus"])) or "cpu"
@@ -115,14 +116,16 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", help="skip cells whose status is final")
     p.add_argument("--quiet", action="store_true", help="one line per cell (CI logs)")
     p.add_argument("--skip-eval", action="store_true", help="deploy and probe only, no lm-eval")
-    p.add_argument("--drop-kv-transfer-params", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--drop-kv-transfer-params", action="store_true", help=argparse.SUPPRESS)  # tests only
+    p.add_argument("--scramble-kv-block-ids", action="store_true", help=argparse.SUPPRESS)  # tests only
 
 
 def _run(args: argparse.Namespace) -> int:
     from .run import RunOptions, run_sweep
 
     opts = RunOptions(out=args.out, cells=args.cells, gpus=args.gpus, resume=args.resume, quiet=args.quiet,
-                      drop_kv_transfer_params=args.drop_kv_transfer_params, skip_eval=args.skip_eval)
+                      drop_kv_transfer_params=args.drop_kv_transfer_params,
+                      scramble_kv_block_ids=args.scramble_kv_block_ids, skip_eval=args.skip_eval)
     try:
         run_dir = run_sweep(args.sweep, opts)
     except KeyboardInterrupt:

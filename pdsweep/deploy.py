@@ -142,6 +142,7 @@ def check_ports(specs: list[InstanceSpec], slot: Slot) -> list[int]:
 @contextlib.contextmanager
 def deploy(cell: Cell, slot: Slot, specs: list[InstanceSpec], launcher: Launcher, log_dir: Path,
            startup_timeout_s: float, request_timeout_s: float, drop_kv_transfer_params: bool = False,
+           scramble_kv_block_ids: bool = False,
            on_phase: Callable[[str], None] = lambda p: None, stop: Callable[[], bool] = lambda: False,
            ) -> Iterator[Deployment]:
     """Start ``specs`` on ``slot``, make the cell ready, yield the :class:`Deployment`,
@@ -170,7 +171,7 @@ def deploy(cell: Cell, slot: Slot, specs: list[InstanceSpec], launcher: Launcher
             dep.proxy = ProxyServer(
                 prefill_urls=[h.url for h in dep.role("prefill")], decode_urls=[h.url for h in dep.role("decode")],
                 port=slot.proxy_port(), timeout_s=request_timeout_s, drop_kv_transfer_params=drop_kv_transfer_params,
-                log_path=dep.proxy_log)
+                log_path=dep.proxy_log, scramble_kv_block_ids=scramble_kv_block_ids)
             dep.proxy.__enter__()  # type: ignore[attr-defined]
         t1 = time.monotonic()
         first_request(dep, cell.model, request_timeout_s)

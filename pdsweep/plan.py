@@ -289,6 +289,8 @@ def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: 
                 "--max-model-len", str(d.max_model_len or model.max_model_len), "--seed", "0"]
         if s.platform == "cuda":
             argv += ["--gpu-memory-utilization", str(d.gpu_memory_utilization)]
+        if model.tiny is not None:  # our own float32 weights: serve in the catalogue dtype, not vLLM's auto
+            argv += ["--dtype", model.dtype]
         if eager:
             argv.append("--enforce-eager")
         if dp > 1:
@@ -312,16 +314,18 @@ def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: 
             env["VLLM_TARGET_DEVICE"] = "cpu"
             env["VLLM_CPU_KVCACHE_SPACE"] = str(d.cpu_kvcache_space_gib)
             env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(cores[(rank_i + r) % len(cores)]) for r in range(tp * dp))
-            env.setdefault("PDSWEEP_NIXL_PROGRESS_DELAY_US", "1000")
+            env.setdefault("PDSWEEP_NIXL_PROGRESS_DELAY_US", "1000")  # pdsweep.vllm_plugin: no busy-spin
+            env.setdefault("PDSWEEP_CPU_AMX_PERMISSION", "1")  # pdsweep.vllm_plugin: bf16 AMX kernels SIGILL without
             rank_i += tp * dp
         out.append(InstanceSpec(name, role, tp, slot.http_port(k), side, tuple(gpus), tuple(argv), env))
     return out
 
 
-def model_path(model: ModelSpec, name: str, cache_dir: Path | None = None) -> str:
-    """Where vLLM loads ``model`` from: HF id, local path, or the generated tiny checkpoint."""
+def model_path(model: ModelSpec, name: str, cache_dir: Path | None = None, create: bool = True) -> str:
+    """Where vLLM loads ``model`` from: HF id, local path, or the generated tiny checkpoint
+    (built on first use unless ``create=False``, as for dry runs)."""
     if model.tiny is not None:
         from .tinymodels import checkpoint_dir
 
-        return str(checkpoint_dir(name, model, cache_dir))
+        return str(checkpoint_dir(name, model, cache_dir, create=create))
     return model.path or model.hf_id  # type: ignore[return-value]

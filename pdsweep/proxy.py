@@ -102,13 +102,14 @@ class _Proxy:
     """State and request flow behind :func:`create_app`; one per app."""
 
     def __init__(self, prefill_urls: list[str], decode_urls: list[str], timeout_s: float,
-                 drop_kv_transfer_params: bool) -> None:
+                 drop_kv_transfer_params: bool, scramble_kv_block_ids: bool = False) -> None:
         self.prefill_urls = _check_urls("prefill", list(prefill_urls))
         self.decode_urls = _check_urls("decode", list(decode_urls))
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self.timeout_s = float(timeout_s)
         self.drop_kv = drop_kv_transfer_params
+        self.scramble = scramble_kv_block_ids
         self.metrics = _Metrics()
         self.client: httpx.AsyncClient | None = None
         self._next_prefill = 0
@@ -202,7 +203,7 @@ class _Proxy:
             m.prefill.observe(t_prefill - t0)
             body.pop("kv_transfer_params", None)
             if not self.drop_kv:
-                body["kv_transfer_params"] = kv
+                body["kv_transfer_params"] = scrambled(kv) if self.scramble else kv
             base = self.pick("decode")
             client = self._client()
             upstream = client.build_request("POST", base + endpoint, json=body, headers=headers)
@@ -249,14 +250,26 @@ class _Proxy:
                         media_type=r.headers.get("content-type", "application/json"))
 
 
+def scrambled(kv: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``kv`` with ``remote_block_ids`` reversed (each group's list for hybrid KV caches):
+    decode then reads the right blocks in the wrong order, i.e. KV that arrived wrong.
+    Tests only: proves the consistency probe catches corrupted transfers."""
+    if not kv or not isinstance(kv.get("remote_block_ids"), list):
+        return kv
+    ids = kv["remote_block_ids"]
+    ids = [list(reversed(g)) for g in ids] if ids and isinstance(ids[0], list) else list(reversed(ids))
+    return {**kv, "remote_block_ids": ids}
+
+
 def create_app(prefill_urls: list[str], decode_urls: list[str], timeout_s: float = 300,
-               drop_kv_transfer_params: bool = False) -> FastAPI:
+               drop_kv_transfer_params: bool = False, scramble_kv_block_ids: bool = False) -> FastAPI:
     """The PD proxy as a FastAPI app (flow: vLLM ``toy_proxy_server.py``, see module doc).
 
     ``prefill_urls`` / ``decode_urls``: instance base URLs (``http://host:port``), used
     round-robin. ``timeout_s``: httpx timeout (connect, read, write, pool) of each upstream
     call. ``drop_kv_transfer_params`` (tests only): the decode leg goes without the
-    prefill's ``kv_transfer_params``, so decode recomputes the prompt.
+    prefill's ``kv_transfer_params``, so decode recomputes the prompt;
+    ``scramble_kv_block_ids`` (tests only): see :func:`scrambled`.
 
     Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``
     (first decode), ``GET /health`` (200 while the proxy is up), ``GET /metrics``
@@ -268,7 +281,7 @@ def create_app(prefill_urls: list[str], decode_urls: list[str], timeout_s: float
 
     Raises ValueError for an empty or non-http(s) URL list or ``timeout_s <= 0``.
     """
-    proxy = _Proxy(prefill_urls, decode_urls, timeout_s, drop_kv_transfer_params)
+    proxy = _Proxy(prefill_urls, decode_urls, timeout_s, drop_kv_transfer_params, scramble_kv_block_ids)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -384,8 +397,10 @@ class ProxyServer(AppServer):
     """
 
     def __init__(self, prefill_urls: list[str], decode_urls: list[str], host: str = "127.0.0.1", port: int = 0,
-                 timeout_s: float = 300, drop_kv_transfer_params: bool = False, log_path: Path | None = None) -> None:
-        super().__init__(create_app(prefill_urls, decode_urls, timeout_s, drop_kv_transfer_params), host, port)
+                 timeout_s: float = 300, drop_kv_transfer_params: bool = False, log_path: Path | None = None,
+                 scramble_kv_block_ids: bool = False) -> None:
+        super().__init__(create_app(prefill_urls, decode_urls, timeout_s, drop_kv_transfer_params,
+                                    scramble_kv_block_ids), host, port)
         self.log_path = Path(log_path) if log_path else None
         self._handler: logging.Handler | None = None
         self._saved_level = logging.NOTSET
@@ -407,7 +422,8 @@ class ProxyServer(AppServer):
             raise
         proxy = self.app.state.proxy
         log.info("PD proxy on %s: prefill %s, decode %s, timeout %g s%s", self.url, proxy.prefill_urls,
-                 proxy.decode_urls, proxy.timeout_s, ", DROPPING kv_transfer_params" if proxy.drop_kv else "")
+                 proxy.decode_urls, proxy.timeout_s, ", DROPPING kv_transfer_params" if proxy.drop_kv else
+                 ", SCRAMBLING remote_block_ids" if proxy.scramble else "")
         return self
 
     def stop(self, timeout_s: float = 10.0) -> None:

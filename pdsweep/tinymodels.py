@@ -34,7 +34,7 @@ from typing import Any
 from .errors import UserError
 from .spec import ModelSpec
 
-GENERATOR_VERSION = 1  # bump to regenerate every cached checkpoint
+GENERATOR_VERSION = 2  # bump to regenerate every cached checkpoint
 VOCAB_SIZE = 512
 HIDDEN = 128
 INTERMEDIATE = 256
@@ -243,8 +243,9 @@ def default_cache_dir() -> Path:
     return Path(env) if env else Path(__file__).resolve().parent.parent / ".cache" / "pdsweep" / "models"
 
 
-def checkpoint_dir(name: str, model: ModelSpec, cache_dir: Path | None = None) -> Path:
-    """Directory of the tiny checkpoint for catalogue entry ``name``; generated if missing.
+def checkpoint_dir(name: str, model: ModelSpec, cache_dir: Path | None = None, create: bool = True) -> Path:
+    """Directory of the tiny checkpoint for catalogue entry ``name``; generated if missing
+    (unless ``create=False``: then only the path, for dry runs).
 
     The directory is ``<cache>/<name>-<hash12>``, the hash covering the generator
     version, kind, seed and every config parameter, so any change gives a new directory
@@ -257,7 +258,7 @@ def checkpoint_dir(name: str, model: ModelSpec, cache_dir: Path | None = None) -
         raise UserError(f"models.yaml: {name}: not a tiny checkpoint (no 'tiny:')")
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     final = root / f"{name}-{_fingerprint(name, model)}"
-    if (final / META_FILE).is_file():
+    if (final / META_FILE).is_file() or not create:
         return final
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
@@ -305,6 +306,7 @@ def _save_weights(kind: str, params: dict[str, Any], model: ModelSpec, out: Path
     lm.save_pretrained(out)
     cfg = json.loads((out / "config.json").read_text())
     cfg["torch_dtype"] = "float32"  # older readers (transformers 4.x, vLLM < 0.11) look here
-    if kind == "nemotron_h":  # vLLM's nemotron_h.py reads config.hybrid_override_pattern
+    if kind == "nemotron_h":  # transformers 5 derives both from layers_block_type; older readers need them
         cfg["hybrid_override_pattern"] = params["hybrid_override_pattern"]
+        cfg["num_hidden_layers"] = params["num_hidden_layers"]
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")

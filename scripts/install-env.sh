@@ -27,7 +27,8 @@ else
   "${PIP[@]}" "torch==2.13.0" -e ".[dev,cpu]" \
     || "${PIP[@]}" --extra-index-url "$TORCH_CPU_INDEX" "torch==2.13.0+cpu" -e ".[dev,cpu]"
   # nixl-cu13 declares torch but does not need it; --no-deps keeps the CPU torch.
-  "${PIP[@]}" --no-deps "nixl-cu13==$NIXL_VERSION"
+  # vLLM imports `nixl` (vllm/distributed/nixl_utils.py): the meta wheel re-exports nixl_cu13 as nixl.
+  "${PIP[@]}" --no-deps "nixl-cu13==$NIXL_VERSION" "nixl==$NIXL_VERSION"
   "$VENV/bin/python" scripts/cpu-env-fixups.py
 fi
 "$VENV/bin/python" -c "import pdsweep, vllm, nixl_cu13" 2>/dev/null \

@@ -98,13 +98,13 @@ def test_upstream_config_sweep_covers_every_upstream_configuration():
 def test_cpu_smoke_plan():
     plan = expand(load_sweep(SWEEPS / "cpu-smoke.yaml"))
     assert [c.id for c in plan.pd_cells] == [
-        "tiny-llama.p1d1.b16-16.fixed", "tiny-mla.p1d1.b16-16.fixed", "tiny-nemotron-h.p1d1.b16-16.fixed",
-        "tiny-qwen3-next.p1d1.b16-16.fixed", "tiny-llama.p1d2.b16-16.fixed"]
+        "tiny-llama.p1d1.b32-32.fixed", "tiny-mla.p1d1.b32-32.fixed", "tiny-nemotron-h.p1d1.b32-32.fixed",
+        "tiny-qwen3-next.p1d1.b32-32.fixed", "tiny-llama.p1d2.b32-32.fixed"]
     assert {r.cell.id: r.rule for r in plan.rejected} == {
-        "tiny-mla.p2d1.b16-16.fixed": "platform-limit", "tiny-kimi-linear.p2d1.b16-16.fixed": "platform"}
+        "tiny-mla.p2d1.b32-32.fixed": "platform-limit", "tiny-kimi-linear.p2d1.b32-32.fixed": "platform"}
     assert all(c.num_gpus == 0 for c in plan.cells)
     refs = [c.id for c in plan.cells if c.kind == "ref"]
-    assert "tiny-llama.ref-tp2.b16.fixed" in refs and len(refs) == 5
+    assert "tiny-llama.ref-tp2.b32.fixed" in refs and len(refs) == 5
 
 
 def test_rules_reject_with_reason(tmp_path):
@@ -167,12 +167,22 @@ def test_instances_argv_env_cuda():
 
 def test_instances_cpu_bind_and_hnd():
     ls = load_sweep(SWEEPS / "cpu-smoke.yaml")
-    cell = next(c for c in expand(ls).cells if c.id == "tiny-llama.p1d2.b16-16.fixed")
+    cell = next(c for c in expand(ls).cells if c.id == "tiny-llama.p1d2.b32-32.fixed")
     p, d = instances(cell, Slot(0, (), 20000, (0, 1)), ls, "/m", "/py")
     assert p.env["VLLM_CPU_OMP_THREADS_BIND"] == "0" and d.env["VLLM_CPU_OMP_THREADS_BIND"] == "1|0"
     assert d.env["VLLM_KV_CACHE_LAYOUT"] == "HND" and "VLLM_KV_CACHE_LAYOUT" not in p.env
     assert "CUDA_VISIBLE_DEVICES" not in p.env and "--gpu-memory-utilization" not in p.argv
     assert p.env["VLLM_TARGET_DEVICE"] == "cpu" and p.env["PDSWEEP_NIXL_PROGRESS_DELAY_US"] == "1000"
+    assert p.argv[p.argv.index("--dtype") + 1] == "float32"  # our float32 weights, not vLLM's bf16 auto
+
+
+def test_cpu_block_size_rule(tmp_path):
+    ls = sweep(tmp_path, "name: x\nplatform: cpu\nmatrix:\n  model: [tiny-llama, tiny-mla]\n  block_size: [16, 32]\n")
+    plan = expand(ls)
+    rej = {r.cell.id: r for r in plan.rejected}
+    assert set(rej) == {"tiny-llama.p1d1.b16-16.fixed"}  # MLA (CPU_MLA) takes 16; GQA needs multiples of 32
+    assert "block size not a multiple of 32 (gqa/mha attention) on cpu" in rej["tiny-llama.p1d1.b16-16.fixed"].reason
+    assert "MultipleOf(32)" in rej["tiny-llama.p1d1.b16-16.fixed"].reason
 
 
 def test_reference_cell():
