@@ -88,6 +88,35 @@ def group_members(pgid: int) -> list[psutil.Process]:
     return out
 
 
+def gpu_pids() -> set[int] | None:
+    """PIDs holding a GPU context (``nvidia-smi --query-compute-apps``); None without nvidia-smi."""
+    import shutil
+
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    try:
+        out = subprocess.run([exe, "--query-compute-apps=pid", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return None
+    return {int(x) for x in out.split() if x.strip().isdigit()}
+
+
+def wait_gpus_released(pids: set[int], timeout_s: float = 60.0) -> bool:
+    """Wait until none of ``pids`` (processes we started) holds a GPU context, so the next
+    cell can take the GPUs. True when released (or no nvidia-smi), False on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        held = gpu_pids()
+        if held is None or not (held & pids):
+            return True
+        if time.monotonic() > deadline:
+            log.warning("GPU contexts of pids %s still present after %.0f s", sorted(held & pids), timeout_s)
+            return False
+        time.sleep(0.5)
+
+
 class LocalLauncher:
     """Instances as local child processes, each leading its own process group."""
 
@@ -119,6 +148,7 @@ class LocalLauncher:
             strays = [c for c in psutil.Process(pgid).children(recursive=True)]
         except psutil.Error:
             strays = []
+        pids = {pgid} | {p.pid for p in strays} | {p.pid for p in group_members(pgid)}
         self._signal(pgid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and group_members(pgid):
@@ -146,6 +176,7 @@ class LocalLauncher:
                 pass
         with self._lock:
             self._groups.discard(pgid)
+        wait_gpus_released(pids)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and not all(port_free(p) for p in handle.ports):
             time.sleep(0.1)

@@ -87,9 +87,11 @@ class Cell:
         """GPUs the cell holds: one per rank on cuda, none on cpu."""
         return self.num_ranks if self.platform == "cuda" else 0
 
-    def reference(self) -> Cell:
-        """The single-instance (non-PD) reference of this cell at the decode TP."""
-        return replace(self, kind="ref", prefill_tp=self.decode_tp, prefill_block_size=self.decode_block_size,
+    def reference(self, build: str | None = None) -> Cell:
+        """The single-instance (non-PD) reference of this cell at the decode TP, on
+        ``build`` (the sweep's default build: the single-instance path never touches the
+        KV connector, so one reference serves the fixed and the unfixed build)."""
+        return replace(self, kind="ref", build=build or self.build, prefill_tp=self.decode_tp, prefill_block_size=self.decode_block_size,
                        num_prefill=0, num_decode=1, decode_dp=1, expect_fail=False, expect_reason=None, expect_ref=None)
 
     def to_dict(self) -> dict[str, Any]:
@@ -190,7 +192,7 @@ def expand(ls: LoadedSweep) -> Plan:
     if ls.sweep.eval.reference:
         refs: dict[str, Cell] = {}
         for c in plan.cells:
-            r = c.reference()
+            r = c.reference(ls.sweep.defaults.build)
             refs.setdefault(r.id, r)
         plan.cells.extend(refs.values())
     return plan

@@ -106,8 +106,12 @@ _VERSIONS = ("import importlib.metadata as m, json\n"
 
 
 def build_info(ls: LoadedSweep, name: str) -> dict[str, Any]:
-    """Versions and patched-file hashes of a build (asked of its own interpreter)."""
-    py = build_python(ls, name)
+    """Versions and patched-file hashes of a build (asked of its own interpreter). A
+    build that cannot be used carries ``error``: its cells fail, the sweep goes on."""
+    try:
+        py = build_python(ls, name)
+    except UserError as e:
+        return {"name": name, "python": None, "error": str(e)}
     info: dict[str, Any] = {"name": name, "python": py, "vllm_version": None, "nixl_version": None,
                             "patched_files_sha256": None}
     try:
@@ -115,7 +119,7 @@ def build_info(ls: LoadedSweep, name: str) -> dict[str, Any]:
         v = json.loads(out.strip().splitlines()[-1])
         info.update(vllm_version=v["vllm"], nixl_version=v["nixl"])
     except (subprocess.SubprocessError, OSError, ValueError, IndexError) as e:
-        info["error"] = f"cannot query {py}: {e}"
+        info["error"] = f"build {name}: cannot query {py}: {e}"
     try:
         from .unfix import patched_files_sha256
 
@@ -199,8 +203,10 @@ def run_cell(ctx: RunContext, cell: Cell, slot: Slot) -> dict[str, Any]:
         model = ls.catalogue.models[cell.model]
         mpath = model_path(model, cell.model)
         build = ctx.builds[cell.build]
+        if build.get("error"):
+            raise CellFailed("prepare", build["error"])
         slot, specs = free_slot(slot, lambda s: instances(cell, s, ls, mpath, build["python"]))
-        ref = cell.reference().id if cell.kind == "pd" else None
+        ref = cell.reference(ls.sweep.defaults.build).id if cell.kind == "pd" else None
         layout.write_json(cdir / layout.CELL_FILE, {
             "cell": cell.to_dict(), "compare_key": cell.compare_key, "reference_cell": ref,
             "model": {"name": cell.model, "source": model.source, "path": mpath, "attention": model.attention,
@@ -274,7 +280,8 @@ def select(plan: Plan, pattern: str | None) -> list[Cell]:
     if not pattern:
         return list(plan.cells)
     chosen = [c for c in plan.cells if fnmatch.fnmatch(c.id, pattern)]
-    refs = {c.reference().id for c in chosen if c.kind == "pd"} if plan.loaded.sweep.eval.reference else set()
+    refs = ({c.reference(plan.loaded.sweep.defaults.build).id for c in chosen if c.kind == "pd"}
+            if plan.loaded.sweep.eval.reference else set())
     return [c for c in plan.cells if c in chosen or c.id in refs]
 
 

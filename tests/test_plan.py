@@ -99,12 +99,12 @@ def test_cpu_smoke_plan():
     plan = expand(load_sweep(SWEEPS / "cpu-smoke.yaml"))
     assert [c.id for c in plan.pd_cells] == [
         "tiny-llama.p1d1.b32-32.fixed", "tiny-mla.p1d1.b32-32.fixed", "tiny-nemotron-h.p1d1.b32-32.fixed",
-        "tiny-qwen3-next.p1d1.b32-32.fixed", "tiny-llama.p1d2.b32-32.fixed"]
+        "tiny-qwen3-next.p1d1.b32-32.fixed", "tiny-llama.p1d2.b32-32.fixed", "tiny-llama.p1d1.b32-32.unfixed"]
     assert {r.cell.id: r.rule for r in plan.rejected} == {
         "tiny-mla.p2d1.b32-32.fixed": "platform-limit", "tiny-kimi-linear.p2d1.b32-32.fixed": "platform"}
     assert all(c.num_gpus == 0 for c in plan.cells)
     refs = [c.id for c in plan.cells if c.kind == "ref"]
-    assert "tiny-llama.ref-tp2.b32.fixed" in refs and len(refs) == 5
+    assert "tiny-llama.ref-tp2.b32.fixed" in refs and len(refs) == 5  # one reference serves both builds
 
 
 def test_rules_reject_with_reason(tmp_path):
@@ -186,10 +186,10 @@ def test_cpu_block_size_rule(tmp_path):
 
 
 def test_reference_cell():
-    c = Cell("m", 2, 1, 64, 128, 1, 1, "cuda", "fixed")
-    r = c.reference()
+    c = Cell("m", 2, 1, 64, 128, 1, 1, "cuda", "unfixed")
+    r = c.reference("fixed")
     assert r.id == "m.ref-tp1.b128.fixed" and r.num_gpus == 1 and r.kind == "ref"
-    assert c.compare_key == "m.p2d1.b64-128" and c.tp_ratio == -2
+    assert c.compare_key == "m.p2d1.b64-128" and c.tp_ratio == -2 and c.id == "m.p2d1.b64-128.unfixed"
 
 
 tp_vals = st.sampled_from([1, 2, 3, 4, 6, 8])
