@@ -253,7 +253,10 @@ class _Proxy:
 def scrambled(kv: dict[str, Any] | None) -> dict[str, Any] | None:
     """``kv`` with ``remote_block_ids`` reversed (each group's list for hybrid KV caches):
     decode then reads the right blocks in the wrong order, i.e. KV that arrived wrong.
-    Tests only: proves the consistency probe catches corrupted transfers."""
+    Tests only: proves the consistency probe catches corrupted transfers. Keys carry
+    their RoPE position, so attention over *full* blocks is order-invariant; what
+    corrupts the output is the partial last block landing first (its empty slots read
+    as tokens, the first block's tail lost): strongest for prompts of a few blocks."""
     if not kv or not isinstance(kv.get("remote_block_ids"), list):
         return kv
     ids = kv["remote_block_ids"]

@@ -73,8 +73,11 @@ def test_scrambled_kv_is_reported_inconsistent(run_dir, tmp_path):
     cons = layout.read_json(run / PD / "consistency.json")
     assert cons["verdict"] == "fail"
     bad = {p["name"]: p for p in cons["prompts"] if p["verdict"] == "fail"}
-    assert "blocks" in bad and "long" in bad  # prompts spanning several blocks read scrambled KV
-    assert bad["blocks"]["first_divergence"] is not None or bad["blocks"]["max_abs_dlogprob"] >= 1.5
+    # 112 tokens = 3.5 blocks: reversed ids put the half-full last block first, so 16 of the
+    # prompt's tokens are lost and 16 garbage slots are read -> wrong from the first token.
+    assert bad["blocks"]["first_divergence"] == 0, bad
     assert "short" not in bad  # one block: reversing one id changes nothing
+    # (RoPE is applied before caching, so attention over *full* blocks is order-invariant:
+    # the 503-token prompt misplaces only its last partial block and may stay under 1.5 nats.)
     assert not vllm_children()
     assert main(["gate", str(run)]) == 1
