@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from .layout import write_text
 
 log = logging.getLogger(__name__)
 
@@ -79,18 +79,7 @@ def questions(n: int = DEFAULT_N, seed: int = DEFAULT_SEED) -> list[dict[str, An
 def write_dataset(path: Path, n: int = DEFAULT_N, seed: int = DEFAULT_SEED) -> Path:
     """Write :func:`questions` ``(n, seed)`` as JSONL to ``path`` (atomically; parent
     directories are created). Returns ``path``. Same arguments, same bytes."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in questions(n, seed))
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_text(Path(path), "".join(json.dumps(r, sort_keys=True) + "\n" for r in questions(n, seed)))
 
 
 def render_task(task_dir: Path, n: int = DEFAULT_N, seed: int = DEFAULT_SEED,

@@ -92,11 +92,11 @@ def test_tp_must_divide_ssm_heads():
 
 # ---------------------------------------------------------------- read plans
 def test_tp_ratio_follows_vllm_sign_convention():
-    assert tp_ratio(decode_tp=1, prefill_tp=2) == -2
-    assert tp_ratio(decode_tp=4, prefill_tp=2) == 2
-    assert tp_ratio(decode_tp=1, prefill_tp=1) == 1
+    assert tp_ratio(prefill_tp=2, decode_tp=1) == -2
+    assert tp_ratio(prefill_tp=2, decode_tp=4) == 2
+    assert tp_ratio(prefill_tp=1, decode_tp=1) == 1
     with pytest.raises(ValueError, match="multiple"):
-        tp_ratio(decode_tp=2, prefill_tp=3)
+        tp_ratio(prefill_tp=3, decode_tp=2)
     assert handshake_ranks(2, 4, 1) == [2, 3]
     assert handshake_ranks(4, 2, 3) == [1]
 

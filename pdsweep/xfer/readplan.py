@@ -37,6 +37,7 @@ from typing import Literal
 
 import numpy as np
 
+from ..rules import tp_ratio  # one implementation: vLLM TransferTopology.tp_ratio
 from .geometry import KVGeometry, Region
 
 PlanKind = Literal["fixed", "unfixed"]
@@ -117,22 +118,10 @@ class ReadPlan:
         return sum(1 if regs[r.region].per_request else blocks for r in self.reads)
 
 
-def tp_ratio(decode_tp: int, prefill_tp: int) -> int:
-    """vLLM ``TransferTopology.tp_ratio`` seen from decode (local) against prefill
-    (remote). Raises ``ValueError`` when the larger TP is not a multiple of the smaller
-    (vLLM asserts)."""
-    if decode_tp < 1 or prefill_tp < 1:
-        raise ValueError(f"TP sizes must be >= 1 (prefill {prefill_tp}, decode {decode_tp})")
-    big, small = max(decode_tp, prefill_tp), min(decode_tp, prefill_tp)
-    if big % small:
-        raise ValueError(f"prefill TP {prefill_tp} and decode TP {decode_tp}: the larger must be a multiple of the smaller")
-    return decode_tp // prefill_tp if decode_tp >= prefill_tp else -(prefill_tp // decode_tp)
-
-
 def handshake_ranks(decode_tp: int, prefill_tp: int, decode_rank: int) -> list[int]:
     """Prefill ranks decode rank ``decode_rank`` handshakes with (vLLM
     ``TransferTopology.handshake_target_ranks``, no DCP)."""
-    ratio = tp_ratio(decode_tp, prefill_tp)
+    ratio = tp_ratio(prefill_tp, decode_tp)
     if ratio > 0:
         return [decode_rank // ratio]
     return [decode_rank * -ratio + i for i in range(-ratio)]
@@ -140,7 +129,7 @@ def handshake_ranks(decode_tp: int, prefill_tp: int, decode_rank: int) -> list[i
 
 def builtin_tp_mapping(geometry: KVGeometry, prefill_tp: int, decode_tp: int, decode_rank: int) -> TPMap:
     """The rule of vLLM ``compute_tp_mapping`` (``nixl/tp_mapping.py``) without DCP."""
-    ratio = tp_ratio(decode_tp, prefill_tp)
+    ratio = tp_ratio(prefill_tp, decode_tp)
     heads = geometry.num_kv_heads
     if geometry.is_mla or decode_tp >= prefill_tp:
         attn = [decode_rank * prefill_tp // decode_tp]
@@ -252,7 +241,7 @@ def build_read_plan(
         raise ValueError(f"plan must be one of {', '.join(PLANS)}, got {plan!r}")
     if not 0 <= decode_rank < decode_tp:
         raise ValueError(f"decode rank {decode_rank} is not in [0, {decode_tp})")
-    ratio = tp_ratio(decode_tp, prefill_tp)
+    ratio = tp_ratio(prefill_tp, decode_tp)
     if ratio < 0 and not geometry.is_mla and not geometry.has_ssm and prefill_tp > geometry.num_kv_heads:
         raise ValueError(
             f"vLLM rejects prefill TP {prefill_tp} > decode TP {decode_tp} with {geometry.num_kv_heads} KV heads "
