@@ -20,6 +20,7 @@ instance exposes is ``None`` in every summary, never 0: gates fail closed on ``N
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -363,3 +364,36 @@ def cell_transfer(phases: dict[str, dict[str, tuple[Snapshot, Snapshot, float]]]
     totals = summarize({name: merge(ds) for name, ds in per_instance.items()}, total_wall)
     return {"phases": out, "totals": totals}
 
+
+# ---------------------------------------------------------------- UCX transport
+def parse_ucx_proto_info(text: str) -> list[str]:
+    """Transports of UCX's 'remote memory read' protocol tables (``UCX_PROTO_INFO=y``
+    output), e.g. ``["cma/memory"]``; empty when none is found."""
+    found: list[str] = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if "remote memory read" not in line:
+            continue
+        in_rows = False
+        for row in lines[i + 1 : i + 60]:
+            cells = [c.strip() for c in row.split("|")[1:-1]]
+            if not cells:  # a +----+ border: the one after the rows ends the table
+                if in_rows:
+                    break
+                continue
+            if len(cells) == 3 and re.match(r"^\d", cells[0]):
+                found.append(cells[2])
+                in_rows = True
+    return sorted(set(found))
+
+
+def ucx_transports_from_logs(paths: Iterable[Any]) -> list[str] | None:
+    """UCX READ transports found in instance logs written with ``UCX_PROTO_INFO=y``
+    (e.g. ``["cma/memory"]`` on one host); None when no log has a protocol table."""
+    found: set[str] = set()
+    for p in paths:
+        try:
+            found |= set(parse_ucx_proto_info(open(p, errors="replace").read()))
+        except OSError:
+            continue
+    return sorted(found) or None

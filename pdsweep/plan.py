@@ -309,6 +309,8 @@ def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: 
         if role != "single":
             side = slot.side_channel_port(k)
             env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(side)
+        if role == "decode":  # decode reads: its log then names the UCX transport (transfer.json)
+            env.setdefault("UCX_PROTO_INFO", "y")
         if s.platform == "cuda":
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
         else:

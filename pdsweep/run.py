@@ -269,9 +269,10 @@ def measure_cell(ctx: RunContext, cell: Cell, dep: Deployment, cdir: Path, mpath
         with scrape_phase(dep, phases, "bench"):
             load = run_load(ctx.ls, cell, dep, mpath, cdir)
         layout.write_json(cdir / layout.LOAD_FILE, {"cell_id": cell.id, **load})
-    from .metrics import cell_transfer
+    from .metrics import cell_transfer, ucx_transports_from_logs
 
-    layout.write_json(cdir / layout.TRANSFER_FILE, {"cell_id": cell.id, **cell_transfer(phases)})
+    ucx = ucx_transports_from_logs(h.log_path for h in dep.decode_handles) if cell.kind == "pd" else None
+    layout.write_json(cdir / layout.TRANSFER_FILE, {"cell_id": cell.id, "ucx_transports": ucx, **cell_transfer(phases)})
 
 
 # ---------------------------------------------------------------- the sweep

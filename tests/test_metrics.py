@@ -596,3 +596,17 @@ def test_real_capture_summary_has_no_nulls() -> None:
     assert [k for k, v in t.items() if v is None] == []
     assert t["num_transfers"] > 0 and t["bytes"] > 0 and t["gbps_xfer"] > 0
     assert t["failed_transfers"] == 0 and t["failed_notifications"] == 0
+
+
+def test_ucx_transports_from_decode_logs(tmp_path):
+    from pdsweep.metrics import ucx_transports_from_logs
+
+    table = """[1.1] [vm:1 :0]   | remote memory read by ucp_get*(multi) into host memory from host |
+[1.1] [vm:1 :0]   +--------+-------------+------------+
+[1.1] [vm:1 :0]   | 0..inf | zero-copy   | cma/memory |
+[1.1] [vm:1 :0]   +--------+-------------+------------+
+"""
+    (tmp_path / "decode-0.log").write_text("INFO starting\n" + table)
+    (tmp_path / "decode-1.log").write_text("no table here\n")
+    assert ucx_transports_from_logs([tmp_path / "decode-0.log", tmp_path / "decode-1.log"]) == ["cma/memory"]
+    assert ucx_transports_from_logs([tmp_path / "decode-1.log", tmp_path / "absent.log"]) is None

@@ -40,6 +40,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from ..spec import ModelSpec
+from ..metrics import parse_ucx_proto_info
 from .geometry import KVGeometry, Region, kv_geometry
 from .readplan import PLANS, ReadPlan, build_read_plan, handshake_ranks
 
@@ -210,27 +211,6 @@ def make_agent(name: str, delay_us: int = DEFAULT_PROGRESS_DELAY_US, telemetry: 
         return _api.nixl_agent(name, _api.nixl_agent_config(backends=["UCX"], capture_telemetry=telemetry))
     finally:
         _api.nixlBind.nixlAgent = real
-
-
-def parse_ucx_proto_info(text: str) -> list[str]:
-    """Transports of UCX's 'remote memory read' protocol tables (``UCX_PROTO_INFO=y``
-    output), e.g. ``["cma/memory"]``; empty when none is found."""
-    found: list[str] = []
-    lines = text.splitlines()
-    for i, line in enumerate(lines):
-        if "remote memory read" not in line:
-            continue
-        in_rows = False
-        for row in lines[i + 1 : i + 60]:
-            cells = [c.strip() for c in row.split("|")[1:-1]]
-            if not cells:  # a +----+ border: the one after the rows ends the table
-                if in_rows:
-                    break
-                continue
-            if len(cells) == 3 and re.match(r"^\d", cells[0]):
-                found.append(cells[2])
-                in_rows = True
-    return sorted(set(found))
 
 
 # ---------------------------------------------------------------- rank processes
