@@ -207,7 +207,7 @@ def plot_side_by_side(series: Series, path: Path) -> Path:
     bar = 0.8 / nb
     task = (_tasks([c for _, cs in rows for c in cs if c]) or [None])[0]
     metrics = ((f"accuracy ({task})", lambda c: _first_value(c, task), "{:.3f}"),
-               ("KV transfer GB/s", lambda c: c.facts.total("gbps_xfer"), "{:.1f}"))
+               ("KV transfer GB/s", lambda c: c.facts.total("gbps_xfer"), "{:.3g}"))
     for ax, (label, get, fmt) in zip(axes, metrics):
         top = max((get(c) or 0 for _, cs in rows for c in cs if c), default=0) or 1.0
         for r, (_, cs) in enumerate(rows):
@@ -334,7 +334,7 @@ def write_report(run_dir: Path, out_dir: Path | None = None, compare_with: Path 
         "heatmap_accuracy": plot_heatmap(result, lambda c: _first_value(c, first_task),
                                          f"accuracy ({first_task})", pdir / "heatmap_accuracy.png", vmax=1.0),
         "heatmap_gbps": plot_heatmap(result, lambda c: c.facts.total("gbps_xfer"), "KV transfer GB/s",
-                                     pdir / "heatmap_gbps.png", fmt=".1f"),
+                                     pdir / "heatmap_gbps.png", fmt=".3g"),
         "builds": plot_side_by_side(compare_series(cmps[0]) if compare_with else build_series(result),
                                     pdir / "builds.png") if cmps else None,
     }
