@@ -142,23 +142,10 @@ def _gate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--summary", type=Path, default=None)
 
 
-def run_gate_spec(run_dir: Path):
-    """The ``gate:`` section of the sweep a run came from (run.json names it); the
-    defaults (every check on) when that file is gone: never looser than the sweep."""
-    from .layout import RUN_FILE, read_json_or_none
-    from .spec import GateSpec, load_sweep
-
-    index = read_json_or_none(Path(run_dir) / RUN_FILE) or {}
-    try:
-        return load_sweep(index["sweep"]).sweep.gate
-    except (KeyError, UserError):
-        return GateSpec()
-
-
 def _gate(args: argparse.Namespace) -> int:
     from .gate import gate_run, write_junit, write_summary
 
-    result = gate_run(args.run_dir, run_gate_spec(args.run_dir))
+    result = gate_run(args.run_dir)  # the gate settings frozen into run.json
     write_junit(result, args.junit or args.run_dir / "junit.xml")
     summary = write_summary(result, args.summary or args.run_dir / "summary.md")
     print(Path(summary).read_text() if summary else "")
@@ -228,7 +215,9 @@ DELEGATED = {"proxy", "baseline-env", "bench"}  # heavier modules: imported only
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pdsweep", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="pdsweep", description="Accuracy and KV-transfer sweeps for vLLM prefill/decode disaggregation over "
+        "the NIXL connector. Exit codes: 0 ok, 1 gate/compare failed, 2 bad input.")
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_, add, main in SUBCOMMANDS:

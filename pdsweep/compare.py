@@ -237,8 +237,8 @@ def compare_results(a: GateResult, b: GateResult, alpha: float | None = None) ->
 def compare_runs(a: Path, b: Path, gate: GateSpec | None = None) -> CompareResult:
     """Gate runs ``a`` (baseline) and ``b`` (candidate) and compare them cell by cell.
     Raises ``UserError`` when either has no readable run.json."""
-    gate = gate or GateSpec()
-    return compare_results(gate_run(Path(a), gate), gate_run(Path(b), gate), gate.alpha)
+    ra, rb = gate_run(Path(a), gate), gate_run(Path(b), gate)  # gate None: each run's own settings
+    return compare_results(ra, rb, gate.alpha if gate else None)
 
 
 # ---------------------------------------------------------------- outputs

@@ -224,6 +224,19 @@ class StatusCheck:
         return [text + (f" — last log line: {tail[-1].strip()}" if tail else "")]
 
 
+class CellFileCheck:
+    """cell.json is present, readable and this cell's: without it nothing says what ran
+    (build, argv, expectation), so nothing can pass."""
+
+    name = "cell"
+
+    def applies(self, kind: str) -> bool:
+        return True
+
+    def fails(self, files: CellFiles) -> list[str]:
+        return [] if files.get(layout.CELL_FILE) is not None else [files.problem(layout.CELL_FILE)]
+
+
 class AccuracyCheck:
     """accuracy.json: verdict pass, every task pass with a value and a sample count;
     a stated expectation or reference must come with its numbers (and the p-value)."""
@@ -325,7 +338,7 @@ class TransferCheck:
 def checks_for(gate: GateSpec) -> list[Check]:
     """The checks a cell must pass under ``gate`` (status always; accuracy and consistency
     unless disabled; transfer with ``gate.max_failed_transfers``)."""
-    checks: list[Check] = [StatusCheck()]
+    checks: list[Check] = [StatusCheck(), CellFileCheck()]
     if gate.require_accuracy:
         checks.append(AccuracyCheck())
     if gate.require_consistency:
@@ -432,6 +445,9 @@ def _first(*values: Any) -> Any:
     return next((v for v in values if v is not None), None)
 
 
+NOT_UP_PHASES = (None, "prepare", "start")  # status.json phases before the instances were healthy
+
+
 def judge_cell(files: CellFiles, kind: str, checks: list[Check], index_entry: dict[str, Any],
                fallback: Cell | None = None) -> CellResult:
     """Apply ``checks`` to one cell and fold in its expectation (XFAIL/XPASS)."""
@@ -446,7 +462,14 @@ def judge_cell(files: CellFiles, kind: str, checks: list[Check], index_entry: di
     expect = bool(_first(cell.expect_fail if cell else None, index_entry.get("expect_fail"), st.get("expect_fail")))
     expect_reason = _first(cell.expect_reason if cell else None, st.get("expect_reason"))
     expect_ref = _first(cell.expect_ref if cell else None, st.get("expect_ref"))
-    if expect:
+    came_up = st.get("status") == "ok" or (st.get("status") == "failed" and st.get("phase") not in NOT_UP_PHASES)
+    if expect and reasons and (not came_up or files.get(layout.CELL_FILE) is None):
+        # an expected failure must be seen failing: a cell that never ran, could not be
+        # prepared or did not start proves nothing about the expectation
+        verdict = FAIL
+        reasons = [*reasons, f"expected to fail ({expect_reason or 'no reason'}), but the deployment never came "
+                             "up, so the expectation was not tested"]
+    elif expect:
         verdict = XFAIL if reasons else XPASS
         reasons = reasons or [XPASS_REASON]
     else:
@@ -454,6 +477,18 @@ def judge_cell(files: CellFiles, kind: str, checks: list[Check], index_entry: di
     tail = tuple(str(x) for x in st.get("log_tail") or []) if st.get("status") != "ok" else ()
     return CellResult(files.cell_id, kind, verdict, tuple(reasons), cell_facts(files, fallback),
                       expect_reason, expect_ref, log_tail=tail)
+
+
+NEEDS_GPUS = "needs-gpus"  # run.json rule of a valid cell the host had too few GPUs for
+
+
+def run_gate_spec(index: dict[str, Any]) -> GateSpec:
+    """The ``gate:`` settings frozen into run.json when the run started (so gate, compare
+    and report agree, whatever happened to the sweep file since); defaults otherwise."""
+    try:
+        return GateSpec.model_validate(index["gate"])
+    except (KeyError, TypeError, ValueError):
+        return GateSpec()
 
 
 def _read_index(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -474,8 +509,8 @@ def gate_run(run_dir: Path, gate: GateSpec | None = None) -> GateResult:
     unreadable; never raises for a bad cell file (that cell fails).
     """
     run_dir = Path(run_dir)
-    gate = gate or GateSpec()
     index, plan = _read_index(run_dir)
+    gate = gate or run_gate_spec(index)
     entries = index.get("cells") if isinstance(index.get("cells"), dict) else {}
     planned = {c.id: c for c in map(cell_from_dict, plan.get("cells") or []) if c}
     rejected: dict[str, tuple[str, str]] = {}
@@ -496,7 +531,11 @@ def gate_run(run_dir: Path, gate: GateSpec | None = None) -> GateResult:
         fallback = planned.get(cid)
         if cid in rejected:
             rule, reason = rejected[cid]
-            results.append(CellResult(cid, entry.get("kind") or (fallback.kind if fallback else "pd"), SKIPPED,
+            # invalid cells are SKIPPED; valid cells this host could not place were meant to run: FAIL
+            verdict = FAIL if rule == NEEDS_GPUS else SKIPPED
+            if verdict == FAIL:
+                reason = f"{cid}: not run: {reason}"
+            results.append(CellResult(cid, entry.get("kind") or (fallback.kind if fallback else "pd"), verdict,
                                       (reason,), cell_facts(CellFiles(cid), fallback), rule=rule))
             continue
         files = load_files(run_dir, cid)

@@ -33,6 +33,7 @@ from .deploy import CellFailed, Deployment, deploy
 from .errors import UserError
 from .launcher import LocalLauncher, tail
 from .plan import Cell, Plan, Slot, expand, instances, model_path
+from .gate import NEEDS_GPUS
 from .progress import Progress
 from .schedule import GpuPool, detect_gpus, order, pack
 from .spec import LoadedSweep, load_sweep
@@ -297,11 +298,11 @@ def write_index(ctx: RunContext, cells: list[Cell], started: str, finished: str 
         "name": ctx.run_dir.name, "sweep": str(ctx.ls.path), "sweep_name": ctx.ls.sweep.name,
         "sweep_sha256": hashlib.sha256(sweep_bytes).hexdigest(), "platform": ctx.ls.sweep.platform,
         "started": started, "finished": finished, "host": host_facts(num_gpus), "git_sha": git_sha(),
-        "pdsweep_version": __version__,
+        "pdsweep_version": __version__, "gate": ctx.ls.sweep.gate.model_dump(),
         "cells": {c.id: {"kind": c.kind, "status": layout.cell_status(ctx.run_dir, c.id) or "pending",
                          "expect_fail": c.expect_fail} for c in cells},
         "rejected": [{"cell_id": r.cell.id, "rule": r.rule, "reason": r.reason} for r in ctx.plan.rejected]
-        + [{"cell_id": c.id, "rule": "needs-gpus", "reason": f"needs {c.num_gpus} GPUs, host has {num_gpus}"}
+        + [{"cell_id": c.id, "rule": NEEDS_GPUS, "reason": f"needs {c.num_gpus} GPUs, host has {num_gpus}"}
            for c in too_big],
     }
     layout.write_json(ctx.run_dir / layout.RUN_FILE, index)

@@ -247,3 +247,58 @@ def test_run_gate_writes_both_files(copy_of) -> None:
     result = run_gate(run)
     assert result.passed
     assert (run / "junit.xml").is_file() and (run / "summary.md").is_file()
+
+
+# ---------------------------------------------------------------- holes found in review
+def test_missing_or_foreign_cell_json_fails(tmp_path):
+    c = pd("tiny-llama", 1, 1)
+    run = write_run(tmp_path, "r", [case(c)])
+    assert gate_run(run).cell(c.id).verdict == PASS
+    (run / c.id / "cell.json").unlink()
+    res = gate_run(run).cell(c.id)
+    assert res.verdict == FAIL and f"{c.id}/cell.json: missing" in res.reasons
+    (run / c.id / "cell.json").write_text('{"schema": 1, "cell": {"id": "other"')  # truncated
+    assert gate_run(run).cell(c.id).verdict == FAIL
+
+
+def test_expected_failure_must_be_seen_failing(tmp_path):
+    """XFAIL only when the deployment came up and then failed; a startup crash or a
+    cell that never ran proves nothing about the expectation: FAIL."""
+    from fixtures.make_runs import crashed
+
+    x = dict(expect_fail=True, expect_reason=SSM_LOST, expect_ref="vllm#49297")
+    ran = pd("kimi-linear", 2, 1, **x)
+    startup = pd("kimi-linear", 4, 1, **x)
+    ready = pd("kimi-linear", 8, 1, **x)
+    never = pd("kimi-linear", 4, 2, **x)
+    run = write_run(tmp_path, "r", [
+        case(ran, {CON: {"verdict": "fail", "reasons": ["prompt 'long': diverges at 0"]}}),
+        case(startup, crashed("start", "prefill-0 exited with code 1 during startup", ["SIGSEGV"])),
+        case(ready, crashed("ready", "first request: HTTP 500: AssertionError read_specs", ["assert"])),
+        case(never)])
+    shutil.rmtree(run / never.id)
+    res = gate_run(run)
+    assert res.cell(ran.id).verdict == XFAIL
+    assert res.cell(ready.id).verdict == XFAIL  # the unfixed assert fires at the first PD request
+    assert res.cell(startup.id).verdict == FAIL
+    assert "never came up" in res.cell(startup.id).reasons[-1]
+    assert res.cell(never.id).verdict == FAIL and not res.passed
+
+
+def test_cells_the_host_could_not_place_fail_closed(tmp_path):
+    c, big = pd("kimi-linear", 1, 1), pd("kimi-linear", 8, 4)
+    run = write_run(tmp_path, "r", [case(c)], rejected=[(big, "needs-gpus", "needs 12 GPUs, host has 8")])
+    res = gate_run(run)
+    assert res.cell(big.id).verdict == FAIL and "not run: needs 12 GPUs" in res.cell(big.id).reasons[0]
+    run2 = write_run(tmp_path, "r2", [case(c)], rejected=[(big, "platform-limit", "prefill TP > 1 on cpu")])
+    assert gate_run(run2).cell(big.id).verdict == SKIPPED and gate_run(run2).passed
+
+
+def test_gate_settings_come_from_run_json(tmp_path):
+    c = pd("tiny-llama", 1, 1)
+    run = write_run(tmp_path, "r", [case(c, {"transfer.json": {"totals": {"failed_transfers": 3}}})])
+    assert gate_run(run).cell(c.id).verdict == FAIL
+    index = layout.read_json(run / layout.RUN_FILE)
+    index["gate"] = GateSpec(max_failed_transfers=5).model_dump()
+    layout.write_json(run / layout.RUN_FILE, index)
+    assert gate_run(run).cell(c.id).verdict == PASS  # the sweep's own budget, frozen at run time
