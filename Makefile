@@ -9,7 +9,7 @@ STAMP := $(VENV)/.pdsweep-installed
 HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 SWEEP ?= $(if $(HAVE_GPU),sweeps/hybrid-mla-mamba.yaml,sweeps/cpu-smoke.yaml)
 SWEEP_NAME := $(basename $(notdir $(SWEEP)))
-RUN ?= results/$(SWEEP_NAME)-$(shell date +%Y%m%d-%H%M%S)
+RUN := $(or $(RUN),results/$(SWEEP_NAME)-$(shell date +%Y%m%d-%H%M%S))
 LATEST ?= results/latest
 A ?= results/unfixed
 B ?= results/fixed
@@ -46,16 +46,19 @@ report: install
 compare: install
 	$(PY) -m pdsweep compare $(A) $(B)
 
-# Nightly: sweep + gate + compare against the last green run (if any) + summary.
-# A green gate moves results/last-green to this run.
+# Nightly: sweep + gate + compare against the last green run + summary. BASELINE is a
+# directory kept outside the checkout on CI (a copy, not a link: checkouts clean results/);
+# a green run replaces it. No baseline yet: said loudly, the gate alone decides.
 nightly: install
 	$(MAKE) --no-print-directory baseline-env || echo "warning: no unfixed baseline env; cells with build: unfixed will fail"
 	$(PY) -m pdsweep run $(SWEEP) --out $(RUN) --quiet
 	ln -sfn $(abspath $(RUN)) $(LATEST)
 	$(PY) -m pdsweep report $(LATEST)
 	status=0; $(PY) -m pdsweep gate $(LATEST) --junit $(LATEST)/junit.xml --summary $(LATEST)/summary.md || status=$$?; \
-	if [ -e $(BASELINE) ]; then $(PY) -m pdsweep compare $(BASELINE) $(LATEST) --out $(LATEST) || status=1; fi; \
-	if [ $$status -eq 0 ]; then ln -sfn $(abspath $(RUN)) $(BASELINE); fi; exit $$status
+	if [ -f $(BASELINE)/run.json ]; then $(PY) -m pdsweep compare $(BASELINE) $(LATEST) --out $(LATEST) || status=1; \
+	else echo "nightly: NO BASELINE at $(BASELINE): compare skipped (first run?)"; fi; \
+	if [ $$status -eq 0 ]; then rm -rf $(BASELINE).new && cp -a $(abspath $(RUN)) $(BASELINE).new && \
+	  rm -rf $(BASELINE) && mv $(BASELINE).new $(BASELINE) && echo "nightly: $(BASELINE) <- $(RUN)"; fi; exit $$status
 
 baseline-env: install
 	$(PY) -m pdsweep baseline-env --dest $(VENV)-unfixed

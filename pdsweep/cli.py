@@ -24,6 +24,9 @@ def _validate(args: argparse.Namespace) -> int:
     from .spec import load_sweep
 
     plan = expand(load_sweep(args.sweep))
+    if not plan.pd_cells:
+        why = "; ".join(sorted({f"{r.rule}: {r.reason}" for r in plan.rejected})[:3]) or "the matrix is empty"
+        raise UserError(f"{args.sweep}: no PD cell to run ({len(plan.rejected)} rejected): {why}")
     print(f"{args.sweep}: valid: {len(plan.pd_cells)} PD cells, {len(plan.cells) - len(plan.pd_cells)} "
           f"reference cells, {len(plan.rejected)} rejected")
     return 0
@@ -247,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     except GateFailed as e:
         print(str(e), file=sys.stderr)
         return EXIT_GATE_FAILED
+    except OSError as e:  # an output path that is a file, a read-only results dir, ...
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
 
 
 if __name__ == "__main__":

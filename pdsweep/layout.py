@@ -97,12 +97,15 @@ def read_json(path: Path) -> dict[str, Any]:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         raise
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:  # ValueError: JSONDecodeError and UnicodeDecodeError
         raise UserError(f"{path}: unreadable results file: {e}") from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a JSON object")
-    if int(data.get("schema", 0)) > SCHEMA:
-        raise UserError(f"{path}: schema {data['schema']} is newer than this pdsweep ({SCHEMA}); upgrade pdsweep")
+    schema = data.get("schema", 0)
+    if not isinstance(schema, int) or isinstance(schema, bool):
+        raise UserError(f"{path}: 'schema' must be an integer, got {schema!r}")
+    if schema > SCHEMA:
+        raise UserError(f"{path}: schema {schema} is newer than this pdsweep ({SCHEMA}); upgrade pdsweep")
     return data
 
 

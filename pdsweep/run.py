@@ -66,6 +66,7 @@ class RunContext:
     stop: threading.Event = field(default_factory=threading.Event)
     progress: Progress | None = None
     builds: dict[str, dict[str, Any]] = field(default_factory=dict)
+    git_shas: list[str] = field(default_factory=list)  # every pdsweep commit that ran cells (resume)
 
 
 # ---------------------------------------------------------------- facts recorded per run/cell
@@ -298,6 +299,7 @@ def write_index(ctx: RunContext, cells: list[Cell], started: str, finished: str 
         "name": ctx.run_dir.name, "sweep": str(ctx.ls.path), "sweep_name": ctx.ls.sweep.name,
         "sweep_sha256": hashlib.sha256(sweep_bytes).hexdigest(), "platform": ctx.ls.sweep.platform,
         "started": started, "finished": finished, "host": host_facts(num_gpus), "git_sha": git_sha(),
+        "git_shas": ctx.git_shas,
         "pdsweep_version": __version__, "gate": ctx.ls.sweep.gate.model_dump(),
         "cells": {c.id: {"kind": c.kind, "status": layout.cell_status(ctx.run_dir, c.id) or "pending",
                          "expect_fail": c.expect_fail} for c in cells},
@@ -314,13 +316,21 @@ def run_sweep(path: str | Path, opts: RunOptions) -> Path:
     plan = expand(ls)
     num_gpus = opts.gpus if opts.gpus is not None else (detect_gpus() if ls.sweep.platform == "cuda" else 0)
     cells = select(plan, opts.cells)
+    if not plan.pd_cells:
+        raise UserError(f"{ls.path}: no PD cell to run ({len(plan.rejected)} rejected; see `pdsweep plan`)")
     if not cells:
         raise UserError(f"no cell of {ls.path} matches --cells {opts.cells!r}")
-    run_dir = Path(opts.out) if opts.out else default_run_dir(ls)
-    if run_dir.exists() and (run_dir / layout.RUN_FILE).exists() and not opts.resume:
+    run_dir = (Path(opts.out) if opts.out else default_run_dir(ls)).resolve()  # results/latest -> its run
+    old = layout.read_json_or_none(run_dir / layout.RUN_FILE)
+    if old and not opts.resume:
         raise UserError(f"{run_dir} already holds a run; pass --resume to finish it or choose another --out")
+    sha = hashlib.sha256(ls.path.read_bytes()).hexdigest()
+    if old and old.get("sweep_sha256") not in (None, sha):
+        raise UserError(f"{run_dir}: {ls.path} changed since this run started (sweep_sha256 differs); "
+                        "results would mix two sweeps: start a new run")
+    git_shas = [x for x in dict.fromkeys([*(old or {}).get("git_shas", []), git_sha()]) if x]
     run_dir.mkdir(parents=True, exist_ok=True)
-    ctx = RunContext(ls, plan, run_dir, opts)
+    ctx = RunContext(ls, plan, run_dir, opts, git_shas=git_shas)
     pool = GpuPool(num_gpus, ls.sweep.defaults.port_base)
     runnable = [c for c in order(cells) if pool.fits(c)]
     too_big = [c for c in cells if not pool.fits(c)]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -45,7 +45,8 @@ AXES = (
     "env",
 )
 EXPECT_KEYS = ("expect", "reason", "ref")
-_TP_PAIR = re.compile(r"^p(\d+)d(\d+)$")
+_TP_PAIR = re.compile(r"^p([1-9]\d*)d([1-9]\d*)$")
+Pos = Annotated[int, Field(ge=1)]
 
 
 class _Strict(BaseModel):
@@ -266,21 +267,44 @@ class GateSpec(_Strict):
     alpha: float = Field(default=0.05, gt=0, lt=1)  # two-proportion test vs the reference
 
 
+class MatrixEntry(_Strict):
+    """One ``include``/``exclude`` entry: scalar axis values (typed like the axes) plus,
+    for include, ``expect: fail`` with ``reason`` and ``ref``."""
+
+    model: str | None = None
+    tp: str | None = Field(default=None, pattern=_TP_PAIR.pattern)
+    prefill_tp: Pos | None = None
+    decode_tp: Pos | None = None
+    block_size: Pos | None = None
+    prefill_block_size: Pos | None = None
+    decode_block_size: Pos | None = None
+    num_prefill: Pos | None = None
+    num_decode: Pos | None = None
+    decode_dp: Pos | None = None
+    kv_buffer_device: KvBufferDevice | None = None
+    build: str | None = None
+    serve_args: str | None = None
+    env: str | None = None
+    expect: Literal["fail"] | None = None
+    reason: str | None = None
+    ref: str | None = None
+
+
 class Matrix(_Strict):
-    model: list[str]
-    tp: list[str] | None = None
-    prefill_tp: list[int] | None = None
-    decode_tp: list[int] | None = None
-    block_size: list[int] | None = None
-    prefill_block_size: list[int] | None = None
-    decode_block_size: list[int] | None = None
-    num_prefill: list[int] | None = None
-    num_decode: list[int] | None = None
-    decode_dp: list[int] | None = None
-    kv_buffer_device: list[KvBufferDevice] | None = None
-    build: list[str] | None = None
-    serve_args: list[str] | None = None
-    env: list[str] | None = None
+    model: list[str] = Field(min_length=1)
+    tp: list[str] | None = Field(default=None, min_length=1)
+    prefill_tp: list[Pos] | None = Field(default=None, min_length=1)
+    decode_tp: list[Pos] | None = Field(default=None, min_length=1)
+    block_size: list[Pos] | None = Field(default=None, min_length=1)
+    prefill_block_size: list[Pos] | None = Field(default=None, min_length=1)
+    decode_block_size: list[Pos] | None = Field(default=None, min_length=1)
+    num_prefill: list[Pos] | None = Field(default=None, min_length=1)
+    num_decode: list[Pos] | None = Field(default=None, min_length=1)
+    decode_dp: list[Pos] | None = Field(default=None, min_length=1)
+    kv_buffer_device: list[KvBufferDevice] | None = Field(default=None, min_length=1)
+    build: list[str] | None = Field(default=None, min_length=1)
+    serve_args: list[str] | None = Field(default=None, min_length=1)
+    env: list[str] | None = Field(default=None, min_length=1)
     include: list[dict[str, Any]] = []
     exclude: list[dict[str, Any]] = []
 
@@ -289,7 +313,8 @@ class Matrix(_Strict):
     def _tp_pairs(cls, v: list[str] | None) -> list[str] | None:
         for item in v or []:
             if not _TP_PAIR.match(str(item)):
-                raise ValueError(f"'{item}' is not a TP pair; write pPdD, e.g. p2d1 (prefill TP 2, decode TP 1)")
+                raise ValueError(f"'{item}' is not a TP pair; write pPdD with P, D >= 1, e.g. p2d1 "
+                                 "(prefill TP 2, decode TP 1)")
         return v
 
     @model_validator(mode="after")
@@ -304,11 +329,14 @@ class Matrix(_Strict):
                 bad = sorted(set(e) - set(allowed))
                 if bad:
                     raise ValueError(f"{kind}[{i}]: unknown key(s) {bad}; allowed: {', '.join(allowed)}")
-                if kind == "include" and "expect" in e:
-                    if e["expect"] != "fail":
-                        raise ValueError(f"include[{i}].expect: must be 'fail'")
-                    if not e.get("reason"):
-                        raise ValueError(f"include[{i}]: 'expect: fail' needs a 'reason' (and ideally a 'ref')")
+                try:
+                    MatrixEntry.model_validate(e)
+                except ValidationError as err:
+                    x = err.errors()[0]
+                    raise ValueError(f"{kind}[{i}].{'.'.join(map(str, x['loc']))}: {x['msg']} "
+                                     f"(got {x.get('input')!r})") from None
+                if kind == "include" and "expect" in e and not e.get("reason"):
+                    raise ValueError(f"include[{i}]: 'expect: fail' needs a 'reason' (and ideally a 'ref')")
         return self
 
 

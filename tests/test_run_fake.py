@@ -195,3 +195,15 @@ def test_sigint_tears_down_and_resume_finishes(tmp_path, tok):
     idx = layout.read_json(run / "run.json")
     assert {c["status"] for c in idx["cells"].values()} == {"ok"}
     assert not ours(tmp_path)
+
+
+def test_resume_refuses_a_changed_sweep(tmp_path, tok):
+    from pdsweep.errors import UserError
+
+    sweep = make_sweep(tmp_path, tok, matrix="  model: [fake-gqa]\n  tp: [p1d1]\n")
+    out = tmp_path / "run"
+    layout.write_json(out / "run.json", {"name": "run", "sweep_sha256": "0" * 64, "cells": {}})
+    with pytest.raises(UserError, match="changed since this run started"):
+        run_sweep(sweep, RunOptions(out=out, resume=True, quiet=True))
+    with pytest.raises(UserError, match="already holds a run"):
+        run_sweep(sweep, RunOptions(out=out, quiet=True))

@@ -95,3 +95,36 @@ def test_catalogue_error_names_catalogue_file(tmp_path, capsys):
     (tmp_path / "models.yaml").write_text("models:\n  m:\n    architecture: X\n    attention: mla\n    num_layers: 2\n")
     assert main(["validate", str(p)]) == 2
     assert "models.yaml:2: models.m: give exactly one of 'hf_id', 'path' or 'tiny'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("matrix, field", [
+    ("  model: [tiny-llama]\n  tp: [p0d1]\n", "matrix.tp"),
+    ("  model: [tiny-llama]\n  tp: [p2d0]\n", "matrix.tp"),
+    ("  model: [tiny-llama]\n  prefill_tp: [0]\n", "matrix.prefill_tp[0]"),
+    ("  model: [tiny-llama]\n  block_size: [-16]\n", "matrix.block_size[0]"),
+    ("  model: [tiny-llama]\n  block_size: []\n", "matrix.block_size"),
+    ("  model: [tiny-llama]\n  num_prefill: [0]\n", "matrix.num_prefill[0]"),
+    ("  model: []\n", "matrix.model"),
+    ("  model: [tiny-llama]\n  include:\n    - {model: tiny-llama, tp: p2x1}\n", "include[0].tp"),
+    ("  model: [tiny-llama]\n  include:\n    - {model: tiny-llama, block_size: big}\n", "include[0].block_size"),
+    ("  model: [tiny-llama]\n  include:\n    - {model: tiny-llama, num_prefill: two}\n", "include[0].num_prefill"),
+    ("  model: [tiny-llama]\n  exclude:\n    - {decode_dp: 0}\n", "exclude[0].decode_dp"),
+])
+def test_impossible_axis_values_exit_2_naming_the_field(tmp_path, capsys, matrix, field):
+    msg = err(tmp_path, "name: x\nplatform: cpu\nmatrix:\n" + matrix, capsys)
+    assert field in msg, msg
+
+
+def test_no_runnable_cell_is_an_error(tmp_path, capsys):
+    msg = err(tmp_path, "name: x\nplatform: cpu\nmatrix:\n  model: [qwen3-0.6b]\n", capsys)
+    assert "no PD cell to run (1 rejected)" in msg and "platform" in msg
+
+
+def test_results_file_with_odd_schema_or_bytes_is_a_user_error(tmp_path):
+    from pdsweep import layout
+
+    p = tmp_path / "status.json"
+    for raw in (b'{"schema": null}', b'{"schema": "one"}', b'\xff\xfe{"schema": 1}'):
+        p.write_bytes(raw)
+        with pytest.raises(UserError, match="status.json"):
+            layout.read_json(p)
