@@ -301,8 +301,9 @@ def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: 
             argv += ["--max-num-seqs", str(d.max_num_seqs)]
         if role != "single":
             argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(cell, role, ls), separators=(",", ":"))]
-        argv += list(model.serve_args) + list(variant.both)
-        argv += list(variant.prefill if role == "prefill" else variant.decode if role == "decode" else [])
+        extra = list(model.serve_args) + list(variant.both)
+        extra += list(variant.prefill if role == "prefill" else variant.decode if role == "decode" else [])
+        argv = override_flags(argv, extra)
         env = {**derived_env(model, role), **model.env, **s.ucx, **s.env[cell.env]}
         env["VLLM_PORT"] = str(slot.vllm_port(k))
         side = None
@@ -323,6 +324,23 @@ def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: 
             rank_i += tp * dp
         out.append(InstanceSpec(name, role, tp, slot.http_port(k), side, tuple(gpus), tuple(argv), env))
     return out
+
+
+def override_flags(base: list[str], extra: list[str]) -> list[str]:
+    """``base + extra`` where a ``--flag`` given in ``extra`` replaces the same flag (and its
+    value) in ``base``, so the argv states each flag once (vLLM's argparse would keep the
+    last anyway)."""
+    given = {a.split("=", 1)[0] for a in extra if a.startswith("--")}
+    out, i = [], 0
+    while i < len(base):
+        a = base[i]
+        if a.startswith("--") and a.split("=", 1)[0] in given:
+            takes_value = "=" not in a and i + 1 < len(base) and not base[i + 1].startswith("--")
+            i += 2 if takes_value else 1
+            continue
+        out.append(a)
+        i += 1
+    return out + extra
 
 
 def model_path(model: ModelSpec, name: str, cache_dir: Path | None = None, create: bool = True) -> str:

@@ -219,3 +219,17 @@ def test_every_emitted_cell_satisfies_vllm_rules(ptp, dtp, pbs, dbs, model):
             assert m.num_attention_heads % c.prefill_tp == 0 and m.num_attention_heads % c.decode_tp == 0
         assert re.fullmatch(r"[a-z0-9.\-]+", c.id)
     assert len(plan.pd_cells) + len(plan.rejected) == 1  # nothing vanishes
+
+
+def test_variant_flags_replace_pdsweep_flags():
+    from pdsweep.plan import override_flags
+
+    base = ["serve", "m", "--max-model-len", "512", "--enforce-eager", "--gpu-memory-utilization", "0.8"]
+    assert override_flags(base, ["--gpu-memory-utilization", "0.6", "--enforce-eager"]) == [
+        "serve", "m", "--max-model-len", "512", "--gpu-memory-utilization", "0.6", "--enforce-eager"]
+    assert override_flags(base, ["--max-model-len=8192"]) == [
+        "serve", "m", "--enforce-eager", "--gpu-memory-utilization", "0.8", "--max-model-len=8192"]
+    ls = load_sweep(SWEEPS / "upstream-config-sweep.yaml")
+    cell = next(c for c in expand(ls).cells if c.id == "qwen3-0.6b.p2d1.b128-128.fixed.mem06")
+    argv = list(instances(cell, Slot(0, (0, 1, 2), 20000), ls, "Qwen/Qwen3-0.6B", "py")[0].argv)
+    assert argv.count("--gpu-memory-utilization") == 1 and argv[argv.index("--gpu-memory-utilization") + 1] == "0.6"
