@@ -73,6 +73,15 @@ class CellComparison:
     reasons: tuple[str, ...] = ()
 
     @property
+    def label(self) -> str:
+        """The key, plus the builds compared (``A-build -> B-build``) so that fixed and
+        unfixed rows of one key are told apart."""
+        ids = [x.cell_id for x in (self.a, self.b) if x is not None]
+        builds = [i[len(self.key) + 1:] if i.startswith(self.key + ".") else i.rsplit(".", 1)[-1] for i in ids]
+        shown = " -> ".join(dict.fromkeys(builds)) if builds else ""
+        return f"{self.key} ({shown})" if shown else self.key
+
+    @property
     def mark(self) -> str:
         return MARKS[self.verdict]
 
@@ -263,7 +272,7 @@ def rows(result: CompareResult) -> list[tuple[str, ...]]:
     for c in result.cells:
         con = "—" if (c.a or c.b).kind == "ref" else " -> ".join(  # type: ignore[union-attr]
             (x.facts.consistency or "—") if x else "—" for x in (c.a, c.b))
-        out.append((c.mark, c.key, c.a.verdict if c.a else "—", c.b.verdict if c.b else "—",
+        out.append((c.mark, c.label, c.a.verdict if c.a else "—", c.b.verdict if c.b else "—",
                     "; ".join(map(_task_text, c.tasks)) or "—", con, _x(c.gbps_ratio), _x(c.ttft_ratio),
                     _x(c.tpot_ratio), c.verdict, "; ".join(c.reasons)))
     return out
@@ -281,7 +290,7 @@ def markdown(result: CompareResult) -> str:
     for title, verdict in (("Regressions", REGRESSION), ("Improvements", IMPROVEMENT)):
         if result.by_verdict(verdict):
             lines += [f"## {title}", ""]
-            lines += [f"- `{c.key}`: {md_escape('; '.join(c.reasons))}" for c in result.by_verdict(verdict)]
+            lines += [f"- `{c.label}`: {md_escape('; '.join(c.reasons))}" for c in result.by_verdict(verdict)]
             lines.append("")
     lines += ["## All cells", "", md_table(COLUMNS, rows(result)), ""]
     return "\n".join(lines)
