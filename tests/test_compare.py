@@ -128,7 +128,7 @@ def test_outputs(runs: dict[str, Path], tmp_path: Path) -> None:
     assert md.startswith("# Compare: fixed (A, baseline) vs unfixed (B, candidate)")
     assert "**REGRESSED**: 2 regression, 3 same, 1 not-comparable, 1 only-in-A, 1 only-in-B" in md
     assert f"## Regressions\n\n- `{KIMI} (fixed -> unfixed)`: was passing, now FAIL" in md
-    row = next(line for line in md.splitlines() if line.startswith(f"| - | {KIMI} |"))
+    row = next(line for line in md.splitlines() if line.startswith(f"| - | {KIMI} (fixed -> unfixed) |"))
     assert "| PASS | FAIL | pdsweep_arith 0.800 -> 0.310 (p=" in row and "| pass -> fail | 1.00x |" in row
     data = layout.read_json(write_json(res, tmp_path / "compare.json"))
     assert data["direction"] == "A = baseline, B = candidate; ratios are B/A"
