@@ -360,6 +360,9 @@ class Sweep(_Strict):
         return ServeArgsVariant(both=v) if isinstance(v, list) else v
 
 
+_MODELS: dict[str, type[BaseModel]] = {}  # filled below: union-member tags in error locs
+
+
 class LoadedSweep(BaseModel):
     """A validated sweep with its catalogue and where both came from."""
 
@@ -368,6 +371,9 @@ class LoadedSweep(BaseModel):
     catalogue: Catalogue
     path: Path
     catalogue_path: Path
+
+
+_MODELS.update({c.__name__: c for c in (ServeArgsVariant, BuildSpec, ModelSpec, PlatformSupport, NixlSupport)})
 
 
 # ---------------------------------------------------------------- loading
@@ -421,14 +427,22 @@ def _validate(model: type[BaseModel], data: Any, path: Path, node: yaml.Node | N
         return model.model_validate(data)
     except ValidationError as e:
         lines = []
-        for err in e.errors():
-            loc = tuple(x for x in err["loc"] if not (isinstance(x, str) and x.startswith("function-")))
+        errors = e.errors()
+        # a union member (e.g. ServeArgsVariant | list[str]) shows up as a loc tag; when the
+        # value was a mapping, the list branch's error is noise: keep the model branch's
+        tagged = {tuple(x["loc"][:i]) for x in errors for i, k in enumerate(x["loc"]) if k in _MODELS}
+        for err in errors:
+            raw = tuple(err["loc"])
+            if any(isinstance(k, str) and "[" in k and raw[:i] in tagged for i, k in enumerate(raw)):
+                continue
+            tag = next((_MODELS[k] for k in raw if k in _MODELS), None)
+            loc = tuple(x for x in raw if not (isinstance(x, str) and x.startswith("function-")))
             # pydantic reports union members as extra loc parts ("list[str]", ...): drop them
-            loc = tuple(x for x in loc if not (isinstance(x, str) and ("[" in x or x in ("str", "int"))))
+            loc = tuple(x for x in loc if not (isinstance(x, str) and ("[" in x or x in ("str", "int") or x in _MODELS)))
             line = _line_of(node, loc)
             msg = err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
-                parent = _resolve_model(model, loc[:-1])
+                parent = tag or _resolve_model(model, loc[:-1])
                 allowed = ", ".join(parent.model_fields) if parent else "?"
                 msg = f"unknown key '{loc[-1]}' (allowed: {allowed})"
             elif err["type"] == "literal_error":
