@@ -87,7 +87,7 @@ def test_both_builds_in_one_run(runs: dict[str, Path], tmp_path: Path) -> None:
     assert "builds" in paths
     md = paths["markdown"].read_text()
     assert "## mission [unfixed] (A, baseline) vs mission [fixed] (B, candidate)" in md
-    assert "| + | kimi-linear.p2d1.b16-16 | FAIL | PASS |" in md
+    assert "| + | kimi-linear.p2d1.b16-16 (unfixed -> fixed) | FAIL | PASS |" in md
     assert len(embedded_images(paths["html"].read_text())) == 4
 
 
@@ -95,7 +95,7 @@ def test_compare_with(runs: dict[str, Path], tmp_path: Path) -> None:
     paths = write_report(runs["unfixed"], tmp_path, compare_with=runs["fixed"])
     md = paths["markdown"].read_text()
     assert "## fixed (A, baseline) vs unfixed (B, candidate)" in md and "REGRESSED" in md
-    assert "| - | kimi-linear.p2d1.b16-16 | PASS | FAIL |" in md
+    assert "| - | kimi-linear.p2d1.b16-16 (fixed -> unfixed) | PASS | FAIL |" in md
     assert paths["builds"].read_bytes().startswith(PNG_MAGIC)
     assert not (runs["unfixed"] / "report.md").exists()  # out_dir respected
 
