@@ -57,8 +57,8 @@ def plan_dict(sweep: str, gpus: int | None, cells_glob: str | None = None) -> di
         d = {**c.to_dict(), "tp_ratio": c.tp_ratio, "num_gpus": c.num_gpus}
         if c.id in slots:
             m = ls.catalogue.models[c.model]
-            python = ls.sweep.builds[c.build].python or (f"{ls.sweep.builds[c.build].venv}/bin/python"
-                                                          if ls.sweep.builds[c.build].venv else "python")
+            b = ls.sweep.builds[c.build]  # the interpreter `run` will use (run.build_python)
+            python = b.python or (f"{b.venv}/bin/python" if b.venv else sys.executable)
             d["instances"] = [s.to_dict() for s in instances(c, slots[c.id], ls, model_path(m, c.model, create=False),
                                                              python)]
         out_cells.append(d)
