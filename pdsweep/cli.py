@@ -42,7 +42,7 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
 def plan_dict(sweep: str, gpus: int | None, cells_glob: str | None = None) -> dict:
     """The dry run: cells with per-instance argv/env, rejected cells, and the schedule."""
     from .plan import expand, instances, model_path
-    from .run import select
+    from .run import build_python, select
     from .schedule import detect_gpus, pack
     from .spec import load_sweep
 
@@ -57,8 +57,10 @@ def plan_dict(sweep: str, gpus: int | None, cells_glob: str | None = None) -> di
         d = {**c.to_dict(), "tp_ratio": c.tp_ratio, "num_gpus": c.num_gpus}
         if c.id in slots:
             m = ls.catalogue.models[c.model]
-            b = ls.sweep.builds[c.build]  # the interpreter `run` will use (run.build_python)
-            python = b.python or (f"{b.venv}/bin/python" if b.venv else sys.executable)
+            try:
+                python = build_python(ls, c.build)  # the interpreter `run` will use
+            except UserError:  # e.g. .venv-unfixed not built yet: a dry run still shows the argv
+                python = f"{ls.sweep.builds[c.build].venv}/bin/python"
             d["instances"] = [s.to_dict() for s in instances(c, slots[c.id], ls, model_path(m, c.model, create=False),
                                                              python)]
         out_cells.append(d)

@@ -163,7 +163,6 @@ async def complete(client: Any, url: str, model: str, prompt: Prompt, max_tokens
     return [_token(t) for t in tokens], [float(x) if isinstance(x, (int, float)) else None for x in lps]
 
 
-_complete = complete  # old private name, kept for callers
 
 
 def compare(pd_tokens: list, pd_logprobs: list, ref_tokens: list, ref_logprobs: list) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from .consistency import compare, judge_consistency, thresholds_for
 from .spec import LoadedSweep
 
 log = logging.getLogger(__name__)
-EVAL_RAW, PROBE_RAW = "eval.json", "probe.json"
+EVAL_RAW, PROBE_RAW = layout.EVAL_RAW, layout.PROBE_RAW
 
 
 def _raw(run_dir: Path, cell_id: str, name: str) -> dict[str, Any] | None:

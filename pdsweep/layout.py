@@ -41,6 +41,8 @@ ACCURACY_FILE = "accuracy.json"
 CONSISTENCY_FILE = "consistency.json"
 TRANSFER_FILE = "transfer.json"
 LOAD_FILE = "load.json"
+EVAL_RAW = "eval.json"  # raw lm-eval figures per task (judged into accuracy.json)
+PROBE_RAW = "probe.json"  # raw greedy tokens + logprobs (judged into consistency.json)
 
 FINAL_STATUSES = ("ok", "failed")  # --resume skips cells with one of these
 

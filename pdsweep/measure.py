@@ -72,7 +72,7 @@ def collect_probe(ls: LoadedSweep, cell: Cell, dep: Deployment, mpath: str) -> d
     prompt's ``error`` (the judge fails it), never raised."""
     import asyncio
 
-    from .consistency import _complete, build_prompts
+    from .consistency import build_prompts, complete
     from .accuracy import completions_url
 
     model = ls.catalogue.models[cell.model]
@@ -87,7 +87,7 @@ def collect_probe(ls: LoadedSweep, cell: Cell, dep: Deployment, mpath: str) -> d
                 row: dict[str, Any] = {"name": p.name, "prompt_tokens": p.num_tokens, "tokens": [],
                                        "token_logprobs": [], "error": None}
                 try:
-                    row["tokens"], row["token_logprobs"] = await _complete(
+                    row["tokens"], row["token_logprobs"] = await complete(
                         client, completions_url(dep.url), cell.model, p, spec.max_tokens)
                 except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as e:
                     row["error"] = f"request failed: {type(e).__name__}: {e}"

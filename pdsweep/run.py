@@ -40,8 +40,6 @@ from .spec import LoadedSweep, load_sweep
 
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parent.parent
-EVAL_RAW = "eval.json"  # raw lm-eval figures per task (judged into accuracy.json)
-PROBE_RAW = "probe.json"  # raw greedy tokens + logprobs (judged into consistency.json)
 
 
 @dataclass
@@ -67,6 +65,8 @@ class RunContext:
     progress: Progress | None = None
     builds: dict[str, dict[str, Any]] = field(default_factory=dict)
     git_shas: list[str] = field(default_factory=list)  # every pdsweep commit that ran cells (resume)
+    sweep_sha256: str = ""  # of the sweep file as loaded for this run
+    git_sha: str | None = None  # this invocation's pdsweep commit (asked of git once)
 
 
 # ---------------------------------------------------------------- facts recorded per run/cell
@@ -214,7 +214,7 @@ def run_cell(ctx: RunContext, cell: Cell, slot: Slot) -> dict[str, Any]:
             "model": {"name": cell.model, "source": model.source, "path": mpath, "attention": model.attention,
                       "ssm": model.ssm},
             "instances": [s.to_dict() for s in specs], "build": build, "config_hash": config_hash(ls, cell),
-            "git_sha": git_sha(), "host": host_facts(len(slot.gpus)), "slot": {"lane": slot.index,
+            "git_sha": ctx.git_sha, "host": host_facts(len(slot.gpus)), "slot": {"lane": slot.index,
                                                                                "port_base": slot.port_base}})
         d = ls.sweep.defaults
         with deploy(cell, slot, specs, ctx.launcher, cdir / "logs", d.startup_timeout_s, d.request_timeout_s,
@@ -256,14 +256,14 @@ def measure_cell(ctx: RunContext, cell: Cell, dep: Deployment, cdir: Path, mpath
         tok = model.tokenizer or mpath
         with scrape_phase(dep, phases, "eval"):
             results = run_lm_eval(f"{dep.url}/v1/completions", cell.model, tok, ev, cdir, chat=model.chat)
-        layout.write_json(cdir / EVAL_RAW, {"cell_id": cell.id, "tasks": results})
+        layout.write_json(cdir / layout.EVAL_RAW, {"cell_id": cell.id, "tasks": results})
     if ev.consistency.enabled:
         on_phase("consistency")
         from .measure import collect_probe
 
         with scrape_phase(dep, phases, "consistency"):
             probe = collect_probe(ctx.ls, cell, dep, mpath)
-        layout.write_json(cdir / PROBE_RAW, {"cell_id": cell.id, **probe})
+        layout.write_json(cdir / layout.PROBE_RAW, {"cell_id": cell.id, **probe})
     if ctx.ls.sweep.bench.enabled:
         on_phase("bench")
         from .measure import run_load
@@ -294,11 +294,10 @@ def default_run_dir(ls: LoadedSweep) -> Path:
 
 def write_index(ctx: RunContext, cells: list[Cell], started: str, finished: str | None, num_gpus: int,
                 too_big: list[Cell]) -> None:
-    sweep_bytes = ctx.ls.path.read_bytes()
     index = {
         "name": ctx.run_dir.name, "sweep": str(ctx.ls.path), "sweep_name": ctx.ls.sweep.name,
-        "sweep_sha256": hashlib.sha256(sweep_bytes).hexdigest(), "platform": ctx.ls.sweep.platform,
-        "started": started, "finished": finished, "host": host_facts(num_gpus), "git_sha": git_sha(),
+        "sweep_sha256": ctx.sweep_sha256, "platform": ctx.ls.sweep.platform,
+        "started": started, "finished": finished, "host": host_facts(num_gpus), "git_sha": ctx.git_sha,
         "git_shas": ctx.git_shas,
         "pdsweep_version": __version__, "gate": ctx.ls.sweep.gate.model_dump(),
         "cells": {c.id: {"kind": c.kind, "status": layout.cell_status(ctx.run_dir, c.id) or "pending",
@@ -328,9 +327,10 @@ def run_sweep(path: str | Path, opts: RunOptions) -> Path:
     if old and old.get("sweep_sha256") not in (None, sha):
         raise UserError(f"{run_dir}: {ls.path} changed since this run started (sweep_sha256 differs); "
                         "results would mix two sweeps: start a new run")
-    git_shas = [x for x in dict.fromkeys([*(old or {}).get("git_shas", []), git_sha()]) if x]
+    current = git_sha()
+    git_shas = [x for x in dict.fromkeys([*(old or {}).get("git_shas", []), current]) if x]
     run_dir.mkdir(parents=True, exist_ok=True)
-    ctx = RunContext(ls, plan, run_dir, opts, git_shas=git_shas)
+    ctx = RunContext(ls, plan, run_dir, opts, git_shas=git_shas, sweep_sha256=sha, git_sha=current)
     pool = GpuPool(num_gpus, ls.sweep.defaults.port_base)
     runnable = [c for c in order(cells) if pool.fits(c)]
     too_big = [c for c in cells if not pool.fits(c)]
