@@ -63,7 +63,8 @@ nightly: install
 baseline-env: install
 	$(PY) -m pdsweep baseline-env --dest $(VENV)-unfixed
 
-test: install
+# the integration tests run the unfixed baseline next to the installed vLLM (the core case)
+test: install baseline-env
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: install

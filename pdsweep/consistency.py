@@ -234,6 +234,94 @@ async def probe(pd_url: str, ref_url: str, model: str, prompts: list[Prompt], ma
     return {"max_tokens": max_tokens, "prompts": out}
 
 
+# ---------------------------------------------------------------- triage: engine or transfer
+async def path_check(client: Any, url: str, model: str, prompt: Prompt, tokens: list, logprobs: list
+                     ) -> dict[str, Any]:
+    """Ask the single instance for every generated position again along its *plain* path.
+
+    After a P->D transfer the decode instance computes the last prompt token against a
+    cache that is already filled (vLLM's NIXL scheduler loads every prompt token and the
+    scheduler recomputes the last one; for Mamba hybrids it loads all but the last,
+    ``_prefill_backoff``): one query token over a pre-filled cache, i.e. the decode
+    path. On the single instance, generated token ``tokens[k]`` (k >= 1) was computed
+    along that same path, and a fresh request for ``prompt + tokens[:k]`` with
+    ``max_tokens=1`` computes the same position along the plain prefill path. If the
+    two disagree, the engine's own decode path already differs from its prefill path,
+    and a P->D divergence is not evidence of a transfer fault.
+
+    ``tokens``/``logprobs``: the instance's greedy answer to ``prompt`` (ints). Returns
+    ``{plain_tokens, plain_logprobs, ...}`` with :func:`compare` of the decode-path tokens
+    ``tokens[1:]`` against the plain answers, plus ``error`` (a failed request, never
+    raised). Position 0 is left out: both answers come from the prefill path there.
+    """
+    import httpx
+
+    plain_t: list[int | str] = []
+    plain_lp: list[float | None] = []
+    err = None
+    ids = [t for t in tokens if isinstance(t, int)]
+    if len(ids) != len(tokens):
+        err = "reference tokens are not token ids (return_tokens_as_token_ids)"
+    else:
+        try:
+            for k in range(1, len(tokens)):
+                p = Prompt(f"{prompt.name}+{k}", prompt.token_ids + ids[:k], "")
+                t, lp = await complete(client, url, model, p, 1)
+                plain_t.append(t[0])
+                plain_lp.append(lp[0])
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as e:
+            err = f"plain-path request failed: {type(e).__name__}: {e}"
+    cmp = compare(list(tokens[1:]), list(logprobs[1:]), plain_t, plain_lp) if not err else {}
+    # positions are independent (teacher-forced): count every mismatch, not only the first
+    mismatches = [k + 1 for k, (a, b) in enumerate(zip(tokens[1:], plain_t)) if a != b]
+    return {"plain_tokens": plain_t, "plain_logprobs": plain_lp, "error": err,
+            "mismatched_positions": mismatches, **cmp}
+
+
+def engine_path_ok(check: dict[str, Any] | None) -> bool | None:
+    """True when the single instance's decode path agrees with its plain path (every
+    token equal, max |dlogprob| < ``MAX_ABS_DLOGPROB``); None when nothing was checked."""
+    if not check or check.get("error") or not check.get("plain_tokens"):
+        return None
+    if check.get("mismatched_positions"):
+        return False
+    d = check.get("max_abs_dlogprob")
+    return d is not None and d < MAX_ABS_DLOGPROB
+
+
+TRIAGE_VERDICTS = ("none", "transfer", "engine", "both", "unknown")
+
+
+def triage(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where a P->D divergence lives, from the judged prompt rows (``verdict`` of PD vs
+    reference, ``engine_path_ok`` of the reference's :func:`path_check`).
+
+    ``none``: no prompt failed. ``transfer``: every failing prompt's reference decode
+    path agrees with its plain path (the engine is self-consistent; only P->D differs).
+    ``engine``: on every failing prompt the single instance already disagrees with
+    itself along the decode path. ``both``: some of each. ``unknown``: a failing prompt
+    has no path check (triage off, or its requests failed).
+    """
+    failing = [r for r in rows if r.get("verdict") == "fail"]
+    if not failing:
+        return {"verdict": "none", "explanation": "P->D matches the single instance"}
+    oks = [r.get("engine_path_ok") for r in failing]
+    names = lambda pred: [r["name"] for r, ok in zip(failing, oks) if pred(ok)]  # noqa: E731
+    if any(ok is None for ok in oks):
+        v, why = "unknown", f"no single-instance path check for {names(lambda ok: ok is None)}"
+    elif all(oks):
+        v, why = "transfer", ("the single instance's decode path agrees with its plain prefill path on "
+                              f"{names(bool)}; only P->D differs: the fault comes with the transfer")
+    elif not any(oks):
+        v, why = "engine", ("the single instance's own decode path (one token over a pre-filled cache, "
+                            f"the path decode takes after a transfer) differs from its plain prefill path on "
+                            f"{names(lambda ok: not ok)}: the engine differs without any transfer")
+    else:
+        v, why = "both", (f"engine path inconsistent on {names(lambda ok: not ok)}, consistent on "
+                          f"{names(bool)} where P->D still differs")
+    return {"verdict": v, "explanation": why}
+
+
 # ---------------------------------------------------------------- verdict
 def thresholds_for(attention: str, ssm: str, tp_equal: bool) -> dict[str, Any]:
     """Pass thresholds for a model kind (catalogue ``attention``/``ssm``) and whether
@@ -301,6 +389,8 @@ def judge_consistency(cell_id: str, reference_cell: str | None, probe_result: di
     ``max_abs_dlogprob >= max_abs_dlogprob`` over the matching positions. Every reason
     names the prompt, its length and the position. Verdict pass only if there is at
     least one prompt and none fails; no reference cell is a failure (nothing compared).
+    ``triage`` (:func:`triage`) says whether a divergence lives in the transfer, the
+    engine, or both; a failure that no prompt explains is triaged ``unknown``.
     """
     max_tokens = int(probe_result.get("max_tokens") or 0)
     prompts = probe_result.get("prompts") or []
@@ -313,12 +403,16 @@ def judge_consistency(cell_id: str, reference_cell: str | None, probe_result: di
     for p in prompts:
         r = _judge_prompt(p, thresholds, max_tokens)
         reasons += r
-        rows.append({**p, "verdict": "fail" if r else "pass"})
+        rows.append({**p, "verdict": "fail" if r else "pass", "engine_path_ok": engine_path_ok(p.get("path_check"))})
+    tri = triage(rows)
+    if reasons and tri["verdict"] == "none":
+        tri = {"verdict": "unknown", "explanation": "the cell failed before any prompt could be compared"}
     return {
         "cell_id": cell_id,
         "reference_cell": reference_cell,
         "thresholds": {**thresholds, "max_tokens": max_tokens},
         "prompts": rows,
         "verdict": "fail" if reasons else "pass",
+        "triage": tri,
         "reasons": reasons,
     }

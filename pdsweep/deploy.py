@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 
 from .launcher import Handle, Launcher, port_free, tail
+from .logscan import first_exception
 from .plan import Cell, InstanceSpec, Slot
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,25 @@ class Deployment:
         return self.role("decode") or self.role("single")
 
 
+def culprits(handles: list[Handle]) -> list[str]:
+    """For each instance that exited or logged a Python traceback: its name, how it ended
+    (still running / exit code / signal) and the first exception with file:line
+    (:func:`pdsweep.logscan.first_exception`). Empty when every instance looks healthy."""
+    out = []
+    for h in handles:
+        rc, exc = h.returncode(), first_exception(h.log_path)
+        if rc is None and exc is None:
+            continue
+        how = "still running" if rc is None else f"killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
+        out.append(f"{h.name} ({how}): {exc.describe() if exc else 'no Python traceback in its log'}")
+    return out
+
+
+def _with_culprits(reason: str, handles: list[Handle]) -> str:
+    found = culprits(handles)
+    return f"{reason}; {'; '.join(found)}" if found else reason
+
+
 def wait_healthy(handles: list[Handle], timeout_s: float, stop: Callable[[], bool] = lambda: False) -> float:
     """Poll every instance's ``/health`` every ``HEALTH_POLL_S`` until all answer 200.
 
@@ -73,7 +93,8 @@ def wait_healthy(handles: list[Handle], timeout_s: float, stop: Callable[[], boo
             for name, h in list(pending.items()):
                 rc = h.returncode()
                 if rc is not None:
-                    raise CellFailed("start", f"{name} exited with code {rc} during startup", tail(h.log_path))
+                    raise CellFailed("start", _with_culprits(f"{name} exited with code {rc} during startup", [h]),
+                                     tail(h.log_path))
                 try:
                     if client.get(f"{h.url}/health").status_code == 200:
                         del pending[name]
@@ -111,9 +132,11 @@ def first_request(dep: Deployment, model: str, timeout_s: float) -> None:
         r = httpx.post(f"{dep.url}/v1/completions", timeout=timeout_s,
                        json={"model": model, "prompt": READY_PROMPT, "max_tokens": 4, "temperature": 0})
     except httpx.HTTPError as e:
-        raise CellFailed("ready", f"first request failed: {type(e).__name__}: {e}", _tails(dep)) from None
+        raise CellFailed("ready", _with_culprits(f"first request failed: {type(e).__name__}: {e}", dep.handles),
+                         _tails(dep)) from None
     if r.status_code != 200:
-        raise CellFailed("ready", f"first request: HTTP {r.status_code}: {r.text[:500]}", _tails(dep))
+        raise CellFailed("ready", _with_culprits(f"first request: HTTP {r.status_code}: {r.text[:500]}", dep.handles),
+                         _tails(dep))
     usage = r.json().get("usage") or {}
     if not usage.get("completion_tokens"):
         raise CellFailed("ready", f"first request returned no tokens: {r.text[:300]}", _tails(dep))

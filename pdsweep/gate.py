@@ -295,6 +295,9 @@ class ConsistencyCheck:
             return [] if con.get("prompts") else [f"{w}: no prompts compared"]
         why = [str(r) for r in con.get("reasons") or []] or [
             f"verdict {show(con.get('verdict'))} (worst prompt: {_worst_prompt(con.get('prompts')) or 'none'})"]
+        tri = con.get("triage") if isinstance(con.get("triage"), dict) else {}
+        if tri.get("verdict") not in (None, "none"):
+            why.append(f"triage {tri['verdict']}: {tri.get('explanation')}")
         return [f"{w}: {r}" for r in why]
 
 
@@ -469,6 +472,11 @@ def judge_cell(files: CellFiles, kind: str, checks: list[Check], index_entry: di
         verdict = FAIL
         reasons = [*reasons, f"expected to fail ({expect_reason or 'no reason'}), but the deployment never came "
                              "up, so the expectation was not tested"]
+    elif expect and reasons and (pattern := _first(cell.expect_match if cell else None, st.get("expect_match"))) \
+            and not _signature_matches(pattern, reasons, st):
+        verdict = FAIL
+        reasons = [*reasons, f"expected to fail with a signature matching /{pattern}/ ({expect_reason}), but "
+                             "it failed otherwise: a different fault, not the expected one"]
     elif expect:
         verdict = XFAIL if reasons else XPASS
         reasons = reasons or [XPASS_REASON]
@@ -477,6 +485,16 @@ def judge_cell(files: CellFiles, kind: str, checks: list[Check], index_entry: di
     tail = tuple(str(x) for x in st.get("log_tail") or []) if st.get("status") != "ok" else ()
     return CellResult(files.cell_id, kind, verdict, tuple(reasons), cell_facts(files, fallback),
                       expect_reason, expect_ref, log_tail=tail)
+
+
+def _signature_matches(pattern: str, reasons: list[str], status: dict[str, Any]) -> bool:
+    """``pattern`` (a ``match:`` regex) searched in the gate's reasons, the status reason and
+    the failing instance's log tail; an unusable pattern never matches (fail closed)."""
+    text = "\n".join([*reasons, str(status.get("reason") or ""), *map(str, status.get("log_tail") or [])])
+    try:
+        return re.search(pattern, text) is not None
+    except re.error:
+        return False
 
 
 NEEDS_GPUS = "needs-gpus"  # run.json rule of a valid cell the host had too few GPUs for

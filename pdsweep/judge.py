@@ -36,7 +36,8 @@ def merge_probes(pd: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
         row = {"name": p["name"], "prompt_tokens": p.get("prompt_tokens"),
                "pd_tokens": p.get("tokens", []), "pd_logprobs": p.get("token_logprobs", []),
                "ref_tokens": r.get("tokens", []), "ref_logprobs": r.get("token_logprobs", []),
-               "error": p.get("error") or r.get("error") or (None if r else "reference has no such prompt")}
+               "error": p.get("error") or r.get("error") or (None if r else "reference has no such prompt"),
+               "path_check": r.get("path_check")}
         row.update(compare(row["pd_tokens"], row["pd_logprobs"], row["ref_tokens"], row["ref_logprobs"]))
         rows.append(row)
     return {"max_tokens": pd.get("max_tokens"), "prompts": rows}

@@ -68,12 +68,13 @@ def complete(url: str, model: str, prompt: str, max_tokens: int, timeout_s: floa
 def collect_probe(ls: LoadedSweep, cell: Cell, dep: Deployment, mpath: str) -> dict[str, Any]:
     """Send the consistency prompts (exact token counts: short, several blocks, long)
     greedy with top-1 logprobs, one at a time; the raw outputs are judged later against
-    the reference cell's (:mod:`pdsweep.judge`). A failed request is recorded in the
+    the reference cell's (:mod:`pdsweep.judge`). A reference cell also runs
+    :func:`pdsweep.consistency.path_check` per prompt (``eval.consistency.triage``). A failed request is recorded in the
     prompt's ``error`` (the judge fails it), never raised."""
     import asyncio
 
-    from .consistency import build_prompts, complete
     from .accuracy import completions_url
+    from .consistency import build_prompts, complete, path_check
 
     model = ls.catalogue.models[cell.model]
     spec = ls.sweep.eval.consistency
@@ -86,11 +87,14 @@ def collect_probe(ls: LoadedSweep, cell: Cell, dep: Deployment, mpath: str) -> d
             for p in prompts:
                 row: dict[str, Any] = {"name": p.name, "prompt_tokens": p.num_tokens, "tokens": [],
                                        "token_logprobs": [], "error": None}
+                url = completions_url(dep.url)
                 try:
-                    row["tokens"], row["token_logprobs"] = await complete(
-                        client, completions_url(dep.url), cell.model, p, spec.max_tokens)
+                    row["tokens"], row["token_logprobs"] = await complete(client, url, cell.model, p, spec.max_tokens)
                 except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as e:
                     row["error"] = f"request failed: {type(e).__name__}: {e}"
+                if cell.kind == "ref" and spec.triage and not row["error"]:
+                    row["path_check"] = await path_check(client, url, cell.model, p, row["tokens"],
+                                                         row["token_logprobs"])
                 rows.append(row)
         return rows
 

@@ -22,6 +22,19 @@ from .spec import AXES, LoadedSweep, ModelSpec
 
 MAX_INSTANCES = 12  # per cell; bounded by the per-slot port layout below
 PORTS_PER_SLOT = 200
+# KV blocks per CPU instance. VLLM_CPU_KVCACHE_SPACE=1 GiB gives a tiny model ~32k blocks
+# (tiny-llama: 1,048,576 tokens), and with prefill TP > decode TP the decode handshake builds
+# per-source split descriptor lists over all of them in Python
+# (nixl/base_worker.py _build_local_splits_from_plan): 77 s per prefill rank on 2 cores.
+# 256 blocks hold max_num_seqs x max_model_len of every cpu-smoke cell several times over.
+CPU_NUM_BLOCKS = 256
+# pdsweep.vllm_plugin on CPU (each explained there): NIXL progress-thread delay, AMX tile
+# permission, shm readers spin 10 ms (not 1 s) after an RPC, an engine holding blocks for a
+# remote peer steps every 20 ms (not 1 ms), RoPE on contiguous copies of strided views,
+# CPU_MLA takes logical blocks that are multiples of 16 (hybrid MLA + Mamba: 128).
+CPU_PLUGIN_ENV = {"PDSWEEP_NIXL_PROGRESS_DELAY_US": "1000", "PDSWEEP_CPU_AMX_PERMISSION": "1",
+                  "PDSWEEP_SHM_BUSY_LOOP_S": "0.01", "PDSWEEP_ENGINE_IDLE_STEP_S": "0.02",
+                  "PDSWEEP_CPU_ROPE_STRIDES": "1", "PDSWEEP_CPU_MLA_LOGICAL_BLOCKS": "1"}
 
 
 @dataclass(frozen=True)
@@ -45,6 +58,7 @@ class Cell:
     expect_fail: bool = False
     expect_reason: str | None = None
     expect_ref: str | None = None
+    expect_match: str | None = None  # regex the failure's signature must match (gate)
 
     @property
     def id(self) -> str:
@@ -92,7 +106,8 @@ class Cell:
         ``build`` (the sweep's default build: the single-instance path never touches the
         KV connector, so one reference serves the fixed and the unfixed build)."""
         return replace(self, kind="ref", build=build or self.build, prefill_tp=self.decode_tp, prefill_block_size=self.decode_block_size,
-                       num_prefill=0, num_decode=1, decode_dp=1, expect_fail=False, expect_reason=None, expect_ref=None)
+                       num_prefill=0, num_decode=1, decode_dp=1, expect_fail=False, expect_reason=None, expect_ref=None,
+                       expect_match=None)
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, **asdict(self)}
@@ -156,7 +171,7 @@ def _to_cell(combo: dict[str, Any], ls: LoadedSweep) -> Cell:
             v["prefill_tp"], v["decode_tp"] = int(p), int(dd)
         elif k == "block_size":
             v["prefill_block_size"] = v["decode_block_size"] = int(val)
-        elif k in ("expect", "reason", "ref"):
+        elif k in ("expect", "reason", "ref", "match"):
             continue
         else:
             v[k] = val
@@ -164,7 +179,7 @@ def _to_cell(combo: dict[str, Any], ls: LoadedSweep) -> Cell:
         raise UserError(f"{ls.path}: matrix.include entry {combo} has no 'model' and matches no combination")
     cell = Cell(model=combo["model"], **{k: val for k, val in v.items() if k != "model"},
                 platform=ls.sweep.platform, expect_fail=combo.get("expect") == "fail",
-                expect_reason=combo.get("reason"), expect_ref=combo.get("ref"))
+                expect_reason=combo.get("reason"), expect_ref=combo.get("ref"), expect_match=combo.get("match"))
     return cell
 
 
@@ -299,6 +314,9 @@ def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: 
             argv += ["--data-parallel-size", str(dp), "--enable-expert-parallel"]
         if d.max_num_seqs:
             argv += ["--max-num-seqs", str(d.max_num_seqs)]
+        blocks = d.num_blocks or (CPU_NUM_BLOCKS if s.platform == "cpu" else None)
+        if blocks:
+            argv += ["--num-gpu-blocks-override", str(blocks)]
         if role != "single":
             argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(cell, role, ls), separators=(",", ":"))]
         extra = list(model.serve_args) + list(variant.both)
@@ -319,8 +337,8 @@ def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: 
             env["VLLM_TARGET_DEVICE"] = "cpu"
             env["VLLM_CPU_KVCACHE_SPACE"] = str(d.cpu_kvcache_space_gib)
             env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(cores[(rank_i + r) % len(cores)]) for r in range(tp * dp))
-            env.setdefault("PDSWEEP_NIXL_PROGRESS_DELAY_US", "1000")  # pdsweep.vllm_plugin: no busy-spin
-            env.setdefault("PDSWEEP_CPU_AMX_PERMISSION", "1")  # pdsweep.vllm_plugin: bf16 AMX kernels SIGILL without
+            for var, val in CPU_PLUGIN_ENV.items():  # pdsweep.vllm_plugin (a sweep's env may override)
+                env.setdefault(var, val)
             rank_i += tp * dp
         out.append(InstanceSpec(name, role, tp, slot.http_port(k), side, tuple(gpus), tuple(argv), env))
     return out

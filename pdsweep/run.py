@@ -32,6 +32,7 @@ from . import __version__, layout
 from .deploy import CellFailed, Deployment, deploy
 from .errors import UserError
 from .launcher import LocalLauncher, tail
+from .logscan import first_exception
 from .plan import Cell, Plan, Slot, expand, instances, model_path
 from .gate import NEEDS_GPUS
 from .progress import Progress
@@ -193,7 +194,8 @@ def run_cell(ctx: RunContext, cell: Cell, slot: Slot) -> dict[str, Any]:
     ls, t0, started = ctx.ls, time.monotonic(), now()
     status: dict[str, Any] = {"cell_id": cell.id, "kind": cell.kind, "status": "running", "phase": "prepare",
                               "reason": None, "log_tail": [], "expect_fail": cell.expect_fail,
-                              "expect_reason": cell.expect_reason, "expect_ref": cell.expect_ref, "started": started}
+                              "expect_reason": cell.expect_reason, "expect_ref": cell.expect_ref,
+                              "expect_match": cell.expect_match, "started": started}
     phase = ctx.progress.phase if ctx.progress else (lambda *a: None)
 
     def on_phase(p: str) -> None:
@@ -230,9 +232,11 @@ def run_cell(ctx: RunContext, cell: Cell, slot: Slot) -> dict[str, Any]:
                       log_tail=e.log_tail)
     except Exception as e:  # a pdsweep or measuring bug must not stop the sweep: record it
         log.exception("cell %s crashed in %s", cell.id, status["phase"])
-        tails = [line for p in sorted((cdir / "logs").glob("*.log")) for line in tail(p, 20)]
+        logs = sorted((cdir / "logs").glob("*.log"))
+        tails = [line for p in logs for line in tail(p, 20)]
+        died = [f"{p.stem}: {x.describe()}" for p in logs if (x := first_exception(p)) is not None]
         status.update(status="interrupted" if ctx.stop.is_set() else "failed",
-                      reason=f"{type(e).__name__}: {e}", log_tail=tails)
+                      reason="; ".join([f"{type(e).__name__}: {e}", *died]), log_tail=tails)
     release_slot_ports(slot)
     status.update(finished=now(), duration_s=round(time.monotonic() - t0, 1))
     layout.write_json(cdir / layout.STATUS_FILE, status)

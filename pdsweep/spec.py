@@ -25,7 +25,7 @@ Attention = Literal["mla", "gqa", "mha"]
 Ssm = Literal["none", "mamba1", "mamba2", "gdn", "kda", "linear"]
 Platform = Literal["cuda", "cpu"]
 KvBufferDevice = Literal["cuda", "cpu", "xpu"]
-TinyKind = Literal["llama", "deepseek_v2", "nemotron_h", "qwen3_next", "kimi_linear"]
+TinyKind = Literal["llama", "deepseek_v2", "nemotron_h", "qwen3_next", "kimi_linear", "mla_mamba2"]
 
 # Axes a matrix may vary; each is also a field of a cell.
 AXES = (
@@ -44,7 +44,7 @@ AXES = (
     "serve_args",
     "env",
 )
-EXPECT_KEYS = ("expect", "reason", "ref")
+EXPECT_KEYS = ("expect", "reason", "ref", "match")
 _TP_PAIR = re.compile(r"^p([1-9]\d*)d([1-9]\d*)$")
 Pos = Annotated[int, Field(ge=1)]
 
@@ -78,6 +78,8 @@ class SsmGeometry(_Strict):
     conv_kernel: int = Field(gt=1)
     conv_dim: int = Field(gt=0)
     state_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # Mamba2 B/C groups; with n_groups < TP vLLM's MambaMixer2 replicates them on every rank
+    n_groups: int = Field(default=1, gt=0)
 
 
 class NixlSupport(_Strict):
@@ -229,6 +231,8 @@ class Defaults(_Strict):
     # kv_producer/kv_consumer per role ("split"), or kv_both on both (older vLLM, upstream scripts)
     kv_role: Literal["split", "both"] = "split"
     cpu_kvcache_space_gib: int = Field(default=1, ge=1)
+    # --num-gpu-blocks-override; None: 256 on CPU (see pdsweep.plan.CPU_NUM_BLOCKS), vLLM's own on GPU
+    num_blocks: int | None = Field(default=None, ge=1, le=10_000_000)
     port_base: int = Field(default=20000, ge=1024, le=60000)
 
 
@@ -237,6 +241,9 @@ class ConsistencySpec(_Strict):
     max_tokens: int = Field(default=8, gt=0)
     # prompt lengths in tokens; "block" = one block minus one, "long" = near max_model_len
     lengths: list[int | Literal["short", "blocks", "long"]] = ["short", "blocks", "long"]
+    # the reference also answers each position along its plain prefill path, so a
+    # divergence is triaged as transfer / engine / both (pdsweep.consistency.path_check)
+    triage: bool = True
 
 
 class EvalSpec(_Strict):
@@ -288,6 +295,19 @@ class MatrixEntry(_Strict):
     expect: Literal["fail"] | None = None
     reason: str | None = None
     ref: str | None = None
+    # regex over the failure's signature (gate reasons + the failing instance's log tail);
+    # an expected failure whose signature does not match is FAIL, not XFAIL
+    match: str | None = Field(default=None, min_length=1)
+
+    @field_validator("match")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as e:
+                raise ValueError(f"not a regular expression: {e}") from None
+        return v
 
 
 class Matrix(_Strict):
@@ -337,6 +357,9 @@ class Matrix(_Strict):
                                      f"(got {x.get('input')!r})") from None
                 if kind == "include" and "expect" in e and not e.get("reason"):
                     raise ValueError(f"include[{i}]: 'expect: fail' needs a 'reason' (and ideally a 'ref')")
+                if kind == "include" and "match" in e and "expect" not in e:
+                    raise ValueError(f"include[{i}]: 'match' is the signature of an expected failure: "
+                                     "it needs 'expect: fail'")
         return self
 
 

@@ -180,16 +180,16 @@ def config_params(name: str, model: ModelSpec) -> dict[str, Any]:
     elif kind == "nemotron_h":
         a, s = _split_layers(model, name)
         ssm = _need(model.ssm_state, "ssm_state", name)
-        if ssm.conv_dim != ssm.num_heads * ssm.head_dim + 2 * ssm.state_dim:
+        if ssm.conv_dim != ssm.num_heads * ssm.head_dim + 2 * ssm.n_groups * ssm.state_dim:
             raise UserError(f"models.yaml: {name}: ssm_state.conv_dim must be num_heads*head_dim + "
-                            "2*state_dim (Mamba2, n_groups 1)")
+                            "2*n_groups*state_dim (Mamba2)")
         # mixers interleaved M/*: attention in the middle, MLP ('-') layers after
         mixers = ["M"] * s
         for i in range(a):
             mixers.insert((i + 1) * len(mixers) // (a + 1) + i, "*")
         pattern = "".join(mixers) + "-" * (model.num_layers - a - s)
         p.update(_gqa_dims(model, name), hybrid_override_pattern=pattern, mamba_num_heads=ssm.num_heads,
-                 mamba_head_dim=ssm.head_dim, ssm_state_size=ssm.state_dim, n_groups=1,
+                 mamba_head_dim=ssm.head_dim, ssm_state_size=ssm.state_dim, n_groups=ssm.n_groups,
                  conv_kernel=ssm.conv_kernel, expand=max(1, ssm.num_heads * ssm.head_dim // HIDDEN), chunk_size=64,
                  mlp_hidden_act="relu2", mamba_ssm_cache_dtype=ssm.state_dtype)
     elif kind == "qwen3_next":
@@ -223,6 +223,26 @@ def config_params(name: str, model: ModelSpec) -> dict[str, Any]:
                  linear_attn_config={"kda_layers": [i for i in range(1, model.num_layers + 1) if i not in full],
                                      "full_attn_layers": full, "num_heads": ssm.num_heads,
                                      "head_dim": ssm.head_dim, "short_conv_kernel_size": ssm.conv_kernel})
+    elif kind == "mla_mamba2":
+        a, s = _split_layers(model, name)
+        if a + s != model.num_layers:
+            raise UserError(f"models.yaml: {name}: attention_layers + ssm_layers must be num_layers (mla_mamba2)")
+        ssm = _need(model.ssm_state, "ssm_state", name)
+        if ssm.conv_dim != ssm.num_heads * ssm.head_dim + 2 * ssm.n_groups * ssm.state_dim:
+            raise UserError(f"models.yaml: {name}: ssm_state.conv_dim must be num_heads*head_dim + "
+                            "2*n_groups*state_dim (Mamba2)")
+        interval = model.num_layers // a
+        types = ["full_attention" if (i + 1) % interval == 0 else "mamba" for i in range(model.num_layers)]
+        full = [i + 1 for i, t in enumerate(types) if t == "full_attention"]
+        # kimi_linear: vLLM's is_deepseek_mla (use_mla) keys on the model_type; linear_attn_config
+        # lists the layers as Kimi-Linear does; the Mamba2 fields are NemotronH's
+        p.update(_mla_dims(model, name), hidden_act="silu", rms_norm_eps=1e-6, layer_types=types,
+                 rope_parameters={"rope_theta": 10000.0, "rope_type": "default"},
+                 linear_attn_config={"kda_layers": [i for i in range(1, model.num_layers + 1) if i not in full],
+                                     "full_attn_layers": full},
+                 mamba_num_heads=ssm.num_heads, mamba_head_dim=ssm.head_dim, ssm_state_size=ssm.state_dim,
+                 n_groups=ssm.n_groups, conv_kernel=ssm.conv_kernel, use_conv_bias=True, use_bias=False,
+                 mamba_hidden_act="silu", chunk_size=64, mamba_ssm_cache_dtype=ssm.state_dtype)
     else:  # pragma: no cover - TinyKind is a Literal
         raise UserError(f"models.yaml: {name}: unknown tiny kind {kind!r}")
     return p
@@ -280,7 +300,9 @@ def _generate(name: str, model: ModelSpec, out: Path) -> None:
     params = config_params(name, model)
     build_tokenizer(out)
     kind = model.tiny.kind
-    if kind == "kimi_linear":
+    if kind == "mla_mamba2":
+        _save_mla_mamba2(params, model, out)
+    elif kind == "kimi_linear":
         cfg = {"architectures": [model.architecture], "model_type": "kimi_linear", "dtype": "float32",
                "torch_dtype": "float32", **params}
         (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
@@ -289,6 +311,48 @@ def _generate(name: str, model: ModelSpec, out: Path) -> None:
     (out / META_FILE).write_text(json.dumps({
         "name": name, "kind": kind, "seed": model.tiny.seed, "generator_version": GENERATOR_VERSION,
         "weights": kind != "kimi_linear", "params": params}, indent=2, default=str) + "\n")
+
+
+def _save_mla_mamba2(params: dict[str, Any], model: ModelSpec, out: Path) -> None:
+    """Weights of ``pdsweep.cpu_models.mla_mamba2`` in Hugging Face layout, from two seeded
+    transformers models of the same width: DeepSeek-V2 (embeddings, norms, dense MLPs, the MLA
+    ``self_attn`` of full-attention layers) and NemotronH (the Mamba2 ``mixer`` of the others,
+    ``backbone.layers.N.mixer.*`` or ``model.layers.N.mixer.*``, written as the latter)."""
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    assert model.tiny is not None
+    n, types = params["num_hidden_layers"], params["layer_types"]
+    common = {k: params[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                     "max_position_embeddings", "initializer_range", "tie_word_embeddings",
+                                     "pad_token_id", "bos_token_id", "eos_token_id")}
+    mla = {k: params[k] for k in ("num_attention_heads", "num_key_value_heads", "kv_lora_rank", "qk_rope_head_dim",
+                                  "qk_nope_head_dim", "v_head_dim", "q_lora_rank")}
+    torch.manual_seed(model.tiny.seed)
+    ds = transformers.AutoModelForCausalLM.from_config(transformers.DeepseekV2Config(
+        **common, **mla, first_k_dense_replace=n, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+        moe_intermediate_size=64, rope_theta=10000.0), dtype=torch.float32)
+    nh = transformers.AutoModelForCausalLM.from_config(transformers.NemotronHConfig(
+        **common, num_attention_heads=4, num_key_value_heads=2, head_dim=32, hybrid_override_pattern="M" * n,
+        mamba_num_heads=params["mamba_num_heads"], mamba_head_dim=params["mamba_head_dim"],
+        ssm_state_size=params["ssm_state_size"], n_groups=params["n_groups"], conv_kernel=params["conv_kernel"],
+        expand=max(1, params["mamba_num_heads"] * params["mamba_head_dim"] // params["hidden_size"]),
+        chunk_size=64, use_conv_bias=True, use_bias=False), dtype=torch.float32)
+    tensors = {}
+    for k, v in ds.state_dict().items():
+        if k.startswith("model.layers.") and ".self_attn." in k and types[int(k.split(".")[2])] != "full_attention":
+            continue
+        tensors[k] = v
+    for k, v in nh.state_dict().items():  # "backbone." (transformers 4) or "model." (5)
+        parts = k.split(".")
+        if parts[0] in ("backbone", "model") and parts[1] == "layers" and parts[3] == "mixer" \
+                and types[int(parts[2])] == "mamba":
+            tensors[".".join(["model", *parts[1:]])] = v
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
+    cfg = {"architectures": [model.architecture], "model_type": "kimi_linear", "dtype": "float32",
+           "torch_dtype": "float32", **params}
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
 
 def _save_weights(kind: str, params: dict[str, Any], model: ModelSpec, out: Path) -> None:

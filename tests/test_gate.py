@@ -302,3 +302,44 @@ def test_gate_settings_come_from_run_json(tmp_path):
     index["gate"] = GateSpec(max_failed_transfers=5).model_dump()
     layout.write_json(run / layout.RUN_FILE, index)
     assert gate_run(run).cell(c.id).verdict == PASS  # the sweep's own budget, frozen at run time
+
+
+def test_expected_failure_must_match_its_signature(tmp_path):
+    """``match:``: XFAIL only when the failure's signature (reasons, status reason, the failing
+    instance's log tail) matches; a failure of another kind is FAIL, never XFAIL."""
+    from fixtures.make_runs import crashed
+
+    def x(pattern: str) -> dict:
+        return dict(expect_fail=True, expect_reason=SSM_LOST, expect_ref="vllm#49297", expect_match=pattern)
+
+    engine = pd("tiny-mla", 1, 1, **x("triage engine"))
+    other = pd("tiny-mla", 2, 1, **x("triage engine"))
+    in_log = pd("kimi-linear", 2, 1, **x(r"AssertionError.*len\(read_specs\) == 1"))
+    bad_re = pd("kimi-linear", 4, 1, **x("(unclosed"))
+    run = write_run(tmp_path, "r", [
+        case(engine, {CON: {"verdict": "fail", "reasons": ["prompt 'short': diverge at 0"],
+                            "triage": {"verdict": "engine", "explanation": "decode path differs"}}}),
+        case(other, {CON: {"verdict": "fail", "reasons": ["prompt 'short': diverge at 0"],
+                           "triage": {"verdict": "transfer", "explanation": "only P->D differs"}}}),
+        case(in_log, crashed("ready", "first request: HTTP 500", [
+            "(Worker pid=1) ERROR pull_worker.py:212 AssertionError: assert len(read_specs) == 1"])),
+        case(bad_re, crashed("ready", "first request: HTTP 500", ["(unclosed"]))])
+    res = gate_run(run)
+    assert res.cell(engine.id).verdict == XFAIL
+    assert res.cell(in_log.id).verdict == XFAIL  # found in the failing instance's log tail
+    assert res.cell(other.id).verdict == FAIL and "/triage engine/" in res.cell(other.id).reasons[-1]
+    assert res.cell(bad_re.id).verdict == FAIL  # an unusable pattern never matches: fail closed
+    assert not res.passed
+
+
+def test_match_needs_expect_and_a_regex(tmp_path):
+    from pdsweep.spec import load_sweep
+
+    base = "name: x\nplatform: cpu\nmatrix:\n  model: [tiny-llama]\n  include:\n"
+    for entry, msg in (("{model: tiny-llama, match: boom}", "needs 'expect: fail'"),
+                       ("{model: tiny-llama, expect: fail, reason: r, match: '(x'}", "not a regular expression")):
+        p = tmp_path / "s.yaml"
+        p.write_text(base + f"    - {entry}\n")
+        (tmp_path / "models.yaml").write_text((Path(__file__).parent.parent / "sweeps/models.yaml").read_text())
+        with pytest.raises(UserError, match=msg):
+            load_sweep(p)

