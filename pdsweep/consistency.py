@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,12 +142,13 @@ def _token(t: Any) -> int | str:
     return t
 
 
-async def complete(client: Any, url: str, model: str, prompt: Prompt, max_tokens: int
-                   ) -> tuple[list[int | str], list[float | None]]:
+async def complete(client: Any, url: str, model: str, prompt: Prompt, max_tokens: int,
+                   cache_salt: str | None = None) -> tuple[list[int | str], list[float | None]]:
     """One greedy completion of ``prompt`` (token ids) at ``url`` (the full
     ``/v1/completions`` URL) with an ``httpx.AsyncClient``: ``temperature=0, seed=0,
     logprobs=1``, plus the vLLM extensions ``ignore_eos`` (always ``max_tokens`` tokens)
-    and ``return_tokens_as_token_ids``. Returns ``(tokens, top-1 logprobs)``, tokens as
+    and ``return_tokens_as_token_ids``; ``cache_salt`` (vLLM) keeps the request off blocks
+    cached for other salts. Returns ``(tokens, top-1 logprobs)``, tokens as
     ints where the server sent ``"token_id:N"``. Raises ``httpx.HTTPError`` on a failed
     request and ``ValueError``/``KeyError``/``IndexError`` on a malformed body."""
     body = {
@@ -154,6 +156,8 @@ async def complete(client: Any, url: str, model: str, prompt: Prompt, max_tokens
         "temperature": 0, "seed": 0, "logprobs": 1, "stream": False,
         "ignore_eos": True, "return_tokens_as_token_ids": True,
     }
+    if cache_salt is not None:  # vLLM: no prefix-cache hit across salts
+        body["cache_salt"] = cache_salt
     r = await client.post(url, json=body)
     r.raise_for_status()
     lp = (r.json()["choices"][0].get("logprobs") or {})
@@ -247,7 +251,10 @@ async def path_check(client: Any, url: str, model: str, prompt: Prompt, tokens: 
     along that same path, and a fresh request for ``prompt + tokens[:k]`` with
     ``max_tokens=1`` computes the same position along the plain prefill path. If the
     two disagree, the engine's own decode path already differs from its prefill path,
-    and a P->D divergence is not evidence of a transfer fault.
+    and a P->D divergence is not evidence of a transfer fault. Every plain-path request
+    carries its own ``cache_salt``: with prefix caching on, ``prompt + tokens[:k]`` would
+    otherwise hit the blocks the first request cached (decode-written ones included) and
+    recompute only its tail, i.e. take the decode path again.
 
     ``tokens``/``logprobs``: the instance's greedy answer to ``prompt`` (ints). Returns
     ``{plain_tokens, plain_logprobs, ...}`` with :func:`compare` of the decode-path tokens
@@ -266,7 +273,7 @@ async def path_check(client: Any, url: str, model: str, prompt: Prompt, tokens: 
         try:
             for k in range(1, len(tokens)):
                 p = Prompt(f"{prompt.name}+{k}", prompt.token_ids + ids[:k], "")
-                t, lp = await complete(client, url, model, p, 1)
+                t, lp = await complete(client, url, model, p, 1, cache_salt=f"pdsweep-path-check-{uuid.uuid4().hex}")
                 plain_t.append(t[0])
                 plain_lp.append(lp[0])
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as e:
@@ -278,21 +285,28 @@ async def path_check(client: Any, url: str, model: str, prompt: Prompt, tokens: 
             "mismatched_positions": mismatches, **cmp}
 
 
+ENGINE_PATH_MAX_DLOGPROB = 0.05  # nats; the two paths of one instance measured 2e-6..4e-5 (fp32)
+
+
 def engine_path_ok(check: dict[str, Any] | None) -> bool | None:
-    """True when the single instance's decode path agrees with its plain path (every
-    token equal, max |dlogprob| < ``MAX_ABS_DLOGPROB``); None when nothing was checked."""
+    """True when the single instance's decode path agrees with its plain path (every token
+    equal, max |dlogprob| < ``ENGINE_PATH_MAX_DLOGPROB``: the same instance, so much tighter
+    than the P->D bound); False when a token or a logprob differs; None when nothing could
+    be compared (no check, a failed request, a missing logprob)."""
     if not check or check.get("error") or not check.get("plain_tokens"):
         return None
     if check.get("mismatched_positions"):
         return False
     d = check.get("max_abs_dlogprob")
-    return d is not None and d < MAX_ABS_DLOGPROB
+    if d is None or check.get("missing_logprob_at") is not None:
+        return None
+    return d < ENGINE_PATH_MAX_DLOGPROB
 
 
 TRIAGE_VERDICTS = ("none", "transfer", "engine", "both", "unknown")
 
 
-def triage(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def triage(rows: list[dict[str, Any]], tp_equal: bool = True) -> dict[str, Any]:
     """Where a P->D divergence lives, from the judged prompt rows (``verdict`` of PD vs
     reference, ``engine_path_ok`` of the reference's :func:`path_check`).
 
@@ -300,18 +314,27 @@ def triage(rows: list[dict[str, Any]]) -> dict[str, Any]:
     path agrees with its plain path (the engine is self-consistent; only P->D differs).
     ``engine``: on every failing prompt the single instance already disagrees with
     itself along the decode path. ``both``: some of each. ``unknown``: a failing prompt
-    has no path check (triage off, or its requests failed).
+    has no usable path check (triage off, its requests failed) or failed without tokens to
+    compare (a request error: a crash says nothing about where outputs diverge). With
+    prefill TP != decode TP the reference runs at the decode TP only, so ``transfer`` also
+    covers a fault of the prefill engine at its TP; the explanation says so.
     """
     failing = [r for r in rows if r.get("verdict") == "fail"]
     if not failing:
         return {"verdict": "none", "explanation": "P->D matches the single instance"}
+    errored = [r["name"] for r in failing if r.get("error") or not r.get("pd_tokens") or not r.get("ref_tokens")]
+    if errored:
+        return {"verdict": "unknown", "explanation": f"requests failed or returned no tokens for {errored}: "
+                                                     "nothing to triage"}
     oks = [r.get("engine_path_ok") for r in failing]
     names = lambda pred: [r["name"] for r, ok in zip(failing, oks) if pred(ok)]  # noqa: E731
     if any(ok is None for ok in oks):
         v, why = "unknown", f"no single-instance path check for {names(lambda ok: ok is None)}"
     elif all(oks):
         v, why = "transfer", ("the single instance's decode path agrees with its plain prefill path on "
-                              f"{names(bool)}; only P->D differs: the fault comes with the transfer")
+                              f"{names(bool)}; only P->D differs: the fault comes with the transfer"
+                              + ("" if tp_equal else " (or with the prefill engine at its own TP, which the "
+                                 "reference at the decode TP does not run)"))
     elif not any(oks):
         v, why = "engine", ("the single instance's own decode path (one token over a pre-filled cache, "
                             f"the path decode takes after a transfer) differs from its plain prefill path on "
@@ -404,7 +427,7 @@ def judge_consistency(cell_id: str, reference_cell: str | None, probe_result: di
         r = _judge_prompt(p, thresholds, max_tokens)
         reasons += r
         rows.append({**p, "verdict": "fail" if r else "pass", "engine_path_ok": engine_path_ok(p.get("path_check"))})
-    tri = triage(rows)
+    tri = triage(rows, bool(thresholds.get("tp_equal", True)))
     if reasons and tri["verdict"] == "none":
         tri = {"verdict": "unknown", "explanation": "the cell failed before any prompt could be compared"}
     return {

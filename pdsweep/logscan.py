@@ -12,7 +12,9 @@ from pathlib import Path
 
 _PREFIX = re.compile(r"^\((?P<proc>[^)]*)\)\s+(?:ERROR|WARNING|INFO|CRITICAL)\s+\S+\s+\S+\s+\[[^\]]*\]\s?")
 _FILE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
-_EXC = re.compile(r"^(?P<exc>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning))(?::\s?(?P<msg>.*))?$")
+# the exception line of a traceback: a dotted name, optionally ": message", not indented
+_EXC = re.compile(r"^(?P<exc>[A-Za-z_][\w.]*)(?::\s?(?P<msg>.*))?$")
+_SHUTDOWN = "[shutdown]"  # vLLM's teardown log lines; tracebacks after them are the teardown's
 MAX_LINES = 200_000  # a log this long is not read further (the first error comes early)
 
 
@@ -47,35 +49,42 @@ def _short(path: str) -> str:
 
 def first_exception(log_path: Path) -> LoggedException | None:
     """The first traceback's exception in ``log_path`` with its innermost frame; None when the
-    log has no traceback (or cannot be read)."""
+    log has no traceback before vLLM's teardown (``[shutdown]`` lines: every instance that
+    pdsweep stops logs an ``EngineDeadError`` then), or cannot be read. Tracebacks of
+    different processes interleave in one log: each process prefix is parsed on its own."""
     try:
         f = open(log_path, errors="replace")
     except OSError:
         return None
+    state: dict[str, list] = {}  # process -> [frame match | None, source line]
     with f:
-        in_tb, frame, source, proc = False, None, "", ""
         for n, raw in enumerate(f):
             if n > MAX_LINES:
                 break
             m = _PREFIX.match(raw)
-            text = raw[m.end():] if m else raw
-            text = text.rstrip("\n")
+            proc = m.group("proc") if m else ""
+            text = (raw[m.end():] if m else raw).rstrip("\n")
+            if _SHUTDOWN in raw:
+                return None  # teardown started: what follows is pdsweep stopping the instance
             if text.startswith("Traceback (most recent call last):"):
-                in_tb, frame, source, proc = True, None, "", (m.group("proc") if m else "")
+                state[proc] = [None, ""]
                 continue
-            if not in_tb:
+            st = state.get(proc)
+            if st is None:
                 continue
             fm = _FILE.match(text)
             if fm:
-                frame, source = fm, ""
+                st[0], st[1] = fm, ""
                 continue
-            if frame is not None and not source and text.startswith("    ") and text.strip() \
-                    and not set(text.strip()) <= set("^~ "):
-                source = text.strip()
+            if text.startswith("  "):  # the frame's source line, carets, or other indented detail
+                if st[0] is not None and not st[1] and text.strip() and not set(text.strip()) <= set("^~ "):
+                    st[1] = text.strip()
                 continue
             em = _EXC.match(text.strip())
+            frame = st[0]
+            del state[proc]  # an unindented line ends this process's traceback either way
             if em and frame is not None:
                 return LoggedException(em.group("exc"), (em.group("msg") or "").strip()[:300],
                                        _short(frame.group("file")), int(frame.group("line")), frame.group("func"),
-                                       source[:200], proc)
+                                       st[1][:200], proc)
     return None

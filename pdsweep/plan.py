@@ -314,7 +314,8 @@ def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: 
             argv += ["--data-parallel-size", str(dp), "--enable-expert-parallel"]
         if d.max_num_seqs:
             argv += ["--max-num-seqs", str(d.max_num_seqs)]
-        blocks = d.num_blocks or (CPU_NUM_BLOCKS if s.platform == "cpu" else None)
+        blocks = d.num_blocks or (cpu_num_blocks(d.max_model_len or model.max_model_len, d.max_num_seqs)
+                                  if s.platform == "cpu" else None)
         if blocks:
             argv += ["--num-gpu-blocks-override", str(blocks)]
         if role != "single":
@@ -342,6 +343,14 @@ def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: 
             rank_i += tp * dp
         out.append(InstanceSpec(name, role, tp, slot.http_port(k), side, tuple(gpus), tuple(argv), env))
     return out
+
+
+def cpu_num_blocks(max_model_len: int, max_num_seqs: int | None) -> int:
+    """KV blocks for a CPU instance: ``CPU_NUM_BLOCKS``, or enough 16-token blocks (the
+    smallest a CPU backend uses) for every sequence at ``max_model_len`` plus vLLM's null
+    block, when that is more (a sweep with long contexts must still be admitted)."""
+    seqs = max_num_seqs or 256
+    return max(CPU_NUM_BLOCKS, seqs * -(-max_model_len // 16) + 1)
 
 
 def override_flags(base: list[str], extra: list[str]) -> list[str]:

@@ -357,7 +357,7 @@ class Matrix(_Strict):
                                      f"(got {x.get('input')!r})") from None
                 if kind == "include" and "expect" in e and not e.get("reason"):
                     raise ValueError(f"include[{i}]: 'expect: fail' needs a 'reason' (and ideally a 'ref')")
-                if kind == "include" and "match" in e and "expect" not in e:
+                if kind == "include" and e.get("match") is not None and e.get("expect") != "fail":
                     raise ValueError(f"include[{i}]: 'match' is the signature of an expected failure: "
                                      "it needs 'expect: fail'")
         return self

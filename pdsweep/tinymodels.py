@@ -225,8 +225,9 @@ def config_params(name: str, model: ModelSpec) -> dict[str, Any]:
                                      "head_dim": ssm.head_dim, "short_conv_kernel_size": ssm.conv_kernel})
     elif kind == "mla_mamba2":
         a, s = _split_layers(model, name)
-        if a + s != model.num_layers:
-            raise UserError(f"models.yaml: {name}: attention_layers + ssm_layers must be num_layers (mla_mamba2)")
+        if a + s != model.num_layers or model.num_layers % a:
+            raise UserError(f"models.yaml: {name}: mla_mamba2 needs attention_layers + ssm_layers = num_layers and "
+                            "num_layers a multiple of attention_layers (one MLA layer every num_layers/attention_layers)")
         ssm = _need(model.ssm_state, "ssm_state", name)
         if ssm.conv_dim != ssm.num_heads * ssm.head_dim + 2 * ssm.n_groups * ssm.state_dim:
             raise UserError(f"models.yaml: {name}: ssm_state.conv_dim must be num_heads*head_dim + "

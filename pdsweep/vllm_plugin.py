@@ -30,6 +30,7 @@ does nothing and logs nothing; it never raises (a missing hook point is a warnin
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import time
@@ -128,6 +129,20 @@ def _install(delay_us: int) -> None:
     nixl_utils._load_nixl_attr = _load_nixl_attr  # looked up at call time by __getattr__
 
 
+def parse_seconds(raw: str, var: str) -> float:
+    """A duration in seconds from an env value: finite and >= 0, else ``ValueError`` (checked
+    here, at plugin load, so a bad value never reaches ``time.sleep`` inside the engine)."""
+    v = float(raw)
+    if not math.isfinite(v) or v < 0 or v > 10:
+        raise ValueError(f"{var} must be a number of seconds in [0, 10], got {raw!r}")
+    return v
+
+
+def env_on(var: str) -> bool:
+    """A switch variable: on for 1/true/yes/on (any case), off when unset, empty or anything else."""
+    return os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def parse_delay(raw: str | None) -> int | None:
     """Delay in microseconds from the env value; None when unset/empty.
 
@@ -196,7 +211,7 @@ def patch_shm_busy_loop(busy_loop_s: float) -> bool:
 
 
 def patch_engine_idle_step(sleep_s: float) -> bool:
-    """Pause ``sleep_s`` (instead of vLLM's 1 ms) between engine steps that executed no
+    """Pause ``sleep_s`` (on top of vLLM's 1 ms) between engine steps that executed no
     model while requests are still held (``EngineCoreProc._process_engine_step`` in
     ``vllm/v1/engine/core.py``: "WAITING_FOR_REMOTE_KVS or delayed KV connector frees").
 
@@ -247,7 +262,8 @@ def cpu_rope_ignores_strides() -> bool:
     f = torch.outer(torch.arange(4, dtype=torch.float32), inv)
     cache = torch.cat([f.cos(), f.sin()], dim=-1)
     pos = torch.tensor([1, 3])
-    q_full, k_full = torch.randn(2, heads, 3 * rot), torch.randn(2, 5 * rot)
+    gen = torch.Generator().manual_seed(0)  # leave the process's global RNG alone
+    q_full, k_full = torch.randn(2, heads, 3 * rot, generator=gen), torch.randn(2, 5 * rot, generator=gen)
     q, k = q_full[..., 2 * rot:], k_full[:, 4 * rot:].unsqueeze(1)
     q2, k2 = q.reshape(2, -1).contiguous(), k.reshape(2, -1).contiguous()
     ops.rotary_embedding(pos, q, k, rot, cache, False)
@@ -278,12 +294,15 @@ def patch_cpu_rope_strides() -> bool:
 
     def forward_cpu(self: Any, positions: Any, query: Any, key: Any = None) -> Any:
         n = positions.numel()
+        if n == 0:
+            return orig(self, positions, query, key)
+        # a contiguous tensor reshapes to a view (rotated in place); a strided one to a copy
         q = query.reshape(n, -1).contiguous()
         k = key.reshape(n, -1).contiguous() if key is not None else None
         q, k = orig(self, positions, q, k)
-        if q.data_ptr() != query.data_ptr():  # a copy was rotated: write it back
+        if not query.is_contiguous():
             query.copy_(q.view_as(query))
-        if key is not None and k.data_ptr() != key.data_ptr():
+        if key is not None and not key.is_contiguous():
             key.copy_(k.view_as(key))
         return query, key
 
@@ -355,29 +374,30 @@ def register() -> None:
         if not raw:
             continue
         try:
-            if not patch(float(raw)):
+            seconds = parse_seconds(raw, var)
+            if not patch(seconds):
                 logger.warning("pdsweep: %s set but vLLM's %s was not found", var, where)
         except Exception as e:  # noqa: BLE001
             logger.warning("pdsweep: ignoring %s=%r: %s", var, raw, e)
-    if os.environ.get(ROPE_ENV_VAR, "") not in ("", "0"):
+    if env_on(ROPE_ENV_VAR):
         try:
             patch_cpu_rope_strides() or logger.warning("pdsweep: %s set but RotaryEmbedding was not found", ROPE_ENV_VAR)
         except Exception as e:  # noqa: BLE001
             logger.warning("pdsweep: %s: %s", ROPE_ENV_VAR, e)
-    if os.environ.get(MLA_BLOCKS_ENV_VAR, "") not in ("", "0"):
+    if env_on(MLA_BLOCKS_ENV_VAR):
         try:
             patch_cpu_mla_logical_blocks() or logger.warning("pdsweep: %s set but CPUMLABackend was not found",
                                                              MLA_BLOCKS_ENV_VAR)
         except Exception as e:  # noqa: BLE001
             logger.warning("pdsweep: %s: %s", MLA_BLOCKS_ENV_VAR, e)
-    if os.environ.get("PDSWEEP_DEBUG_MLA_KV", "") not in ("", "0"):
+    if env_on("PDSWEEP_DEBUG_MLA_KV"):
         try:
             from .vllm_debug import install_mla_kv_digest
 
             install_mla_kv_digest() or logger.warning("pdsweep: PDSWEEP_DEBUG_MLA_KV: CPUMLAImpl not found")
         except Exception as e:  # noqa: BLE001
             logger.warning("pdsweep: PDSWEEP_DEBUG_MLA_KV: %s", e)
-    if os.environ.get(AMX_ENV_VAR, "") not in ("", "0"):
+    if env_on(AMX_ENV_VAR):
         try:
             request_amx_permission()
         except Exception as e:  # noqa: BLE001

@@ -13,6 +13,7 @@ from fastapi import FastAPI, HTTPException, Request
 
 from _fakes import block_non_loopback, build_tokenizer, completion, serve
 from pdsweep.consistency import (
+    MAX_ABS_DLOGPROB as MAX_ABS_DLOGPROB_PD,
     Prompt,
     build_prompts,
     compare,
@@ -297,11 +298,52 @@ def test_broken_engine_path_is_triaged_engine(prompts):
 def test_mixed_is_triaged_both_and_missing_check_unknown():
     from pdsweep.consistency import triage
 
-    rows = [{"name": "a", "verdict": "fail", "engine_path_ok": True},
-            {"name": "b", "verdict": "fail", "engine_path_ok": False},
-            {"name": "c", "verdict": "pass", "engine_path_ok": None}]
+    tok = {"pd_tokens": [1], "ref_tokens": [2], "error": None}
+    rows = [{"name": "a", "verdict": "fail", "engine_path_ok": True, **tok},
+            {"name": "b", "verdict": "fail", "engine_path_ok": False, **tok},
+            {"name": "c", "verdict": "pass", "engine_path_ok": None, **tok}]
     assert triage(rows)["verdict"] == "both"
-    assert triage(rows[:1] + [{"name": "d", "verdict": "fail", "engine_path_ok": None}])["verdict"] == "unknown"
+    assert triage(rows[:1] + [{"name": "d", "verdict": "fail", "engine_path_ok": None, **tok}])["verdict"] == "unknown"
     assert triage(rows[2:])["verdict"] == "none"
+    # a PD request that failed (decode crashed, timed out) has nothing to triage: never 'transfer'
+    crashed = {"name": "e", "verdict": "fail", "engine_path_ok": True, "pd_tokens": [], "ref_tokens": [2],
+               "error": "PD request failed: ReadTimeout"}
+    assert triage(rows[:1] + [crashed])["verdict"] == "unknown"
+    # with different P/D TP the reference does not run the prefill engine's TP: said so
+    assert "prefill engine at its own TP" in triage(rows[:1], tp_equal=False)["explanation"]
     th = thresholds_for("gqa", "none", True)
     assert judge_consistency("c", None, {"max_tokens": 8, "prompts": []}, th)["triage"]["verdict"] == "unknown"
+
+
+def test_engine_path_check_is_tighter_than_pd_and_fails_closed():
+    from pdsweep.consistency import ENGINE_PATH_MAX_DLOGPROB, engine_path_ok
+
+    ok = {"plain_tokens": [5, 6], "mismatched_positions": [], "missing_logprob_at": None}
+    assert engine_path_ok({**ok, "max_abs_dlogprob": 1e-5}) is True
+    assert engine_path_ok({**ok, "max_abs_dlogprob": 0.3}) is False  # fine for P->D, not for one instance
+    assert ENGINE_PATH_MAX_DLOGPROB < MAX_ABS_DLOGPROB_PD
+    assert engine_path_ok({**ok, "max_abs_dlogprob": None, "missing_logprob_at": 1}) is None  # never 'engine'
+    assert engine_path_ok({**ok, "max_abs_dlogprob": 0.0, "error": "plain-path request failed"}) is None
+    assert engine_path_ok(None) is None
+
+
+def test_plain_path_requests_bypass_the_prefix_cache(prompts):
+    """Each plain-path request carries its own cache_salt: with prefix caching on,
+    prompt + tokens[:k] would otherwise reuse the first request's blocks (decode path again)."""
+    import httpx
+
+    from pdsweep.consistency import complete, path_check
+
+    seen: list[dict] = []
+
+    async def go(url: str) -> dict:
+        async with httpx.AsyncClient(timeout=30) as client:
+            t, lp = await complete(client, url, "tiny", prompts[0], MAX_TOKENS)
+            return await path_check(client, url, "tiny", prompts[0], t, lp)
+
+    with block_non_loopback(), serve(_app(autoregressive(), seen)) as url:
+        pc = asyncio.run(go(f"{url}/v1/completions"))
+    assert pc["error"] is None and len(seen) == MAX_TOKENS
+    assert "cache_salt" not in seen[0]  # the reference's own answer: the normal path
+    salts = [b["cache_salt"] for b in seen[1:]]
+    assert len(set(salts)) == MAX_TOKENS - 1 and all(b["max_tokens"] == 1 for b in seen[1:])

@@ -52,3 +52,31 @@ def test_no_traceback_or_no_file(tmp_path: Path):
     log.write_text("INFO all good\nValueError: said in passing, not raised\n")
     assert first_exception(log) is None
     assert first_exception(tmp_path / "missing.log") is None
+
+
+def test_interleaved_processes_and_teardown(tmp_path: Path):
+    w = "(Worker pid=1) ERROR 12-01 06:50:02 [x.py:1] "
+    e = "(EngineCore pid=2) ERROR 12-01 06:50:02 [y.py:1] "
+    log = tmp_path / "decode-0.log"
+    log.write_text("\n".join([
+        w + "Traceback (most recent call last):",
+        e + "Traceback (most recent call last):",
+        e + '  File "/v/vllm/v1/engine/core.py", line 9, in run',
+        w + '  File "/v/vllm/worker.py", line 5, in step',
+        w + "    assert ok",
+        w + "AssertionError: worker assert",
+        e + "RuntimeError: engine",
+    ]) + "\n")
+    x = first_exception(log)
+    assert (x.exc, x.file, x.line, x.process) == ("AssertionError", "vllm/worker.py", 5, "Worker pid=1")
+    # dotted exception names outside the ...Error family close the traceback too
+    log.write_text('Traceback (most recent call last):\n  File "/v/vllm/c.py", line 3, in f\n'
+                   "torch._dynamo.exc.Unsupported: Data pointer comparison\n"
+                   "RuntimeWarning: later, unrelated\n")
+    x = first_exception(log)
+    assert x.exc == "torch._dynamo.exc.Unsupported" and x.file == "vllm/c.py"
+    # the shutdown EngineDeadError every stopped instance logs is not a culprit
+    log.write_text("(APIServer pid=3) INFO 12-01 06:50:02 [launcher.py:254] [shutdown] API server: shutdown\n"
+                   'Traceback (most recent call last):\n  File "/v/vllm/v1/engine/core_client.py", line 1235, in g\n'
+                   "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.\n")
+    assert first_exception(log) is None

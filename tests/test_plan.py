@@ -265,3 +265,11 @@ def test_variant_flags_replace_pdsweep_flags():
     cell = next(c for c in expand(ls).cells if c.id == "qwen3-0.6b.p2d1.b128-128.fixed.mem06")
     argv = list(instances(cell, Slot(0, (0, 1, 2), 20000), ls, "Qwen/Qwen3-0.6B", "py")[0].argv)
     assert argv.count("--gpu-memory-utilization") == 1 and argv[argv.index("--gpu-memory-utilization") + 1] == "0.6"
+
+
+def test_cpu_num_blocks_scale_with_context():
+    from pdsweep.plan import CPU_NUM_BLOCKS, cpu_num_blocks
+
+    assert cpu_num_blocks(512, 4) == CPU_NUM_BLOCKS == 256
+    assert cpu_num_blocks(8192, 4) == 4 * 512 + 1  # 8192-token sequences still fit
+    assert cpu_num_blocks(512, None) == 256 * 32 + 1  # vLLM's default max_num_seqs (256)

@@ -172,3 +172,39 @@ def test_pdsweeps_architectures_are_registered_by_name():
     vllm_plugin.register_architectures()
     assert "PdsweepMlaMamba2ForCausalLM" in ModelRegistry.get_supported_archs()
     assert vllm_plugin.register_architectures() == []  # idempotent
+
+
+def test_bad_durations_never_reach_the_engine(monkeypatch, restore):
+    from vllm.v1.engine.core import EngineCoreProc
+
+    for bad in ("-1", "nan", "inf", "11"):
+        with pytest.raises(ValueError, match=r"\[0, 10\]"):
+            vllm_plugin.parse_seconds(bad, "X")
+    orig = EngineCoreProc._process_engine_step
+    monkeypatch.setenv(vllm_plugin.IDLE_STEP_ENV_VAR, "-1")
+    vllm_plugin.register()  # warns, installs nothing
+    assert EngineCoreProc._process_engine_step is orig
+    assert vllm_plugin.parse_seconds("0.02", "X") == 0.02
+
+
+def test_switches(monkeypatch):
+    for v, on in (("1", True), ("true", True), ("Yes", True), ("0", False), ("false", False), ("no", False),
+                  ("", False)):
+        monkeypatch.setenv("PDSWEEP_TEST_SWITCH", v)
+        assert vllm_plugin.env_on("PDSWEEP_TEST_SWITCH") is on, v
+    monkeypatch.delenv("PDSWEEP_TEST_SWITCH")
+    assert vllm_plugin.env_on("PDSWEEP_TEST_SWITCH") is False
+
+
+def test_cpu_rope_patch_with_no_tokens_and_contiguous_3d(restore):
+    import torch
+
+    rope = _rope(64, neox=False)
+    assert vllm_plugin.patch_cpu_rope_strides()
+    q, k = torch.empty(0, 4, 64), torch.empty(0, 1, 64)
+    out_q, out_k = rope.forward_cpu(torch.arange(0), q, k)  # an empty batch: no reshape error
+    assert out_q.shape == (0, 4, 64)
+    q3 = torch.randn(5, 4, 64)  # contiguous 3-D: rotated in place through a view
+    want, _ = rope.forward_native(torch.arange(5), q3.clone(), torch.randn(5, 1, 64))
+    got, _ = rope.forward_cpu(torch.arange(5), q3, torch.randn(5, 1, 64))
+    assert got is q3 and torch.allclose(q3, want, atol=1e-6)
