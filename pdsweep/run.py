@@ -133,8 +133,10 @@ def build_info(ls: LoadedSweep, name: str) -> dict[str, Any]:
 
 
 def config_hash(ls: LoadedSweep, cell: Cell) -> str:
-    """Hash of everything that defines a cell except its build (compare: 'not comparable')."""
-    d = {k: v for k, v in cell.to_dict().items() if k not in ("id", "build")}
+    """Hash of everything that defines a cell except its build and its expectation (compare:
+    'not comparable'): an unfixed cell expected to fail still compares with its fixed twin."""
+    d = {k: v for k, v in cell.to_dict().items()
+         if k not in ("id", "build", "expect_fail", "expect_reason", "expect_ref", "expect_match")}
     d["model"] = ls.catalogue.models[cell.model].model_dump()
     d["serve"] = ls.sweep.serve_variant(cell.serve_args).model_dump()
     d["env"] = ls.sweep.env[cell.env]

@@ -273,3 +273,15 @@ def test_cpu_num_blocks_scale_with_context():
     assert cpu_num_blocks(512, 4) == CPU_NUM_BLOCKS == 256
     assert cpu_num_blocks(8192, 4) == 4 * 512 + 1  # 8192-token sequences still fit
     assert cpu_num_blocks(512, None) == 256 * 32 + 1  # vLLM's default max_num_seqs (256)
+
+
+def test_config_hash_ignores_build_and_expectation():
+    """compare lines up an unfixed cell expected to fail with its fixed twin."""
+    from pdsweep.run import config_hash
+
+    ls = load_sweep(SWEEPS / "cpu-smoke.yaml")
+    cells = {c.id: c for c in expand(ls).cells}
+    fixed, unfixed = cells["tiny-mla-mamba2.p2d1.b128-128.fixed"], cells["tiny-mla-mamba2.p2d1.b128-128.unfixed"]
+    assert unfixed.expect_fail and not fixed.expect_fail
+    assert config_hash(ls, fixed) == config_hash(ls, unfixed)
+    assert config_hash(ls, fixed) != config_hash(ls, cells["tiny-mla-mamba2.p1d1.b128-128.fixed"])
