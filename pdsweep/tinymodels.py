@@ -132,6 +132,25 @@ def _split_layers(model: ModelSpec, name: str) -> tuple[int, int]:
     return a, s
 
 
+def _interval_layers(model: ModelSpec, name: str, what: str) -> tuple[int, int]:
+    """(attention layers, interval) for kinds with one attention layer every ``interval``
+    layers and SSM layers elsewhere; raises ``UserError`` when the counts do not tile."""
+    a, s = _split_layers(model, name)
+    if a + s != model.num_layers or model.num_layers % a:
+        raise UserError(f"models.yaml: {name}: {what} needs attention_layers + ssm_layers = num_layers "
+                        "and num_layers a multiple of attention_layers (one attention layer every "
+                        "num_layers/attention_layers)")
+    return a, model.num_layers // a
+
+
+def _mamba2_state(model: ModelSpec, name: str) -> Any:
+    ssm = _need(model.ssm_state, "ssm_state", name)
+    if ssm.conv_dim != ssm.num_heads * ssm.head_dim + 2 * ssm.n_groups * ssm.state_dim:
+        raise UserError(f"models.yaml: {name}: ssm_state.conv_dim must be num_heads*head_dim + "
+                        "2*n_groups*state_dim (Mamba2)")
+    return ssm
+
+
 def _gqa_dims(model: ModelSpec, name: str) -> dict[str, int]:
     heads = _need(model.num_attention_heads, "num_attention_heads", name)
     kv = _need(model.num_kv_heads, "num_kv_heads", name)
@@ -179,10 +198,7 @@ def config_params(name: str, model: ModelSpec) -> dict[str, Any]:
                  n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=64, rope_theta=10000.0)
     elif kind == "nemotron_h":
         a, s = _split_layers(model, name)
-        ssm = _need(model.ssm_state, "ssm_state", name)
-        if ssm.conv_dim != ssm.num_heads * ssm.head_dim + 2 * ssm.n_groups * ssm.state_dim:
-            raise UserError(f"models.yaml: {name}: ssm_state.conv_dim must be num_heads*head_dim + "
-                            "2*n_groups*state_dim (Mamba2)")
+        ssm = _mamba2_state(model, name)
         # mixers interleaved M/*: attention in the middle, MLP ('-') layers after
         mixers = ["M"] * s
         for i in range(a):
@@ -193,17 +209,13 @@ def config_params(name: str, model: ModelSpec) -> dict[str, Any]:
                  conv_kernel=ssm.conv_kernel, expand=max(1, ssm.num_heads * ssm.head_dim // HIDDEN), chunk_size=64,
                  mlp_hidden_act="relu2", mamba_ssm_cache_dtype=ssm.state_dtype)
     elif kind == "qwen3_next":
-        a, s = _split_layers(model, name)
-        if a + s != model.num_layers or model.num_layers % a:
-            raise UserError(f"models.yaml: {name}: Qwen3-Next needs attention_layers + ssm_layers = num_layers "
-                            "and num_layers a multiple of attention_layers (full_attention_interval)")
+        a, interval = _interval_layers(model, name, "Qwen3-Next (full_attention_interval)")
         ssm = _need(model.ssm_state, "ssm_state", name)
         # GDN: recurrent (v_heads, k_dim, v_dim); conv over q, k (k_heads*k_dim) and v
         k_heads = max(1, ssm.num_heads // 2)
         if ssm.conv_dim != 2 * k_heads * ssm.head_dim + ssm.num_heads * ssm.state_dim:
             raise UserError(f"models.yaml: {name}: ssm_state.conv_dim must be 2*(num_heads/2)*head_dim + "
                             "num_heads*state_dim (GDN with num_heads/2 key heads)")
-        interval = model.num_layers // a
         p.update(_gqa_dims(model, name),
                  layer_types=["full_attention" if (i + 1) % interval == 0 else "linear_attention"
                               for i in range(model.num_layers)],
@@ -224,15 +236,8 @@ def config_params(name: str, model: ModelSpec) -> dict[str, Any]:
                                      "full_attn_layers": full, "num_heads": ssm.num_heads,
                                      "head_dim": ssm.head_dim, "short_conv_kernel_size": ssm.conv_kernel})
     elif kind == "mla_mamba2":
-        a, s = _split_layers(model, name)
-        if a + s != model.num_layers or model.num_layers % a:
-            raise UserError(f"models.yaml: {name}: mla_mamba2 needs attention_layers + ssm_layers = num_layers and "
-                            "num_layers a multiple of attention_layers (one MLA layer every num_layers/attention_layers)")
-        ssm = _need(model.ssm_state, "ssm_state", name)
-        if ssm.conv_dim != ssm.num_heads * ssm.head_dim + 2 * ssm.n_groups * ssm.state_dim:
-            raise UserError(f"models.yaml: {name}: ssm_state.conv_dim must be num_heads*head_dim + "
-                            "2*n_groups*state_dim (Mamba2)")
-        interval = model.num_layers // a
+        a, interval = _interval_layers(model, name, "mla_mamba2")
+        ssm = _mamba2_state(model, name)
         types = ["full_attention" if (i + 1) % interval == 0 else "mamba" for i in range(model.num_layers)]
         full = [i + 1 for i, t in enumerate(types) if t == "full_attention"]
         # kimi_linear: vLLM's is_deepseek_mla (use_mla) keys on the model_type; linear_attn_config

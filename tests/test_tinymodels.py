@@ -201,5 +201,11 @@ def test_rejects_impossible_dims():
     mla = CATALOGUE.models["tiny-mla"]
     with pytest.raises(UserError, match="576"):
         config_params("tiny-mla", mla.model_copy(update={"mla": mla.mla.model_copy(update={"kv_lora_rank": 256})}))
+    hy = CATALOGUE.models["tiny-mla-mamba2"]
+    with pytest.raises(UserError, match="multiple of attention_layers"):  # would build no Mamba layer
+        config_params("tiny-mla-mamba2", hy.model_copy(update={"attention_layers": 3, "ssm_layers": 1}))
+    with pytest.raises(UserError, match="2\\*n_groups\\*state_dim"):
+        config_params("tiny-mla-mamba2", hy.model_copy(update={"ssm_state": hy.ssm_state.model_copy(
+            update={"n_groups": 1})}))
     with pytest.raises(UserError, match="not a tiny checkpoint"):
         checkpoint_dir("qwen3-0.6b", CATALOGUE.models["qwen3-0.6b"])
