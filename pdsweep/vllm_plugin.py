@@ -43,6 +43,7 @@ SHM_SPIN_ENV_VAR = "PDSWEEP_SHM_BUSY_LOOP_S"
 IDLE_STEP_ENV_VAR = "PDSWEEP_ENGINE_IDLE_STEP_S"
 ROPE_ENV_VAR = "PDSWEEP_CPU_ROPE_STRIDES"
 MLA_BLOCKS_ENV_VAR = "PDSWEEP_CPU_MLA_LOGICAL_BLOCKS"
+DEBUG_MLA_KV_ENV_VAR = "PDSWEEP_DEBUG_MLA_KV"  # pdsweep.vllm_debug, diagnostics only
 # linux/arch/x86/include/uapi/asm/prctl.h and asm/fpu/types.h
 _SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
 _MARK = "_pdsweep_progress_delay_us"
@@ -339,6 +340,12 @@ def patch_cpu_mla_logical_blocks() -> bool:
     return True
 
 
+def _install_debug_mla_kv() -> bool:
+    from .vllm_debug import install_mla_kv_digest
+
+    return install_mla_kv_digest()
+
+
 def register_architectures() -> list[str]:
     """Register pdsweep's out-of-tree architectures (:mod:`pdsweep.cpu_models`) with vLLM's
     ``ModelRegistry`` by import path (lazy: nothing is imported until a model uses one).
@@ -379,24 +386,16 @@ def register() -> None:
                 logger.warning("pdsweep: %s set but vLLM's %s was not found", var, where)
         except Exception as e:  # noqa: BLE001
             logger.warning("pdsweep: ignoring %s=%r: %s", var, raw, e)
-    if env_on(ROPE_ENV_VAR):
+    for var, patch, what in ((ROPE_ENV_VAR, patch_cpu_rope_strides, "RotaryEmbedding"),
+                             (MLA_BLOCKS_ENV_VAR, patch_cpu_mla_logical_blocks, "CPUMLABackend"),
+                             (DEBUG_MLA_KV_ENV_VAR, _install_debug_mla_kv, "CPUMLAImpl")):
+        if not env_on(var):
+            continue
         try:
-            patch_cpu_rope_strides() or logger.warning("pdsweep: %s set but RotaryEmbedding was not found", ROPE_ENV_VAR)
+            if not patch():
+                logger.warning("pdsweep: %s set but vLLM's %s was not found", var, what)
         except Exception as e:  # noqa: BLE001
-            logger.warning("pdsweep: %s: %s", ROPE_ENV_VAR, e)
-    if env_on(MLA_BLOCKS_ENV_VAR):
-        try:
-            patch_cpu_mla_logical_blocks() or logger.warning("pdsweep: %s set but CPUMLABackend was not found",
-                                                             MLA_BLOCKS_ENV_VAR)
-        except Exception as e:  # noqa: BLE001
-            logger.warning("pdsweep: %s: %s", MLA_BLOCKS_ENV_VAR, e)
-    if env_on("PDSWEEP_DEBUG_MLA_KV"):
-        try:
-            from .vllm_debug import install_mla_kv_digest
-
-            install_mla_kv_digest() or logger.warning("pdsweep: PDSWEEP_DEBUG_MLA_KV: CPUMLAImpl not found")
-        except Exception as e:  # noqa: BLE001
-            logger.warning("pdsweep: PDSWEEP_DEBUG_MLA_KV: %s", e)
+            logger.warning("pdsweep: %s: %s", var, e)
     if env_on(AMX_ENV_VAR):
         try:
             request_amx_permission()
