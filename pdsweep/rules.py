@@ -131,6 +131,58 @@ def _platform_limit(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
     return None
 
 
+def _serve_args(c: Cell, m: ModelSpec, ls: LoadedSweep) -> list[str]:
+    """Every extra ``vllm serve`` arg of the cell's prefill and decode instances."""
+    v = ls.sweep.serve_variant(c.serve_args)
+    return [*m.serve_args, *v.both, *v.prefill, *v.decode]
+
+
+def dcp_values(args: list[str]) -> list[str]:
+    """Values given to ``--decode-context-parallel-size`` / ``-dcp`` in ``args`` (vLLM
+    ``EngineArgs.add_cli_args``, engine/arg_utils.py; ``--flag=value`` and ``_`` spellings too)."""
+    out = []
+    for i, a in enumerate(args):
+        flag, eq, val = a.partition("=")
+        if flag.replace("_", "-") in ("--decode-context-parallel-size", "-dcp"):
+            out.append(val if eq else (args[i + 1] if i + 1 < len(args) else ""))
+    return out
+
+
+def _unfixed_scope(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
+    """The unfixed build (``pdsweep.unfix``) reverts PR #49297 only in the pull worker's
+    ``_read_blocks_for_req`` and base_worker's split-handle condition. Two paths that
+    build on the fixed conditions are left inconsistent, so such cells are rejected:
+
+    - DCP (``-dcp`` > 1): NIXL's DCP pull paths (``dcp_active`` in nixl/pull_worker.py,
+      v0.29.0 on) came after the fix. With DCP, pure MLA reads a slice from several
+      prefill ranks (``compute_tp_mapping`` -> ``dcp_source_ranks``), and the restored
+      ``if self.use_mla and tp_ratio < 0 and read_specs:`` then also notifies the ranks
+      it just read, beyond ``dcp_consumer_count``: neither pre-fix nor fixed behaviour.
+    - the push connector (``"kv_connector": "NixlPushConnector"`` in
+      ``--kv-transfer-config``, kv_connector/factory.py): nixl/push_worker.py
+      ``_xfer_blocks_for_req`` (not edited) still takes
+      ``src_xfer_handles_by_tp_ratio[split_key][i]`` when ``tp_ratio < 0 and (not
+      self.use_mla or len(plan.all_source_ranks) > 1)``, handles the edited base_worker
+      no longer builds for MLA (a KeyError, not the bug).
+    """
+    build = ls.sweep.builds.get(c.build)
+    if build is None or not build.is_unfixed(c.build):
+        return None
+    args = _serve_args(c, m, ls)
+    dcp = [v for v in dcp_values(args) if v.strip() != "1"]  # any other value: DCP (fail closed)
+    if dcp:
+        return (f"build '{c.build}' is the unfixed baseline and the cell uses DCP "
+                f"(--decode-context-parallel-size {dcp[0]}): the PR #49297 revert leaves DCP's NIXL pull "
+                "path inconsistent (the restored notify-all after an MLA read also notifies the ranks DCP "
+                "just read, nixl/pull_worker.py _read_blocks_for_req); run DCP on fixed builds only")
+    if any("NixlPushConnector" in a for a in args):
+        return (f"build '{c.build}' is the unfixed baseline and the cell uses the push connector "
+                "(NixlPushConnector): the PR #49297 revert edits only the pull path, and the push worker still "
+                "indexes the split handles the edited base_worker no longer builds for MLA "
+                "(nixl/push_worker.py _xfer_blocks_for_req); run push on fixed builds only")
+    return None
+
+
 RULES: dict[str, Callable[[Cell, ModelSpec, LoadedSweep], str | None]] = {
     "platform": _platform,
     "nixl-support": _nixl_support,
@@ -142,6 +194,7 @@ RULES: dict[str, Callable[[Cell, ModelSpec, LoadedSweep], str | None]] = {
     "hetero-tp-blocks": _hetero_tp_blocks,
     "kv-buffer-device": _kv_buffer_device,
     "platform-limit": _platform_limit,
+    "unfixed-scope": _unfixed_scope,
 }
 
 

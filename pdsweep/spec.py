@@ -191,12 +191,21 @@ class BuildSpec(_Strict):
     python: str | None = None
     venv: str | None = None
     description: str | None = None
+    # PR #49297 reverted (``make baseline-env``); None: inferred, see :meth:`is_unfixed`
+    unfixed: bool | None = None
 
     @model_validator(mode="after")
     def _not_both(self) -> BuildSpec:
         if self.python and self.venv:
             raise ValueError("give 'python' or 'venv', not both")
         return self
+
+    def is_unfixed(self, name: str) -> bool:
+        """Whether this build is pdsweep's unfixed baseline: ``unfixed`` when given, else
+        the build's name or its venv/python path contains "unfixed" (``.venv-unfixed``)."""
+        if self.unfixed is not None:
+            return self.unfixed
+        return any("unfixed" in (x or "").lower() for x in (name, self.venv, self.python))
 
 
 class ServeArgsVariant(_Strict):

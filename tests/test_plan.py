@@ -285,3 +285,53 @@ def test_config_hash_ignores_build_and_expectation():
     assert unfixed.expect_fail and not fixed.expect_fail
     assert config_hash(ls, fixed) == config_hash(ls, unfixed)
     assert config_hash(ls, fixed) != config_hash(ls, cells["tiny-mla-mamba2.p1d1.b128-128.fixed"])
+
+
+def test_unfixed_builds_reject_dcp_and_push(tmp_path):
+    """Rule unfixed-scope: the PR #49297 revert leaves DCP and the push connector
+    inconsistent (tests/test_unfix_releases.py shows it from the release files)."""
+    push = json.dumps({"kv_connector": "NixlPushConnector", "kv_role": "kv_both"})
+    ls = sweep(tmp_path, f"""name: x
+builds:
+  fixed: {{}}
+  unfixed: {{venv: .venv-unfixed}}
+  baseline: {{venv: /opt/envs/.venv-unfixed}}
+  patched: {{venv: .venv-unfixed, unfixed: false}}
+serve_args:
+  base: []
+  dcp2: {{both: [-dcp, "2"]}}
+  dcp2-decode: {{decode: ["--decode_context_parallel_size=2"]}}
+  dcp1: {{both: [--decode-context-parallel-size, "1"]}}
+  dcp-bad: {{both: [-dcp, "two"]}}
+  push: {{both: [--kv-transfer-config, '{push}']}}
+  push-dotted: {{both: [--kv-transfer-config.kv_connector, NixlPushConnector]}}
+matrix:
+  model: [qwen3-0.6b]
+  build: [fixed, unfixed, baseline, patched]
+  serve_args: [base, dcp2, dcp2-decode, dcp1, dcp-bad, push, push-dotted]
+""")
+    plan = expand(ls)
+    rej = {r.cell.id: (r.rule, r.reason) for r in plan.rejected}
+    ok = {c.id for c in plan.pd_cells}
+    for build in ("unfixed", "baseline"):
+        for variant, value in (("dcp2", "2"), ("dcp2-decode", "2"), ("dcp-bad", "two")):
+            rule, reason = rej[f"qwen3-0.6b.p1d1.b16-16.{build}.{variant}"]
+            assert rule == "unfixed-scope"
+            assert reason.startswith(f"build '{build}' is the unfixed baseline and the cell uses DCP "
+                                     f"(--decode-context-parallel-size {value})")
+            assert "_read_blocks_for_req" in reason
+        for variant in ("push", "push-dotted"):
+            rule, reason = rej[f"qwen3-0.6b.p1d1.b16-16.{build}.{variant}"]
+            assert rule == "unfixed-scope" and "push connector (NixlPushConnector)" in reason
+            assert "push_worker.py _xfer_blocks_for_req" in reason
+        assert {f"qwen3-0.6b.p1d1.b16-16.{build}", f"qwen3-0.6b.p1d1.b16-16.{build}.dcp1"} <= ok
+    for build in ("fixed", "patched"):  # fixed builds run DCP and push
+        assert {f"qwen3-0.6b.p1d1.b16-16.{build}.{v}" for v in ("dcp2", "dcp2-decode", "push", "push-dotted")} <= ok
+    assert len(rej) == 10 and all(r[0] == "unfixed-scope" for r in rej.values())
+
+
+def test_dcp_values_follow_vllm_flag_spellings():
+    assert rules.dcp_values(["-dcp", "2", "--decode-context-parallel-size=4", "--decode_context_parallel_size", "8"]) \
+        == ["2", "4", "8"]
+    assert rules.dcp_values(["--dcp-comm-backend", "x", "--tensor-parallel-size", "2"]) == []
+    assert rules.dcp_values(["-dcp"]) == [""]  # a dangling flag is DCP too (fail closed)
