@@ -63,9 +63,10 @@ class Edit:
 
 
 # The four conditions PR #49297 changed, in each form they took. Lines are whole lines,
-# indentation and newline included; fixed forms ("old") are read from the official
-# wheels, pre-fix forms ("new") from v0.26.0, the last release before the fix
-# (tests/fixtures/vllm_releases/ holds both, with their wheel hashes).
+# indentation and newline included; fixed forms ("old") as in the official wheels,
+# pre-fix forms ("new") as in v0.26.0, the last release before the fix, keeping later,
+# unrelated changes (DCP's `not dcp_active`, (tp_ratio, block_size) split keys)
+# (tests/fixtures/vllm_releases/ holds the files, with their wheel hashes).
 _ASSERT_PRE = ("        if self.use_mla and tp_ratio < 0:\n"
                "            assert len(read_specs) == 1\n")
 _SPLIT_FIXED = "            if tp_ratio < 0 and (not self.use_mla or len(read_specs) > 1):\n"
@@ -108,7 +109,7 @@ class Shape:
 
 
 SHAPES: dict[str, Shape] = {
-    # v0.26.0: before the fix (the parent's conditions, and no DCP in the pull worker).
+    # v0.26.0: before the fix (and before NIXL's DCP paths).
     "pre-fix": Shape("pre-fix", (), (
         (PULL_WORKER, _ASSERT_PRE), (PULL_WORKER, _SPLIT_PRE), (PULL_WORKER, _NOTIFY_PRE),
         (BASE_WORKER, "            and not self.use_mla\n"
