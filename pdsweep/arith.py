@@ -45,11 +45,14 @@ FEWSHOT_SEED = 1001  # template few-shot examples: questions(3, FEWSHOT_SEED), o
 
 
 def _question(rng: random.Random) -> tuple[str, int]:
+    """One question and its answer: ``a + b`` / ``a - b`` (a >= b) with a, b in 1..19, or
+    ``a * b`` with a, b in 2..9: 361 + 190 + 64 distinct questions, a space tiny models
+    learn on 2 cores in minutes (pdsweep.tinytrain)."""
     op = rng.choice("+-*")
     if op == "*":
-        a, b = rng.randint(2, 12), rng.randint(2, 12)
+        a, b = rng.randint(2, 9), rng.randint(2, 9)
         return f"What is {a} * {b}?", a * b
-    a, b = rng.randint(10, 99), rng.randint(10, 99)
+    a, b = rng.randint(1, 19), rng.randint(1, 19)
     if op == "-":
         a, b = max(a, b), min(a, b)  # non-negative answers
         return f"What is {a} - {b}?", a - b
@@ -59,7 +62,7 @@ def _question(rng: random.Random) -> tuple[str, int]:
 def questions(n: int = DEFAULT_N, seed: int = DEFAULT_SEED) -> list[dict[str, Any]]:
     """``n`` distinct records ``{id, question, answer}`` (answer a decimal string),
     the same for the same ``(n, seed)``. Raises ``ValueError`` if ``n`` is not positive
-    or larger than the number of distinct questions (several thousand)."""
+    or larger than the number of distinct questions (615)."""
     if n <= 0:
         raise ValueError(f"n must be positive, got {n}")
     rng = random.Random(seed)

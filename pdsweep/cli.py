@@ -164,12 +164,14 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("a", type=Path, help="baseline run (e.g. unfixed, or the last green nightly)")
     p.add_argument("b", type=Path, help="candidate run")
     p.add_argument("--out", type=Path, default=None, help="directory for compare.md / compare.json")
+    p.add_argument("--a-build", default=None, help="only A's cells of this build (e.g. fixed)")
+    p.add_argument("--b-build", default=None, help="only B's cells of this build (e.g. unfixed)")
 
 
 def _compare(args: argparse.Namespace) -> int:
     from .compare import compare_runs, write_json, write_markdown
 
-    res = compare_runs(args.a, args.b)
+    res = compare_runs(args.a, args.b, a_build=args.a_build, b_build=args.b_build)
     out = args.out or args.b
     md = write_markdown(res, Path(out) / "compare.md")
     write_json(res, Path(out) / "compare.json")

@@ -22,13 +22,14 @@ hosts). :func:`compare_runs` gates both runs with :func:`pdsweep.gate.gate_run`.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from . import layout
 from .accuracy import two_proportion_p
-from .errors import GateFailed
+from .errors import GateFailed, UserError
 from .gate import SKIPPED, CellResult, GateResult, TaskScore, gate_run, md_escape, md_table
 from .spec import GateSpec
 
@@ -243,11 +244,27 @@ def compare_results(a: GateResult, b: GateResult, alpha: float | None = None) ->
                          tuple(compare_cells(list(a.cells), list(b.cells), alpha)))
 
 
-def compare_runs(a: Path, b: Path, gate: GateSpec | None = None) -> CompareResult:
-    """Gate runs ``a`` (baseline) and ``b`` (candidate) and compare them cell by cell.
-    Raises ``UserError`` when either has no readable run.json."""
+def only_build(result: GateResult, build: str | None) -> GateResult:
+    """``result`` with only the cells of ``build`` (cell.json ``build.name``; None: all).
+    Raises ``UserError`` when no cell has that build, naming the builds the run has."""
+    if build is None:
+        return result
+    cells = tuple(c for c in result.cells if c.facts.build == build)
+    if not cells:
+        have = sorted({c.facts.build for c in result.cells if c.facts.build})
+        raise UserError(f"{result.run_dir}: no cell of build {build!r} (builds in this run: {', '.join(have) or 'none'})")
+    return dataclasses.replace(result, cells=cells)
+
+
+def compare_runs(a: Path, b: Path, gate: GateSpec | None = None, a_build: str | None = None,
+                 b_build: str | None = None) -> CompareResult:
+    """Gate runs ``a`` (baseline) and ``b`` (candidate) and compare them cell by cell;
+    ``a_build`` / ``b_build`` keep only that build's cells on each side, so that one run
+    holding both builds compares fixed (A) against unfixed (B): ``pdsweep compare RUN RUN
+    --a-build fixed --b-build unfixed``. Raises ``UserError`` when either has no readable
+    run.json or a named build has no cell."""
     ra, rb = gate_run(Path(a), gate), gate_run(Path(b), gate)  # gate None: each run's own settings
-    return compare_results(ra, rb, gate.alpha if gate else None)
+    return compare_results(only_build(ra, a_build), only_build(rb, b_build), gate.alpha if gate else None)
 
 
 # ---------------------------------------------------------------- outputs

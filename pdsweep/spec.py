@@ -100,11 +100,28 @@ class PlatformSupport(_Strict):
     ref: str | None = None
 
 
+class TrainSpec(_Strict):
+    """How ``pdsweep.tinytrain`` trains a tiny checkpoint on ``pdsweep_arith`` (every field
+    is part of the checkpoint's cache key). ``steps`` is an upper bound: training stops once
+    ``check_every``-step checks are all right twice in a row."""
+
+    steps: int = Field(1500, ge=1, le=100_000)
+    batch: int = Field(64, ge=1, le=4096)
+    lr: float = Field(3e-3, gt=0, le=1)
+    init_std: float = Field(0.02, gt=0, le=1)
+    pairs: int = Field(4, ge=1, le=16, description="Q/A pairs per training sequence")
+    check_every: int = Field(100, ge=1)
+    seed: int = Field(0, ge=0)
+    min_accuracy: float = Field(0.9, ge=0, le=1, description="fail generation below this eval accuracy")
+
+
 class TinySpec(_Strict):
-    """A random-weight checkpoint pdsweep generates (``pdsweep.tinymodels``)."""
+    """A checkpoint pdsweep generates (``pdsweep.tinymodels``): random weights, or trained on
+    ``pdsweep_arith`` when ``train`` is given."""
 
     kind: TinyKind
     seed: int = 0
+    train: TrainSpec | None = None
 
 
 class ModelSpec(_Strict):

@@ -23,6 +23,7 @@ transformers' parameter names differ from the ones vLLM's loader expects).
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import random
@@ -31,6 +32,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from . import arith
 from .errors import UserError
 from .spec import ModelSpec
 
@@ -256,10 +258,18 @@ def config_params(name: str, model: ModelSpec) -> dict[str, Any]:
 
 def _fingerprint(name: str, model: ModelSpec) -> str:
     assert model.tiny is not None
-    blob = json.dumps({"v": GENERATOR_VERSION, "kind": model.tiny.kind, "seed": model.tiny.seed,
-                       "params": config_params(name, model), "architecture": model.architecture,
-                       "corpus": hashlib.sha256("\n".join(_corpus()).encode()).hexdigest()},
-                      sort_keys=True, default=str)
+    train = None
+    if model.tiny.train is not None:
+        from .tinytrain import TRAINER_VERSION
+
+        task = hashlib.sha256(arith.TEMPLATE.read_bytes() + inspect.getsource(arith._question).encode())
+        train = {"v": TRAINER_VERSION, "recipe": model.tiny.train.model_dump(), "task": task.hexdigest()}
+    key = {"v": GENERATOR_VERSION, "kind": model.tiny.kind, "seed": model.tiny.seed,
+           "params": config_params(name, model), "architecture": model.architecture,
+           "corpus": hashlib.sha256("\n".join(_corpus()).encode()).hexdigest()}
+    if train is not None:  # random-weight checkpoints keep their cache key
+        key["train"] = train
+    blob = json.dumps(key, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -314,9 +324,14 @@ def _generate(name: str, model: ModelSpec, out: Path) -> None:
         (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     else:
         _save_weights(kind, params, model, out)
+    trained = None
+    if model.tiny.train is not None:
+        from .tinytrain import train_checkpoint
+
+        trained = train_checkpoint(out, kind, params, model.tiny.train)
     (out / META_FILE).write_text(json.dumps({
         "name": name, "kind": kind, "seed": model.tiny.seed, "generator_version": GENERATOR_VERSION,
-        "weights": kind != "kimi_linear", "params": params}, indent=2, default=str) + "\n")
+        "weights": kind != "kimi_linear", "params": params, "trained": trained}, indent=2, default=str) + "\n")
 
 
 def _save_mla_mamba2(params: dict[str, Any], model: ModelSpec, out: Path) -> None:

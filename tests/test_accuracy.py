@@ -124,7 +124,7 @@ def test_lm_eval_scores_exactly_the_fraction_answered_correctly(tokenizer, tmp_p
     body = seen[0]
     assert body["model"] == "fake-model" and body["seed"] == 7 and body["temperature"] == 0
     assert body["max_tokens"] == 16 and isinstance(body["prompt"], str)  # task cap; text requests
-    assert body["prompt"].startswith("Q: What is 35 + 21?\nA: 56\n\n") and body["prompt"].endswith("?\nA:")
+    assert body["prompt"].startswith("Q: What is 7 + 3?\nA: 10\n\n") and body["prompt"].endswith("?\nA:")
     lm = tmp_path / "lm_eval"
     saved = json.loads((lm / "results.json").read_text())
     assert saved["results"]["pdsweep_arith"]["exact_match,strict-match"] == 0.75

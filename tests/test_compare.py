@@ -138,3 +138,26 @@ def test_outputs(runs: dict[str, Path], tmp_path: Path) -> None:
         REGRESSION, "-", f"{KIMI}.fixed", "FAIL")
     with pytest.raises(GateFailed, match=f"- {KIMI}: was passing"):
         res.raise_for_verdict()
+
+
+def test_one_run_with_both_builds_compares_fixed_against_unfixed(tmp_path: Path) -> None:
+    """`pdsweep compare RUN RUN --a-build fixed --b-build unfixed`: the unfixed build's failure
+    (here an accuracy drop) is a regression of B against A and the CLI exits 1."""
+    from pdsweep.cli import main
+    from pdsweep.errors import UserError
+
+    run = write_run(tmp_path, "both", [case(pd("tiny-llama", 2, 1, "fixed")),
+                                      case(pd("tiny-llama", 2, 1, "unfixed"),
+                                           acc(0.05, "fail", (f"{TASK}: {OUTSIDE % 0.05}",)))])
+    plain = compare_runs(run, run)  # without filters every cell pairs with itself
+    assert {c.verdict for c in plain.cells} == {SAME}
+    res = compare_runs(run, run, a_build="fixed", b_build="unfixed")
+    (c,) = res.cells
+    assert (c.a.cell_id, c.b.cell_id, c.verdict) == ("tiny-llama.p2d1.b16-16.fixed", "tiny-llama.p2d1.b16-16.unfixed",
+                                                      REGRESSION)
+    assert c.reasons[0] == f"was passing, now FAIL: tiny-llama.p2d1.b16-16.unfixed/accuracy.json: {TASK}: {OUTSIDE % 0.05}"
+    assert main(["compare", str(run), str(run), "--a-build", "fixed", "--b-build", "unfixed",
+                 "--out", str(tmp_path / "cmp")]) == 1
+    assert "REGRESSED" in (tmp_path / "cmp" / "compare.md").read_text()
+    with pytest.raises(UserError, match=r"no cell of build 'nightly' \(builds in this run: fixed, unfixed\)"):
+        compare_runs(run, run, a_build="nightly")

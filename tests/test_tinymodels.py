@@ -1,7 +1,8 @@
 """pdsweep.tinymodels: checkpoints match the catalogue, are cached, and give peaked logits.
 
 No vLLM here: transformers loads the checkpoints. Generation takes 1-15 s per model on
-2 cores, so checkpoints are built once per session into a temporary cache.
+2 cores, so checkpoints are built once per session into a temporary cache, untrained
+(``tiny.train`` dropped: training is tests/test_tinytrain.py's, on the shared cache).
 """
 
 from __future__ import annotations
@@ -32,6 +33,12 @@ HF_LOADABLE = [n for n in WITH_WEIGHTS if CATALOGUE.models[n].tiny.kind != "mla_
 PROMPT = "Q: 12 + 7 = ?\nA:"
 
 
+def untrained(name: str):
+    """The catalogue entry with random weights (no ``tiny.train``)."""
+    m = CATALOGUE.models[name]
+    return m.model_copy(update={"tiny": m.tiny.model_copy(update={"train": None})})
+
+
 @pytest.fixture(scope="session")
 def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("tiny-cache")
@@ -43,7 +50,7 @@ def ckpt(cache: Path):
 
     def get(name: str) -> Path:
         if name not in built:
-            built[name] = checkpoint_dir(name, CATALOGUE.models[name], cache)
+            built[name] = checkpoint_dir(name, untrained(name), cache)
         return built[name]
 
     return get
@@ -148,7 +155,7 @@ def test_tokenizer_round_trip(tmp_path):
 
 
 def test_idempotent_and_keyed_by_params(cache, ckpt):
-    m = CATALOGUE.models["tiny-llama"]
+    m = untrained("tiny-llama")
     first = ckpt("tiny-llama")
     before = {p.name: p.stat().st_mtime_ns for p in first.iterdir()}
     again = checkpoint_dir("tiny-llama", m, cache)
@@ -164,7 +171,7 @@ def test_idempotent_and_keyed_by_params(cache, ckpt):
 
 def test_same_seed_same_weights(tmp_path, ckpt):
     a = ckpt("tiny-llama") / "model.safetensors"
-    b = checkpoint_dir("tiny-llama", CATALOGUE.models["tiny-llama"], tmp_path) / "model.safetensors"
+    b = checkpoint_dir("tiny-llama", untrained("tiny-llama"), tmp_path) / "model.safetensors"
     assert a.read_bytes() == b.read_bytes()
 
 

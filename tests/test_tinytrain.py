@@ -1,0 +1,121 @@
+"""pdsweep.tinytrain: trained tiny checkpoints answer pdsweep_arith, fail closed, are keyed
+by their recipe.
+
+The trained checkpoints live in the default cache (the one the integration tests and
+``make sweep`` use), so a CI run trains each once (1-4 min per model on 2 cores).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from pdsweep import arith, tinymodels, tinytrain
+from pdsweep.errors import UserError
+from pdsweep.spec import TrainSpec, load_catalogue
+
+ROOT = Path(__file__).resolve().parent.parent
+CATALOGUE = load_catalogue(ROOT / "sweeps" / "models.yaml")
+TRAINED = sorted(n for n, m in CATALOGUE.models.items() if m.tiny is not None and m.tiny.train is not None)
+
+
+def test_the_mission_models_are_trained():
+    assert {"tiny-llama", "tiny-mla", "tiny-mla-mamba2"} <= set(TRAINED)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(tinymodels.build_tokenizer(tmp_path_factory.mktemp("tok")))
+
+
+def test_sample_is_the_eval_format_with_answer_labels(tokenizer):
+    ids, labels = tinytrain._sample(tokenizer, random.Random(3), 3)
+    text = tokenizer.decode(ids)
+    pairs = text.rstrip("\n").split("\n\n")
+    assert len(pairs) == 3 and all(p.startswith("Q: What is ") and "?\nA: " in p for p in pairs)
+    answers = [p.split("A: ")[1] for p in pairs]
+    for p, a in zip(pairs, answers):  # the generator's own answers
+        x, op, y = p.split("?")[0].split()[3:6]
+        assert int(a) == {"+": int(x) + int(y), "-": int(x) - int(y), "*": int(x) * int(y)}[op]
+    # labelled: each answer and the newline after it, nothing of the questions
+    assert "".join(tokenizer.decode([i]) for i, lab in zip(ids, labels) if lab != -100) == \
+        "".join(f" {a}\n" for a in answers)
+    assert len(ids) == len(labels)
+
+
+def test_few_shot_prefix_is_the_template():
+    prefix = tinytrain._fewshot_prefix()
+    assert prefix.startswith("Q: What is 7 + 3?\nA: 10\n\n") and prefix.count("\n\nQ:") == 2
+    assert prefix.endswith("\n\n")
+
+
+def test_recipe_is_part_of_the_cache_key(tmp_path):
+    m = CATALOGUE.models["tiny-llama"]
+    a = tinymodels.checkpoint_dir("tiny-llama", m, tmp_path, create=False)
+    more = m.model_copy(update={"tiny": m.tiny.model_copy(update={"train": TrainSpec(steps=7)})})
+    untrained = m.model_copy(update={"tiny": m.tiny.model_copy(update={"train": None})})
+    b = tinymodels.checkpoint_dir("tiny-llama", more, tmp_path, create=False)
+    c = tinymodels.checkpoint_dir("tiny-llama", untrained, tmp_path, create=False)
+    assert len({a, b, c}) == 3
+
+
+def test_undertrained_checkpoint_is_refused(tmp_path):
+    """Fail closed: a model that cannot answer would make every accuracy gate on it void."""
+    m = CATALOGUE.models["tiny-llama"]
+    short = m.model_copy(update={"tiny": m.tiny.model_copy(update={"train": TrainSpec(steps=3, batch=4)})})
+    with pytest.raises(UserError, match=r"training reached accuracy 0\.\d+ on pdsweep_arith, below"):
+        tinymodels.checkpoint_dir("tiny-llama", short, tmp_path)
+    assert not list(tmp_path.iterdir())  # nothing half-written in the cache
+
+
+def test_mla_mamba2_trainable_model_matches_the_checkpoint_layout(tmp_path):
+    """The training model (transformers DeepSeek-V2 + NemotronH Mamba2 mixers) has exactly the
+    tensors, names and shapes the vLLM model loads (pdsweep/cpu_models/mla_mamba2.py)."""
+    from safetensors import safe_open
+
+    m = CATALOGUE.models["tiny-mla-mamba2"]
+    rand = m.model_copy(update={"tiny": m.tiny.model_copy(update={"train": None})})
+    d = tinymodels.checkpoint_dir("tiny-mla-mamba2", rand, tmp_path)
+    model = tinytrain._mla_mamba2_model(tinymodels.config_params("tiny-mla-mamba2", m))
+    ours = {tinytrain._checkpoint_keys(k): tuple(v.shape) for k, v in model.state_dict().items()}
+    with safe_open(str(d / "model.safetensors"), "pt") as f:
+        theirs = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    assert {k: ours.get(k) for k in theirs} == theirs
+    assert "model.layers.0.mixer.A_log" in theirs and "model.layers.1.self_attn.kv_b_proj.weight" in theirs
+
+
+@pytest.mark.integration  # trains on first use (minutes), in the cache the vLLM runs share
+@pytest.mark.parametrize("name", TRAINED)
+def test_trained_checkpoint_answers_the_task(name):
+    """Trained in the shared cache: the record says >= min_accuracy on all 200 eval
+    questions, and the weights on disk reproduce it (transformers, greedy)."""
+    import torch
+    from transformers import PreTrainedTokenizerFast
+
+    m = CATALOGUE.models[name]
+    d = tinymodels.checkpoint_dir(name, m)
+    meta = json.loads((d / tinymodels.META_FILE).read_text())
+    rec = meta["trained"]
+    assert rec["accuracy"] >= m.tiny.train.min_accuracy and rec["steps"] <= m.tiny.train.steps
+    tok = PreTrainedTokenizerFast.from_pretrained(d)
+    if m.tiny.kind == "mla_mamba2":
+        from safetensors.torch import load_file
+
+        model = tinytrain._mla_mamba2_model(meta["params"])
+        state = {k: v for k, v in load_file(str(d / "model.safetensors")).items()}
+        missing = model.load_state_dict({k.replace(".mixer.", ".self_attn.mixer."): v for k, v in state.items()},
+                                        strict=False).missing_keys
+        assert all("rotary" in k or "inv_freq" in k for k in missing), missing
+    else:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+    qs = arith.questions(arith.DEFAULT_N, arith.DEFAULT_SEED)[-40:]  # the end of the eval set
+    greedy = tinytrain.greedy_accuracy(model, tok, qs)
+    assert greedy >= m.tiny.train.min_accuracy
+    assert tinytrain.answer_accuracy(model, tok, qs) == greedy  # teacher forcing = greedy decoding
