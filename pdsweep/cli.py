@@ -41,7 +41,7 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
 
 def plan_dict(sweep: str, gpus: int | None, cells_glob: str | None = None) -> dict:
     """The dry run: cells with per-instance argv/env, rejected cells, and the schedule."""
-    from .plan import expand, instances, model_path
+    from .plan import expand, instances, model_path, planned_blocks
     from .run import build_python, select
     from .schedule import detect_gpus, pack
     from .spec import load_sweep
@@ -54,19 +54,37 @@ def plan_dict(sweep: str, gpus: int | None, cells_glob: str | None = None) -> di
     slots = {p.cell.id: p.slot for p in sched.placements}
     out_cells = []
     for c in cells:
-        d = {**c.to_dict(), "tp_ratio": c.tp_ratio, "num_gpus": c.num_gpus}
+        d = {**c.to_dict(), "tp_ratio": c.tp_ratio, "num_gpus": c.num_gpus, "blocks": _cell_blocks(c, ls)}
         if c.id in slots:
             m = ls.catalogue.models[c.model]
             try:
                 python = build_python(ls, c.build)  # the interpreter `run` will use
             except UserError:  # e.g. .venv-unfixed not built yet: a dry run still shows the argv
                 python = f"{ls.sweep.builds[c.build].venv}/bin/python"
-            d["instances"] = [s.to_dict() for s in instances(c, slots[c.id], ls, model_path(m, c.model, create=False),
-                                                             python)]
+            specs = instances(c, slots[c.id], ls, model_path(m, c.model, create=False), python)
+            d["instances"] = [{**s.to_dict(), "blocks": planned_blocks(m, ls.sweep.platform, s)} for s in specs]
         out_cells.append(d)
     return {"sweep": str(ls.path), "platform": ls.sweep.platform, "gpus": n, "cells": out_cells,
             "rejected": [{"cell_id": r.cell.id, "rule": r.rule, "reason": r.reason} for r in plan.rejected],
             "schedule": sched.to_dict()}
+
+
+def _cell_blocks(cell, ls) -> dict:
+    """Effective blocks per role (:func:`pdsweep.blocks.for_cell`), or ``{"error": msg}``."""
+    from .blocks import for_cell
+
+    try:
+        return {role: e.to_dict() for role, e in for_cell(cell, ls).items()}
+    except ValueError as e:
+        return {"error": str(e)}
+
+
+def _blocks_text(blocks: dict) -> str:
+    """``P 1024/64 D 1920/64``: effective logical/kernel block per role (``?``: unknown)."""
+    if "error" in blocks:
+        return "error"
+    return " ".join(f"{role[0].upper()} {b.get('logical') or '?'}/{b.get('kernel') or '?'}"
+                    for role, b in blocks.items())
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -78,13 +96,15 @@ def _plan(args: argparse.Namespace) -> int:
     from rich.markup import escape
     from rich.table import Table
 
-    con = Console(highlight=False, soft_wrap=True)
+    # not a terminal (CI logs): no 80-column cut, whole cell ids and reasons
+    con = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 100_000)
     t = Table(title=f"{d['sweep']}: {len(d['cells'])} cells ({d['platform']}, {d['gpus']} GPUs)")
-    for col in ("cell", "tp_ratio", "GPUs", "instances", "expect"):
-        t.add_column(col)
+    for col in ("cell", "tp_ratio", "GPUs", "instances", "blocks logical/kernel", "expect"):
+        t.add_column(col, overflow="fold")
     for c in d["cells"]:
         t.add_row(c["id"], str(c["tp_ratio"]) if c["kind"] == "pd" else "-", str(c["num_gpus"]),
-                  str(len(c.get("instances", []))) or "-", "fail" if c["expect_fail"] else "")
+                  str(len(c.get("instances", []))) or "-", _blocks_text(c["blocks"]),
+                  "fail" if c["expect_fail"] else "")
     con.print(t)
     if d["rejected"]:
         r = Table(title=f"rejected: {len(d['rejected'])} cells")
