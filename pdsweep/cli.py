@@ -17,18 +17,44 @@ from .errors import EXIT_GATE_FAILED, EXIT_USER_ERROR, GateFailed, UserError
 # ---------------------------------------------------------------- validate / plan
 def _validate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("sweep", help="sweep YAML (e.g. sweeps/cpu-smoke.yaml)")
+    _no_check_argv_arg(p)
+
+
+def _no_check_argv_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-check-argv", action="store_true",
+                   help="skip parsing each instance's vllm serve argv with the installed vLLM's CLI classes")
+
+
+def check_argv(ls, cells) -> None:
+    """Parse every instance argv of ``cells`` with the installed vLLM (:mod:`pdsweep.argcheck`);
+    raises ``UserError`` naming cell, instance and vLLM's message."""
+    from .argcheck import check_instances
+    from .plan import Slot, instances, model_path
+
+    items = []
+    for c in cells:
+        m = ls.catalogue.models[c.model]
+        slot = Slot(0, tuple(range(c.num_gpus)), ls.sweep.defaults.port_base)
+        items += [(c.id, i.name, i.argv) for i in instances(c, slot, ls, model_path(m, c.model, create=False), "python")]
+    bad = check_instances(items)
+    if bad:
+        raise UserError(f"{ls.path}: vLLM refuses {len(bad)} instance argv(s):\n" + "\n".join(bad))
 
 
 def _validate(args: argparse.Namespace) -> int:
     from .plan import expand
     from .spec import load_sweep
 
-    plan = expand(load_sweep(args.sweep))
+    ls = load_sweep(args.sweep)
+    plan = expand(ls)
     if not plan.pd_cells:
         why = "; ".join(sorted({f"{r.rule}: {r.reason}" for r in plan.rejected})[:3]) or "the matrix is empty"
         raise UserError(f"{args.sweep}: no PD cell to run ({len(plan.rejected)} rejected): {why}")
+    if not args.no_check_argv:
+        check_argv(ls, plan.cells)
     print(f"{args.sweep}: valid: {len(plan.pd_cells)} PD cells, {len(plan.cells) - len(plan.pd_cells)} "
-          f"reference cells, {len(plan.rejected)} rejected")
+          f"reference cells, {len(plan.rejected)} rejected" + ("" if args.no_check_argv else
+                                                              "; every vllm serve argv parses"))
     return 0
 
 
@@ -37,9 +63,10 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", type=int, default=None, help="GPUs on the host (default: nvidia-smi; 0 on CPU)")
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument("--cells", default=None, help="glob over cell ids")
+    _no_check_argv_arg(p)
 
 
-def plan_dict(sweep: str, gpus: int | None, cells_glob: str | None = None) -> dict:
+def plan_dict(sweep: str, gpus: int | None, cells_glob: str | None = None, check: bool = False) -> dict:
     """The dry run: cells with per-instance argv/env, rejected cells, and the schedule."""
     from .plan import expand, instances, model_path, planned_blocks
     from .run import build_python, select
@@ -50,6 +77,8 @@ def plan_dict(sweep: str, gpus: int | None, cells_glob: str | None = None) -> di
     plan = expand(ls)
     n = gpus if gpus is not None else (detect_gpus() if ls.sweep.platform == "cuda" else 0)
     cells = select(plan, cells_glob)
+    if check:
+        check_argv(ls, cells)
     sched = pack(cells, n, ls.sweep.defaults.port_base)
     slots = {p.cell.id: p.slot for p in sched.placements}
     out_cells = []
@@ -88,7 +117,7 @@ def _blocks_text(blocks: dict) -> str:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    d = plan_dict(args.sweep, args.gpus, args.cells)
+    d = plan_dict(args.sweep, args.gpus, args.cells, check=not args.no_check_argv)
     if args.format == "json":
         print(json.dumps(d, indent=2))
         return 0
