@@ -86,7 +86,7 @@ def _hybrid_blocks_unknown(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None
     missing) and whose configured P/D blocks differ cannot be checked against vLLM's rules."""
     if not m.is_hybrid or c.prefill_block_size == c.decode_block_size:
         return None
-    eff = blocks.for_cell(c, ls) if _kernels(c, m, ls)[2] else None
+    eff = _kernels(c, m, ls)[2]
     if eff is None or any(e.unknown for e in eff.values()):
         why = next((e.unknown for e in (eff or {}).values() if e.unknown), "no kernel block")
         return (f"{m.ssm} hybrid with different configured blocks {c.prefill_block_size}/{c.decode_block_size} "
@@ -118,10 +118,10 @@ def _hetero_tp_blocks(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
     """prefill TP > decode TP with different kernel blocks, head-sharded attention
     (nixl/base_worker.py): without SSM ``_validate_remote_agent_handshake`` asserts
     "Different local/remote block sizes are not supported when P TP > D TP." (unless the
-    prefill side replicates KV heads); with SSM ``_build_local_splits_from_plan`` asserts
-    "Head-sharded attention reads with P_TP > D_TP and heterogeneous block sizes are not
-    supported" when one decode rank reads attention from several prefill ranks. MLA is
-    replicated: no constraint."""
+    prefill side replicates KV heads); past it (SSM hybrids, replicated heads)
+    ``_build_local_splits_from_plan`` asserts "Head-sharded attention reads with P_TP > D_TP
+    and heterogeneous block sizes are not supported" when one decode rank reads attention
+    from several prefill ranks. MLA is replicated: no constraint."""
     p, d, eff = _kernels(c, m, ls)
     if c.prefill_tp <= c.decode_tp or p == d or m.attention == "mla":
         return None
@@ -131,7 +131,7 @@ def _hetero_tp_blocks(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
     if not m.is_hybrid and not replicated:
         return (f"{where}: vLLM nixl/base_worker.py _validate_remote_agent_handshake asserts "
                 "'Different local/remote block sizes are not supported when P TP > D TP.'")
-    if m.is_hybrid and _attn_source_ranks(m, c.prefill_tp, c.decode_tp) > 1:
+    if _attn_source_ranks(m, c.prefill_tp, c.decode_tp) > 1:
         return (f"{where}: vLLM nixl/base_worker.py _build_local_splits_from_plan asserts 'Head-sharded "
                 "attention reads with P_TP > D_TP and heterogeneous block sizes are not supported'")
     return None

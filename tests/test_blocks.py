@@ -134,3 +134,20 @@ matrix:
   block_size: [128]
 """))
     assert {r.cell.id: r.rule for r in plan.rejected} == {"kimi-linear.p2d1.b128-128.fixed": "hybrid-prefix-caching"}
+
+
+def test_hetero_tp_kernel_mismatch_quotes_the_assert_vllm_hits_first(tmp_path):
+    plan = expand(_sweep(tmp_path, """name: g
+matrix:
+  model: [qwen3-0.6b]
+  tp: [p2d1, p16d1]
+  prefill_block_size: [16]
+  decode_block_size: [32]
+"""))
+    rej = {r.cell.id: r for r in plan.rejected}
+    # 8 KV heads at prefill TP 2: head-sharded, refused in _validate_remote_agent_handshake
+    assert "'Different local/remote block sizes are not supported when P TP > D TP.'" in \
+        rej["qwen3-0.6b.p2d1.b16-32.fixed"].reason
+    # prefill TP 16 > 8 heads replicates them; the split reads then assert in _build_local_splits_from_plan
+    assert "_build_local_splits_from_plan asserts 'Head-sharded attention reads" in \
+        rej["qwen3-0.6b.p16d1.b16-32.fixed"].reason

@@ -4,7 +4,6 @@ reporting, and probe prompts sized from the effective decode block (fake vllm se
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 
