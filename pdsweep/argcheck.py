@@ -7,12 +7,14 @@ What runs is what ``vllm serve`` runs before it loads anything
 ``vllm.entrypoints.launchers.cli_args.make_arg_parser`` (with pydantic validation of JSON
 config flags such as ``KVTransferConfig``), ``validate_parsed_serve_args``, then
 ``vllm.engine.arg_utils.AsyncEngineArgs.from_cli_args`` (its ``__post_init__`` checks).
-``create_engine_config`` is not run: it needs the model's config (hub or disk) and a device.
+``create_engine_config`` is not run: it needs the model's config (hub or disk) and a device;
+the model argument itself is replaced by an existing directory for the same reason.
 The parser is built once per process (~1 s; importing vLLM takes longer on a 2-core box).
 """
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterable
 from functools import lru_cache
 from typing import Any
@@ -53,8 +55,13 @@ def check_argv(argv: Iterable[str]) -> str | None:
     from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
 
     parser = _parser()
+    args = serve_args(argv)
+    if args and not args[0].startswith("-"):
+        # the model is not checked: with HF_HUB_OFFLINE EngineArgs.__post_init__ resolves a hub
+        # id to a local snapshot (get_model_path), which a CPU box has not downloaded
+        args = [tempfile.gettempdir(), *args[1:]]
     try:
-        ns = parser.parse_args(serve_args(argv))
+        ns = parser.parse_args(args)
         if getattr(ns, "model_tag", None) is not None:  # as ServeSubcommand.cmd does
             ns.model = ns.model_tag
         validate_parsed_serve_args(ns)
