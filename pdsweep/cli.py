@@ -17,18 +17,44 @@ from .errors import EXIT_GATE_FAILED, EXIT_USER_ERROR, GateFailed, UserError
 # ---------------------------------------------------------------- validate / plan
 def _validate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("sweep", help="sweep YAML (e.g. sweeps/cpu-smoke.yaml)")
+    _no_check_argv_arg(p)
+
+
+def _no_check_argv_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-check-argv", action="store_true",
+                   help="skip parsing each instance's vllm serve argv with the installed vLLM's CLI classes")
+
+
+def check_argv(ls, cells) -> None:
+    """Parse every instance argv of ``cells`` with the installed vLLM (:mod:`pdsweep.argcheck`);
+    raises ``UserError`` naming cell, instance and vLLM's message."""
+    from .argcheck import check_instances
+    from .plan import Slot, instances, model_path
+
+    items = []
+    for c in cells:
+        m = ls.catalogue.models[c.model]
+        slot = Slot(0, tuple(range(c.num_gpus)), ls.sweep.defaults.port_base)
+        items += [(c.id, i.name, i.argv) for i in instances(c, slot, ls, model_path(m, c.model, create=False), "python")]
+    bad = check_instances(items)
+    if bad:
+        raise UserError(f"{ls.path}: vLLM refuses {len(bad)} instance argv(s):\n" + "\n".join(bad))
 
 
 def _validate(args: argparse.Namespace) -> int:
     from .plan import expand
     from .spec import load_sweep
 
-    plan = expand(load_sweep(args.sweep))
+    ls = load_sweep(args.sweep)
+    plan = expand(ls)
     if not plan.pd_cells:
         why = "; ".join(sorted({f"{r.rule}: {r.reason}" for r in plan.rejected})[:3]) or "the matrix is empty"
         raise UserError(f"{args.sweep}: no PD cell to run ({len(plan.rejected)} rejected): {why}")
+    if not args.no_check_argv:
+        check_argv(ls, plan.cells)
     print(f"{args.sweep}: valid: {len(plan.pd_cells)} PD cells, {len(plan.cells) - len(plan.pd_cells)} "
-          f"reference cells, {len(plan.rejected)} rejected")
+          f"reference cells, {len(plan.rejected)} rejected" + ("" if args.no_check_argv else
+                                                              "; every vllm serve argv parses"))
     return 0
 
 
@@ -37,11 +63,12 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", type=int, default=None, help="GPUs on the host (default: nvidia-smi; 0 on CPU)")
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument("--cells", default=None, help="glob over cell ids")
+    _no_check_argv_arg(p)
 
 
-def plan_dict(sweep: str, gpus: int | None, cells_glob: str | None = None) -> dict:
+def plan_dict(sweep: str, gpus: int | None, cells_glob: str | None = None, check: bool = False) -> dict:
     """The dry run: cells with per-instance argv/env, rejected cells, and the schedule."""
-    from .plan import expand, instances, model_path
+    from .plan import expand, instances, model_path, planned_blocks
     from .run import build_python, select
     from .schedule import detect_gpus, pack
     from .spec import load_sweep
@@ -50,27 +77,47 @@ def plan_dict(sweep: str, gpus: int | None, cells_glob: str | None = None) -> di
     plan = expand(ls)
     n = gpus if gpus is not None else (detect_gpus() if ls.sweep.platform == "cuda" else 0)
     cells = select(plan, cells_glob)
+    if check:
+        check_argv(ls, cells)
     sched = pack(cells, n, ls.sweep.defaults.port_base)
     slots = {p.cell.id: p.slot for p in sched.placements}
     out_cells = []
     for c in cells:
-        d = {**c.to_dict(), "tp_ratio": c.tp_ratio, "num_gpus": c.num_gpus}
+        d = {**c.to_dict(), "tp_ratio": c.tp_ratio, "num_gpus": c.num_gpus, "blocks": _cell_blocks(c, ls)}
         if c.id in slots:
             m = ls.catalogue.models[c.model]
             try:
                 python = build_python(ls, c.build)  # the interpreter `run` will use
             except UserError:  # e.g. .venv-unfixed not built yet: a dry run still shows the argv
                 python = f"{ls.sweep.builds[c.build].venv}/bin/python"
-            d["instances"] = [s.to_dict() for s in instances(c, slots[c.id], ls, model_path(m, c.model, create=False),
-                                                             python)]
+            specs = instances(c, slots[c.id], ls, model_path(m, c.model, create=False), python)
+            d["instances"] = [{**s.to_dict(), "blocks": planned_blocks(m, ls.sweep.platform, s)} for s in specs]
         out_cells.append(d)
     return {"sweep": str(ls.path), "platform": ls.sweep.platform, "gpus": n, "cells": out_cells,
             "rejected": [{"cell_id": r.cell.id, "rule": r.rule, "reason": r.reason} for r in plan.rejected],
             "schedule": sched.to_dict()}
 
 
+def _cell_blocks(cell, ls) -> dict:
+    """Effective blocks per role (:func:`pdsweep.blocks.for_cell`), or ``{"error": msg}``."""
+    from .blocks import for_cell
+
+    try:
+        return {role: e.to_dict() for role, e in for_cell(cell, ls).items()}
+    except ValueError as e:
+        return {"error": str(e)}
+
+
+def _blocks_text(blocks: dict) -> str:
+    """``P 1024/64 D 1920/64``: effective logical/kernel block per role (``?``: unknown)."""
+    if "error" in blocks:
+        return "error"
+    return " ".join(f"{role[0].upper()} {b.get('logical') or '?'}/{b.get('kernel') or '?'}"
+                    for role, b in blocks.items())
+
+
 def _plan(args: argparse.Namespace) -> int:
-    d = plan_dict(args.sweep, args.gpus, args.cells)
+    d = plan_dict(args.sweep, args.gpus, args.cells, check=not args.no_check_argv)
     if args.format == "json":
         print(json.dumps(d, indent=2))
         return 0
@@ -78,13 +125,15 @@ def _plan(args: argparse.Namespace) -> int:
     from rich.markup import escape
     from rich.table import Table
 
-    con = Console(highlight=False, soft_wrap=True)
+    # not a terminal (CI logs): no 80-column cut, whole cell ids and reasons
+    con = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 100_000)
     t = Table(title=f"{d['sweep']}: {len(d['cells'])} cells ({d['platform']}, {d['gpus']} GPUs)")
-    for col in ("cell", "tp_ratio", "GPUs", "instances", "expect"):
-        t.add_column(col)
+    for col in ("cell", "tp_ratio", "GPUs", "instances", "blocks logical/kernel", "expect"):
+        t.add_column(col, overflow="fold")
     for c in d["cells"]:
         t.add_row(c["id"], str(c["tp_ratio"]) if c["kind"] == "pd" else "-", str(c["num_gpus"]),
-                  str(len(c.get("instances", []))) or "-", "fail" if c["expect_fail"] else "")
+                  str(len(c.get("instances", []))) or "-", _blocks_text(c["blocks"]),
+                  "fail" if c["expect_fail"] else "")
     con.print(t)
     if d["rejected"]:
         r = Table(title=f"rejected: {len(d['rejected'])} cells")

@@ -65,7 +65,44 @@ def complete(url: str, model: str, prompt: str, max_tokens: int, timeout_s: floa
             "token_logprobs": lp.get("token_logprobs") or []}
 
 
-def collect_probe(ls: LoadedSweep, cell: Cell, dep: Deployment, mpath: str) -> dict[str, Any]:
+def read_back_blocks(dep: Deployment, planned: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Per instance ``{"planned", "runtime", "mismatch"}`` (:func:`pdsweep.blocks.runtime_blocks`
+    from its ``/metrics`` and log; ``planned`` by instance name). A scrape that fails leaves
+    the runtime values to the log; nothing here raises."""
+    from .blocks import mismatches, runtime_blocks
+    from .metrics import scrape_sync
+
+    out: dict[str, Any] = {}
+    for h in dep.handles:
+        try:
+            text = scrape_sync(h.url)
+        except (httpx.HTTPError, OSError):
+            text = None
+        try:
+            log_text = h.log_path.read_text(errors="replace")
+        except OSError:
+            log_text = ""
+        run = runtime_blocks(text, log_text, nixl=not h.name.startswith("single"))
+        plan = planned.get(h.name) or {}
+        out[h.name] = {"planned": {k: plan.get(k) for k in ("logical", "kernel")}, "runtime": run,
+                       "mismatch": mismatches(plan, run)}
+    return out
+
+
+def probe_block(cell: Cell, blocks: dict[str, Any] | None) -> tuple[int, str]:
+    """The effective decode block the probe prompts are sized from, and where it came from:
+    the first decode (or single) instance's read-back value, else the plan's, else the
+    configured ``decode_block_size``."""
+    role = "single" if cell.kind == "ref" else "decode"
+    inst = next((v for k, v in (blocks or {}).items() if k.startswith(role + "-")), None) or {}
+    for source in ("runtime", "planned"):
+        if (inst.get(source) or {}).get("logical"):
+            return int(inst[source]["logical"]), source
+    return cell.decode_block_size, "configured"
+
+
+def collect_probe(ls: LoadedSweep, cell: Cell, dep: Deployment, mpath: str,
+                  blocks: dict[str, Any] | None = None) -> dict[str, Any]:
     """Send the consistency prompts (exact token counts: short, several blocks, long)
     greedy with top-1 logprobs, one at a time; the raw outputs are judged later against
     the reference cell's (:mod:`pdsweep.judge`). A reference cell also runs
@@ -79,7 +116,14 @@ def collect_probe(ls: LoadedSweep, cell: Cell, dep: Deployment, mpath: str) -> d
     model = ls.catalogue.models[cell.model]
     spec = ls.sweep.eval.consistency
     max_len = ls.sweep.defaults.max_model_len or model.max_model_len
-    prompts = build_prompts(model.tokenizer or mpath, cell.decode_block_size, max_len, spec.lengths, spec.max_tokens)
+    block, source = probe_block(cell, blocks)
+    prompts = build_prompts(model.tokenizer or mpath, block, max_len, spec.lengths, spec.max_tokens)
+    sizing = {"block_size": block, "block_source": source, "max_model_len": max_len}
+    cap = max_len - spec.max_tokens - 1
+    if "blocks" in spec.lengths and cap < 3 * block:
+        sizing["note"] = (f"max_model_len {max_len} holds no 3 effective blocks of {block} tokens (with "
+                          f"max_tokens {spec.max_tokens}): the 'blocks' prompt is {cap} tokens, "
+                          f"{cap / block:.2f} blocks")
 
     async def go() -> list[dict[str, Any]]:
         rows = []
@@ -98,7 +142,7 @@ def collect_probe(ls: LoadedSweep, cell: Cell, dep: Deployment, mpath: str) -> d
                 rows.append(row)
         return rows
 
-    return {"max_tokens": spec.max_tokens, "prompts": asyncio.run(go())}
+    return {"max_tokens": spec.max_tokens, "sizing": sizing, "prompts": asyncio.run(go())}
 
 
 def run_load(ls: LoadedSweep, cell: Cell, dep: Deployment, mpath: str, cdir: Path) -> dict[str, Any]:

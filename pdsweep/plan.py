@@ -345,6 +345,17 @@ def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: 
     return out
 
 
+def planned_blocks(model: ModelSpec, platform: str, spec: InstanceSpec) -> dict[str, Any]:
+    """The effective blocks of one instance from its real argv (:mod:`pdsweep.blocks`); an
+    ``error`` entry with vLLM's message where no kernel block fits."""
+    from .blocks import effective_blocks
+
+    try:
+        return effective_blocks(model, platform, spec.tp, spec.argv).to_dict()
+    except ValueError as e:
+        return {"logical": None, "kernel": None, "error": str(e)}
+
+
 def cpu_num_blocks(max_model_len: int, max_num_seqs: int | None) -> int:
     """KV blocks for a CPU instance: ``CPU_NUM_BLOCKS``, or enough 16-token blocks (the
     smallest a CPU backend uses) for every sequence at ``max_model_len`` plus vLLM's null

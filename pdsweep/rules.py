@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from . import blocks
+
 if TYPE_CHECKING:
     from .plan import Cell
     from .spec import LoadedSweep, ModelSpec
@@ -41,39 +43,119 @@ def _tp_multiple(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
     return None
 
 
+def _kernels(c: Cell, m: ModelSpec, ls: LoadedSweep) -> tuple[int, int, dict[str, blocks.EffectiveBlocks] | None]:
+    """(prefill kernel block, decode kernel block, effective blocks or None when vLLM would
+    find no kernel block). Falls back to the configured sizes where geometry is unknown."""
+    try:
+        eff = blocks.for_cell(c, ls)
+    except ValueError:
+        return c.prefill_block_size, c.decode_block_size, None
+    p, d = eff["prefill"], eff["decode"]
+    return p.kernel or c.prefill_block_size, d.kernel or c.decode_block_size, eff
+
+
+def _describe(eff: dict[str, blocks.EffectiveBlocks]) -> str:
+    return ", ".join(f"{r} logical {e.logical} / kernel {e.kernel} ({e.backend})" for r, e in eff.items())
+
+
+def _kernel_block(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
+    """``select_common_block_size`` (vllm/v1/worker/utils.py) raises when the backend takes
+    no divisor of the (aligned) logical block: the engine dies at startup."""
+    try:
+        blocks.for_cell(c, ls)
+    except ValueError as e:
+        return f"{e} (vLLM vllm/v1/worker/utils.py select_common_block_size, at startup)"
+    return None
+
+
 def _block_ratio(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
-    """``TransferTopology.block_size_ratio`` (kv_connector/utils.py): decode block must be
-    an integer multiple of the prefill block (prefill blocks are never larger)."""
-    p, d = c.prefill_block_size, c.decode_block_size
+    """``TransferTopology.block_size_ratio`` (kv_connector/utils.py), on the KERNEL blocks
+    NIXL exchanges (``_sync_block_size_with_kernel``): decode's must be a multiple of
+    prefill's."""
+    p, d, eff = _kernels(c, m, ls)
     if d % p:
-        return (
-            f"decode block size {d} is not a multiple of prefill block size {p} "
-            "(vLLM TransferTopology.block_size_ratio; prefill blocks must be <= decode blocks)"
-        )
+        return (f"decode kernel block {d} is not a multiple of prefill kernel block {p}"
+                + (f" ({_describe(eff)})" if eff else "")
+                + f": vLLM TransferTopology.block_size_ratio (kv_connector/utils.py) asserts "
+                f"'Local block size {d} is not divisible by remote block size {p} or vice versa.'")
     return None
 
 
-def _hybrid_equal_blocks(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
-    """SSM/hybrid (HMA) models: ``_validate_remote_agent_handshake`` (nixl/base_worker.py)
-    rejects block_size_ratio != 1 ("HMA does not support block size post processing")."""
-    if m.is_hybrid and c.prefill_block_size != c.decode_block_size:
-        return (
-            f"{m.ssm} hybrid needs equal prefill/decode block sizes, got "
-            f"{c.prefill_block_size}/{c.decode_block_size} (vLLM nixl/base_worker.py "
-            "_validate_remote_agent_handshake: HMA does not support block size post processing)"
-        )
+def _hybrid_blocks_unknown(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
+    """Fail closed: a hybrid whose effective blocks cannot be computed (catalogue geometry
+    missing) and whose configured P/D blocks differ cannot be checked against vLLM's rules."""
+    if not m.is_hybrid or c.prefill_block_size == c.decode_block_size:
+        return None
+    eff = _kernels(c, m, ls)[2]
+    if eff is None or any(e.unknown for e in eff.values()):
+        why = next((e.unknown for e in (eff or {}).values() if e.unknown), "no kernel block")
+        return (f"{m.ssm} hybrid with different configured blocks {c.prefill_block_size}/{c.decode_block_size} "
+                f"and unknown effective blocks ({why}): vLLM raises them per TP "
+                "(vllm/platforms/interface.py Platform._align_hybrid_block_size); add the geometry to the catalogue")
     return None
+
+
+def _host_buffer_blocks(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
+    """``_validate_remote_agent_handshake`` (nixl/base_worker.py): block_size_ratio != 1
+    asserts "Heterogeneous block sizes are not supported with host buffer" (a cpu
+    kv_buffer_device on a GPU platform)."""
+    p, d, _ = _kernels(c, m, ls)
+    if p != d and c.kv_buffer_device == "cpu" and ls.sweep.platform != "cpu":
+        return (f"kernel blocks {p}/{d} differ with kv_buffer_device cpu: vLLM nixl/base_worker.py "
+                "_validate_remote_agent_handshake asserts 'Heterogeneous block sizes are not supported with host buffer'")
+    return None
+
+
+def _attn_source_ranks(m: ModelSpec, prefill_tp: int, decode_tp: int) -> int:
+    """Prefill ranks one decode rank reads attention from at tp_ratio < 0, replicated GQA
+    heads deduplicated (nixl/tp_mapping.py ``compute_tp_mapping``)."""
+    k = m.num_kv_heads or prefill_tp  # unknown heads: assume one per rank (fail closed)
+    n = prefill_tp // decode_tp
+    return len({r * k // prefill_tp for r in range(n)})
 
 
 def _hetero_tp_blocks(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
-    """prefill TP > decode TP reads split regions; with block_size_ratio != 1 vLLM asserts
-    (nixl/base_worker.py, remote descriptor build: "block sizes are not supported")."""
-    if c.prefill_tp > c.decode_tp and c.prefill_block_size != c.decode_block_size:
-        return (
-            f"prefill TP {c.prefill_tp} > decode TP {c.decode_tp} with different block sizes "
-            f"{c.prefill_block_size}/{c.decode_block_size}: split-region reads need block_size_ratio == 1 "
-            "(vLLM nixl/base_worker.py)"
-        )
+    """prefill TP > decode TP with different kernel blocks, head-sharded attention
+    (nixl/base_worker.py): without SSM ``_validate_remote_agent_handshake`` asserts
+    "Different local/remote block sizes are not supported when P TP > D TP." (unless the
+    prefill side replicates KV heads); past it (SSM hybrids, replicated heads)
+    ``_build_local_splits_from_plan`` asserts "Head-sharded attention reads with P_TP > D_TP
+    and heterogeneous block sizes are not supported" when one decode rank reads attention
+    from several prefill ranks. MLA is replicated: no constraint."""
+    p, d, eff = _kernels(c, m, ls)
+    if c.prefill_tp <= c.decode_tp or p == d or m.attention == "mla":
+        return None
+    where = f"prefill TP {c.prefill_tp} > decode TP {c.decode_tp}, kernel blocks {p}/{d}" + (
+        f" ({_describe(eff)})" if eff else "")
+    replicated = m.num_kv_heads is not None and c.prefill_tp > m.num_kv_heads
+    if not m.is_hybrid and not replicated:
+        return (f"{where}: vLLM nixl/base_worker.py _validate_remote_agent_handshake asserts "
+                "'Different local/remote block sizes are not supported when P TP > D TP.'")
+    if _attn_source_ranks(m, c.prefill_tp, c.decode_tp) > 1:
+        return (f"{where}: vLLM nixl/base_worker.py _build_local_splits_from_plan asserts 'Head-sharded "
+                "attention reads with P_TP > D_TP and heterogeneous block sizes are not supported'")
+    return None
+
+
+def _hybrid_prefix_caching(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
+    """``_validate_remote_agent_handshake`` (nixl/base_worker.py, vLLM 0.32.0): a Mamba
+    hybrid whose decode side has prefix caching on raises when prefill and decode split
+    their logical blocks into different numbers of kernel blocks (heterogeneous TP raises
+    the hybrid block differently per side). Prefix caching is on by default for hybrid
+    models (``ModelConfig.is_prefix_caching_supported``)."""
+    if not m.is_hybrid:
+        return None
+    eff = _kernels(c, m, ls)[2]
+    if eff is None:
+        return None
+    p, d = eff["prefill"], eff["decode"]
+    if not d.prefix_caching or None in (p.physical_per_logical, d.physical_per_logical):
+        return None
+    if p.physical_per_logical != d.physical_per_logical:
+        return (f"{_describe(eff)}: vLLM nixl/base_worker.py _validate_remote_agent_handshake raises "
+                "'Prefix caching with heterogeneous physical_blocks_per_logical is not supported for Mamba "
+                f"hybrid models. Local: {d.physical_per_logical}, Remote: {p.physical_per_logical}. "
+                "Disable prefix caching with --no-enable-prefix-caching.'")
     return None
 
 
@@ -190,10 +272,13 @@ RULES: dict[str, Callable[[Cell, ModelSpec, LoadedSweep], str | None]] = {
     "heads": _heads,
     "min-gpus": _min_gpus,
     "block-ratio": _block_ratio,
-    "hybrid-equal-blocks": _hybrid_equal_blocks,
+    "hybrid-blocks-unknown": _hybrid_blocks_unknown,
+    "host-buffer-blocks": _host_buffer_blocks,
     "hetero-tp-blocks": _hetero_tp_blocks,
+    "hybrid-prefix-caching": _hybrid_prefix_caching,
     "kv-buffer-device": _kv_buffer_device,
     "platform-limit": _platform_limit,
+    "kernel-block": _kernel_block,
     "unfixed-scope": _unfixed_scope,
 }
 

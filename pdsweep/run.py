@@ -33,7 +33,7 @@ from .deploy import CellFailed, Deployment, deploy
 from .errors import UserError
 from .launcher import LocalLauncher, tail
 from .logscan import first_exception
-from .plan import Cell, Plan, Slot, expand, instances, model_path
+from .plan import Cell, Plan, Slot, expand, instances, model_path, planned_blocks
 from .gate import NEEDS_GPUS
 from .progress import Progress
 from .schedule import GpuPool, detect_gpus, order, pack
@@ -213,20 +213,23 @@ def run_cell(ctx: RunContext, cell: Cell, slot: Slot) -> dict[str, Any]:
             raise CellFailed("prepare", build["error"])
         slot, specs = free_slot(slot, lambda s: instances(cell, s, ls, mpath, build["python"]))
         ref = cell.reference(ls.sweep.defaults.build).id if cell.kind == "pd" else None
-        layout.write_json(cdir / layout.CELL_FILE, {
+        planned = {s.name: planned_blocks(model, ls.sweep.platform, s) for s in specs}
+        cell_json = {
             "cell": cell.to_dict(), "compare_key": cell.compare_key, "reference_cell": ref,
             "model": {"name": cell.model, "source": model.source, "path": mpath, "attention": model.attention,
                       "ssm": model.ssm},
-            "instances": [s.to_dict() for s in specs], "build": build, "config_hash": config_hash(ls, cell),
-            "git_sha": ctx.git_sha, "host": host_facts(len(slot.gpus)), "slot": {"lane": slot.index,
-                                                                               "port_base": slot.port_base}})
+            "instances": [{**s.to_dict(), "blocks": planned[s.name]} for s in specs], "build": build,
+            "config_hash": config_hash(ls, cell), "git_sha": ctx.git_sha, "host": host_facts(len(slot.gpus)),
+            "slot": {"lane": slot.index, "port_base": slot.port_base}}
+        layout.write_json(cdir / layout.CELL_FILE, cell_json)
         d = ls.sweep.defaults
         with deploy(cell, slot, specs, ctx.launcher, cdir / "logs", d.startup_timeout_s, d.request_timeout_s,
                     drop_kv_transfer_params=ctx.opts.drop_kv_transfer_params,
                     scramble_kv_block_ids=ctx.opts.scramble_kv_block_ids, on_phase=on_phase,
                     stop=ctx.stop.is_set) as dep:
             status["timings"] = dict(dep.timings)
-            measure_cell(ctx, cell, dep, cdir, mpath, on_phase)
+            blocks = record_blocks(cdir, cell_json, dep, planned, status)
+            measure_cell(ctx, cell, dep, cdir, mpath, on_phase, blocks)
             on_phase("teardown")
         status.update(status="ok", phase="done")
     except CellFailed as e:
@@ -247,7 +250,23 @@ def run_cell(ctx: RunContext, cell: Cell, slot: Slot) -> dict[str, Any]:
     return status
 
 
-def measure_cell(ctx: RunContext, cell: Cell, dep: Deployment, cdir: Path, mpath: str, on_phase) -> None:
+def record_blocks(cdir: Path, cell_json: dict[str, Any], dep: Deployment, planned: dict[str, Any],
+                  status: dict[str, Any]) -> dict[str, Any]:
+    """Read the effective blocks back from the running instances into cell.json
+    (``blocks``); a plan/run mismatch goes to status.json (``block_mismatch``) and the log."""
+    from .measure import read_back_blocks
+
+    blocks = read_back_blocks(dep, planned)
+    layout.write_json(cdir / layout.CELL_FILE, {**cell_json, "blocks": blocks})
+    bad = [f"{name}: {m}" for name, b in blocks.items() for m in b["mismatch"]]
+    if bad:
+        status["block_mismatch"] = bad
+        log.warning("%s: effective blocks differ from the plan: %s", dep.cell.id, "; ".join(bad))
+    return blocks
+
+
+def measure_cell(ctx: RunContext, cell: Cell, dep: Deployment, cdir: Path, mpath: str, on_phase,
+                 blocks: dict[str, Any] | None = None) -> None:
     """The measured phases: eval (lm-eval), consistency probe, optional load; each
     bracketed by /metrics scrapes of every instance (transfer.json)."""
     from .measure import scrape_phase
@@ -268,7 +287,7 @@ def measure_cell(ctx: RunContext, cell: Cell, dep: Deployment, cdir: Path, mpath
         from .measure import collect_probe
 
         with scrape_phase(dep, phases, "consistency"):
-            probe = collect_probe(ctx.ls, cell, dep, mpath)
+            probe = collect_probe(ctx.ls, cell, dep, mpath, blocks)
         layout.write_json(cdir / layout.PROBE_RAW, {"cell_id": cell.id, **probe})
     if ctx.ls.sweep.bench.enabled:
         on_phase("bench")

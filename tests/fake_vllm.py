@@ -24,7 +24,7 @@ import zlib
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 
 def main() -> None:
@@ -37,6 +37,7 @@ def main() -> None:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--kv-transfer-config", default=None)
+    p.add_argument("--block-size", default="16")
     args, _ = p.parse_known_args(argv)
     name = args.served_model_name or args.model
     print(f"fake vllm serve {name} on {args.port} kv={args.kv_transfer_config}", flush=True)
@@ -60,6 +61,9 @@ def main() -> None:
     e2e = Histogram("vllm:e2e_request_latency_seconds", "x", lbl, registry=reg, buckets=(0.01, 0.1, 1))
     for m in (failed, failed_n, expired):
         m.labels(name, "0").inc(0)
+    # vLLM's CacheConfig info gauge (v1/metrics/loggers.py); FAKE_BLOCK_SIZE: what the "engine" really chose
+    block = os.environ.get("FAKE_BLOCK_SIZE", args.block_size)
+    Gauge("vllm:cache_config_info", "x", ["block_size", "engine"], registry=reg).labels(block, "0").set(1)
 
     t0 = time.monotonic()
     startup = float(os.environ.get("FAKE_STARTUP_S", "0.3"))

@@ -63,7 +63,9 @@ def test_hybrid_matrix_lists_kimi_hetero_tp_and_rejections():
     xfail = {c.id for c in plan.cells if c.expect_fail}
     assert "kimi-linear.p2d1.b128-128.unfixed" in xfail and "kimi-linear.p1d1.b128-128.unfixed" not in xfail
     rej = {r.cell.id: r for r in plan.rejected}
-    assert rej["kimi-linear.p2d1.b64-128.fixed"].rule == "hybrid-equal-blocks"
+    # b64-128 runs like b128-128 (vLLM raises both to the same hybrid block): accepted
+    assert "kimi-linear.p2d1.b64-128.fixed" in ids
+    assert rej["kimi-linear.p2d1.b128-128.fixed.prefix-caching"].rule == "hybrid-prefix-caching"
     assert rej["ling-2.5.p2d1.b128-128.fixed"].rule == "nixl-support"
     assert "MAMBA1/MAMBA2/GDN_ATTN" in rej["ling-2.5.p2d1.b128-128.fixed"].reason
     assert "deepseek-v2-lite-chat.p1d1.b64-128.fixed" in ids  # pure MLA may use block ratio 2
@@ -138,7 +140,7 @@ matrix:
     assert rej["qwen3-0.6b.p1d1.b64-32.fixed"][0] == "block-ratio"
     assert rej["qwen3-0.6b.p2d1.b16-32.fixed"][0] == "hetero-tp-blocks"
     assert rej["qwen3-0.6b.p1d32.b16-16.fixed"] == ("heads", "decode TP 32 does not divide num_attention_heads=16")
-    assert rej["granite-4.0-h-tiny.p1d1.b16-32.fixed"][0] == "hybrid-equal-blocks"
+    assert rej["granite-4.0-h-tiny.p1d1.b16-32.fixed"][0] == "hybrid-blocks-unknown"  # no geometry: fail closed
     assert rej["qwen3-0.6b.p1d1.b16-16.fixed.kvbuf-xpu"][0] == "kv-buffer-device"
     assert rej["tiny-nemotron-h.p1d1.b16-16.fixed"][0] == "platform"  # tiny models are CPU-only
 
@@ -241,12 +243,21 @@ def test_every_emitted_cell_satisfies_vllm_rules(ptp, dtp, pbs, dbs, model):
     ls2 = ls.model_copy(update={"sweep": Sweep.model_validate(body)})
     plan = expand(ls2)
     m = ls.catalogue.models[model]
+    from pdsweep.blocks import for_cell
+
     for c in plan.pd_cells:
         hi, lo = max(c.prefill_tp, c.decode_tp), min(c.prefill_tp, c.decode_tp)
         assert hi % lo == 0
-        assert c.decode_block_size % c.prefill_block_size == 0
-        if m.is_hybrid or c.prefill_tp > c.decode_tp:
+        eff = for_cell(c, ls2)  # no ValueError: every emitted instance has a kernel block
+        p, d = eff["prefill"], eff["decode"]
+        if p.kernel is None:  # geometry unknown: the configured sizes must be safe on their own
             assert c.prefill_block_size == c.decode_block_size
+            continue
+        assert d.kernel % p.kernel == 0  # TransferTopology.block_size_ratio over kernel blocks
+        if c.prefill_tp > c.decode_tp and m.attention != "mla" and not m.is_hybrid:
+            assert p.kernel == d.kernel
+        if m.is_hybrid and d.prefix_caching:
+            assert p.physical_per_logical == d.physical_per_logical
         if m.num_attention_heads:
             assert m.num_attention_heads % c.prefill_tp == 0 and m.num_attention_heads % c.decode_tp == 0
         assert re.fullmatch(r"[a-z0-9.\-]+", c.id)

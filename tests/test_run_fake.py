@@ -41,6 +41,7 @@ def make_sweep(tmp_path: Path, tok: Path, *, matrix: str, env: str = "  base: {}
     attention: gqa
     num_layers: 2
     max_model_len: 256
+    serve_args: [--attention-backend, FAKE]  # any block size (CPU_ATTN would refuse 16)
     platforms: {{cpu: {{}}}}
 """)
     p = tmp_path / "sweep.yaml"
