@@ -164,18 +164,22 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("a", type=Path, help="baseline run (e.g. unfixed, or the last green nightly)")
     p.add_argument("b", type=Path, help="candidate run")
     p.add_argument("--out", type=Path, default=None, help="directory for compare.md / compare.json")
+    p.add_argument("--allow-missing", action="store_true",
+                   help="cells of A missing in B do not fail the comparison (default: they do)")
+    p.add_argument("--allow-other-sweep", action="store_true",
+                   help="compare runs of different sweeps (default: refused, exit 2)")
 
 
 def _compare(args: argparse.Namespace) -> int:
     from .compare import compare_runs, write_json, write_markdown
 
-    res = compare_runs(args.a, args.b)
+    res = compare_runs(args.a, args.b, allow_missing=args.allow_missing, allow_other_sweep=args.allow_other_sweep)
     out = args.out or args.b
     md = write_markdown(res, Path(out) / "compare.md")
     write_json(res, Path(out) / "compare.json")
     print(Path(md).read_text())
-    if res.regressed:
-        raise GateFailed(f"compare: {len(res.regressions)} regression(s) of {args.b} against {args.a}")
+    res.raise_for_verdict()
+    print(f"compare: NO REGRESSION of {args.b} against {args.a}")
     return 0
 
 

@@ -40,7 +40,10 @@ def num(x: Any) -> float | None:
     """``x`` as a finite float, or None (null, NaN, inf, bool, string: not a number)."""
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return None
-    return float(x) if math.isfinite(x) else None
+    try:
+        return float(x) if math.isfinite(x) else None
+    except OverflowError:  # an int beyond float range (e.g. 10**400 in a corrupt file)
+        return None
 
 
 def show(x: Any) -> str:
@@ -321,7 +324,7 @@ class TransferCheck:
         totals = tr.get("totals")
         if not isinstance(totals, dict):
             return [f"{w}: no totals"]
-        out = []
+        out = impossible_totals(totals, w)
         for key, limit in (("failed_transfers", self.max_failed), ("failed_notifications", 0)):
             v = num(totals.get(key))
             if v is None:
@@ -336,6 +339,36 @@ class TransferCheck:
             out.append(f"{w}: no KV transferred (num_transfers {moved['num_transfers']:g}, "
                        f"bytes {moved['bytes']:g}): decode did not receive KV from prefill")
         return out
+
+
+# transfer.json totals that count things (non-negative integers) and that measure
+# things (non-negative finite numbers); pdsweep.metrics._summary writes them
+COUNT_TOTALS = ("num_transfers", "bytes", "failed_transfers", "failed_notifications", "expired_reqs",
+                "num_requests")
+MEASURE_TOTALS = ("xfer_time_s", "post_time_s", "gbps_xfer", "gbps_wall", "xfer_time_p50_s", "xfer_time_p90_s",
+                  "xfer_time_p99_s", "descriptors_per_transfer", "ttft_mean_s", "ttft_p50_s", "ttft_p99_s",
+                  "tpot_mean_s", "itl_mean_s", "e2e_mean_s")
+
+
+def impossible_totals(totals: dict[str, Any], where: str) -> list[str]:
+    """Why values of transfer.json ``totals`` cannot be real: a count that is not a
+    non-negative integer (Prometheus counters and histogram counts never are), a
+    measure that is not a non-negative finite number, or a string/bool where a number
+    belongs. ``null`` is allowed here (an unexposed metric; the checks that need one
+    fail on it). Returns one reason per field, naming ``where`` (``cell/transfer.json``)."""
+    out = []
+    for key in COUNT_TOTALS + MEASURE_TOTALS:
+        v = totals.get(key)
+        if v is None:
+            continue
+        x = num(v)
+        if x is None:
+            out.append(f"{where}: totals.{key} is {show(v)}: not a finite number")
+        elif x < 0:
+            out.append(f"{where}: totals.{key} = {x:g}: negative (allowed: >= 0)")
+        elif key in COUNT_TOTALS and x != int(x):
+            out.append(f"{where}: totals.{key} = {x:g}: a count must be a whole number")
+    return out
 
 
 def checks_for(gate: GateSpec) -> list[Check]:
