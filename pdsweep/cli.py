@@ -20,10 +20,13 @@ def _validate_args(p: argparse.ArgumentParser) -> None:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from .feasible import preflight
     from .plan import expand
     from .spec import load_sweep
 
     plan = expand(load_sweep(args.sweep))
+    for w in preflight(plan):
+        print(f"warning: {w}", file=sys.stderr)
     if not plan.pd_cells:
         why = "; ".join(sorted({f"{r.rule}: {r.reason}" for r in plan.rejected})[:3]) or "the matrix is empty"
         raise UserError(f"{args.sweep}: no PD cell to run ({len(plan.rejected)} rejected): {why}")
@@ -46,8 +49,11 @@ def plan_dict(sweep: str, gpus: int | None, cells_glob: str | None = None) -> di
     from .schedule import detect_gpus, pack
     from .spec import load_sweep
 
+    from .feasible import preflight
+
     ls = load_sweep(sweep)
     plan = expand(ls)
+    preflight(plan, tasks=False)  # validate also asks lm-eval for the task names
     n = gpus if gpus is not None else (detect_gpus() if ls.sweep.platform == "cuda" else 0)
     cells = select(plan, cells_glob)
     sched = pack(cells, n, ls.sweep.defaults.port_base)

@@ -240,7 +240,7 @@ class ConsistencySpec(_Strict):
     enabled: bool = True
     max_tokens: int = Field(default=8, gt=0)
     # prompt lengths in tokens; "block" = one block minus one, "long" = near max_model_len
-    lengths: list[int | Literal["short", "blocks", "long"]] = ["short", "blocks", "long"]
+    lengths: list[int | Literal["short", "blocks", "long"]] = Field(default=["short", "blocks", "long"], min_length=1)
     # the reference also answers each position along its plain prefill path, so a
     # divergence is triaged as transfer / engine / both (pdsweep.consistency.path_check)
     triage: bool = True
