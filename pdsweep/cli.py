@@ -15,6 +15,17 @@ from .errors import EXIT_GATE_FAILED, EXIT_USER_ERROR, GateFailed, UserError
 
 
 # ---------------------------------------------------------------- validate / plan
+def gpu_count(text: str) -> int:
+    """argparse type of ``--gpus``: an integer in 0..4096 (argparse then exits 2 with usage)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= n <= 4096:
+        raise argparse.ArgumentTypeError(f"{n} GPUs: allowed 0..4096")
+    return n
+
+
 def _validate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("sweep", help="sweep YAML (e.g. sweeps/cpu-smoke.yaml)")
 
@@ -37,7 +48,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("sweep")
-    p.add_argument("--gpus", type=int, default=None, help="GPUs on the host (default: nvidia-smi; 0 on CPU)")
+    p.add_argument("--gpus", type=gpu_count, default=None, help="GPUs on the host (default: nvidia-smi; 0 on CPU)")
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument("--cells", default=None, help="glob over cell ids")
 
@@ -123,7 +134,7 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("sweep")
     p.add_argument("--out", type=Path, default=None, help="run directory (default results/<sweep>-<time>)")
     p.add_argument("--cells", default=None, help="glob over cell ids (their references are added)")
-    p.add_argument("--gpus", type=int, default=None)
+    p.add_argument("--gpus", type=gpu_count, default=None)
     p.add_argument("--resume", action="store_true", help="skip cells whose status is final")
     p.add_argument("--quiet", action="store_true", help="one line per cell (CI logs)")
     p.add_argument("--skip-eval", action="store_true", help="deploy and probe only, no lm-eval")

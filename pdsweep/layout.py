@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -118,8 +119,25 @@ def read_json_or_none(path: Path) -> dict[str, Any] | None:
         return None
 
 
+_CELL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
+
+
 def cell_dir(run_dir: Path, cell_id: str) -> Path:
-    return Path(run_dir) / cell_id
+    """``run_dir/cell_id``. Raises ``UserError`` for an id that is not one path component
+    of safe characters (a corrupt run.json, an id with ``/`` or ``..``): nothing pdsweep
+    reads or writes for a cell lies outside its run directory."""
+    if not isinstance(cell_id, str) or not _CELL_ID.match(cell_id) or ".." in cell_id:
+        raise UserError(f"{run_dir}: cell id {cell_id!r} is not a safe directory name")
+    return inside(run_dir, Path(run_dir) / cell_id)
+
+
+def inside(run_dir: Path, path: Path) -> Path:
+    """``path``, after checking that it resolves inside ``run_dir`` (symlinks followed);
+    raises ``UserError`` otherwise."""
+    root, p = Path(run_dir).resolve(), Path(path).resolve()
+    if p != root and root not in p.parents:
+        raise UserError(f"{path}: outside the run directory {run_dir}")
+    return Path(path)
 
 
 def cell_status(run_dir: Path, cell_id: str) -> str | None:
