@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from pdsweep.accuracy import load_expected
 from pdsweep.cli import main
+from pdsweep.errors import UserError
 from pdsweep.feasible import cannot_pass, preflight
 from pdsweep.gate import FAIL, PASS, gate_run, impossible_totals
 from pdsweep.plan import expand
@@ -189,3 +190,207 @@ def test_build_venv_not_built_yet_is_a_warning(tmp_path: Path, capsys) -> None:
     assert main(["validate", str(p)]) == 0
     assert "warning: " in capsys.readouterr().err
     assert preflight(expand(load_sweep(p)), tasks=False)[0].endswith("until then cells of build fixed fail")
+
+
+# ---------------------------------------------------------------- 4. duplicate YAML keys
+def test_duplicate_key_in_a_sweep_names_both_lines(tmp_path: Path, capsys) -> None:
+    msg = bad(tmp_path, "name: x\nplatform: cpu\nmatrix: {model: [tiny-llama]}\nplatform: cuda\n", capsys)
+    assert f"{tmp_path / 's.yaml'}:4: duplicate key 'platform' (first at line 2)" in msg
+
+
+def test_duplicate_key_in_the_catalogue_names_both_lines(tmp_path: Path, capsys) -> None:
+    models = (REPO / "sweeps" / "models.yaml").read_text().replace(
+        "  tiny-llama:\n", "  tiny-llama:\n    num_layers: 3\n", 1)
+    msg = bad(tmp_path, SMALL, capsys, models)
+    assert f"{tmp_path / 'models.yaml'}:" in msg and "duplicate key 'num_layers' (first at line " in msg
+
+
+@given(st.sampled_from(["name", "platform", "defaults", "eval"]), st.integers(0, 3))
+@settings(max_examples=20, deadline=None, suppress_health_check=HC)
+def test_property_any_repeated_key_is_refused(tmp_path: Path, key: str, pad: int) -> None:
+    lines = ["name: x", "platform: cpu", "defaults: {max_num_seqs: 4}", "eval: {limit: 2}",
+             "matrix: {model: [tiny-llama], tp: [p1d1], block_size: [32]}"]
+    first = next(i for i, line in enumerate(lines) if line.startswith(key + ":")) + 1
+    body = "\n".join(lines + ["# pad"] * pad + [next(x for x in lines if x.startswith(key + ":"))]) + "\n"
+    p = write(Path(tempfile.mkdtemp(dir=tmp_path)), body)
+    with pytest.raises(UserError, match=rf":{len(lines) + pad + 1}: duplicate key '{key}' \(first at line {first}\)"):
+        load_sweep(p)
+
+
+# ---------------------------------------------------------------- 5. names, ids and paths
+@pytest.mark.parametrize("name", ["../escape", "a/b", "two\nlines", "x" * 300, "has.dot", "-dash", "p2d1", "env-x"])
+def test_unsafe_variant_names_are_refused(tmp_path: Path, capsys, name: str) -> None:
+    body = SMALL.replace("matrix:", f"serve_args: {{base: [], {json.dumps(name)}: []}}\nmatrix:")
+    assert "serve_args: name " in bad(tmp_path, body, capsys)
+
+
+@pytest.mark.parametrize("field", ["builds", "env"])
+def test_unsafe_build_and_env_names_are_refused(tmp_path: Path, capsys, field: str) -> None:
+    body = SMALL.replace("matrix:", f"{field}: {{'../../etc': {{}}}}\nmatrix:")
+    assert f"{field}: name '../../etc' is not safe" in bad(tmp_path, body, capsys)
+
+
+def test_unsafe_model_name_is_refused(tmp_path: Path, capsys) -> None:
+    models = (REPO / "sweeps" / "models.yaml").read_text().replace("  tiny-llama:\n", "  ../tiny-llama:\n", 1)
+    assert "models: name '../tiny-llama' is not safe" in bad(tmp_path, SMALL, capsys, models)
+
+
+def test_cell_dir_refuses_ids_outside_the_run(tmp_path: Path) -> None:
+    from pdsweep import layout
+
+    assert layout.cell_dir(tmp_path, "m.p1d1.b16-16.fixed") == tmp_path / "m.p1d1.b16-16.fixed"
+    for cid in ("../x", "a/b", "..", "", "a..b", 7):
+        with pytest.raises(UserError, match="not a safe directory name"):
+            layout.cell_dir(tmp_path, cid)
+    (tmp_path / "link").symlink_to(tmp_path.parent)
+    with pytest.raises(UserError, match="outside the run directory"):
+        layout.inside(tmp_path, tmp_path / "link" / "x")
+
+
+def test_gate_of_a_run_json_with_a_hostile_cell_id_is_bad_input(tmp_path: Path) -> None:
+    run = write_run(tmp_path, "run", [case(CELL)])
+    index = json.loads((run / "run.json").read_text())
+    index["cells"]["../../outside"] = {"kind": "pd"}
+    (run / "run.json").write_text(json.dumps(index))
+    with pytest.raises(UserError, match="'../../outside' is not a safe directory name"):
+        gate_run(run)
+
+
+def test_compare_key_drops_only_the_build_part() -> None:
+    c = pd("tiny-llama", 1, 1, "fixed").__class__(**{**pd("m.fixed", 1, 1, "fixed").__dict__, "serve_args": "fixed"})
+    assert (c.id, c.compare_key) == ("m.fixed.p1d1.b16-16.fixed.fixed", "m.fixed.p1d1.b16-16.fixed")
+
+
+NAMES = st.text(st.characters(codec="utf-8"), min_size=1, max_size=80)
+
+
+@given(NAMES)
+@settings(max_examples=200, deadline=None)
+def test_property_accepted_names_are_one_safe_path_component(name: str) -> None:
+    from pdsweep.guards import unsafe_name
+
+    for model in (False, True):
+        if unsafe_name(name, model) is None:
+            assert "/" not in name and ".." not in name and name.strip() == name and name.isascii()
+            assert (Path("/run") / name).parent == Path("/run") and len(name) <= 64
+            assert model or "." not in name
+
+
+# ---------------------------------------------------------------- 6. flags that define the cell
+@pytest.mark.parametrize("arg, axis", [
+    ("--tensor-parallel-size", "the tp axis"), ("--tensor_parallel_size=2", "the tp axis"), ("-tp", "the tp axis"),
+    ("-tp=2", "the tp axis"), ("--tensor-parallel", "the tp axis"), ("--data-parallel-size", "decode_dp"),
+    ("-dp", "decode_dp"), ("--block-size=32", "the block_size axis"), ("--port", "defaults.port_base"),
+    ("--host", "127.0.0.1"), ("--kv-transfer-config", "kv_buffer_device"),
+    ("--kv-transfer-config.kv_role", "kv_role"), ("--config", "a --config file"),
+])
+def test_cell_defining_flags_are_refused_with_the_axis(tmp_path: Path, capsys, arg: str, axis: str) -> None:
+    body = SMALL.replace("matrix:", f"serve_args: {{base: [], x: {{decode: [{json.dumps(arg)}, '2']}}}}\nmatrix:")
+    msg = bad(tmp_path, body, capsys)
+    assert "serve_args.x.decode[0]: " in msg and "defines the cell" in msg and axis in msg
+
+
+@pytest.mark.parametrize("var", ["VLLM_PORT", "VLLM_NIXL_SIDE_CHANNEL_PORT", "VLLM_NIXL_SIDE_CHANNEL_HOST",
+                                 "VLLM_KV_CACHE_LAYOUT", "CUDA_VISIBLE_DEVICES"])
+def test_cell_defining_env_is_refused(tmp_path: Path, capsys, var: str) -> None:
+    body = SMALL.replace("matrix:", f"env: {{base: {{}}, x: {{{var}: '1'}}}}\nmatrix:")
+    assert f"env.x.{var}: {var} is set by pdsweep and defines the cell: use " in bad(tmp_path, body, capsys)
+
+
+def test_catalogue_serve_args_cannot_set_the_block_size(tmp_path: Path, capsys) -> None:
+    models = (REPO / "sweeps" / "models.yaml").read_text().replace(
+        "  tiny-llama:\n", "  tiny-llama:\n    serve_args: [--block-size, '64']\n", 1)
+    assert "models.tiny-llama.serve_args[0]: '--block-size' sets --block-size" in bad(tmp_path, SMALL, capsys, models)
+
+
+def test_flags_models_and_sweeps_legitimately_set_pass(tmp_path: Path, capsys) -> None:
+    body = SMALL.replace("matrix:", "serve_args: {base: [], x: [--attention-backend, CPU_ATTN, "
+                                    "--no-enable-prefix-caching, --num-gpu-blocks-override, '512', "
+                                    "--max-model-len, '512', --speculative-config, '{\"method\": \"mtp\"}']}\nmatrix:")
+    assert "valid: 1 PD cells" in good(tmp_path, body, capsys)
+
+
+FLAG_CHARS = st.text(st.sampled_from("abcdefghijklmnopqrstuvwxyz-_"), min_size=1, max_size=30)
+
+
+@given(FLAG_CHARS)
+@settings(max_examples=300, deadline=None)
+def test_property_a_flag_vllm_would_read_as_a_reserved_one_is_refused(name: str) -> None:
+    """Whatever spelling vLLM's parser maps to a reserved flag (``_`` for ``-``, ``.key``
+    suffixes, ``=value``, unique prefixes) is refused; other flags pass."""
+    from pdsweep.guards import RESERVED_FLAGS, reserved_flag
+
+    arg = "--" + name
+    canon = "--" + name.replace("_", "-")
+    hits = [f for f in RESERVED_FLAGS if f.startswith("--") and (canon == f or (len(canon) > 3 and f.startswith(canon)))]
+    assert (reserved_flag(arg) is not None) == bool(hits)
+    assert (reserved_flag(arg + "=1") is not None) == bool(hits)
+    assert (reserved_flag(arg + ".key") is not None) == bool(hits)
+
+
+# ---------------------------------------------------------------- 7. bounds
+@pytest.mark.parametrize("patch, field, why", [
+    ("defaults: {decode_dp: 9}", "defaults.decode_dp", "NIXL side-channel ports"),
+    ("defaults: {port_base: 70000}", "defaults.port_base", "TCP ports end at 65535"),
+    ("defaults: {prefill_tp: true}", "defaults.prefill_tp", "valid integer"),
+    ("defaults: {prefill_block_size: 100000}", "defaults.prefill_block_size", "tokens per KV block"),
+    ("bench: {concurrencies: [0]}", "bench.concurrencies[0]", "greater than or equal to 1"),
+    ("eval: {consistency: {lengths: [-5]}}", "eval.consistency.lengths[0]", "greater than or equal to 1"),
+    ("defaults: {num_decode: 12}", "defaults.num_decode", "at most 12 instances"),
+])
+def test_nonsense_numbers_are_refused(tmp_path: Path, capsys, patch: str, field: str, why: str) -> None:
+    msg = bad(tmp_path, SMALL + patch + "\n", capsys)
+    assert f"s.yaml:{SMALL.count(chr(10)) + 1}: {field}: " in msg and why in msg
+
+
+def test_tp_pair_beyond_the_bound_is_refused(tmp_path: Path, capsys) -> None:
+    assert "'p100d1': TP 100 is more than 64" in bad(tmp_path, SMALL.replace("p1d1", "p100d1"), capsys)
+
+
+def test_negative_ssm_layers_is_refused(tmp_path: Path, capsys) -> None:
+    models = (REPO / "sweeps" / "models.yaml").read_text().replace("  tiny-llama:\n", "  tiny-llama:\n    ssm_layers: -3\n", 1)
+    assert "models.tiny-llama.ssm_layers: Input should be greater than or equal to 0" in bad(tmp_path, SMALL, capsys, models)
+
+
+def test_gpu_count_and_port_range(capsys) -> None:
+    from pdsweep.schedule import GpuPool
+
+    with pytest.raises(SystemExit) as e:
+        main(["plan", str(REPO / "sweeps" / "cpu-smoke.yaml"), "--gpus", "-1"])
+    assert e.value.code == 2 and "-1 GPUs: allowed 0..4096" in capsys.readouterr().err
+    with pytest.raises(UserError, match="reach port 80199, past 65535"):
+        GpuPool(301, 20000)
+    assert GpuPool(8, 60000).port_base == 60000
+
+
+@given(st.integers(-10**6, 10**6))
+@settings(max_examples=100, deadline=None)
+def test_property_decode_dp_bounds(n: int) -> None:
+    from pydantic import ValidationError
+
+    from pdsweep.spec import Defaults
+
+    if 1 <= n <= 8:
+        assert Defaults(decode_dp=n).decode_dp == n
+    else:
+        with pytest.raises(ValidationError):
+            Defaults(decode_dp=n)
+
+
+# ---------------------------------------------------------------- 9. no tracebacks on bad input
+def test_invalid_utf8_sweep_is_bad_input(tmp_path: Path, capsys) -> None:
+    p = tmp_path / "s.yaml"
+    p.write_bytes(b"name: x\nplatform: cpu\ndescription: caf\xe9\nmatrix: {model: [tiny-llama]}\n")
+    (tmp_path / "models.yaml").write_text((REPO / "sweeps" / "models.yaml").read_text())
+    assert main(["validate", str(p)]) == 2
+    assert f"error: {p}:3: not UTF-8 text (byte 0xe9 at offset 38)" in capsys.readouterr().err
+
+
+@given(st.binary(min_size=1, max_size=200))
+@settings(max_examples=100, deadline=None, suppress_health_check=HC)
+def test_property_any_bytes_give_exit_0_or_2(tmp_path: Path, blob: bytes) -> None:
+    root = Path(tempfile.mkdtemp(dir=tmp_path))
+    p = root / "s.yaml"
+    p.write_bytes(blob)
+    (root / "models.yaml").write_text("models: {}\n")
+    assert main(["validate", str(p)]) in (0, 2)
