@@ -1,5 +1,6 @@
 """``pdsweep`` command line. Each subcommand is (name, help, add_args, main); errors are
-caught once here: ``UserError`` -> message, exit 2; ``GateFailed`` -> message, exit 1."""
+caught once here: ``UserError`` (and ``OSError``) -> message, exit 2; ``GateFailed`` ->
+message, exit 1; anything else is a pdsweep bug: traceback, exit 3 (README "Exit codes")."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import json
 import logging
 import shlex
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from .errors import EXIT_GATE_FAILED, EXIT_USER_ERROR, GateFailed, UserError
+from .errors import EXIT_GATE_FAILED, EXIT_INTERNAL, EXIT_USER_ERROR, GateFailed, UserError
 
 
 # ---------------------------------------------------------------- validate / plan
@@ -167,14 +169,33 @@ def _gate_args(p: argparse.ArgumentParser) -> None:
 def _gate(args: argparse.Namespace) -> int:
     from .gate import gate_run, write_junit, write_summary
 
+    junit, summary = args.junit or args.run_dir / "junit.xml", args.summary or args.run_dir / "summary.md"
+    check_outputs(("--junit", junit), ("--summary", summary))
     result = gate_run(args.run_dir)  # the gate settings frozen into run.json
-    write_junit(result, args.junit or args.run_dir / "junit.xml")
-    summary = write_summary(result, args.summary or args.run_dir / "summary.md")
-    print(Path(summary).read_text() if summary else "")
+    try:
+        write_junit(result, junit)
+        print(Path(write_summary(result, summary)).read_text())
+    except BaseException:  # the verdict is printed even when an output could not be written
+        print(f"gate: {result.headline()}", file=sys.stderr)
+        raise
     if not result.passed:
         raise GateFailed(f"gate: {result.headline()}")
     print(f"gate: {result.headline()}")
     return 0
+
+
+def check_outputs(*named: tuple[str, Path]) -> None:
+    """Raise ``UserError`` when two outputs are one file or one cannot be written
+    (:func:`pdsweep.layout.check_writable`), before any work starts."""
+    from . import layout
+
+    seen: dict[Path, str] = {}
+    for flag, path in named:
+        key = Path(path).resolve()
+        if key in seen:
+            raise UserError(f"{flag} {path} is the same file as {seen[key]}: one would overwrite the other")
+        seen[key] = f"{flag} {path}"
+        layout.check_writable(Path(path))
 
 
 def _compare_args(p: argparse.ArgumentParser) -> None:
@@ -190,13 +211,19 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
 def _compare(args: argparse.Namespace) -> int:
     from .compare import compare_runs, write_json, write_markdown
 
+    out = Path(args.out or args.b)
+    check_outputs(("compare.md", out / "compare.md"), ("compare.json", out / "compare.json"))
     res = compare_runs(args.a, args.b, allow_missing=args.allow_missing, allow_other_sweep=args.allow_other_sweep)
-    out = args.out or args.b
-    md = write_markdown(res, Path(out) / "compare.md")
-    write_json(res, Path(out) / "compare.json")
-    print(Path(md).read_text())
+    verdict = "REGRESSED" if res.regressed else "NO REGRESSION"
+    try:
+        md = write_markdown(res, out / "compare.md")
+        write_json(res, out / "compare.json")
+        print(Path(md).read_text())
+    except BaseException:  # the verdict is printed even when an output could not be written
+        print(f"compare: {verdict} of {args.b} against {args.a}", file=sys.stderr)
+        raise
     res.raise_for_verdict()
-    print(f"compare: NO REGRESSION of {args.b} against {args.a}")
+    print(f"compare: {verdict} of {args.b} against {args.a}")
     return 0
 
 
@@ -243,7 +270,8 @@ DELEGATED = {"proxy", "baseline-env", "bench"}  # heavier modules: imported only
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pdsweep", description="Accuracy and KV-transfer sweeps for vLLM prefill/decode disaggregation over "
-        "the NIXL connector. Exit codes: 0 ok, 1 gate/compare failed, 2 bad input.")
+        "the NIXL connector. Exit codes: 0 ok, 1 gate/compare verdict failed, 2 bad input (no "
+        "traceback), 3 internal error (with traceback), 130 interrupted.")
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_, add, main in SUBCOMMANDS:
@@ -276,6 +304,11 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:  # an output path that is a file, a read-only results dir, ...
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except Exception:  # a bug in pdsweep, not bad input or a verdict: say so, with the traceback
+        traceback.print_exc()
+        print(f"internal error in pdsweep (exit {EXIT_INTERNAL}): please report it with the traceback above",
+              file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

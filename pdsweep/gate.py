@@ -24,8 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import typing
+
+from pydantic import ConfigDict, ValidationError, create_model
+
 from . import layout
 from .errors import GateFailed, UserError
+from .results_schema import type_problem
 from .plan import Cell
 from .spec import GateSpec
 
@@ -86,6 +91,9 @@ def load_files(run_dir: Path, cell_id: str) -> CellFiles:
             files.problems[name] = "unreadable: " + str(e).removeprefix(f"{path}: ").removeprefix(
                 "unreadable results file: ")
             continue
+        if (bad := type_problem(name, data)) is not None:
+            files.problems[name] = f"unreadable: {bad}"
+            continue
         owner = data.get("cell_id", data.get("cell", {}).get("id") if isinstance(data.get("cell"), dict) else None)
         if owner not in (None, cell_id):
             files.problems[name] = f"belongs to cell '{owner}'"
@@ -143,10 +151,16 @@ def cell_from_dict(d: Any) -> Cell | None:
     """A :class:`~pdsweep.plan.Cell` from ``Cell.to_dict()`` output, or None if it does not fit."""
     if not isinstance(d, dict):
         return None
-    try:
-        return Cell(**{f.name: d[f.name] for f in dataclasses.fields(Cell) if f.name in d})
-    except TypeError:
+    try:  # typed as the dataclass says (a corrupt file's true/10**400/"x" is no cell)
+        return Cell(**_CELL.model_validate({f.name: d[f.name] for f in dataclasses.fields(Cell) if f.name in d})
+                    .model_dump(exclude_unset=True))
+    except (TypeError, ValidationError):
         return None
+
+
+_CELL = create_model("CellFields", __config__=ConfigDict(strict=True), **{
+    f.name: (typing.get_type_hints(Cell)[f.name], f.default if f.default is not dataclasses.MISSING else ...)
+    for f in dataclasses.fields(Cell)})
 
 
 def _task(name: str, t: dict[str, Any]) -> TaskScore:
@@ -548,6 +562,9 @@ def _read_index(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     except FileNotFoundError:
         raise UserError(f"{run_dir}: not a pdsweep run ({layout.RUN_FILE} missing)") from None
     plan = layout.read_json_or_none(run_dir / layout.PLAN_FILE) or {}
+    for name, data in ((layout.RUN_FILE, index), (layout.PLAN_FILE, plan)):
+        if (bad := type_problem(name, data)) is not None:
+            raise UserError(f"{run_dir / name}: unreadable: {bad}")
     return index, plan
 
 

@@ -394,3 +394,115 @@ def test_property_any_bytes_give_exit_0_or_2(tmp_path: Path, blob: bytes) -> Non
     p.write_bytes(blob)
     (root / "models.yaml").write_text("models: {}\n")
     assert main(["validate", str(p)]) in (0, 2)
+
+
+def test_internal_error_is_exit_3_with_a_traceback(monkeypatch, capsys) -> None:
+    import pdsweep.plan
+
+    def boom(*a, **k):
+        raise RuntimeError("a bug")
+    monkeypatch.setattr(pdsweep.plan, "expand", boom)
+    assert main(["validate", str(REPO / "sweeps" / "cpu-smoke.yaml")]) == 3
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "RuntimeError: a bug" in err and "internal error in pdsweep (exit 3)" in err
+
+
+def _leaves(obj, path=()):
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _leaves(v, (*path, k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _leaves(v, (*path, i))
+    yield path
+
+
+JSON_ODD = st.one_of(st.none(), st.booleans(), st.integers(-10**30, 10**30), st.sampled_from([10**400, -10**400]),
+                     st.floats(allow_nan=False), st.text(max_size=8), st.lists(st.integers(), max_size=2),
+                     st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+
+
+@given(st.sampled_from(["cell.json", "status.json", "accuracy.json", "consistency.json", "transfer.json", "run.json"]),
+       st.integers(0, 10**6), JSON_ODD)
+@settings(max_examples=60, deadline=None, suppress_health_check=HC)
+def test_property_odd_results_values_never_crash_gate_or_compare(tmp_path: Path, capsys, name: str, pick: int,
+                                                                  value) -> None:
+    """Any leaf of any results file replaced by an odd JSON value: gate and compare give a
+    verdict (0/1) or refuse the input (2), never an internal error."""
+    root = Path(tempfile.mkdtemp(dir=tmp_path))
+    run = write_run(root, "run", [case(CELL), case(CELL.reference())])
+    path = run / name if name == "run.json" else run / CELL.id / name
+    data = json.loads(path.read_text())
+    leaves = [p for p in _leaves(data) if p and p != ("schema",)]
+    target = leaves[pick % len(leaves)]
+    cur = data
+    for k in target[:-1]:
+        cur = cur[k]
+    cur[target[-1]] = value
+    path.write_text(json.dumps(data))
+    assert main(["gate", str(run), "--junit", str(root / "j.xml"), "--summary", str(root / "s.md")]) in (0, 1, 2)
+    assert main(["compare", str(run), str(run), "--out", str(root)]) in (0, 1, 2)
+    assert "Traceback" not in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- 10. outputs
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    return write_run(tmp_path, "run", [case(CELL), case(CELL.reference())])
+
+
+def test_junit_and_summary_on_one_file_are_refused(run_dir: Path, tmp_path: Path, capsys) -> None:
+    f = tmp_path / "out.txt"
+    assert main(["gate", str(run_dir), "--junit", str(f), "--summary", str(f)]) == 2
+    assert "--summary" in capsys.readouterr().err and not f.exists()
+
+
+def test_read_only_output_dir_is_named_before_gating(run_dir: Path, tmp_path: Path, capsys) -> None:
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        if __import__("os").access(ro, __import__("os").W_OK):
+            pytest.skip("running as a user who can write anywhere")
+        assert main(["gate", str(run_dir), "--junit", str(ro / "j.xml")]) == 2
+        err = capsys.readouterr().err
+        assert f"{ro / 'j.xml'}: cannot write" in err and ".tmp" not in err
+    finally:
+        ro.chmod(0o755)
+
+
+def test_output_below_a_file_is_named_before_gating(run_dir: Path, tmp_path: Path, capsys) -> None:
+    (tmp_path / "file").write_text("x")
+    assert main(["gate", str(run_dir), "--summary", str(tmp_path / "file" / "s.md")]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {tmp_path / 'file' / 's.md'}: cannot write: {tmp_path / 'file'} is not a writable directory" in err
+    assert not (run_dir / "junit.xml").exists()  # nothing was written before the check
+
+
+def test_write_failure_still_prints_the_verdict(run_dir: Path, tmp_path: Path, capsys, monkeypatch) -> None:
+    import pdsweep.gate
+
+    def fail(*a, **k):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(pdsweep.gate, "write_summary", fail)
+    assert main(["gate", str(run_dir), "--junit", str(tmp_path / "j.xml"), "--summary", str(tmp_path / "s.md")]) == 2
+    err = capsys.readouterr().err
+    assert "gate: PASSED: 2 PASS" in err and "No space left" in err
+
+
+def test_a_failed_report_leaves_nothing_half_written(run_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    import pdsweep.report
+
+    out = tmp_path / "report"
+    out.mkdir()
+
+    def fail(*a, **k):
+        raise RuntimeError("html failed")
+    monkeypatch.setattr(pdsweep.report, "_html", fail)
+    with pytest.raises(RuntimeError):
+        pdsweep.report.write_report(run_dir, out)
+    assert list(out.iterdir()) == []
+    monkeypatch.undo()
+    made = pdsweep.report.write_report(run_dir, out)
+    assert made["markdown"] == out / "report.md" and made["html"].exists()
+    assert sorted(p.name for p in out.iterdir()) == ["plots", "report.html", "report.md"]
