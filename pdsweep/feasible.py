@@ -9,6 +9,7 @@ knowable before the first server starts (issue 15, kinds 2 and 3).
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 from pathlib import Path
 
@@ -135,15 +136,44 @@ def model_problems(plan: Plan) -> list[str]:
     return out
 
 
+def matrix_problems(plan: Plan) -> tuple[list[str], list[str]]:
+    """(errors, warnings) of matrix semantics (:func:`pdsweep.plan.matrix_combinations`):
+    an ``include`` that merges into product combinations and sets a cell-defining key
+    that is not an axis replaces those cells (their id changes) instead of adding one: an
+    error (make the key an axis); an ``exclude`` that matches no combination: a warning."""
+    from .plan import _to_cell
+    from .spec import AXES
+
+    m, path = plan.loaded.sweep.matrix, plan.loaded.path
+    axes = [k for k in AXES if getattr(m, k)]
+    combos = [dict(zip(axes, vals)) for vals in itertools.product(*(getattr(m, k) for k in axes))]
+    errors, warnings = [], []
+    for i, e in enumerate(m.exclude):
+        if not any(all(k in c and str(c[k]) == str(v) for k, v in e.items()) for c in combos):
+            warnings.append(f"{path}: matrix.exclude[{i}] {e} matches no combination of the axes: it does nothing")
+    kept = [c for c in combos if not any(all(k in c and str(c[k]) == str(v) for k, v in e.items())
+                                         for e in m.exclude)]
+    for i, e in enumerate(m.include):
+        merged = [c for c in kept if all(str(c[k]) == str(v) for k, v in e.items() if k in c)]
+        replaced = [c for c in merged if _to_cell(c, plan.loaded).id != _to_cell({**c, **e}, plan.loaded).id]
+        new_keys = [k for k in e if k in AXES and k not in axes]
+        if replaced:
+            errors.append(f"{path}: matrix.include[{i}] sets {', '.join(new_keys)} (not an axis) on {len(replaced)} "
+                          f"product combination(s) such as {replaced[0]}: that replaces those cells instead of "
+                          f"adding one; make {new_keys[0]} an axis (GitHub-Actions include semantics)")
+    return errors, warnings
+
+
 def preflight(plan: Plan, tasks: bool = True) -> list[str]:
     """Raise one ``UserError`` listing every problem above; returns the warnings.
     ``tasks=False`` skips the lm-eval task index (seconds to read; ``plan`` skips it)."""
-    errors = cannot_pass(plan) + model_problems(plan)
+    matrix_errors, matrix_warnings = matrix_problems(plan)
+    errors = matrix_errors + cannot_pass(plan) + model_problems(plan)
     if tasks:
         errors += unknown_tasks(plan)
     build_errors, warnings = build_problems(plan)
     errors += build_errors
     if errors:
         raise UserError("\n".join(dict.fromkeys(errors)))
-    return warnings
+    return matrix_warnings + warnings
 

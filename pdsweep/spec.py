@@ -389,6 +389,14 @@ class Matrix(_Strict):
                     x = err.errors()[0]
                     raise ValueError(f"{kind}[{i}].{'.'.join(map(str, x['loc']))}: {x['msg']} "
                                      f"(got {x.get('input')!r})") from None
+                if "tp" in e and ("prefill_tp" in e or "decode_tp" in e):
+                    raise ValueError(f"{kind}[{i}]: give 'tp' or 'prefill_tp'/'decode_tp', not both")
+                if "block_size" in e and ("prefill_block_size" in e or "decode_block_size" in e):
+                    raise ValueError(f"{kind}[{i}]: give 'block_size' or 'prefill_block_size'/'decode_block_size', "
+                                     "not both")
+                stray = [k for k in ("reason", "ref") if k in e and "expect" not in e]
+                if kind == "include" and stray:
+                    raise ValueError(f"include[{i}]: '{stray[0]}' explains an expected failure: it needs 'expect: fail'")
                 if kind == "include" and "expect" in e and not e.get("reason"):
                     raise ValueError(f"include[{i}]: 'expect: fail' needs a 'reason' (and ideally a 'ref')")
                 if kind == "include" and e.get("match") is not None and e.get("expect") != "fail":

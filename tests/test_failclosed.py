@@ -3,6 +3,7 @@ reported examples and a hypothesis property that generates such inputs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tempfile
 from pathlib import Path
@@ -257,7 +258,7 @@ def test_gate_of_a_run_json_with_a_hostile_cell_id_is_bad_input(tmp_path: Path) 
 
 
 def test_compare_key_drops_only_the_build_part() -> None:
-    c = pd("tiny-llama", 1, 1, "fixed").__class__(**{**pd("m.fixed", 1, 1, "fixed").__dict__, "serve_args": "fixed"})
+    c = dataclasses.replace(pd("m.fixed", 1, 1, "fixed"), serve_args="fixed")
     assert (c.id, c.compare_key) == ("m.fixed.p1d1.b16-16.fixed.fixed", "m.fixed.p1d1.b16-16.fixed")
 
 
@@ -506,3 +507,57 @@ def test_a_failed_report_leaves_nothing_half_written(run_dir: Path, tmp_path: Pa
     made = pdsweep.report.write_report(run_dir, out)
     assert made["markdown"] == out / "report.md" and made["html"].exists()
     assert sorted(p.name for p in out.iterdir()) == ["plots", "report.html", "report.md"]
+
+
+# ---------------------------------------------------------------- 8. matrix semantics
+MATRIX = "name: x\nplatform: cpu\nmatrix:\n  model: [tiny-llama, tiny-mla]\n  tp: [p1d1]\n  block_size: [32]\n"
+
+
+@pytest.mark.parametrize("entry, why", [
+    ("{model: tiny-llama, tp: p1d1, prefill_tp: 2}", "include[0]: give 'tp' or 'prefill_tp'/'decode_tp', not both"),
+    ("{model: tiny-llama, block_size: 32, decode_block_size: 64}", "include[0]: give 'block_size' or"),
+    ("{model: tiny-llama, reason: flaky}", "include[0]: 'reason' explains an expected failure: it needs 'expect: fail'"),
+    ("{model: tiny-llama, ref: 'vllm#1'}", "include[0]: 'ref' explains an expected failure"),
+])
+def test_conflicting_include_entries_are_errors(tmp_path: Path, capsys, entry: str, why: str) -> None:
+    assert why in bad(tmp_path, MATRIX + f"  include:\n    - {entry}\n", capsys)
+
+
+def test_include_that_replaces_axis_cells_is_an_error(tmp_path: Path, capsys) -> None:
+    msg = bad(tmp_path, MATRIX + "  include:\n    - {model: tiny-llama, num_decode: 2}\n", capsys)
+    assert "matrix.include[0] sets num_decode (not an axis) on 1 product combination(s)" in msg
+    assert "make num_decode an axis" in msg
+
+
+def test_include_that_adds_a_cell_or_an_expectation_is_fine(tmp_path: Path, capsys) -> None:
+    body = MATRIX + ("  include:\n    - {model: tiny-mla, tp: p1d1, expect: fail, reason: known, match: x}\n"
+                     "    - {model: tiny-nemotron-h, tp: p1d1, block_size: 64}\n")
+    assert "valid: 3 PD cells" in good(tmp_path, body, capsys)
+
+
+def test_exclude_matching_nothing_warns(tmp_path: Path, capsys) -> None:
+    p = write(tmp_path, MATRIX + "  exclude:\n    - {model: tiny-llama, tp: p2d1}\n")
+    assert main(["validate", str(p)]) == 0
+    assert "matrix.exclude[0] {'model': 'tiny-llama', 'tp': 'p2d1'} matches no combination" in capsys.readouterr().err
+
+
+@given(st.sampled_from(["tiny-llama", "tiny-mla", "tiny-qwen3-next"]),
+       st.sampled_from([("num_decode", 2), ("decode_dp", 2), ("kv_buffer_device", "cpu"), ("serve_args", "base"),
+                        ("expect", "fail")]))
+@settings(max_examples=15, deadline=None, suppress_health_check=HC)
+def test_property_an_include_never_silently_replaces_a_cell(tmp_path: Path, model: str, kv: tuple) -> None:
+    """Either the include's cell-defining keys leave every product cell in the plan (added or
+    extended with an expectation), or validate refuses it."""
+    key, value = kv
+    extra = ", reason: r" if key == "expect" else ""
+    body = MATRIX + f"  include:\n    - {{model: {model}, {key}: {value}{extra}}}\n"
+    root = Path(tempfile.mkdtemp(dir=tmp_path))
+    plan = expand(load_sweep(write(root, body)))
+    product = {f"{m}.p1d1.b32-32.fixed" for m in ("tiny-llama", "tiny-mla")}
+    ids = {c.id for c in plan.cells} | {r.cell.id for r in plan.rejected}
+    try:
+        preflight(plan, tasks=False)
+    except UserError as e:
+        assert "replaces those cells" in str(e) and not product <= ids
+    else:
+        assert product <= ids
