@@ -49,10 +49,10 @@ def unsafe_name(name: object, model: bool = False) -> str | None:
     """Why ``name`` cannot be a model (``model=True``) or build/variant name, or None."""
     limit, rx = (MAX_MODEL_NAME, MODEL_NAME) if model else (MAX_NAME, NAME)
     allowed = "letters, digits, '-', '_'" + (" and '.'" if model else "")
-    if not isinstance(name, str) or not rx.match(name) or len(name) > limit:
+    if not isinstance(name, str) or not rx.fullmatch(name) or len(name) > limit:
         return (f"name {name!r} is not safe: it becomes a cell-id part and a directory name; use {allowed}, "
                 f"starting and ending with a letter or digit, at most {limit} characters")
-    if not model and ID_PART.match(name):
+    if not model and ID_PART.fullmatch(name):
         return f"name {name!r} looks like a cell-id part (pPdD, bN-M, NxM, ddpN, kvbuf-, env-): ids would be ambiguous"
     return None
 
@@ -81,7 +81,7 @@ def reserved_flag(arg: str) -> str | None:
 
 def reserved_env(var: str) -> str | None:
     """``"VAR: use X"`` when ``var`` is an environment variable pdsweep derives, else None."""
-    if not ENV_NAME.match(var):
+    if not ENV_NAME.fullmatch(var):
         return f"{var!r} is not an environment variable name (letters, digits, '_'; not starting with a digit)"
     if var in RESERVED_ENV:
         return f"{var} is set by pdsweep and defines the cell: use {RESERVED_ENV[var]}"

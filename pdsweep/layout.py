@@ -151,7 +151,7 @@ def cell_dir(run_dir: Path, cell_id: str) -> Path:
     """``run_dir/cell_id``. Raises ``UserError`` for an id that is not one path component
     of safe characters (a corrupt run.json, an id with ``/`` or ``..``): nothing pdsweep
     reads or writes for a cell lies outside its run directory."""
-    if not isinstance(cell_id, str) or not _CELL_ID.match(cell_id) or ".." in cell_id:
+    if not isinstance(cell_id, str) or not _CELL_ID.fullmatch(cell_id) or ".." in cell_id:
         raise UserError(f"{run_dir}: cell id {cell_id!r} is not a safe directory name")
     return inside(run_dir, Path(run_dir) / cell_id)
 

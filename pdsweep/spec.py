@@ -337,7 +337,7 @@ class MatrixEntry(_Strict):
 
 
 def _tp_pair_in_bounds(pair: str) -> str:
-    p, d = map(int, _TP_PAIR.match(pair).groups())  # type: ignore[union-attr]
+    p, d = map(int, _TP_PAIR.fullmatch(pair).groups())  # type: ignore[union-attr]
     if max(p, d) > MAX_TP:
         raise ValueError(f"'{pair}': TP {max(p, d)} is more than {MAX_TP} ({BOUND_WHY['tp']})")
     return pair
@@ -365,7 +365,7 @@ class Matrix(_Strict):
     @classmethod
     def _tp_pairs(cls, v: list[str] | None) -> list[str] | None:
         for item in v or []:
-            if not _TP_PAIR.match(str(item)):
+            if not _TP_PAIR.fullmatch(str(item)):
                 raise ValueError(f"'{item}' is not a TP pair; write pPdD with P, D >= 1, e.g. p2d1 "
                                  "(prefill TP 2, decode TP 1)")
             _tp_pair_in_bounds(item)

@@ -219,7 +219,7 @@ def test_property_any_repeated_key_is_refused(tmp_path: Path, key: str, pad: int
 
 
 # ---------------------------------------------------------------- 5. names, ids and paths
-@pytest.mark.parametrize("name", ["../escape", "a/b", "two\nlines", "x" * 300, "has.dot", "-dash", "p2d1", "env-x"])
+@pytest.mark.parametrize("name", ["../escape", "a/b", "two\nlines", "trailing\n", "x" * 300, "has.dot", "-dash", "p2d1", "env-x"])
 def test_unsafe_variant_names_are_refused(tmp_path: Path, capsys, name: str) -> None:
     body = SMALL.replace("matrix:", f"serve_args: {{base: [], {json.dumps(name)}: []}}\nmatrix:")
     assert "serve_args: name " in bad(tmp_path, body, capsys)
