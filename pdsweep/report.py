@@ -332,9 +332,10 @@ def write_report(run_dir: Path, out_dir: Path | None = None, compare_with: Path 
 
     run_dir = Path(run_dir)
     out = Path(out_dir or run_dir)
+    layout.check_writable(out / "report.md")  # before any work
     result = gate_run(run_dir)
     other = gate_run(Path(compare_with)) if compare_with else None
-    layout.check_writable(out / "report.md")
+    out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out, prefix=".report-"))
     try:
         made = _write_report_files(result, _comparisons(result, other), run_dir, tmp, compare_with is not None)

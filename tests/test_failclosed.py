@@ -561,3 +561,11 @@ def test_property_an_include_never_silently_replaces_a_cell(tmp_path: Path, mode
         assert "replaces those cells" in str(e) and not product <= ids
     else:
         assert product <= ids
+
+
+def test_report_into_a_new_directory_and_below_a_file(run_dir: Path, tmp_path: Path, capsys) -> None:
+    assert main(["report", str(run_dir), "--out", str(tmp_path / "new" / "dir")]) == 0
+    assert (tmp_path / "new" / "dir" / "report.html").exists()
+    (tmp_path / "file").write_text("x")
+    assert main(["report", str(run_dir), "--out", str(tmp_path / "file" / "r")]) == 2
+    assert "is not a writable directory" in capsys.readouterr().err
