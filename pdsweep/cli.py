@@ -1,5 +1,6 @@
 """``pdsweep`` command line. Each subcommand is (name, help, add_args, main); errors are
-caught once here: ``UserError`` -> message, exit 2; ``GateFailed`` -> message, exit 1."""
+caught once here: ``UserError`` (and ``OSError``) -> message, exit 2; ``GateFailed`` ->
+message, exit 1; anything else is a pdsweep bug: traceback, exit 3 (README "Exit codes")."""
 
 from __future__ import annotations
 
@@ -8,13 +9,25 @@ import json
 import logging
 import shlex
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from .errors import EXIT_GATE_FAILED, EXIT_USER_ERROR, GateFailed, UserError
+from .errors import EXIT_GATE_FAILED, EXIT_INTERNAL, EXIT_USER_ERROR, GateFailed, UserError
 
 
 # ---------------------------------------------------------------- validate / plan
+def gpu_count(text: str) -> int:
+    """argparse type of ``--gpus``: an integer in 0..4096 (argparse then exits 2 with usage)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= n <= 4096:
+        raise argparse.ArgumentTypeError(f"{n} GPUs: allowed 0..4096")
+    return n
+
+
 def _validate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("sweep", help="sweep YAML (e.g. sweeps/cpu-smoke.yaml)")
     _no_check_argv_arg(p)
@@ -42,11 +55,13 @@ def check_argv(ls, cells) -> None:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from .feasible import preflight
     from .plan import expand
     from .spec import load_sweep
 
-    ls = load_sweep(args.sweep)
-    plan = expand(ls)
+    plan = expand(load_sweep(args.sweep))
+    for w in preflight(plan):
+        print(f"warning: {w}", file=sys.stderr)
     if not plan.pd_cells:
         why = "; ".join(sorted({f"{r.rule}: {r.reason}" for r in plan.rejected})[:3]) or "the matrix is empty"
         raise UserError(f"{args.sweep}: no PD cell to run ({len(plan.rejected)} rejected): {why}")
@@ -60,7 +75,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("sweep")
-    p.add_argument("--gpus", type=int, default=None, help="GPUs on the host (default: nvidia-smi; 0 on CPU)")
+    p.add_argument("--gpus", type=gpu_count, default=None, help="GPUs on the host (default: nvidia-smi; 0 on CPU)")
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument("--cells", default=None, help="glob over cell ids")
     _no_check_argv_arg(p)
@@ -73,8 +88,11 @@ def plan_dict(sweep: str, gpus: int | None, cells_glob: str | None = None, check
     from .schedule import detect_gpus, pack
     from .spec import load_sweep
 
+    from .feasible import preflight
+
     ls = load_sweep(sweep)
     plan = expand(ls)
+    preflight(plan, tasks=False)  # validate also asks lm-eval for the task names
     n = gpus if gpus is not None else (detect_gpus() if ls.sweep.platform == "cuda" else 0)
     cells = select(plan, cells_glob)
     if check:
@@ -166,7 +184,7 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("sweep")
     p.add_argument("--out", type=Path, default=None, help="run directory (default results/<sweep>-<time>)")
     p.add_argument("--cells", default=None, help="glob over cell ids (their references are added)")
-    p.add_argument("--gpus", type=int, default=None)
+    p.add_argument("--gpus", type=gpu_count, default=None)
     p.add_argument("--resume", action="store_true", help="skip cells whose status is final")
     p.add_argument("--quiet", action="store_true", help="one line per cell (CI logs)")
     p.add_argument("--skip-eval", action="store_true", help="deploy and probe only, no lm-eval")
@@ -199,14 +217,33 @@ def _gate_args(p: argparse.ArgumentParser) -> None:
 def _gate(args: argparse.Namespace) -> int:
     from .gate import gate_run, write_junit, write_summary
 
+    junit, summary = args.junit or args.run_dir / "junit.xml", args.summary or args.run_dir / "summary.md"
+    check_outputs(("--junit", junit), ("--summary", summary))
     result = gate_run(args.run_dir)  # the gate settings frozen into run.json
-    write_junit(result, args.junit or args.run_dir / "junit.xml")
-    summary = write_summary(result, args.summary or args.run_dir / "summary.md")
-    print(Path(summary).read_text() if summary else "")
+    try:
+        write_junit(result, junit)
+        print(Path(write_summary(result, summary)).read_text())
+    except BaseException:  # the verdict is printed even when an output could not be written
+        print(f"gate: {result.headline()}", file=sys.stderr)
+        raise
     if not result.passed:
         raise GateFailed(f"gate: {result.headline()}")
     print(f"gate: {result.headline()}")
     return 0
+
+
+def check_outputs(*named: tuple[str, Path]) -> None:
+    """Raise ``UserError`` when two outputs are one file or one cannot be written
+    (:func:`pdsweep.layout.check_writable`), before any work starts."""
+    from . import layout
+
+    seen: dict[Path, str] = {}
+    for flag, path in named:
+        key = Path(path).resolve()
+        if key in seen:
+            raise UserError(f"{flag} {path} is the same file as {seen[key]}: one would overwrite the other")
+        seen[key] = f"{flag} {path}"
+        layout.check_writable(Path(path))
 
 
 def _compare_args(p: argparse.ArgumentParser) -> None:
@@ -215,18 +252,29 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=None, help="directory for compare.md / compare.json")
     p.add_argument("--a-build", default=None, help="only A's cells of this build (e.g. fixed)")
     p.add_argument("--b-build", default=None, help="only B's cells of this build (e.g. unfixed)")
+    p.add_argument("--allow-missing", action="store_true",
+                   help="cells of A missing in B do not fail the comparison (default: they do)")
+    p.add_argument("--allow-other-sweep", action="store_true",
+                   help="compare runs of different sweeps (default: refused, exit 2)")
 
 
 def _compare(args: argparse.Namespace) -> int:
     from .compare import compare_runs, write_json, write_markdown
 
-    res = compare_runs(args.a, args.b, a_build=args.a_build, b_build=args.b_build)
-    out = args.out or args.b
-    md = write_markdown(res, Path(out) / "compare.md")
-    write_json(res, Path(out) / "compare.json")
-    print(Path(md).read_text())
-    if res.regressed:
-        raise GateFailed(f"compare: {len(res.regressions)} regression(s) of {args.b} against {args.a}")
+    out = Path(args.out or args.b)
+    check_outputs(("compare.md", out / "compare.md"), ("compare.json", out / "compare.json"))
+    res = compare_runs(args.a, args.b, allow_missing=args.allow_missing, allow_other_sweep=args.allow_other_sweep,
+                       a_build=args.a_build, b_build=args.b_build)
+    verdict = "REGRESSED" if res.regressed else "NO REGRESSION"
+    try:
+        md = write_markdown(res, out / "compare.md")
+        write_json(res, out / "compare.json")
+        print(Path(md).read_text())
+    except BaseException:  # the verdict is printed even when an output could not be written
+        print(f"compare: {verdict} of {args.b} against {args.a}", file=sys.stderr)
+        raise
+    res.raise_for_verdict()
+    print(f"compare: {verdict} of {args.b} against {args.a}")
     return 0
 
 
@@ -273,7 +321,8 @@ DELEGATED = {"proxy", "baseline-env", "bench"}  # heavier modules: imported only
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pdsweep", description="Accuracy and KV-transfer sweeps for vLLM prefill/decode disaggregation over "
-        "the NIXL connector. Exit codes: 0 ok, 1 gate/compare failed, 2 bad input.")
+        "the NIXL connector. Exit codes: 0 ok, 1 gate/compare verdict failed, 2 bad input (no "
+        "traceback), 3 internal error (with traceback), 130 interrupted.")
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_, add, main in SUBCOMMANDS:
@@ -306,6 +355,11 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:  # an output path that is a file, a read-only results dir, ...
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except Exception:  # a bug in pdsweep, not bad input or a verdict: say so, with the traceback
+        traceback.print_exc()
+        print(f"internal error in pdsweep (exit {EXIT_INTERNAL}): please report it with the traceback above",
+              file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

@@ -18,6 +18,10 @@ gets a verdict and an asv-style mark:
 
 GB/s, TTFT and TPOT ratios are reported, never judged (performance is noisy on shared
 hosts). :func:`compare_runs` gates both runs with :func:`pdsweep.gate.gate_run`.
+
+Fail closed: an ``only-in-A`` cell (B lost it, or rejected it) fails the comparison like a
+regression unless ``allow_missing``; two runs of different sweeps (run.json
+``sweep_name``) are refused unless ``allow_other_sweep`` (then the result says so).
 """
 
 from __future__ import annotations
@@ -108,6 +112,13 @@ class CompareResult:
     b_name: str
     alpha: float
     cells: tuple[CellComparison, ...]
+    allow_missing: bool = False  # only-in-A cells do not fail the comparison
+    sweeps: tuple[str | None, str | None] = (None, None)  # run.json sweep_name of A and B
+
+    @property
+    def other_sweep(self) -> bool:
+        """A and B are runs of different (or unnamed) sweeps (compared on request only)."""
+        return self.sweeps[0] is None or self.sweeps[0] != self.sweeps[1]
 
     def by_verdict(self, verdict: str) -> list[CellComparison]:
         return [c for c in self.cells if c.verdict == verdict]
@@ -121,9 +132,19 @@ class CompareResult:
         return self.by_verdict(IMPROVEMENT)
 
     @property
+    def missing(self) -> list[CellComparison]:
+        """Cells of A that B lacks (or rejected): failures unless ``allow_missing``."""
+        return [] if self.allow_missing else self.by_verdict(ONLY_A)
+
+    @property
+    def failures(self) -> list[CellComparison]:
+        """Regressions, then the missing cells that count as failures."""
+        return self.regressions + self.missing
+
+    @property
     def regressed(self) -> bool:
-        """True when any cell regressed (the CLI exits 1)."""
-        return bool(self.regressions)
+        """True when any cell regressed or went missing from B (the CLI exits 1)."""
+        return bool(self.failures)
 
     @property
     def exit_code(self) -> int:
@@ -140,13 +161,16 @@ class CompareResult:
         """Raise :class:`~pdsweep.errors.GateFailed` listing the regressions, if any."""
         if self.regressed:
             lines = [f"- {c.key}: {'; '.join(c.reasons)}" for c in self.regressions]
-            raise GateFailed(f"compare: {len(lines)} regression(s) of {self.b_name} against {self.a_name}:\n"
-                             + "\n".join(lines))
+            lines += [f"- {c.key}: only in A ({'; '.join(c.reasons)}); pass --allow-missing if intended"
+                      for c in self.missing]
+            raise GateFailed(f"compare: {len(self.regressions)} regression(s), {len(self.missing)} cell(s) "
+                             f"missing in {self.b_name} against {self.a_name}:\n" + "\n".join(lines))
 
     def to_dict(self) -> dict[str, Any]:
         counts = {v: len(self.by_verdict(v)) for v in MARKS}
         return {"a": str(self.a), "b": str(self.b), "a_name": self.a_name, "b_name": self.b_name,
                 "direction": DIRECTION, "alpha": self.alpha, "counts": counts, "regressed": self.regressed,
+                "allow_missing": self.allow_missing, "sweeps": list(self.sweeps), "other_sweep": self.other_sweep,
                 "cells": [c.to_dict() for c in self.cells]}
 
 
@@ -237,11 +261,12 @@ def compare_cells(a: list[CellResult], b: list[CellResult], alpha: float) -> lis
     return out
 
 
-def compare_results(a: GateResult, b: GateResult, alpha: float | None = None) -> CompareResult:
+def compare_results(a: GateResult, b: GateResult, alpha: float | None = None, allow_missing: bool = False,
+                    sweeps: tuple[str | None, str | None] = (None, None)) -> CompareResult:
     """Compare two gated runs (``alpha`` default: B's gate alpha)."""
     alpha = b.gate.alpha if alpha is None else alpha
     return CompareResult(a.run_dir, b.run_dir, a.run_name, b.run_name, alpha,
-                         tuple(compare_cells(list(a.cells), list(b.cells), alpha)))
+                         tuple(compare_cells(list(a.cells), list(b.cells), alpha)), allow_missing, sweeps)
 
 
 def only_build(result: GateResult, build: str | None) -> GateResult:
@@ -256,15 +281,29 @@ def only_build(result: GateResult, build: str | None) -> GateResult:
     return dataclasses.replace(result, cells=cells)
 
 
-def compare_runs(a: Path, b: Path, gate: GateSpec | None = None, a_build: str | None = None,
+def sweep_name(run_dir: Path) -> str | None:
+    """run.json ``sweep_name`` of a run (None when absent or not a string)."""
+    name = (layout.read_json_or_none(Path(run_dir) / layout.RUN_FILE) or {}).get("sweep_name")
+    return name if isinstance(name, str) and name else None
+
+
+def compare_runs(a: Path, b: Path, gate: GateSpec | None = None, allow_missing: bool = False,
+                 allow_other_sweep: bool = False, a_build: str | None = None,
                  b_build: str | None = None) -> CompareResult:
     """Gate runs ``a`` (baseline) and ``b`` (candidate) and compare them cell by cell;
     ``a_build`` / ``b_build`` keep only that build's cells on each side, so that one run
     holding both builds compares fixed (A) against unfixed (B): ``pdsweep compare RUN RUN
     --a-build fixed --b-build unfixed``. Raises ``UserError`` when either has no readable
-    run.json or a named build has no cell."""
+    run.json, a named build has no cell, or they are runs of different sweeps (run.json
+    ``sweep_name``; unnamed counts as different) and ``allow_other_sweep`` is not set."""
     ra, rb = gate_run(Path(a), gate), gate_run(Path(b), gate)  # gate None: each run's own settings
-    return compare_results(only_build(ra, a_build), only_build(rb, b_build), gate.alpha if gate else None)
+    sweeps = (sweep_name(a), sweep_name(b))
+    if (sweeps[0] is None or sweeps[0] != sweeps[1]) and not allow_other_sweep:
+        raise UserError(f"compare: {a} is a run of sweep {sweeps[0] or '(unnamed)'} and {b} of sweep "
+                        f"{sweeps[1] or '(unnamed)'} (run.json sweep_name): cells would not line up; pass "
+                        "--allow-other-sweep to compare them anyway")
+    return compare_results(only_build(ra, a_build), only_build(rb, b_build), gate.alpha if gate else None,
+                           allow_missing, sweeps)
 
 
 # ---------------------------------------------------------------- outputs
@@ -304,6 +343,12 @@ def markdown(result: CompareResult) -> str:
              "Marks: `+` improvement, `-` regression, `x` not comparable (config_hash differs), "
              "`<` only in A, `>` only in B, blank: same.", "",
              f"**{'REGRESSED' if result.regressed else 'NO REGRESSION'}**: {counts or 'no cells'}", ""]
+    if result.missing:
+        lines += [f"{len(result.missing)} cell(s) of A are missing in B: that fails the comparison "
+                  "(`--allow-missing` if intended).", ""]
+    if result.other_sweep:
+        lines += [f"**Different sweeps**: A is `{result.sweeps[0]}`, B is `{result.sweeps[1]}` "
+                  "(compared on request: `--allow-other-sweep`).", ""]
     for title, verdict in (("Regressions", REGRESSION), ("Improvements", IMPROVEMENT)):
         if result.by_verdict(verdict):
             lines += [f"## {title}", ""]

@@ -24,8 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import typing
+
+from pydantic import ConfigDict, ValidationError, create_model
+
 from . import layout
 from .errors import GateFailed, UserError
+from .results_schema import type_problem
 from .plan import Cell
 from .spec import GateSpec
 
@@ -40,7 +45,10 @@ def num(x: Any) -> float | None:
     """``x`` as a finite float, or None (null, NaN, inf, bool, string: not a number)."""
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return None
-    return float(x) if math.isfinite(x) else None
+    try:
+        return float(x) if math.isfinite(x) else None
+    except OverflowError:  # an int beyond float range (e.g. 10**400 in a corrupt file)
+        return None
 
 
 def show(x: Any) -> str:
@@ -82,6 +90,9 @@ def load_files(run_dir: Path, cell_id: str) -> CellFiles:
         except UserError as e:
             files.problems[name] = "unreadable: " + str(e).removeprefix(f"{path}: ").removeprefix(
                 "unreadable results file: ")
+            continue
+        if (bad := type_problem(name, data)) is not None:
+            files.problems[name] = f"unreadable: {bad}"
             continue
         owner = data.get("cell_id", data.get("cell", {}).get("id") if isinstance(data.get("cell"), dict) else None)
         if owner not in (None, cell_id):
@@ -140,10 +151,16 @@ def cell_from_dict(d: Any) -> Cell | None:
     """A :class:`~pdsweep.plan.Cell` from ``Cell.to_dict()`` output, or None if it does not fit."""
     if not isinstance(d, dict):
         return None
-    try:
-        return Cell(**{f.name: d[f.name] for f in dataclasses.fields(Cell) if f.name in d})
-    except TypeError:
+    try:  # typed as the dataclass says (a corrupt file's true/10**400/"x" is no cell)
+        return Cell(**_CELL.model_validate({f.name: d[f.name] for f in dataclasses.fields(Cell) if f.name in d})
+                    .model_dump(exclude_unset=True))
+    except (TypeError, ValidationError):
         return None
+
+
+_CELL = create_model("CellFields", __config__=ConfigDict(strict=True), **{
+    f.name: (typing.get_type_hints(Cell)[f.name], f.default if f.default is not dataclasses.MISSING else ...)
+    for f in dataclasses.fields(Cell)})
 
 
 def _task(name: str, t: dict[str, Any]) -> TaskScore:
@@ -321,7 +338,7 @@ class TransferCheck:
         totals = tr.get("totals")
         if not isinstance(totals, dict):
             return [f"{w}: no totals"]
-        out = []
+        out = impossible_totals(totals, w)
         for key, limit in (("failed_transfers", self.max_failed), ("failed_notifications", 0)):
             v = num(totals.get(key))
             if v is None:
@@ -336,6 +353,36 @@ class TransferCheck:
             out.append(f"{w}: no KV transferred (num_transfers {moved['num_transfers']:g}, "
                        f"bytes {moved['bytes']:g}): decode did not receive KV from prefill")
         return out
+
+
+# transfer.json totals that count things (non-negative integers) and that measure
+# things (non-negative finite numbers); pdsweep.metrics._summary writes them
+COUNT_TOTALS = ("num_transfers", "bytes", "failed_transfers", "failed_notifications", "expired_reqs",
+                "num_requests")
+MEASURE_TOTALS = ("xfer_time_s", "post_time_s", "gbps_xfer", "gbps_wall", "xfer_time_p50_s", "xfer_time_p90_s",
+                  "xfer_time_p99_s", "descriptors_per_transfer", "ttft_mean_s", "ttft_p50_s", "ttft_p99_s",
+                  "tpot_mean_s", "itl_mean_s", "e2e_mean_s")
+
+
+def impossible_totals(totals: dict[str, Any], where: str) -> list[str]:
+    """Why values of transfer.json ``totals`` cannot be real: a count that is not a
+    non-negative integer (Prometheus counters and histogram counts never are), a
+    measure that is not a non-negative finite number, or a string/bool where a number
+    belongs. ``null`` is allowed here (an unexposed metric; the checks that need one
+    fail on it). Returns one reason per field, naming ``where`` (``cell/transfer.json``)."""
+    out = []
+    for key in COUNT_TOTALS + MEASURE_TOTALS:
+        v = totals.get(key)
+        if v is None:
+            continue
+        x = num(v)
+        if x is None:
+            out.append(f"{where}: totals.{key} is {show(v)}: not a finite number")
+        elif x < 0:
+            out.append(f"{where}: totals.{key} = {x:g}: negative (allowed: >= 0)")
+        elif key in COUNT_TOTALS and x != int(x):
+            out.append(f"{where}: totals.{key} = {x:g}: a count must be a whole number")
+    return out
 
 
 def checks_for(gate: GateSpec) -> list[Check]:
@@ -515,6 +562,9 @@ def _read_index(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     except FileNotFoundError:
         raise UserError(f"{run_dir}: not a pdsweep run ({layout.RUN_FILE} missing)") from None
     plan = layout.read_json_or_none(run_dir / layout.PLAN_FILE) or {}
+    for name, data in ((layout.RUN_FILE, index), (layout.PLAN_FILE, plan)):
+        if (bad := type_problem(name, data)) is not None:
+            raise UserError(f"{run_dir / name}: unreadable: {bad}")
     return index, plan
 
 

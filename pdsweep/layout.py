@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -58,12 +59,20 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
+def _temp_beside(path: Path) -> tuple[int, str]:
+    """A temp file in ``path``'s directory (for an atomic replace); an error names ``path``."""
+    try:
+        return tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise UserError(f"{path}: cannot write: {e.strerror} ({path.parent})") from None
+
+
 def write_json(path: Path, data: dict[str, Any]) -> Path:
     """Atomically write ``data`` (plus ``schema``) to ``path``; returns ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = json.dumps({"schema": SCHEMA, **_clean(data)}, indent=2, sort_keys=False, default=str)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _temp_beside(path)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(payload + "\n")
@@ -80,7 +89,7 @@ def write_text(path: Path, text: str) -> Path:
     """Atomically write a text file (reports, summaries)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _temp_beside(path)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
@@ -88,6 +97,23 @@ def write_text(path: Path, text: str) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return path
+
+
+def check_writable(path: Path) -> Path:
+    """Raise ``UserError`` unless ``path`` can be written: not a directory, and its
+    directory exists (or can be made) and is writable. Called before work starts, so a
+    bad output path is reported by its own name (never a hidden temp file's)."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{path}: is a directory, not a file to write")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"{path}: cannot write: {parent} is not a writable directory")
+    if path.exists() and not os.access(path, os.W_OK) and not os.access(path.parent, os.W_OK):
+        raise UserError(f"{path}: cannot write: read-only")
     return path
 
 
@@ -118,8 +144,25 @@ def read_json_or_none(path: Path) -> dict[str, Any] | None:
         return None
 
 
+_CELL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
+
+
 def cell_dir(run_dir: Path, cell_id: str) -> Path:
-    return Path(run_dir) / cell_id
+    """``run_dir/cell_id``. Raises ``UserError`` for an id that is not one path component
+    of safe characters (a corrupt run.json, an id with ``/`` or ``..``): nothing pdsweep
+    reads or writes for a cell lies outside its run directory."""
+    if not isinstance(cell_id, str) or not _CELL_ID.fullmatch(cell_id) or ".." in cell_id:
+        raise UserError(f"{run_dir}: cell id {cell_id!r} is not a safe directory name")
+    return inside(run_dir, Path(run_dir) / cell_id)
+
+
+def inside(run_dir: Path, path: Path) -> Path:
+    """``path``, after checking that it resolves inside ``run_dir`` (symlinks followed);
+    raises ``UserError`` otherwise."""
+    root, p = Path(run_dir).resolve(), Path(path).resolve()
+    if p != root and root not in p.parents:
+        raise UserError(f"{path}: outside the run directory {run_dir}")
+    return Path(path)
 
 
 def cell_status(run_dir: Path, cell_id: str) -> str | None:

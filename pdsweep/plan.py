@@ -82,8 +82,11 @@ class Cell:
 
     @property
     def compare_key(self) -> str:
-        """The id without the build, to line up fixed and unfixed runs of one cell."""
-        return ".".join(p for p in self.id.split(".") if p != self.build)
+        """The id without the build, to line up fixed and unfixed runs of one cell (the build
+        is the id part after the model's and the two TP/block parts, wherever the name recurs)."""
+        parts = self.id.split(".")
+        at = self.model.count(".") + 3
+        return ".".join(parts[:at] + parts[at + 1:])
 
     @property
     def tp_ratio(self) -> int:

@@ -321,12 +321,37 @@ def write_report(run_dir: Path, out_dir: Path | None = None, compare_with: Path 
     """Gate ``run_dir`` and write ``report.md``, ``report.html`` and ``plots/*.png`` into
     ``out_dir`` (default ``run_dir``). ``compare_with``: a baseline run (A) to put this
     run (B) beside. Returns ``{"markdown": path, "html": path, <plot name>: path, ...}``
-    (plots without data are left out). Raises ``UserError`` when a run has no run.json.
+    (plots without data are left out). Raises ``UserError`` when a run has no run.json or
+    ``out_dir`` cannot be written. Everything is made in a hidden directory inside
+    ``out_dir`` first and moved into place at the end: a failed report leaves nothing
+    half-written.
     """
+    import os
+    import shutil
+    import tempfile
+
     run_dir = Path(run_dir)
     out = Path(out_dir or run_dir)
+    layout.check_writable(out / "report.md")  # before any work
     result = gate_run(run_dir)
-    cmps = _comparisons(result, gate_run(Path(compare_with)) if compare_with else None)
+    other = gate_run(Path(compare_with)) if compare_with else None
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out, prefix=".report-"))
+    try:
+        made = _write_report_files(result, _comparisons(result, other), run_dir, tmp, compare_with is not None)
+        final = {}
+        for kind, p in made.items():
+            dest = out / p.relative_to(tmp)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(p, dest)
+            final[kind] = dest
+        return final
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_report_files(result: GateResult, cmps: list[CompareResult], run_dir: Path, out: Path,
+                        against_other: bool) -> dict[str, Path]:
     pdir = out / "plots"
     first_task = (_tasks(_ran(result)) or [None])[0]
     made = {
@@ -335,7 +360,7 @@ def write_report(run_dir: Path, out_dir: Path | None = None, compare_with: Path 
                                          f"accuracy ({first_task})", pdir / "heatmap_accuracy.png", vmax=1.0),
         "heatmap_gbps": plot_heatmap(result, lambda c: c.facts.total("gbps_xfer"), "KV transfer GB/s",
                                      pdir / "heatmap_gbps.png", fmt=".3g"),
-        "builds": plot_side_by_side(compare_series(cmps[0]) if compare_with else build_series(result),
+        "builds": plot_side_by_side(compare_series(cmps[0]) if against_other else build_series(result),
                                     pdir / "builds.png") if cmps else None,
     }
     plots = {k: p for k, p in made.items() if p is not None}

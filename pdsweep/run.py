@@ -336,8 +336,12 @@ def write_index(ctx: RunContext, cells: list[Cell], started: str, finished: str 
 
 def run_sweep(path: str | Path, opts: RunOptions) -> Path:
     """Run every selected cell of the sweep at ``path``; returns the run directory."""
+    from .feasible import preflight
+
     ls = load_sweep(path)
     plan = expand(ls)
+    for warning in preflight(plan, tasks=not opts.skip_eval):
+        log.warning("%s", warning)
     num_gpus = opts.gpus if opts.gpus is not None else (detect_gpus() if ls.sweep.platform == "cuda" else 0)
     cells = select(plan, opts.cells)
     if not plan.pd_cells:

@@ -14,6 +14,7 @@ import subprocess
 import threading
 from dataclasses import dataclass
 
+from .errors import UserError
 from .plan import PORTS_PER_SLOT, Cell, Slot
 
 # Rough per-cell durations for the makespan estimate (seconds); real runs log real ones.
@@ -40,11 +41,27 @@ def estimate_s(cell: Cell) -> float:
     return STARTUP_S[cell.platform] * (1 + 0.1 * (instances - 1)) + EVAL_S
 
 
+MAX_PORT = 65535  # the largest TCP port
+
+
+def check_ports(num_gpus: int, port_base: int) -> None:
+    """Raise ``UserError`` unless every lane's port block fits below :data:`MAX_PORT`: up to
+    ``max(1, num_gpus)`` concurrent cells, ``PORTS_PER_SLOT`` ports each from ``port_base``."""
+    if num_gpus < 0:
+        raise UserError(f"--gpus {num_gpus}: a GPU count is >= 0")
+    lanes = max(1, num_gpus)
+    last = port_base + lanes * PORTS_PER_SLOT - 1
+    if last > MAX_PORT:
+        raise UserError(f"defaults.port_base {port_base} with {num_gpus} GPUs: up to {lanes} concurrent cells of "
+                        f"{PORTS_PER_SLOT} ports reach port {last}, past {MAX_PORT} (lower port_base)")
+
+
 class GpuPool:
     """Thread-safe pool of GPU ids and port lanes. On CPU (``num_gpus == 0``) one cell
     runs at a time and holds every core."""
 
     def __init__(self, num_gpus: int, port_base: int, cpus: tuple[int, ...] = ()) -> None:
+        check_ports(num_gpus, port_base)
         self.free = set(range(num_gpus))
         self.num_gpus = num_gpus
         self.port_base = port_base

@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from . import guards
 from .errors import UserError
 
 Attention = Literal["mla", "gqa", "mha"]
@@ -47,10 +48,30 @@ AXES = (
 EXPECT_KEYS = ("expect", "reason", "ref", "match")
 _TP_PAIR = re.compile(r"^p([1-9]\d*)d([1-9]\d*)$")
 Pos = Annotated[int, Field(ge=1)]
+# Upper bounds of the axes, each with where it comes from (shown in the error)
+MAX_TP = 64
+MAX_BLOCK = 4096
+MAX_DP = 8
+MAX_ROLE_INSTANCES = 11
+Tp = Annotated[int, Field(ge=1, le=MAX_TP)]
+Block = Annotated[int, Field(ge=1, le=MAX_BLOCK)]
+Dp = Annotated[int, Field(ge=1, le=MAX_DP)]
+Instances = Annotated[int, Field(ge=1, le=MAX_ROLE_INSTANCES)]
+BOUND_WHY = {
+    "tp": f"a cell runs on one host; pdsweep takes TP up to {MAX_TP} ranks",
+    "block": f"tokens per KV block; vLLM's attention backends and hybrid page alignment stay far below {MAX_BLOCK}",
+    "dp": f"pdsweep reserves {MAX_DP} NIXL side-channel ports per instance and vLLM adds the DP index to "
+          "VLLM_NIXL_SIDE_CHANNEL_PORT (nixl/base_scheduler.py NixlConnectorScheduler.__init__)",
+    "instances": "at most 12 instances per cell (pdsweep.plan.MAX_INSTANCES: the per-cell port block)",
+    "port_base": "TCP ports end at 65535 and each concurrent cell takes a block of 200",
+}
+_BOUND_OF = {"prefill_tp": "tp", "decode_tp": "tp", "block_size": "block", "prefill_block_size": "block",
+             "decode_block_size": "block", "decode_dp": "dp", "num_prefill": "instances", "num_decode": "instances",
+             "port_base": "port_base"}
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)  # no bool-as-int, no "3" as 3
 
 
 # ---------------------------------------------------------------- model catalogue
@@ -134,8 +155,8 @@ class ModelSpec(_Strict):
     attention: Attention
     ssm: Ssm = "none"
     num_layers: int = Field(gt=0)
-    attention_layers: int | None = None
-    ssm_layers: int | None = None
+    attention_layers: int | None = Field(default=None, ge=0)
+    ssm_layers: int | None = Field(default=None, ge=0)
     num_attention_heads: int | None = Field(default=None, gt=0)
     num_kv_heads: int | None = Field(default=None, gt=0)
     mla: MlaGeometry | None = None
@@ -236,13 +257,13 @@ class ServeArgsVariant(_Strict):
 
 
 class Defaults(_Strict):
-    prefill_tp: int = Field(default=1, ge=1)
-    decode_tp: int = Field(default=1, ge=1)
-    prefill_block_size: int = Field(default=16, ge=1)
-    decode_block_size: int = Field(default=16, ge=1)
-    num_prefill: int = Field(default=1, ge=1)
-    num_decode: int = Field(default=1, ge=1)
-    decode_dp: int = Field(default=1, ge=1)  # decode as data parallel (+ expert parallel), upstream DP_EP
+    prefill_tp: Tp = 1
+    decode_tp: Tp = 1
+    prefill_block_size: Block = 16
+    decode_block_size: Block = 16
+    num_prefill: Instances = 1
+    num_decode: Instances = 1
+    decode_dp: Dp = 1  # decode as data parallel (+ expert parallel), upstream DP_EP
     kv_buffer_device: KvBufferDevice | None = None  # None: cuda on GPU, cpu on CPU
     build: str = "fixed"
     serve_args: str = "base"
@@ -266,7 +287,7 @@ class ConsistencySpec(_Strict):
     enabled: bool = True
     max_tokens: int = Field(default=8, gt=0)
     # prompt lengths in tokens; "block" = one block minus one, "long" = near max_model_len
-    lengths: list[int | Literal["short", "blocks", "long"]] = ["short", "blocks", "long"]
+    lengths: list[Pos | Literal["short", "blocks", "long"]] = Field(default=["short", "blocks", "long"], min_length=1)
     # the reference also answers each position along its plain prefill path, so a
     # divergence is triaged as transfer / engine / both (pdsweep.consistency.path_check)
     triage: bool = True
@@ -287,7 +308,7 @@ class EvalSpec(_Strict):
 
 class BenchSpec(_Strict):
     enabled: bool = False
-    concurrencies: list[int] = [1]
+    concurrencies: list[Annotated[int, Field(ge=1, le=65536)]] = Field(default=[1], min_length=1)
     input_len: int = Field(default=128, gt=0)
     output_len: int = Field(default=16, gt=0)
     num_prompts: int = Field(default=16, gt=0)
@@ -306,14 +327,14 @@ class MatrixEntry(_Strict):
 
     model: str | None = None
     tp: str | None = Field(default=None, pattern=_TP_PAIR.pattern)
-    prefill_tp: Pos | None = None
-    decode_tp: Pos | None = None
-    block_size: Pos | None = None
-    prefill_block_size: Pos | None = None
-    decode_block_size: Pos | None = None
-    num_prefill: Pos | None = None
-    num_decode: Pos | None = None
-    decode_dp: Pos | None = None
+    prefill_tp: Tp | None = None
+    decode_tp: Tp | None = None
+    block_size: Block | None = None
+    prefill_block_size: Block | None = None
+    decode_block_size: Block | None = None
+    num_prefill: Instances | None = None
+    num_decode: Instances | None = None
+    decode_dp: Dp | None = None
     kv_buffer_device: KvBufferDevice | None = None
     build: str | None = None
     serve_args: str | None = None
@@ -324,6 +345,11 @@ class MatrixEntry(_Strict):
     # regex over the failure's signature (gate reasons + the failing instance's log tail);
     # an expected failure whose signature does not match is FAIL, not XFAIL
     match: str | None = Field(default=None, min_length=1)
+
+    @field_validator("tp")
+    @classmethod
+    def _tp_bounds(cls, v: str | None) -> str | None:
+        return v if v is None else _tp_pair_in_bounds(v)
 
     @field_validator("match")
     @classmethod
@@ -336,17 +362,24 @@ class MatrixEntry(_Strict):
         return v
 
 
+def _tp_pair_in_bounds(pair: str) -> str:
+    p, d = map(int, _TP_PAIR.fullmatch(pair).groups())  # type: ignore[union-attr]
+    if max(p, d) > MAX_TP:
+        raise ValueError(f"'{pair}': TP {max(p, d)} is more than {MAX_TP} ({BOUND_WHY['tp']})")
+    return pair
+
+
 class Matrix(_Strict):
     model: list[str] = Field(min_length=1)
     tp: list[str] | None = Field(default=None, min_length=1)
-    prefill_tp: list[Pos] | None = Field(default=None, min_length=1)
-    decode_tp: list[Pos] | None = Field(default=None, min_length=1)
-    block_size: list[Pos] | None = Field(default=None, min_length=1)
-    prefill_block_size: list[Pos] | None = Field(default=None, min_length=1)
-    decode_block_size: list[Pos] | None = Field(default=None, min_length=1)
-    num_prefill: list[Pos] | None = Field(default=None, min_length=1)
-    num_decode: list[Pos] | None = Field(default=None, min_length=1)
-    decode_dp: list[Pos] | None = Field(default=None, min_length=1)
+    prefill_tp: list[Tp] | None = Field(default=None, min_length=1)
+    decode_tp: list[Tp] | None = Field(default=None, min_length=1)
+    block_size: list[Block] | None = Field(default=None, min_length=1)
+    prefill_block_size: list[Block] | None = Field(default=None, min_length=1)
+    decode_block_size: list[Block] | None = Field(default=None, min_length=1)
+    num_prefill: list[Instances] | None = Field(default=None, min_length=1)
+    num_decode: list[Instances] | None = Field(default=None, min_length=1)
+    decode_dp: list[Dp] | None = Field(default=None, min_length=1)
     kv_buffer_device: list[KvBufferDevice] | None = Field(default=None, min_length=1)
     build: list[str] | None = Field(default=None, min_length=1)
     serve_args: list[str] | None = Field(default=None, min_length=1)
@@ -358,9 +391,10 @@ class Matrix(_Strict):
     @classmethod
     def _tp_pairs(cls, v: list[str] | None) -> list[str] | None:
         for item in v or []:
-            if not _TP_PAIR.match(str(item)):
+            if not _TP_PAIR.fullmatch(str(item)):
                 raise ValueError(f"'{item}' is not a TP pair; write pPdD with P, D >= 1, e.g. p2d1 "
                                  "(prefill TP 2, decode TP 1)")
+            _tp_pair_in_bounds(item)
         return v
 
     @model_validator(mode="after")
@@ -381,6 +415,14 @@ class Matrix(_Strict):
                     x = err.errors()[0]
                     raise ValueError(f"{kind}[{i}].{'.'.join(map(str, x['loc']))}: {x['msg']} "
                                      f"(got {x.get('input')!r})") from None
+                if "tp" in e and ("prefill_tp" in e or "decode_tp" in e):
+                    raise ValueError(f"{kind}[{i}]: give 'tp' or 'prefill_tp'/'decode_tp', not both")
+                if "block_size" in e and ("prefill_block_size" in e or "decode_block_size" in e):
+                    raise ValueError(f"{kind}[{i}]: give 'block_size' or 'prefill_block_size'/'decode_block_size', "
+                                     "not both")
+                stray = [k for k in ("reason", "ref") if k in e and "expect" not in e]
+                if kind == "include" and stray:
+                    raise ValueError(f"include[{i}]: '{stray[0]}' explains an expected failure: it needs 'expect: fail'")
                 if kind == "include" and "expect" in e and not e.get("reason"):
                     raise ValueError(f"include[{i}]: 'expect: fail' needs a 'reason' (and ideally a 'ref')")
                 if kind == "include" and e.get("match") is not None and e.get("expect") != "fail":
@@ -390,7 +432,7 @@ class Matrix(_Strict):
 
 
 class Sweep(_Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # results/<name>-<time>/
     description: str | None = None
     platform: Platform = "cuda"
     models_file: str = "models.yaml"
@@ -457,16 +499,46 @@ def _fmt_loc(loc: tuple[Any, ...]) -> str:
 
 def _read_yaml(path: Path) -> tuple[Any, yaml.Node | None]:
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except OSError as e:
         raise UserError(f"{path}: cannot read: {e.strerror}") from None
     try:
-        return yaml.safe_load(text), yaml.compose(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise UserError(f"{path}:{line}: not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start})") from None
+    try:
+        data, node = yaml.safe_load(text), yaml.compose(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
         problem = getattr(e, "problem", None) or str(e)
         raise UserError(f"{where}: malformed YAML: {problem}") from None
+    dups = duplicate_keys(node)
+    if dups:
+        raise UserError("\n".join(f"{path}:{second}: duplicate key '{key}' (first at line {first}); YAML would "
+                                  "silently keep the last" for key, first, second in dups))
+    return data, node
+
+
+def duplicate_keys(node: yaml.Node | None) -> list[tuple[str, int, int]]:
+    """``(key, first line, repeated line)`` for every key given twice in one mapping of
+    the composed YAML tree (pyyaml keeps the last silently)."""
+    out: list[tuple[str, int, int]] = []
+    stack = [node] if node is not None else []
+    while stack:
+        n = stack.pop()
+        if isinstance(n, yaml.MappingNode):
+            seen: dict[str, int] = {}
+            for k, v in n.value:
+                key, line = str(k.value), k.start_mark.line + 1
+                if isinstance(k, yaml.ScalarNode) and key in seen:
+                    out.append((key, seen[key], line))
+                seen.setdefault(key, line)
+                stack += [k, v]
+        elif isinstance(n, yaml.SequenceNode):
+            stack += n.value
+    return sorted(out, key=lambda x: x[2])
 
 
 def _validate(model: type[BaseModel], data: Any, path: Path, node: yaml.Node | None) -> Any:
@@ -487,7 +559,7 @@ def _validate(model: type[BaseModel], data: Any, path: Path, node: yaml.Node | N
             tag = next((_MODELS[k] for k in raw if k in _MODELS), None)
             loc = tuple(x for x in raw if not (isinstance(x, str) and x.startswith("function-")))
             # pydantic reports union members as extra loc parts ("list[str]", ...): drop them
-            loc = tuple(x for x in loc if not (isinstance(x, str) and ("[" in x or x in ("str", "int") or x in _MODELS)))
+            loc = tuple(x for x in loc if not (isinstance(x, str) and ("[" in x or x in ("str", "int", "constrained-int") or x in _MODELS)))
             line = _line_of(node, loc)
             msg = err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
@@ -496,6 +568,10 @@ def _validate(model: type[BaseModel], data: Any, path: Path, node: yaml.Node | N
                 msg = f"unknown key '{loc[-1]}' (allowed: {allowed})"
             elif err["type"] == "literal_error":
                 msg = f"{msg} (got {err.get('input')!r})"
+            elif err["type"] in ("less_than_equal", "greater_than_equal", "greater_than", "less_than"):
+                field = next((k for k in reversed(loc) if isinstance(k, str)), "")
+                why = BOUND_WHY.get(_BOUND_OF.get(field, ""))
+                msg = f"{msg} (got {err.get('input')!r}{'; ' + why if why else ''})"
             lines.append(f"{path}:{line}: {_fmt_loc(loc)}: {msg}")
         raise UserError("\n".join(dict.fromkeys(lines))) from None
 
@@ -529,7 +605,9 @@ def load_catalogue(path: str | Path) -> Catalogue:
     """Load and validate a model catalogue. Raises ``UserError``."""
     path = Path(path)
     data, node = _read_yaml(path)
-    return _validate(Catalogue, data, path, node)
+    cat = _validate(Catalogue, data, path, node)
+    _raise_all(_guard_catalogue(cat, path, node))
+    return cat
 
 
 def load_sweep(path: str | Path) -> LoadedSweep:
@@ -542,6 +620,7 @@ def load_sweep(path: str | Path) -> LoadedSweep:
     sweep: Sweep = _validate(Sweep, data, path, node)
     cat_path = (path.parent / sweep.models_file).resolve()
     catalogue = load_catalogue(cat_path)
+    _raise_all(_guard_sweep(sweep, path, node))
     _check_names(sweep, catalogue, path, node)
     return LoadedSweep(sweep=sweep, catalogue=catalogue, path=path, catalogue_path=cat_path)
 
@@ -576,3 +655,50 @@ def _check_names(sweep: Sweep, cat: Catalogue, path: Path, node: yaml.Node | Non
         check(field, getattr(d, field), ("defaults", field))
     if errors:
         raise UserError("\n".join(errors))
+
+
+# ---------------------------------------------------------------- safe names, derived flags (pdsweep.guards)
+def _raise_all(errors: list[str]) -> None:
+    if errors:
+        raise UserError("\n".join(dict.fromkeys(errors)))
+
+
+def _guard_catalogue(cat: Catalogue, path: Path, node: yaml.Node | None) -> list[str]:
+    """Model names are safe; catalogue serve_args/env set no flag pdsweep derives."""
+    out = []
+    for name, m in cat.models.items():
+        if (why := guards.unsafe_name(name, model=True)):
+            out.append(f"{path}:{_line_of(node, ('models', name))}: models: {why}")
+        out += _flag_errors(m.serve_args, ("models", name, "serve_args"), path, node)
+        out += _env_errors(m.env, ("models", name, "env"), path, node)
+    return out
+
+
+def _guard_sweep(sweep: Sweep, path: Path, node: yaml.Node | None) -> list[str]:
+    """Build/variant names are safe; serve_args/env/ucx variants set no flag or variable
+    pdsweep derives from the cell's axes (:mod:`pdsweep.guards`)."""
+    out = []
+    for field in ("builds", "serve_args", "env"):
+        for name in getattr(sweep, field):
+            if (why := guards.unsafe_name(name)):
+                out.append(f"{path}:{_line_of(node, (field, name))}: {field}: {why}")
+    for name, v in sweep.serve_args.items():
+        if isinstance(v, list):
+            out += _flag_errors(v, ("serve_args", name), path, node)
+        else:
+            for role in ("both", "prefill", "decode"):
+                out += _flag_errors(getattr(v, role), ("serve_args", name, role), path, node)
+    for name, env in sweep.env.items():
+        out += _env_errors(env, ("env", name), path, node)
+    out += _env_errors(sweep.ucx, ("ucx",), path, node)
+    return out
+
+
+def _flag_errors(args: list[str], loc: tuple[Any, ...], path: Path, node: yaml.Node | None) -> list[str]:
+    return [f"{path}:{_line_of(node, (*loc, i))}: {_fmt_loc((*loc, i))}: {why}"
+            for i, a in enumerate(args) if (why := guards.reserved_flag(a))]
+
+
+def _env_errors(env: dict[str, str], loc: tuple[Any, ...], path: Path, node: yaml.Node | None) -> list[str]:
+    return [f"{path}:{_line_of(node, (*loc, k))}: {_fmt_loc((*loc, k))}: {why}"
+            for k in env if (why := guards.reserved_env(k))]

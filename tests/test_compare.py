@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from fixtures.make_runs import MIXED, OUTSIDE, TASK, acc, case, pd, totals, write_all, write_run
 
 from pdsweep import layout
 from pdsweep.compare import (IMPROVEMENT, NOT_COMPARABLE, ONLY_A, ONLY_B, REGRESSION, SAME, compare_runs, markdown,
                              write_json, write_markdown)
-from pdsweep.errors import GateFailed
+from pdsweep.errors import GateFailed, UserError
 from pdsweep.spec import GateSpec
 
 KIMI = "kimi-linear.p2d1.b16-16"
@@ -47,7 +50,7 @@ def test_fixed_vs_unfixed_verdicts(runs: dict[str, Path]) -> None:
 
 
 def test_reverse_direction_mirrors(runs: dict[str, Path]) -> None:
-    res = compare_runs(runs["unfixed"], runs["fixed"])
+    res = compare_runs(runs["unfixed"], runs["fixed"], allow_missing=True)
     assert {c.key: c.verdict for c in res.cells} == {k: MIRROR.get(v, v) for k, v in FORWARD.items()}
     assert not res.regressed and res.exit_code == 0
     res.raise_for_verdict()
@@ -127,12 +130,14 @@ def test_outputs(runs: dict[str, Path], tmp_path: Path) -> None:
     assert md == markdown(res)
     assert md.startswith("# Compare: fixed (A, baseline) vs unfixed (B, candidate)")
     assert "**REGRESSED**: 2 regression, 3 same, 1 not-comparable, 1 only-in-A, 1 only-in-B" in md
+    assert "1 cell(s) of A are missing in B: that fails the comparison" in md
     assert f"## Regressions\n\n- `{KIMI} (fixed -> unfixed)`: was passing, now FAIL" in md
     row = next(line for line in md.splitlines() if line.startswith(f"| - | {KIMI} (fixed -> unfixed) |"))
     assert "| PASS | FAIL | pdsweep_arith 0.800 -> 0.310 (p=" in row and "| pass -> fail | 1.00x |" in row
     data = layout.read_json(write_json(res, tmp_path / "compare.json"))
     assert data["direction"] == "A = baseline, B = candidate; ratios are B/A"
     assert data["regressed"] is True and data["counts"]["regression"] == 2
+    assert (data["sweeps"], data["other_sweep"], data["allow_missing"]) == (["fixture", "fixture"], False, False)
     kimi = next(c for c in data["cells"] if c["key"] == KIMI)
     assert (kimi["verdict"], kimi["mark"], kimi["a"]["cell_id"], kimi["b"]["verdict"]) == (
         REGRESSION, "-", f"{KIMI}.fixed", "FAIL")
@@ -161,3 +166,47 @@ def test_one_run_with_both_builds_compares_fixed_against_unfixed(tmp_path: Path)
     assert "REGRESSED" in (tmp_path / "cmp" / "compare.md").read_text()
     with pytest.raises(UserError, match=r"no cell of build 'nightly' \(builds in this run: fixed, unfixed\)"):
         compare_runs(run, run, a_build="nightly")
+
+
+# ---------------------------------------------------------------- fail closed (issue 15, kind 1)
+def test_cells_lost_in_b_fail_the_comparison(runs: dict[str, Path]) -> None:
+    res = compare_runs(runs["unfixed"], runs["fixed"])  # tiny-llama only in A (the unfixed run)
+    assert res.regressions == [] and [c.key for c in res.missing] == ["tiny-llama.p1d1.b16-16"]
+    assert res.regressed and res.exit_code == 1
+    with pytest.raises(GateFailed, match=r"0 regression\(s\), 1 cell\(s\) missing .*\n- tiny-llama.p1d1.b16-16: "
+                                         r"only in A \(no match in B\); pass --allow-missing"):
+        res.raise_for_verdict()
+
+
+def test_a_run_that_lost_most_cells_is_not_green(tmp_path: Path) -> None:
+    cells = [case(pd(m, p, d)) for m in ("tiny-llama", "tiny-mla", "tiny-nemotron-h") for p, d in ((1, 1), (2, 1))]
+    a = write_run(tmp_path, "a", cells)
+    b = write_run(tmp_path, "b", cells[:1])
+    res = compare_runs(a, b)
+    assert (len(res.missing), res.regressed) == (5, True)
+    assert not compare_runs(a, b, allow_missing=True).regressed
+
+
+def test_runs_of_different_sweeps_are_refused(tmp_path: Path) -> None:
+    a = write_run(tmp_path, "a", [MIXED["pass"]], sweep_name="cpu-smoke")
+    b = write_run(tmp_path, "b", [MIXED["pass"]], sweep_name="upstream-config-sweep")
+    with pytest.raises(UserError, match="a run of sweep cpu-smoke and .* of sweep upstream-config-sweep"):
+        compare_runs(a, b)
+    res = compare_runs(a, b, allow_other_sweep=True)
+    assert res.other_sweep and "**Different sweeps**: A is `cpu-smoke`, B is `upstream-config-sweep`" in markdown(res)
+    unnamed = write_run(tmp_path, "c", [MIXED["pass"]], sweep_name="")
+    with pytest.raises(UserError, match=r"of sweep \(unnamed\)"):
+        compare_runs(unnamed, unnamed)
+
+
+@given(st.sets(st.integers(0, 5), min_size=1), st.sets(st.integers(0, 5)))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_property_lost_cells_always_fail(tmp_path: Path, in_a: set[int], in_b: set[int]) -> None:
+    """Any subset B of A's cells: the comparison fails exactly when B lost one of A's cells."""
+    grid = [pd(m, p, 1) for m in ("tiny-llama", "tiny-mla", "tiny-nemotron-h") for p in (1, 2)]
+    root = Path(tempfile.mkdtemp(dir=tmp_path))
+    a = write_run(root, "a", [case(grid[i]) for i in sorted(in_a)])
+    b = write_run(root, "b", [case(grid[i]) for i in sorted(in_b)])
+    res = compare_runs(a, b)
+    assert {c.a.cell_id for c in res.missing} == {grid[i].id for i in in_a - in_b}
+    assert res.regressed == bool(in_a - in_b)
