@@ -122,7 +122,8 @@ def main() -> None:
         if kv.get("do_remote_decode"):
             out["kv_transfer_params"] = {"do_remote_prefill": True, "do_remote_decode": False,
                                          "remote_engine_id": f"fake-{args.port}", "remote_block_ids": [1, 2],
-                                         "remote_host": "127.0.0.1", "remote_port": args.port}
+                                         "remote_host": os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost"),
+                                         "remote_port": args.port}
         elif kv.get("do_remote_prefill"):
             lab = (name, "0")
             xfer.labels(*lab).observe(0.004)

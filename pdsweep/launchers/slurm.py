@@ -109,8 +109,19 @@ class SlurmLauncher:
         h = Handle(name, proc.pid, port, log_path, ports or (port,), proc, host=host)
         with self._lock:
             self._ours[step_name] = h
+        threading.Thread(target=self._resolve, args=(step_name, h), daemon=True, name=f"step-{name}").start()
         log.info("started %s as step %s on %s port %d", name, step_name, host, port)
         return h
+
+    def _resolve(self, step_name: str, h: Handle, timeout_s: float = 60.0) -> None:
+        """Fill ``h.step`` (``JOB.STEP``) once squeue lists the step, for messages and logs."""
+        deadline = time.monotonic() + timeout_s
+        while h.step is None and h.alive() and time.monotonic() < deadline:
+            step = self.steps().get(step_name)
+            if step:
+                h.step = step
+                return
+            time.sleep(STEP_LOOKUP_S)
 
     def steps(self) -> dict[str, str]:
         """``{step name: JOB.STEP}`` of this job's steps that squeue lists now, ours only."""
@@ -155,16 +166,29 @@ class SlurmLauncher:
         with self._lock:
             self._ours.pop(name, None)
 
-    def kill_all(self) -> None:
-        """Cancel every step this launcher started (signal handlers): ``scancel`` of each
-        step id, never the allocation; srun clients still waiting for a step are killed."""
+    def kill_all(self, timeout_s: float = 20.0) -> None:
+        """Cancel every step this launcher started (signal handlers, end of run): ``scancel
+        JOB.STEP`` of each, never the allocation; an srun still waiting for its step gets
+        SIGTERM. Repeats until neither an srun of ours runs nor squeue lists a step of ours
+        (a step created while we cancel is caught), SIGKILL after ``timeout_s``."""
         with self._lock:
             handles = dict(self._ours)
-        for name, step in self.steps().items():
-            self._scancel(step, "KILL")
-        for h in handles.values():
-            self._signal_srun(h, signal.SIGKILL)
-            self._wait(h, 10)
+        deadline = time.monotonic() + timeout_s
+        while handles:
+            listed = self.steps()
+            running = {n: h for n, h in handles.items() if h.alive()}
+            if not listed and not running:
+                break
+            late = time.monotonic() > deadline
+            for step in listed.values():
+                self._scancel(step, "KILL" if late else None)
+            for name, h in running.items():
+                if name not in listed:
+                    self._signal_srun(h, signal.SIGKILL if late else signal.SIGTERM)
+            if late and time.monotonic() > deadline + 10:
+                log.warning("steps %s still listed after %.0f s", sorted(listed.values()), timeout_s + 10)
+                break
+            time.sleep(0.5)
         with self._lock:
             for name in handles:
                 self._ours.pop(name, None)

@@ -1,0 +1,154 @@
+"""A real single-node Slurm cluster for tests, private to one test session.
+
+Debian's ``slurmctld``/``slurmd``/``munge`` (installed by ``.ci/run``; facts in
+../shared/SLURM.md): a private ``munged`` (own key, socket, pid file), a minimal
+``slurm.conf`` on free ports with ``ProctrackType=proctrack/linuxproc`` (no cgroups in
+this sandbox) and ``TaskPlugin=task/none``, both daemons started here and stopped by the
+PIDs in their pid files (never by name). Every client command needs ``SLURM_CONF``:
+:attr:`Cluster.env` carries it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+DAEMONS = ("munged", "slurmctld", "slurmd", "srun", "squeue", "scancel", "salloc", "scontrol")
+
+
+def missing() -> list[str]:
+    """Slurm/munge programs not on PATH (``/usr/sbin`` included)."""
+    path = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
+    return [p for p in DAEMONS if not shutil.which(p, path=path)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Cluster:
+    root: Path
+    node: str
+    env: dict[str, str]  # os.environ + SLURM_CONF (+ PATH with /usr/sbin)
+    pidfiles: tuple[Path, ...]
+
+    def run(self, *argv: str, timeout: float = 30, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=timeout, check=check)
+
+    def salloc(self, name: str = "pdsweep-test") -> str:
+        """A fresh allocation of the whole node (no shell); returns its job id."""
+        out = self.run("salloc", "--no-shell", "-N1", "--exclusive", "-J", name, "--immediate=30", timeout=60)
+        for word in (out.stderr + out.stdout).replace(".", " ").split():
+            if word.isdigit():
+                return word
+        raise RuntimeError(f"salloc gave no job id: {out.stderr}")
+
+    def steps(self, job: str) -> list[str]:
+        """``jobid.stepid name`` of every step of ``job`` squeue lists (extern/batch excluded)."""
+        out = self.run("squeue", "--steps", "-j", job, "-h", "-o", "%i %j", check=False).stdout
+        return [line.strip() for line in out.splitlines()
+                if line.strip() and not line.split()[0].endswith((".extern", ".batch", ".interactive"))]
+
+
+def _conf(root: Path, node: str, cpus: int, ctld_port: int, slurmd_port: int, munge_socket: Path) -> str:
+    return f"""ClusterName=pdsweep-test
+SlurmctldHost={node}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket={munge_socket}
+CredType=cred/munge
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool
+SlurmctldPidFile={root}/slurmctld.pid
+SlurmdPidFile={root}/slurmd.pid
+SlurmctldLogFile={root}/slurmctld.log
+SlurmdLogFile={root}/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=none
+ReturnToService=2
+SchedulerType=sched/builtin
+KillWait=5
+InactiveLimit=0
+NodeName={node} CPUs={cpus} RealMemory=20000 State=UNKNOWN
+PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+"""
+
+
+def _stop_pidfile(pidfile: Path, timeout_s: float = 15.0) -> None:
+    """SIGTERM the PID written in ``pidfile`` (a daemon this fixture started), then SIGKILL."""
+    try:
+        pid = int(pidfile.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def cluster(root: Path, cpus: int | None = None, ready_timeout_s: float = 30.0) -> Iterator[Cluster]:
+    """Start munged, slurmctld and slurmd under ``root``; yield a :class:`Cluster` once
+    ``sinfo`` shows the node idle; stop the daemons by PID. Raises ``RuntimeError`` with the
+    daemon logs when the cluster does not come up."""
+    root.mkdir(parents=True, exist_ok=True)
+    for d in ("state", "spool", "munge"):
+        (root / d).mkdir(exist_ok=True)
+    os.chmod(root / "munge", 0o700)
+    node = socket.gethostname().split(".")[0]
+    key = root / "munge" / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    os.chmod(key, 0o400)
+    msock = root / "munge" / "munge.socket"
+    conf = root / "slurm.conf"
+    conf.write_text(_conf(root, node, cpus or os.cpu_count() or 1, _free_port(), _free_port(), msock))
+    env = {**os.environ, "SLURM_CONF": str(conf), "PATH": os.environ.get("PATH", "") + ":/usr/sbin:/sbin"}
+    for k in [k for k in env if k.startswith("SLURM_") and k != "SLURM_CONF"]:
+        del env[k]  # an outer allocation must not leak into the private cluster
+    pidfiles = (root / "slurmd.pid", root / "slurmctld.pid", root / "munge" / "munged.pid")
+    cl = Cluster(root, node, env, pidfiles)
+    try:
+        subprocess.run(["munged", "--force", f"--socket={msock}", f"--key-file={key}",
+                        f"--pid-file={pidfiles[2]}", f"--log-file={root / 'munge' / 'munged.log'}",
+                        f"--seed-file={root / 'munge' / 'munged.seed'}"], env=env, check=True, timeout=20,
+                       capture_output=True)
+        subprocess.run(["slurmctld", "-f", str(conf)], env=env, check=True, timeout=20, capture_output=True)
+        subprocess.run(["slurmd", "-f", str(conf)], env=env, check=True, timeout=20, capture_output=True)
+        deadline = time.monotonic() + ready_timeout_s
+        while True:
+            out = cl.run("sinfo", "-h", "-N", "-o", "%N %t", check=False, timeout=10)
+            if out.returncode == 0 and "idle" in out.stdout:
+                break
+            if time.monotonic() > deadline:
+                logs = "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in
+                                 (root / "slurmctld.log", root / "slurmd.log") if p.exists())
+                raise RuntimeError(f"slurm cluster not up after {ready_timeout_s:.0f} s: {out.stdout}{out.stderr}\n{logs}")
+            time.sleep(0.2)
+        yield cl
+    finally:
+        for p in pidfiles:
+            _stop_pidfile(p)

@@ -1,0 +1,151 @@
+"""The slurm launcher against a real single-node Slurm cluster (tests/_slurm.py: Debian's
+slurmctld + slurmd + munge, started here on private ports, stopped by PID), with the fake
+``vllm serve`` of tests/fake_vllm.py: every instance a job step of a test allocation.
+Skipped where Slurm is not installed unless ``PDSWEEP_REQUIRE_SLURM=1`` (``.ci/run`` sets it
+after installing the packages): then a missing Slurm fails."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import _slurm
+from pdsweep import layout
+from pdsweep.cli import main
+from pdsweep.errors import UserError
+from pdsweep.run import RunOptions, run_sweep
+from test_run_fake import make_sweep, ours, status, tok  # noqa: F401  (tok: fixture)
+
+PD = "fake-gqa.p1d1.b16-16.fixed"
+# port bases stay below the ephemeral range (32768+), where srun listens for step I/O
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    gone = _slurm.missing()
+    if gone or os.geteuid() != 0:
+        why = f"Slurm not usable here (missing: {gone}, uid {os.geteuid()})"
+        if os.environ.get("PDSWEEP_REQUIRE_SLURM") == "1":
+            pytest.fail(why + " but PDSWEEP_REQUIRE_SLURM=1")
+        pytest.skip(why)
+    with _slurm.cluster(tmp_path_factory.mktemp("slurm")) as cl:
+        yield cl
+
+
+@pytest.fixture(scope="module")
+def job(cluster):
+    """One allocation of the whole node for the module; cancelled at the end (ours)."""
+    j = cluster.salloc()
+    yield j
+    cluster.run("scancel", j, check=False)
+
+
+@pytest.fixture
+def in_alloc(cluster, job, monkeypatch):
+    """This process as if inside ``salloc``: SLURM_CONF, SLURM_JOB_ID, SLURM_JOB_NODELIST."""
+    monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
+    monkeypatch.setenv("SLURM_JOB_ID", job)
+    monkeypatch.setenv("SLURM_JOB_NODELIST", cluster.node)
+    monkeypatch.setenv("PDSWEEP_REAL_PYTHON", sys.executable)
+    yield
+    assert cluster.steps(job) == [], "a step of ours is left in squeue"
+    assert job in cluster.run("squeue", "-h", "-o", "%i").stdout.split(), "the allocation itself was cancelled"
+
+
+def test_srun_hostname(cluster):
+    out = cluster.run("srun", "-N1", "-n1", "hostname")
+    assert out.stdout.strip() == cluster.node
+
+
+def test_sweep_through_slurm_steps(tmp_path, tok, in_alloc, cluster, job):  # noqa: F811
+    sweep = make_sweep(tmp_path, tok, matrix="  model: [fake-gqa]\n  tp: [p1d1]\n", port_base=25000)
+    run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True, launcher="slurm"))
+    assert status(run, PD)["status"] == "ok", status(run, PD)
+    cell = layout.read_json(run / PD / "cell.json")
+    pre, dec = cell["instances"]
+    assert (pre["host"], dec["host"]) == (cluster.node, cluster.node)
+    assert pre["env"]["VLLM_NIXL_SIDE_CHANNEL_HOST"] == cluster.node
+    assert pre["argv"][pre["argv"].index("--host") + 1] == cluster.node
+    assert (run / PD / "logs" / "decode-0.log").read_text().startswith("fake vllm serve fake-gqa")
+    assert main(["gate", str(run)]) == 0
+    assert not ours(tmp_path)
+
+
+def test_step_dies_at_start(tmp_path, tok, in_alloc):  # noqa: F811
+    sweep = make_sweep(tmp_path, tok, env="  base: {FAKE_EXIT_AT_STARTUP: '3'}", port_base=25400,
+                       matrix="  model: [fake-gqa]\n  tp: [p1d1]\n", extra="  reference: false\n")
+    t0 = time.monotonic()
+    run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True, launcher="slurm", skip_eval=True))
+    st = status(run, PD)
+    assert time.monotonic() - t0 < 25
+    assert st["status"] == "failed" and st["phase"] == "start"
+    assert "exited with code 3 during startup" in st["reason"]
+    assert any("fake startup failure" in line for line in st["log_tail"])  # the step's own output
+    assert not ours(tmp_path)
+
+
+def test_node_never_answers(tmp_path, tok, in_alloc):  # noqa: F811
+    """The step runs but nothing answers on the node's address: a timeout naming node and step."""
+    sweep = make_sweep(tmp_path, tok, env="  base: {FAKE_STARTUP_S: '600'}", port_base=25800,
+                       matrix="  model: [fake-gqa]\n  tp: [p1d1]\n", extra="  reference: false\n")
+    text = sweep.read_text().replace("startup_timeout_s: 30", "startup_timeout_s: 4")
+    sweep.write_text(text)
+    run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True, launcher="slurm", skip_eval=True))
+    st = status(run, PD)
+    assert st["status"] == "failed" and st["phase"] == "start"
+    node = os.environ["SLURM_JOB_NODELIST"]
+    assert f"prefill-0 at {node}:25801 (step {os.environ['SLURM_JOB_ID']}." in st["reason"]
+    assert "not healthy after 4 s" in st["reason"]
+    assert not ours(tmp_path)
+
+
+def test_sigint_cancels_our_steps_not_the_allocation(tmp_path, tok, in_alloc, cluster, job):  # noqa: F811
+    sweep = make_sweep(tmp_path, tok, env="  base: {FAKE_STARTUP_S: '600'}", port_base=26200,
+                       matrix="  model: [fake-gqa]\n  tp: [p1d1]\n", extra="  reference: false\n")
+    proc = subprocess.Popen([sys.executable, "-m", "pdsweep", "run", str(sweep), "--out", str(tmp_path / "run"),
+                             "--quiet", "--skip-eval", "--launcher", "slurm"], env=dict(os.environ),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(cluster.steps(job)) < 2:
+        time.sleep(0.2)
+    steps = cluster.steps(job)
+    assert len(steps) == 2 and all(".prefill-0" in s or ".decode-0" in s for s in steps), steps
+    proc.send_signal(signal.SIGINT)
+    out = proc.communicate(timeout=60)[0].decode()
+    assert proc.returncode == 130, out
+    time.sleep(0.5)
+    assert cluster.steps(job) == []
+    assert not ours(tmp_path)
+
+
+def test_cell_larger_than_allocation(tmp_path, tok, in_alloc):  # noqa: F811
+    sweep = make_sweep(tmp_path, tok, matrix="  model: [fake-gqa]\n  tp: [p1d1, p2d1]\n", port_base=26600,
+                       extra="  reference: false\n")
+    sweep.write_text(sweep.read_text().replace("platform: cpu", "platform: cuda"))
+    models = tmp_path / "models.yaml"
+    models.write_text(models.read_text().replace("platforms: {cpu: {}}", "platforms: {cuda: {}}"))
+    run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True, launcher="slurm", skip_eval=True,
+                                      gpus_per_node=2, cells="*.p*"))
+    idx = layout.read_json(run / "run.json")
+    rej = {r["cell_id"]: r["reason"] for r in idx["rejected"]}
+    node = os.environ["SLURM_JOB_NODELIST"]
+    assert rej["fake-gqa.p2d1.b16-16.fixed"] == "needs 3 GPUs on 2 nodes, allocation has 1 node x 2 GPUs"
+    cell = layout.read_json(run / PD / "cell.json")
+    assert [(i["host"], i["env"]["CUDA_VISIBLE_DEVICES"]) for i in cell["instances"]] == [(node, "0"), (node, "1")]
+    assert status(run, PD)["status"] == "ok", status(run, PD)
+    assert main(["gate", str(run)]) == 1  # a valid cell the allocation cannot hold fails the gate
+
+
+def test_slurm_launcher_outside_an_allocation(monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    from pdsweep.launchers import make_launcher
+
+    with pytest.raises(UserError, match="inside a Slurm allocation"):
+        make_launcher("slurm")
+    with pytest.raises(UserError, match="allowed: local, slurm"):
+        make_launcher("kubernetes")
