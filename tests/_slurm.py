@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 DAEMONS = ("munged", "slurmctld", "slurmd", "srun", "squeue", "scancel", "salloc", "scontrol")
 
 
@@ -152,3 +154,22 @@ def cluster(root: Path, cpus: int | None = None, ready_timeout_s: float = 30.0) 
     finally:
         for p in pidfiles:
             _stop_pidfile(p)
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster(tmp_path_factory) -> Iterator[Cluster]:
+    """A :func:`cluster` for one test module. Skipped without Slurm or root, unless
+    ``PDSWEEP_REQUIRE_SLURM=1`` (``.ci/run``): then it fails."""
+    gone = missing()
+    if gone or os.geteuid() != 0:
+        why = f"Slurm not usable here (missing: {gone}, uid {os.geteuid()})"
+        if os.environ.get("PDSWEEP_REQUIRE_SLURM") == "1":
+            pytest.fail(why + " but PDSWEEP_REQUIRE_SLURM=1")
+        pytest.skip(why)
+    with cluster(tmp_path_factory.mktemp("slurm")) as cl:
+        yield cl
+
+
+def allocation_env(cl: Cluster, job: str) -> dict[str, str]:
+    """What a shell inside ``salloc`` sees (for commands run in allocation ``job``)."""
+    return {**cl.env, "SLURM_JOB_ID": job, "SLURM_JOB_NODELIST": cl.node}

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-import _slurm
+from _slurm import slurm_cluster  # noqa: F401  (fixture)
 from pdsweep import layout
 from pdsweep.cli import main
 from pdsweep.errors import UserError
@@ -26,15 +26,8 @@ PD = "fake-gqa.p1d1.b16-16.fixed"
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    gone = _slurm.missing()
-    if gone or os.geteuid() != 0:
-        why = f"Slurm not usable here (missing: {gone}, uid {os.geteuid()})"
-        if os.environ.get("PDSWEEP_REQUIRE_SLURM") == "1":
-            pytest.fail(why + " but PDSWEEP_REQUIRE_SLURM=1")
-        pytest.skip(why)
-    with _slurm.cluster(tmp_path_factory.mktemp("slurm")) as cl:
-        yield cl
+def cluster(slurm_cluster):  # noqa: F811
+    return slurm_cluster
 
 
 @pytest.fixture(scope="module")
