@@ -142,3 +142,15 @@ def test_slurm_launcher_outside_an_allocation(monkeypatch):
         make_launcher("slurm")
     with pytest.raises(UserError, match="allowed: local, slurm"):
         make_launcher("kubernetes")
+
+
+def test_plan_inside_allocation_places_on_its_node(tmp_path, tok, in_alloc, capsys):  # noqa: F811
+    sweep = make_sweep(tmp_path, tok, matrix="  model: [fake-gqa]\n  tp: [p1d1]\n", port_base=27000)
+    assert main(["plan", str(sweep), "--launcher", "slurm", "--format", "json"]) == 0
+    import json
+
+    d = json.loads(capsys.readouterr().out)
+    node = os.environ["SLURM_JOB_NODELIST"]
+    assert d["nodes"] == [node]
+    pd = {c["id"]: c for c in d["cells"]}[PD]
+    assert [i["host"] for i in pd["instances"]] == [node, node]
