@@ -56,10 +56,11 @@ def plan_cluster(nodes: int | None, gpus_per_node: int | None, launcher: str = "
         if gpus_per_node is None or nodes < 1 or gpus_per_node < 0:
             raise UserError(f"--nodes {nodes}: give --gpus-per-node G as well (nodes >= 1, G >= 0)")
         return Cluster.synthetic(nodes, gpus_per_node)
-    from .launchers.slurm import allocation
+    from .launchers.slurm import allocation, node_addrs
 
     _, names, gpn = allocation()
-    return Cluster(tuple(names), gpn if gpus_per_node is None else gpus_per_node)
+    addrs = node_addrs(names)
+    return Cluster(tuple(names), gpn if gpus_per_node is None else gpus_per_node, tuple(addrs[n] for n in names))
 
 
 def plan_dict(sweep: str, gpus: int | None, cells_glob: str | None = None, cluster=None) -> dict:
@@ -76,10 +77,12 @@ def plan_dict(sweep: str, gpus: int | None, cells_glob: str | None = None, clust
     cells = select(plan, cells_glob)
     pool = None
     if cluster is not None:
-        from .placement import Cluster, ClusterPool
+        from dataclasses import replace
+
+        from .placement import ClusterPool
 
         if ls.sweep.platform != "cuda":
-            cluster = Cluster(cluster.nodes, 0)
+            cluster = replace(cluster, gpus_per_node=0)
         pool = ClusterPool(cluster, ls.sweep.defaults.port_base)
         n = cluster.num_gpus
     sched = pack(cells, n, ls.sweep.defaults.port_base, pool=pool)
@@ -136,7 +139,7 @@ def _plan(args: argparse.Namespace) -> int:
     for c in d["cells"]:
         for i in c.get("instances", []):
             env = " ".join(f"{k}={shlex.quote(v)}" for k, v in i["env"].items())
-            on = f" on {i['host']}" if d["nodes"] else ""
+            on = f" on {i['node']}" if d["nodes"] else ""
             con.print(escape(f"[{c['id']}] {i['name']}{on}: {env} {shlex.join(i['argv'])}"))
     con.print("\n[bold]schedule[/bold]")
     for p in s["placements"]:
@@ -151,7 +154,7 @@ def _plan(args: argparse.Namespace) -> int:
 def placement_text(p: dict) -> str:
     """``prefill-0@node0:0-7 decode-0@node1:0-3`` from a schedule placement's
     ``instances`` (``@node0:cpu`` on CPU)."""
-    return " ".join(f"{i['name']}@{i['host']}:{_ranges(i['gpus']) if i['gpus'] else 'cpu'}" for i in p["instances"])
+    return " ".join(f"{i['name']}@{i['node']}:{_ranges(i['gpus']) if i['gpus'] else 'cpu'}" for i in p["instances"])
 
 
 def _ranges(ids: list[int]) -> str:

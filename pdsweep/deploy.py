@@ -181,7 +181,8 @@ def deploy(cell: Cell, slot: Slot, specs: list[InstanceSpec], launcher: Launcher
             ports = tuple(p for p in (s.port, s.side_channel_port) if p)
             try:
                 dep.handles.append(launcher.start(s.name, list(s.argv), s.env, s.port,
-                                                  log_dir / f"{s.name}.log", ports, host=s.host))
+                                                  log_dir / f"{s.name}.log", ports, host=s.host,
+                                                  node=s.node or None))
             except (OSError, ValueError) as e:
                 raise CellFailed("start", f"{s.name}: cannot start {s.argv[0]}: {e}") from None
         wait_healthy(dep.handles, startup_timeout_s, stop)

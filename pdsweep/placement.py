@@ -7,8 +7,8 @@ which pdsweep does not do (vllm/config/parallel.py ``ParallelConfig``: ``nnodes`
 prefill and decode instances may sit on different nodes (NIXL reaches the prefill side
 channel at ``VLLM_NIXL_SIDE_CHANNEL_HOST``). Groups are placed largest first, each on the
 node with the fewest free GPUs that still holds it (best fit), so concurrent cells pack.
-On CPU (no GPUs) a cell holds the whole allocation, and all its instances run on the
-first node.
+On CPU (no GPUs) a cell holds the whole allocation: prefill instances (and a reference)
+run on the first node, decode instances on the last, so with two nodes P and D are apart.
 """
 
 from __future__ import annotations
@@ -25,6 +25,10 @@ class Cluster:
 
     nodes: tuple[str, ...]
     gpus_per_node: int
+    addrs: tuple[str, ...] = ()  # address of each node (Slurm NodeAddr); empty: the names
+
+    def addr(self, node: str) -> str:
+        return self.addrs[self.nodes.index(node)] if self.addrs else node
 
     @classmethod
     def synthetic(cls, n: int, gpus_per_node: int) -> Cluster:
@@ -120,7 +124,9 @@ class ClusterPool:
                 if self.cpu_busy:
                     return None
                 self.cpu_busy = True
-                placed = [(self.cluster.nodes[0], ())] * len(groups(cell))
+                first, last = self.cluster.nodes[0], self.cluster.nodes[-1]
+                placed = [(first, ())] * (cell.num_prefill if cell.kind == "pd" else 1)
+                placed += [(last, ())] * (cell.num_decode if cell.kind == "pd" else 0)
             else:
                 got = fit(groups(cell), self.free)
                 if got is None:
@@ -132,7 +138,8 @@ class ClusterPool:
             self.lanes.add(lane)
             self.held[lane] = placed
             return Slot(lane, tuple(g for _, gs in placed for g in gs), self.port_base + lane * PORTS_PER_SLOT,
-                        self.cpus, hosts=tuple(n for n, _ in placed))
+                        self.cpus, hosts=tuple(self.cluster.addr(n) for n, _ in placed),
+                        nodes=tuple(n for n, _ in placed))
 
     def release(self, slot: Slot) -> None:
         with self.lock:

@@ -224,10 +224,14 @@ class Slot:
     gpus: tuple[int, ...]
     port_base: int
     cpus: tuple[int, ...] = ()
-    hosts: tuple[str, ...] = ()  # per instance; empty: every instance on loopback
+    hosts: tuple[str, ...] = ()  # per instance: the address it serves on; empty: loopback
+    nodes: tuple[str, ...] = ()  # per instance: the Slurm node it runs on; empty: this host
 
     def host(self, k: int) -> str:
         return self.hosts[k] if self.hosts else "127.0.0.1"
+
+    def node(self, k: int) -> str:
+        return self.nodes[k] if self.nodes else ""
 
     def proxy_port(self) -> int:
         return self.port_base
@@ -255,7 +259,8 @@ class InstanceSpec:
     gpus: tuple[int, ...]
     argv: tuple[str, ...]
     env: dict[str, str]
-    host: str = "127.0.0.1"  # where it serves: the node's hostname under Slurm
+    host: str = "127.0.0.1"  # address it serves on: its node's NodeAddr under Slurm
+    node: str = ""  # Slurm node name ("" on the local launcher)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "argv": list(self.argv)}
@@ -350,7 +355,8 @@ def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: 
             for var, val in CPU_PLUGIN_ENV.items():  # pdsweep.vllm_plugin (a sweep's env may override)
                 env.setdefault(var, val)
             rank_i += tp * dp
-        out.append(InstanceSpec(name, role, tp, slot.http_port(k), side, tuple(gpus), tuple(argv), env, slot.host(k)))
+        out.append(InstanceSpec(name, role, tp, slot.http_port(k), side, tuple(gpus), tuple(argv), env, slot.host(k),
+                                slot.node(k)))
     return out
 
 

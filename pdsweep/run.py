@@ -395,7 +395,9 @@ def launcher_and_pool(ls: LoadedSweep, opts: RunOptions, num_gpus: int):
 
     gpn = opts.gpus_per_node if opts.gpus_per_node is not None else launcher.gpus_per_node  # type: ignore[attr-defined]
     gpn = gpn if ls.sweep.platform == "cuda" else 0
-    return launcher, ClusterPool(Cluster(tuple(launcher.nodes), gpn), ls.sweep.defaults.port_base)  # type: ignore[attr-defined]
+    nodes = tuple(launcher.nodes)  # type: ignore[attr-defined]
+    addrs = tuple(launcher.addrs[n] for n in nodes)  # type: ignore[attr-defined]
+    return launcher, ClusterPool(Cluster(nodes, gpn, addrs), ls.sweep.defaults.port_base)
 
 
 def fresh_pool(pool):

@@ -134,7 +134,7 @@ def instance_placement(p: Placement) -> list[dict]:
     for k, (name, size) in enumerate(zip(names, groups(c))):
         gpus = list(slot.gpus[i:i + size]) if slot.gpus else []
         i += size if slot.gpus else 0
-        out.append({"name": name, "host": slot.host(k), "gpus": gpus})
+        out.append({"name": name, "node": slot.node(k) or slot.host(k), "host": slot.host(k), "gpus": gpus})
     return out
 
 

@@ -1,10 +1,13 @@
-"""A real single-node Slurm cluster for tests, private to one test session.
+"""A real Slurm cluster for tests, private to one test module: one slurmctld and two
+slurmd on this host (nodes ``pdsweep-n1``, ``pdsweep-n2``, each ``slurmd -N NAME`` on its
+own port, ``NodeAddr=127.0.0.1``), so prefill and decode steps run through different
+slurmd as on two nodes (what differs on real nodes is only the network between them).
 
 Debian's ``slurmctld``/``slurmd``/``munge`` (installed by ``.ci/run``; facts in
 ../shared/SLURM.md): a private ``munged`` (own key, socket, pid file), a minimal
 ``slurm.conf`` on free ports with ``ProctrackType=proctrack/linuxproc`` (no cgroups in
-this sandbox) and ``TaskPlugin=task/none``, both daemons started here and stopped by the
-PIDs in their pid files (never by name). Every client command needs ``SLURM_CONF``:
+this sandbox) and ``TaskPlugin=task/none``, every daemon started here and stopped by the
+PID in its pid file (never by name). Every client command needs ``SLURM_CONF``:
 :attr:`Cluster.env` carries it.
 """
 
@@ -38,19 +41,29 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+NODES = ("pdsweep-n1", "pdsweep-n2")
+NODELIST = "pdsweep-n[1-2]"  # as Slurm writes SLURM_JOB_NODELIST (expanded by scontrol)
+NODE_ADDR = "127.0.0.1"
+
+
 @dataclass
 class Cluster:
     root: Path
-    node: str
+    nodes: tuple[str, ...]
     env: dict[str, str]  # os.environ + SLURM_CONF (+ PATH with /usr/sbin)
     pidfiles: tuple[Path, ...]
+
+    @property
+    def node(self) -> str:
+        return self.nodes[0]
 
     def run(self, *argv: str, timeout: float = 30, check: bool = True) -> subprocess.CompletedProcess:
         return subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=timeout, check=check)
 
     def salloc(self, name: str = "pdsweep-test") -> str:
-        """A fresh allocation of the whole node (no shell); returns its job id."""
-        out = self.run("salloc", "--no-shell", "-N1", "--exclusive", "-J", name, "--immediate=30", timeout=60)
+        """A fresh allocation of every node (no shell); returns its job id."""
+        out = self.run("salloc", "--no-shell", f"-N{len(self.nodes)}", "--exclusive", "-J", name, "--immediate=30",
+                       timeout=60)
         for word in (out.stderr + out.stdout).replace(".", " ").split():
             if word.isdigit():
                 return word
@@ -63,22 +76,23 @@ class Cluster:
                 if line.strip() and not line.split()[0].endswith((".extern", ".batch", ".interactive"))]
 
 
-def _conf(root: Path, node: str, cpus: int, ctld_port: int, slurmd_port: int, munge_socket: Path) -> str:
+def _conf(root: Path, host: str, cpus: int, ctld_port: int, munge_socket: Path) -> str:
+    nodes = "\n".join(f"NodeName={n} NodeHostname={host} NodeAddr={NODE_ADDR} Port={_free_port()} CPUs={cpus} "
+                      "RealMemory=10000 State=UNKNOWN" for n in NODES)
     return f"""ClusterName=pdsweep-test
-SlurmctldHost={node}
+SlurmctldHost={host}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 AuthInfo=socket={munge_socket}
 CredType=cred/munge
 SlurmctldPort={ctld_port}
-SlurmdPort={slurmd_port}
 StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
+SlurmdSpoolDir={root}/spool/%n
 SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd.pid
+SlurmdPidFile={root}/slurmd-%n.pid
 SlurmctldLogFile={root}/slurmctld.log
-SlurmdLogFile={root}/slurmd.log
+SlurmdLogFile={root}/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -88,8 +102,8 @@ ReturnToService=2
 SchedulerType=sched/builtin
 KillWait=5
 InactiveLimit=0
-NodeName={node} CPUs={cpus} RealMemory=20000 State=UNKNOWN
-PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+{nodes}
+PartitionName=debug Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 """
 
 
@@ -114,40 +128,41 @@ def _stop_pidfile(pidfile: Path, timeout_s: float = 15.0) -> None:
 
 @contextlib.contextmanager
 def cluster(root: Path, cpus: int | None = None, ready_timeout_s: float = 30.0) -> Iterator[Cluster]:
-    """Start munged, slurmctld and slurmd under ``root``; yield a :class:`Cluster` once
-    ``sinfo`` shows the node idle; stop the daemons by PID. Raises ``RuntimeError`` with the
+    """Start munged, slurmctld and one slurmd per node under ``root`` (``cpus`` per node,
+    default half the host's); yield a :class:`Cluster` once ``sinfo`` shows every node
+    idle; stop the daemons by PID. Raises ``RuntimeError`` with the
     daemon logs when the cluster does not come up."""
     root.mkdir(parents=True, exist_ok=True)
     for d in ("state", "spool", "munge"):
         (root / d).mkdir(exist_ok=True)
     os.chmod(root / "munge", 0o700)
-    node = socket.gethostname().split(".")[0]
+    host = socket.gethostname().split(".")[0]
     key = root / "munge" / "munge.key"
     key.write_bytes(os.urandom(1024))
     os.chmod(key, 0o400)
     msock = root / "munge" / "munge.socket"
     conf = root / "slurm.conf"
-    conf.write_text(_conf(root, node, cpus or os.cpu_count() or 1, _free_port(), _free_port(), msock))
+    conf.write_text(_conf(root, host, cpus or max(1, (os.cpu_count() or 2) // 2), _free_port(), msock))
     env = {**os.environ, "SLURM_CONF": str(conf), "PATH": os.environ.get("PATH", "") + ":/usr/sbin:/sbin"}
     for k in [k for k in env if k.startswith("SLURM_") and k != "SLURM_CONF"]:
         del env[k]  # an outer allocation must not leak into the private cluster
-    pidfiles = (root / "slurmd.pid", root / "slurmctld.pid", root / "munge" / "munged.pid")
-    cl = Cluster(root, node, env, pidfiles)
+    pidfiles = (*(root / f"slurmd-{n}.pid" for n in NODES), root / "slurmctld.pid", root / "munge" / "munged.pid")
+    cl = Cluster(root, NODES, env, pidfiles)
     try:
         subprocess.run(["munged", "--force", f"--socket={msock}", f"--key-file={key}",
-                        f"--pid-file={pidfiles[2]}", f"--log-file={root / 'munge' / 'munged.log'}",
+                        f"--pid-file={pidfiles[-1]}", f"--log-file={root / 'munge' / 'munged.log'}",
                         f"--seed-file={root / 'munge' / 'munged.seed'}"], env=env, check=True, timeout=20,
                        capture_output=True)
         subprocess.run(["slurmctld", "-f", str(conf)], env=env, check=True, timeout=20, capture_output=True)
-        subprocess.run(["slurmd", "-f", str(conf)], env=env, check=True, timeout=20, capture_output=True)
+        for n in NODES:
+            subprocess.run(["slurmd", "-N", n, "-f", str(conf)], env=env, check=True, timeout=20, capture_output=True)
         deadline = time.monotonic() + ready_timeout_s
         while True:
             out = cl.run("sinfo", "-h", "-N", "-o", "%N %t", check=False, timeout=10)
-            if out.returncode == 0 and "idle" in out.stdout:
+            if out.returncode == 0 and out.stdout.count(" idle") == len(NODES):
                 break
             if time.monotonic() > deadline:
-                logs = "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in
-                                 (root / "slurmctld.log", root / "slurmd.log") if p.exists())
+                logs = "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted(root.glob("slurm*.log")))
                 raise RuntimeError(f"slurm cluster not up after {ready_timeout_s:.0f} s: {out.stdout}{out.stderr}\n{logs}")
             time.sleep(0.2)
         yield cl
@@ -172,4 +187,4 @@ def slurm_cluster(tmp_path_factory) -> Iterator[Cluster]:
 
 def allocation_env(cl: Cluster, job: str) -> dict[str, str]:
     """What a shell inside ``salloc`` sees (for commands run in allocation ``job``)."""
-    return {**cl.env, "SLURM_JOB_ID": job, "SLURM_JOB_NODELIST": cl.node}
+    return {**cl.env, "SLURM_JOB_ID": job, "SLURM_JOB_NODELIST": NODELIST}

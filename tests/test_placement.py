@@ -76,11 +76,11 @@ def test_concurrent_cells_never_share_node_gpus_or_ports(shapes, n_nodes, gpn):
         insts = s.to_dict()["placements"][i]["instances"]
         assert [len(x["gpus"]) for x in insts] == groups(a.cell)  # each TP group on one node
         assert all(max(x["gpus"]) < gpn for x in insts)
-        pairs_a = {(x["host"], g) for x in insts for g in x["gpus"]}
+        pairs_a = {(x["node"], g) for x in insts for g in x["gpus"]}
         assert len(pairs_a) == a.cell.num_gpus
         for j, b in enumerate(s.placements[i + 1:], start=i + 1):
             if a.start_s < b.end_s and b.start_s < a.end_s:
-                pairs_b = {(x["host"], g) for x in s.to_dict()["placements"][j]["instances"] for g in x["gpus"]}
+                pairs_b = {(x["node"], g) for x in s.to_dict()["placements"][j]["instances"] for g in x["gpus"]}
                 assert not pairs_a & pairs_b
                 assert abs(a.slot.port_base - b.slot.port_base) >= PORTS_PER_SLOT
 
@@ -92,7 +92,7 @@ def test_mission_sweep_places_every_cell_on_2x8():
     assert len(d["schedule"]["placements"]) == n_cells == len(d["cells"])
     big = {c["id"]: c for c in d["cells"]}["kimi-linear.p8d4.b128-128.fixed"]
     pre, dec = big["instances"]
-    assert pre["host"] != dec["host"] and len(pre["gpus"]) == 8 and len(dec["gpus"]) == 4
+    assert pre["node"] != dec["node"] and len(pre["gpus"]) == 8 and len(dec["gpus"]) == 4
     for inst in (pre, dec):  # served on its node; NIXL side channel announced at its node
         assert inst["argv"][inst["argv"].index("--host") + 1] == inst["host"]
         assert inst["env"]["VLLM_NIXL_SIDE_CHANNEL_HOST"] == inst["host"]

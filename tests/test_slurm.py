@@ -1,6 +1,7 @@
-"""The slurm launcher against a real single-node Slurm cluster (tests/_slurm.py: Debian's
-slurmctld + slurmd + munge, started here on private ports, stopped by PID), with the fake
-``vllm serve`` of tests/fake_vllm.py: every instance a job step of a test allocation.
+"""The slurm launcher against a real Slurm cluster (tests/_slurm.py: Debian's slurmctld,
+two slurmd as nodes pdsweep-n1/-n2 and munge, started here on private ports, stopped by
+PID), with the fake ``vllm serve`` of tests/fake_vllm.py: every instance a job step of a
+test allocation of both nodes, prefill on one node and decode on the other.
 Skipped where Slurm is not installed unless ``PDSWEEP_REQUIRE_SLURM=1`` (``.ci/run`` sets it
 after installing the packages): then a missing Slurm fails."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,6 +17,7 @@ import time
 import pytest
 
 from _slurm import slurm_cluster  # noqa: F401  (fixture)
+from _slurm import NODE_ADDR, NODELIST, NODES
 from pdsweep import layout
 from pdsweep.cli import main
 from pdsweep.errors import UserError
@@ -43,7 +46,7 @@ def in_alloc(cluster, job, monkeypatch):
     """This process as if inside ``salloc``: SLURM_CONF, SLURM_JOB_ID, SLURM_JOB_NODELIST."""
     monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
     monkeypatch.setenv("SLURM_JOB_ID", job)
-    monkeypatch.setenv("SLURM_JOB_NODELIST", cluster.node)
+    monkeypatch.setenv("SLURM_JOB_NODELIST", NODELIST)
     monkeypatch.setenv("PDSWEEP_REAL_PYTHON", sys.executable)
     yield
     assert cluster.steps(job) == [], "a step of ours is left in squeue"
@@ -51,8 +54,9 @@ def in_alloc(cluster, job, monkeypatch):
 
 
 def test_srun_hostname(cluster):
-    out = cluster.run("srun", "-N1", "-n1", "hostname")
-    assert out.stdout.strip() == cluster.node
+    assert cluster.run("srun", "-N1", "-n1", "hostname").stdout.strip() == socket.gethostname()
+    out = cluster.run("srun", "-N2", "-n2", "printenv", "SLURMD_NODENAME")
+    assert sorted(out.stdout.split()) == list(NODES)
 
 
 def test_sweep_through_slurm_steps(tmp_path, tok, in_alloc, cluster, job):  # noqa: F811
@@ -61,9 +65,10 @@ def test_sweep_through_slurm_steps(tmp_path, tok, in_alloc, cluster, job):  # no
     assert status(run, PD)["status"] == "ok", status(run, PD)
     cell = layout.read_json(run / PD / "cell.json")
     pre, dec = cell["instances"]
-    assert (pre["host"], dec["host"]) == (cluster.node, cluster.node)
-    assert pre["env"]["VLLM_NIXL_SIDE_CHANNEL_HOST"] == cluster.node
-    assert pre["argv"][pre["argv"].index("--host") + 1] == cluster.node
+    assert (pre["node"], dec["node"]) == NODES  # P on one node, D on the other
+    assert (pre["host"], dec["host"]) == (NODE_ADDR, NODE_ADDR)  # each node's NodeAddr
+    assert pre["env"]["VLLM_NIXL_SIDE_CHANNEL_HOST"] == NODE_ADDR
+    assert pre["argv"][pre["argv"].index("--host") + 1] == NODE_ADDR
     assert (run / PD / "logs" / "decode-0.log").read_text().startswith("fake vllm serve fake-gqa")
     assert main(["gate", str(run)]) == 0
     assert not ours(tmp_path)
@@ -91,8 +96,7 @@ def test_node_never_answers(tmp_path, tok, in_alloc):  # noqa: F811
     run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True, launcher="slurm", skip_eval=True))
     st = status(run, PD)
     assert st["status"] == "failed" and st["phase"] == "start"
-    node = os.environ["SLURM_JOB_NODELIST"]
-    assert f"prefill-0 at {node}:25801 (step {os.environ['SLURM_JOB_ID']}." in st["reason"]
+    assert f"prefill-0 at {NODES[0]} {NODE_ADDR}:25801 (step {os.environ['SLURM_JOB_ID']}." in st["reason"]
     assert "not healthy after 4 s" in st["reason"]
     assert not ours(tmp_path)
 
@@ -117,8 +121,8 @@ def test_sigint_cancels_our_steps_not_the_allocation(tmp_path, tok, in_alloc, cl
 
 
 def test_cell_larger_than_allocation(tmp_path, tok, in_alloc):  # noqa: F811
-    sweep = make_sweep(tmp_path, tok, matrix="  model: [fake-gqa]\n  tp: [p1d1, p2d1]\n", port_base=26600,
-                       extra="  reference: false\n")
+    sweep = make_sweep(tmp_path, tok, matrix="  model: [fake-gqa]\n  tp: [p1d1, p2d2]\n  num_decode: [2]\n",
+                       port_base=26600, extra="  reference: false\n")
     sweep.write_text(sweep.read_text().replace("platform: cpu", "platform: cuda"))
     models = tmp_path / "models.yaml"
     models.write_text(models.read_text().replace("platforms: {cpu: {}}", "platforms: {cuda: {}}"))
@@ -126,11 +130,16 @@ def test_cell_larger_than_allocation(tmp_path, tok, in_alloc):  # noqa: F811
                                       gpus_per_node=2, cells="*.p*"))
     idx = layout.read_json(run / "run.json")
     rej = {r["cell_id"]: r["reason"] for r in idx["rejected"]}
-    node = os.environ["SLURM_JOB_NODELIST"]
-    assert rej["fake-gqa.p2d1.b16-16.fixed"] == "needs 3 GPUs on 2 nodes, allocation has 1 node x 2 GPUs"
-    cell = layout.read_json(run / PD / "cell.json")
-    assert [(i["host"], i["env"]["CUDA_VISIBLE_DEVICES"]) for i in cell["instances"]] == [(node, "0"), (node, "1")]
-    assert status(run, PD)["status"] == "ok", status(run, PD)
+    assert rej["fake-gqa.p2d2.b16-16.fixed.1x2"] == "needs 6 GPUs on 3 nodes, allocation has 2 nodes x 2 GPUs"
+    pd = "fake-gqa.p1d1.b16-16.fixed.1x2"
+    cell = layout.read_json(run / pd / "cell.json")
+    n1, n2 = NODES
+    assert [(i["node"], i["env"]["CUDA_VISIBLE_DEVICES"]) for i in cell["instances"]] == [(n1, "0"), (n1, "1"),
+                                                                                          (n2, "0")]
+    logs = run / pd / "logs"  # what each step's process saw (srun runs it under `env CUDA_VISIBLE_DEVICES=`)
+    assert [f"cuda={c}" in (logs / f"{n}.log").read_text() for n, c in
+            (("prefill-0", 0), ("decode-0", 1), ("decode-1", 0))] == [True] * 3
+    assert status(run, pd)["status"] == "ok", status(run, pd)
     assert main(["gate", str(run)]) == 1  # a valid cell the allocation cannot hold fails the gate
 
 
@@ -150,7 +159,6 @@ def test_plan_inside_allocation_places_on_its_node(tmp_path, tok, in_alloc, caps
     import json
 
     d = json.loads(capsys.readouterr().out)
-    node = os.environ["SLURM_JOB_NODELIST"]
-    assert d["nodes"] == [node]
+    assert d["nodes"] == list(NODES)
     pd = {c["id"]: c for c in d["cells"]}[PD]
-    assert [i["host"] for i in pd["instances"]] == [node, node]
+    assert [(i["node"], i["host"]) for i in pd["instances"]] == [(n, NODE_ADDR) for n in NODES]

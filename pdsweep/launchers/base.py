@@ -40,6 +40,8 @@ class Handle:
     proc: subprocess.Popen | None = field(default=None, repr=False)
     host: str = LOOPBACK
     step: str | None = None
+    node: str | None = None  # Slurm node name
+
 
     @property
     def url(self) -> str:
@@ -47,8 +49,9 @@ class Handle:
 
     @property
     def where(self) -> str:
-        """``host:port`` plus the Slurm step when there is one (for error messages)."""
-        return f"{self.host}:{self.port}" + (f" (step {self.step})" if self.step else "")
+        """``[node ]host:port`` plus the Slurm step when there is one (for error messages)."""
+        node = f"{self.node} " if self.node and self.node != self.host else ""
+        return f"{node}{self.host}:{self.port}" + (f" (step {self.step})" if self.step else "")
 
     def returncode(self) -> int | None:
         """None while running, else the exit code (under Slurm: srun's, which is the step's)."""
@@ -59,11 +62,11 @@ class Handle:
 
 
 class Launcher(Protocol):
-    """Start/stop instances. ``host`` is where the instance must run (a node of the
-    allocation under Slurm; the local launcher accepts only loopback)."""
+    """Start/stop instances. ``host`` is the address the instance serves on, ``node``
+    the Slurm node it must run on (the local launcher accepts only loopback, no node)."""
 
     def start(self, name: str, argv: list[str], env: dict[str, str], port: int, log_path: Path,
-              ports: tuple[int, ...] = (), host: str = LOOPBACK) -> Handle: ...
+              ports: tuple[int, ...] = (), host: str = LOOPBACK, node: str | None = None) -> Handle: ...
 
     def stop(self, handle: Handle, grace_s: float = 20.0) -> None: ...
 

@@ -29,12 +29,12 @@ class LocalLauncher:
         self._lock = threading.Lock()
 
     def start(self, name: str, argv: list[str], env: dict[str, str], port: int, log_path: Path,
-              ports: tuple[int, ...] = (), host: str = LOOPBACK) -> Handle:
+              ports: tuple[int, ...] = (), host: str = LOOPBACK, node: str | None = None) -> Handle:
         """Start ``argv`` (a list, never a shell string) with ``os.environ | env``,
         stdout+stderr to ``log_path``. Raises ``OSError`` if the program cannot start,
-        ``ValueError`` for a ``host`` other than loopback (use the slurm launcher)."""
-        if host not in (LOOPBACK, "localhost"):
-            raise ValueError(f"{name}: the local launcher runs on this host only, not on {host!r}")
+        ``ValueError`` for a ``host`` other than loopback or a ``node`` (use the slurm launcher)."""
+        if host not in (LOOPBACK, "localhost") or node:
+            raise ValueError(f"{name}: the local launcher runs on this host only, not on {node or host!r}")
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as out:
             proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,

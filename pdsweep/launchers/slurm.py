@@ -56,6 +56,25 @@ def expand_nodelist(nodelist: str) -> list[str]:
     return [h for h in out.split() if h]
 
 
+def node_addrs(nodes: list[str]) -> dict[str, str]:
+    """``{node name: NodeAddr}`` from ``scontrol -o show node`` (the address slurmctld
+    reaches the node at; the name itself where scontrol gives none)."""
+    addrs = {n: n for n in nodes}
+    if not nodes:
+        return addrs
+    try:
+        out = subprocess.run([_tool("scontrol"), "-o", "show", "node", ",".join(nodes)], capture_output=True,
+                             text=True, timeout=30, check=True).stdout
+    except (subprocess.SubprocessError, OSError) as e:
+        log.warning("scontrol show node failed (%s): using node names as addresses", e)
+        return addrs
+    for line in out.splitlines():
+        kv = dict(w.split("=", 1) for w in line.split() if "=" in w)
+        if kv.get("NodeName") in addrs and kv.get("NodeAddr"):
+            addrs[kv["NodeName"]] = kv["NodeAddr"]
+    return addrs
+
+
 def allocation(environ: dict[str, str] | None = None) -> tuple[str, list[str], int]:
     """``(job id, node names, GPUs per node)`` of the allocation we run in, from
     ``SLURM_JOB_ID``, ``SLURM_JOB_NODELIST`` and ``SLURM_GPUS_ON_NODE`` (0 when unset).
@@ -83,34 +102,44 @@ class SlurmLauncher:
             nodes = nodes or found
         self.job = job_id
         self.nodes = list(nodes or [])
+        self.addrs = node_addrs(self.nodes)
         self.srun, self.squeue, self.scancel = _tool("srun"), _tool("squeue"), _tool("scancel")
         self._ours: dict[str, Handle] = {}  # step name -> handle: every step this launcher started
         self._seq = itertools.count()
         self._lock = threading.Lock()
 
-    def argv(self, step_name: str, host: str, argv: list[str]) -> list[str]:
-        """The srun command line of one instance (a list, never a shell string)."""
-        return [self.srun, f"--jobid={self.job}", "--overlap", "-N1", "-n1", f"--nodelist={host}",
-                f"--job-name={step_name}", "--kill-on-bad-exit=1", "--export=ALL", *argv]
+    def argv(self, step_name: str, node: str, argv: list[str], env: dict[str, str] | None = None) -> list[str]:
+        """The srun command line of one instance (a list, never a shell string). With
+        ``CUDA_VISIBLE_DEVICES`` in ``env`` the program runs under ``env
+        CUDA_VISIBLE_DEVICES=...``: slurmstepd's gres/gpu plugin sets that variable for a
+        step to the job's GPUs on the node, over the value srun exported, and pdsweep's
+        placement (node-local ids of a whole-node allocation) must win."""
+        cuda = (env or {}).get("CUDA_VISIBLE_DEVICES")
+        pin = ["env", f"CUDA_VISIBLE_DEVICES={cuda}"] if cuda is not None else []
+        return [self.srun, f"--jobid={self.job}", "--overlap", "-N1", "-n1", f"--nodelist={node}",
+                f"--job-name={step_name}", "--kill-on-bad-exit=1", "--export=ALL", *pin, *argv]
 
     def start(self, name: str, argv: list[str], env: dict[str, str], port: int, log_path: Path,
-              ports: tuple[int, ...] = (), host: str | None = None) -> Handle:
-        """Start ``argv`` as a step on ``host`` (default: the allocation's first node) with
-        ``os.environ | env`` (srun exports it). Raises ``OSError`` if srun cannot start,
-        ``ValueError`` for a host outside the allocation."""
-        host = self.nodes[0] if host in (None, "127.0.0.1", "localhost") and self.nodes else host
-        if self.nodes and host not in self.nodes:
-            raise ValueError(f"{name}: node {host!r} is not in allocation {self.job} ({','.join(self.nodes)})")
+              ports: tuple[int, ...] = (), host: str | None = None, node: str | None = None) -> Handle:
+        """Start ``argv`` as a step on ``node`` (default: the allocation's first node) with
+        ``os.environ | env`` (srun exports it); it is reached at ``host`` (default: the
+        node's NodeAddr). Raises ``OSError`` if srun cannot start, ``ValueError`` for a
+        node outside the allocation."""
+        node = node or (self.nodes[0] if self.nodes else None)
+        if node is None or (self.nodes and node not in self.nodes):
+            raise ValueError(f"{name}: node {node!r} is not in allocation {self.job} ({','.join(self.nodes)})")
+        if host in (None, "127.0.0.1", "localhost"):
+            host = self.addrs.get(node, node)
         step_name = f"pdsweep.{os.getpid()}.{next(self._seq)}.{name}"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as out:
-            proc = subprocess.Popen(self.argv(step_name, host, argv), env={**os.environ, **env}, stdout=out,
+            proc = subprocess.Popen(self.argv(step_name, node, argv, env), env={**os.environ, **env}, stdout=out,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        h = Handle(name, proc.pid, port, log_path, ports or (port,), proc, host=host)
+        h = Handle(name, proc.pid, port, log_path, ports or (port,), proc, host=host, node=node)
         with self._lock:
             self._ours[step_name] = h
         threading.Thread(target=self._resolve, args=(step_name, h), daemon=True, name=f"step-{name}").start()
-        log.info("started %s as step %s on %s port %d", name, step_name, host, port)
+        log.info("started %s as step %s on %s (%s:%d)", name, step_name, node, host, port)
         return h
 
     def _resolve(self, step_name: str, h: Handle, timeout_s: float = 60.0) -> None:
