@@ -339,9 +339,9 @@ def run_sweep(path: str | Path, opts: RunOptions) -> Path:
                         "results would mix two sweeps: start a new run")
     current = git_sha()
     git_shas = [x for x in dict.fromkeys([*(old or {}).get("git_shas", []), current]) if x]
-    run_dir.mkdir(parents=True, exist_ok=True)
-    launcher, pool = launcher_and_pool(ls, opts, num_gpus)
+    launcher, pool = launcher_and_pool(ls, opts, num_gpus)  # outside an allocation: refused before any write
     num_gpus = pool.num_gpus
+    run_dir.mkdir(parents=True, exist_ok=True)
     ctx = RunContext(ls, plan, run_dir, opts, launcher=launcher, needs=pool.needs, git_shas=git_shas,
                      sweep_sha256=sha, git_sha=current)
     runnable = [c for c in order(cells) if pool.fits(c)]

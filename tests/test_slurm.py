@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +26,7 @@ from pdsweep.run import RunOptions, run_sweep
 from test_run_fake import make_sweep, ours, status, tok  # noqa: F401  (tok: fixture)
 
 PD = "fake-gqa.p1d1.b16-16.fixed"
+REPO = Path(__file__).resolve().parent.parent
 # port bases stay below the ephemeral range (32768+), where srun listens for step I/O
 
 
@@ -162,3 +164,10 @@ def test_plan_inside_allocation_places_on_its_node(tmp_path, tok, in_alloc, caps
     assert d["nodes"] == list(NODES)
     pd = {c["id"]: c for c in d["cells"]}[PD]
     assert [(i["node"], i["host"]) for i in pd["instances"]] == [(n, NODE_ADDR) for n in NODES]
+
+
+def test_run_outside_an_allocation_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    out = tmp_path / "run"
+    assert main(["run", str(REPO / "sweeps" / "cpu-smoke.yaml"), "--launcher", "slurm", "--out", str(out)]) == 2
+    assert not out.exists()
