@@ -15,6 +15,9 @@ A ?= results/unfixed
 B ?= results/fixed
 BASELINE ?= results/last-green
 PYTEST_ARGS ?=
+# local: instances are child processes of this host; slurm: job steps of the allocation
+# `make` runs in (inside salloc/sbatch; see scripts/slurm-sweep.sbatch)
+LAUNCHER ?= local
 
 .PHONY: install sweep plan validate gate report compare nightly test bench baseline-env clean
 
@@ -26,13 +29,13 @@ validate: install
 	$(PY) -m pdsweep validate $(SWEEP)
 
 plan: install
-	$(PY) -m pdsweep plan $(SWEEP)
+	$(PY) -m pdsweep plan $(SWEEP) $(if $(filter slurm,$(LAUNCHER)),--launcher slurm)
 
 # Run the sweep, point results/latest at it, write the report, then gate it. Without an
 # unfixed baseline (unsupported vLLM version) only the unfixed cells fail, with the reason.
 sweep: install
 	$(MAKE) --no-print-directory baseline-env || echo "warning: no unfixed baseline env; cells with build: unfixed will fail"
-	$(PY) -m pdsweep run $(SWEEP) --out $(RUN)
+	$(PY) -m pdsweep run $(SWEEP) --out $(RUN) --launcher $(LAUNCHER)
 	ln -sfn $(abspath $(RUN)) $(LATEST)
 	$(PY) -m pdsweep report $(LATEST)
 	$(PY) -m pdsweep gate $(LATEST)
@@ -51,7 +54,7 @@ compare: install
 # a green run replaces it. No baseline yet: said loudly, the gate alone decides.
 nightly: install
 	$(MAKE) --no-print-directory baseline-env || echo "warning: no unfixed baseline env; cells with build: unfixed will fail"
-	$(PY) -m pdsweep run $(SWEEP) --out $(RUN) --quiet
+	$(PY) -m pdsweep run $(SWEEP) --out $(RUN) --quiet --launcher $(LAUNCHER)
 	ln -sfn $(abspath $(RUN)) $(LATEST)
 	$(PY) -m pdsweep report $(LATEST)
 	status=0; $(PY) -m pdsweep gate $(LATEST) --junit $(LATEST)/junit.xml --summary $(LATEST)/summary.md || status=$$?; \

@@ -1,7 +1,8 @@
 """pdsweep: accuracy and transfer-performance sweeps for vLLM prefill/decode (PD)
 disaggregation over the NIXL KV connector.
 
-Pipeline (one module per stage): spec -> plan -> schedule -> deploy (launcher, proxy)
+Pipeline (one module per stage): spec -> plan -> schedule (placement over nodes) -> deploy
+(launchers: local | slurm, proxy)
 -> measure (accuracy, consistency, metrics, load) -> layout (results) -> gate / compare
 / report.
 """

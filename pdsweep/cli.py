@@ -66,7 +66,7 @@ def _validate(args: argparse.Namespace) -> int:
         why = "; ".join(sorted({f"{r.rule}: {r.reason}" for r in plan.rejected})[:3]) or "the matrix is empty"
         raise UserError(f"{args.sweep}: no PD cell to run ({len(plan.rejected)} rejected): {why}")
     if not args.no_check_argv:
-        check_argv(ls, plan.cells)
+        check_argv(plan.loaded, plan.cells)
     print(f"{args.sweep}: valid: {len(plan.pd_cells)} PD cells, {len(plan.cells) - len(plan.pd_cells)} "
           f"reference cells, {len(plan.rejected)} rejected" + ("" if args.no_check_argv else
                                                               "; every vllm serve argv parses"))
@@ -79,10 +79,36 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument("--cells", default=None, help="glob over cell ids")
     _no_check_argv_arg(p)
+    p.add_argument("--nodes", type=int, default=None, help="place over N nodes (named node0..; needs --gpus-per-node)")
+    p.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (with --nodes or --launcher slurm)")
+    p.add_argument("--launcher", choices=("local", "slurm"), default="local",
+                   help="slurm: place over the allocation we run in (SLURM_JOB_NODELIST, SLURM_GPUS_ON_NODE)")
 
 
-def plan_dict(sweep: str, gpus: int | None, cells_glob: str | None = None, check: bool = False) -> dict:
-    """The dry run: cells with per-instance argv/env, rejected cells, and the schedule."""
+def plan_cluster(nodes: int | None, gpus_per_node: int | None, launcher: str = "local"):
+    """The :class:`pdsweep.placement.Cluster` to place over, or None (one host). Raises
+    ``UserError`` for ``--nodes`` without ``--gpus-per-node`` or non-positive counts."""
+    from .placement import Cluster
+
+    if nodes is None and launcher != "slurm":
+        if gpus_per_node is not None:
+            raise UserError("--gpus-per-node needs --nodes N (or --launcher slurm inside an allocation)")
+        return None
+    if nodes is not None:
+        if gpus_per_node is None or nodes < 1 or gpus_per_node < 0:
+            raise UserError(f"--nodes {nodes}: give --gpus-per-node G as well (nodes >= 1, G >= 0)")
+        return Cluster.synthetic(nodes, gpus_per_node)
+    from .launchers.slurm import allocation, node_addrs
+
+    _, names, gpn = allocation()
+    addrs = node_addrs(names)
+    return Cluster(tuple(names), gpn if gpus_per_node is None else gpus_per_node, tuple(addrs[n] for n in names))
+
+
+def plan_dict(sweep: str, gpus: int | None, cells_glob: str | None = None, cluster=None,
+              check: bool = False) -> dict:
+    """The dry run: cells with per-instance argv/env (and node), rejected cells, and the
+    schedule; over ``cluster`` (nodes x GPUs) when given, else over one host's ``gpus``."""
     from .plan import expand, instances, model_path, planned_blocks
     from .run import build_python, select
     from .schedule import detect_gpus, pack
@@ -97,7 +123,17 @@ def plan_dict(sweep: str, gpus: int | None, cells_glob: str | None = None, check
     cells = select(plan, cells_glob)
     if check:
         check_argv(ls, cells)
-    sched = pack(cells, n, ls.sweep.defaults.port_base)
+    pool = None
+    if cluster is not None:
+        from dataclasses import replace
+
+        from .placement import ClusterPool
+
+        if ls.sweep.platform != "cuda":
+            cluster = replace(cluster, gpus_per_node=0)
+        pool = ClusterPool(cluster, ls.sweep.defaults.port_base)
+        n = cluster.num_gpus
+    sched = pack(cells, n, ls.sweep.defaults.port_base, pool=pool)
     slots = {p.cell.id: p.slot for p in sched.placements}
     out_cells = []
     for c in cells:
@@ -111,7 +147,8 @@ def plan_dict(sweep: str, gpus: int | None, cells_glob: str | None = None, check
             specs = instances(c, slots[c.id], ls, model_path(m, c.model, create=False), python)
             d["instances"] = [{**s.to_dict(), "blocks": planned_blocks(m, ls.sweep.platform, s)} for s in specs]
         out_cells.append(d)
-    return {"sweep": str(ls.path), "platform": ls.sweep.platform, "gpus": n, "cells": out_cells,
+    return {"sweep": str(ls.path), "platform": ls.sweep.platform, "gpus": n,
+            "nodes": list(cluster.nodes) if cluster else None, "cells": out_cells,
             "rejected": [{"cell_id": r.cell.id, "rule": r.rule, "reason": r.reason} for r in plan.rejected],
             "schedule": sched.to_dict()}
 
@@ -135,7 +172,8 @@ def _blocks_text(blocks: dict) -> str:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    d = plan_dict(args.sweep, args.gpus, args.cells, check=not args.no_check_argv)
+    d = plan_dict(args.sweep, args.gpus, args.cells, plan_cluster(args.nodes, args.gpus_per_node, args.launcher),
+                  check=not args.no_check_argv)
     if args.format == "json":
         print(json.dumps(d, indent=2))
         return 0
@@ -145,7 +183,8 @@ def _plan(args: argparse.Namespace) -> int:
 
     # not a terminal (CI logs): no 80-column cut, whole cell ids and reasons
     con = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 100_000)
-    t = Table(title=f"{d['sweep']}: {len(d['cells'])} cells ({d['platform']}, {d['gpus']} GPUs)")
+    where = f"{len(d['nodes'])} nodes, {d['gpus']} GPUs" if d["nodes"] else f"{d['gpus']} GPUs"
+    t = Table(title=f"{d['sweep']}: {len(d['cells'])} cells ({d['platform']}, {where})")
     for col in ("cell", "tp_ratio", "GPUs", "instances", "blocks logical/kernel", "expect"):
         t.add_column(col, overflow="fold")
     for c in d["cells"]:
@@ -163,20 +202,38 @@ def _plan(args: argparse.Namespace) -> int:
         con.print(r)
     s = d["schedule"]
     for x in s["needs_more_gpus"]:
-        con.print(f"not scheduled: {x['cell']} needs {x['needs']} GPUs (host has {d['gpus']})")
+        why = x.get("reason") or f"needs {x['needs']} GPUs (host has {d['gpus']})"
+        con.print(f"not scheduled: {x['cell']} {why}")
     con.print("\n[bold]instances (dry run)[/bold]")
     for c in d["cells"]:
         for i in c.get("instances", []):
             env = " ".join(f"{k}={shlex.quote(v)}" for k, v in i["env"].items())
-            con.print(escape(f"[{c['id']}] {i['name']}: {env} {shlex.join(i['argv'])}"))
+            on = f" on {i['node']}" if d["nodes"] else ""
+            con.print(escape(f"[{c['id']}] {i['name']}{on}: {env} {shlex.join(i['argv'])}"))
     con.print("\n[bold]schedule[/bold]")
     for p in s["placements"]:
-        gp = ",".join(map(str, p["gpus"])) or "cpu"
+        gp = placement_text(p) if d["nodes"] else ",".join(map(str, p["gpus"])) or "cpu"
         con.print(f"  t={p['start_s']:7.0f}s..{p['end_s']:7.0f}s  lane {p['lane']} ports {p['port_base']}+  "
                   f"GPUs {gp:12} {p['cell']}")
     con.print(f"estimated makespan {s['makespan_s']:.0f} s vs {s['serial_s']:.0f} s one by one "
               f"(ratio {s['ratio']:.2f})")
     return 0
+
+
+def placement_text(p: dict) -> str:
+    """``prefill-0@node0:0-7 decode-0@node1:0-3`` from a schedule placement's
+    ``instances`` (``@node0:cpu`` on CPU)."""
+    return " ".join(f"{i['name']}@{i['node']}:{_ranges(i['gpus']) if i['gpus'] else 'cpu'}" for i in p["instances"])
+
+
+def _ranges(ids: list[int]) -> str:
+    ids = sorted(set(ids))
+    out, start = [], ids[0]
+    for a, b in zip(ids, ids[1:] + [None]):
+        if b != a + 1:
+            out.append(f"{start}" if start == a else f"{start}-{a}")
+            start = b
+    return ",".join(out)
 
 
 # ---------------------------------------------------------------- run
@@ -188,6 +245,9 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", help="skip cells whose status is final")
     p.add_argument("--quiet", action="store_true", help="one line per cell (CI logs)")
     p.add_argument("--skip-eval", action="store_true", help="deploy and probe only, no lm-eval")
+    p.add_argument("--launcher", choices=("local", "slurm"), default="local",
+                   help="slurm: every instance a job step of the allocation pdsweep runs in (salloc/sbatch)")
+    p.add_argument("--gpus-per-node", type=int, default=None, help="slurm: GPUs per node (default SLURM_GPUS_ON_NODE)")
     p.add_argument("--drop-kv-transfer-params", action="store_true", help=argparse.SUPPRESS)  # tests only
     p.add_argument("--scramble-kv-block-ids", action="store_true", help=argparse.SUPPRESS)  # tests only
 
@@ -197,7 +257,8 @@ def _run(args: argparse.Namespace) -> int:
 
     opts = RunOptions(out=args.out, cells=args.cells, gpus=args.gpus, resume=args.resume, quiet=args.quiet,
                       drop_kv_transfer_params=args.drop_kv_transfer_params,
-                      scramble_kv_block_ids=args.scramble_kv_block_ids, skip_eval=args.skip_eval)
+                      scramble_kv_block_ids=args.scramble_kv_block_ids, skip_eval=args.skip_eval,
+                      launcher=args.launcher, gpus_per_node=args.gpus_per_node)
     try:
         run_dir = run_sweep(args.sweep, opts)
     except KeyboardInterrupt:

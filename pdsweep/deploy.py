@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from .launcher import Handle, Launcher, port_free, tail
+from .launchers import Handle, Launcher, port_free, tail
 from .logscan import first_exception
 from .plan import Cell, InstanceSpec, Slot
 
@@ -103,7 +103,7 @@ def wait_healthy(handles: list[Handle], timeout_s: float, stop: Callable[[], boo
                     pass
             if pending:
                 if time.monotonic() - t0 > timeout_s:
-                    names = ", ".join(pending)
+                    names = ", ".join(f"{n} at {x.where}" for n, x in pending.items())
                     h = next(iter(pending.values()))
                     raise CellFailed("start", f"{names} not healthy after {timeout_s:.0f} s", tail(h.log_path))
                 time.sleep(HEALTH_POLL_S)
@@ -181,8 +181,9 @@ def deploy(cell: Cell, slot: Slot, specs: list[InstanceSpec], launcher: Launcher
             ports = tuple(p for p in (s.port, s.side_channel_port) if p)
             try:
                 dep.handles.append(launcher.start(s.name, list(s.argv), s.env, s.port,
-                                                  log_dir / f"{s.name}.log", ports))
-            except OSError as e:
+                                                  log_dir / f"{s.name}.log", ports, host=s.host,
+                                                  node=s.node or None))
+            except (OSError, ValueError) as e:
                 raise CellFailed("start", f"{s.name}: cannot start {s.argv[0]}: {e}") from None
         wait_healthy(dep.handles, startup_timeout_s, stop)
         dep.timings["healthy_s"] = time.monotonic() - t0

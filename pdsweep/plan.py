@@ -219,12 +219,22 @@ def expand(ls: LoadedSweep) -> Plan:
 # ---------------------------------------------------------------- instances
 @dataclass(frozen=True)
 class Slot:
-    """Resources of one scheduled cell: GPU ids, a private block of ports, CPU cores."""
+    """Resources of one scheduled cell: GPU ids, a private block of ports, CPU cores, and
+    (placed over nodes, :mod:`pdsweep.placement`) the node of each instance; ``gpus`` are
+    then the node-local ids of instance 0's group, instance 1's, ... in instance order."""
 
     index: int
     gpus: tuple[int, ...]
     port_base: int
     cpus: tuple[int, ...] = ()
+    hosts: tuple[str, ...] = ()  # per instance: the address it serves on; empty: loopback
+    nodes: tuple[str, ...] = ()  # per instance: the Slurm node it runs on; empty: this host
+
+    def host(self, k: int) -> str:
+        return self.hosts[k] if self.hosts else "127.0.0.1"
+
+    def node(self, k: int) -> str:
+        return self.nodes[k] if self.nodes else ""
 
     def proxy_port(self) -> int:
         return self.port_base
@@ -252,6 +262,8 @@ class InstanceSpec:
     gpus: tuple[int, ...]
     argv: tuple[str, ...]
     env: dict[str, str]
+    host: str = "127.0.0.1"  # address it serves on: its node's NodeAddr under Slurm
+    node: str = ""  # Slurm node name ("" on the local launcher)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "argv": list(self.argv)}
@@ -304,7 +316,7 @@ def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: 
         gpus = slot.gpus[gpu_i:gpu_i + tp * dp] if slot.gpus else ()
         gpu_i += tp * dp
         argv = [python, "-m", "vllm.entrypoints.cli.main", "serve", model_path,
-                "--served-model-name", cell.model, "--host", "127.0.0.1", "--port", str(slot.http_port(k)),
+                "--served-model-name", cell.model, "--host", slot.host(k), "--port", str(slot.http_port(k)),
                 "--tensor-parallel-size", str(tp), "--block-size", str(block),
                 "--max-model-len", str(d.max_model_len or model.max_model_len), "--seed", "0"]
         if s.platform == "cuda":
@@ -332,6 +344,8 @@ def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: 
         if role != "single":
             side = slot.side_channel_port(k)
             env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(side)
+            if slot.hosts:  # decode reaches prefill's side channel at the prefill node (envs.py default: localhost)
+                env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = slot.host(k)
         if role == "decode":  # decode reads: its log then names the UCX transport (transfer.json)
             env.setdefault("UCX_PROTO_INFO", "y")
         if s.platform == "cuda":
@@ -344,7 +358,8 @@ def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: 
             for var, val in CPU_PLUGIN_ENV.items():  # pdsweep.vllm_plugin (a sweep's env may override)
                 env.setdefault(var, val)
             rank_i += tp * dp
-        out.append(InstanceSpec(name, role, tp, slot.http_port(k), side, tuple(gpus), tuple(argv), env))
+        out.append(InstanceSpec(name, role, tp, slot.http_port(k), side, tuple(gpus), tuple(argv), env, slot.host(k),
+                                slot.node(k)))
     return out
 
 

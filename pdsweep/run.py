@@ -31,7 +31,7 @@ from typing import Any
 from . import __version__, layout
 from .deploy import CellFailed, Deployment, deploy
 from .errors import UserError
-from .launcher import LocalLauncher, tail
+from .launchers import Launcher, LocalLauncher, tail
 from .logscan import first_exception
 from .plan import Cell, Plan, Slot, expand, instances, model_path, planned_blocks
 from .gate import NEEDS_GPUS
@@ -53,6 +53,8 @@ class RunOptions:
     drop_kv_transfer_params: bool = False  # test-only: decode recomputes (the transfer gate catches it)
     scramble_kv_block_ids: bool = False  # test-only: KV arrives wrong (the consistency probe catches it)
     skip_eval: bool = False
+    launcher: str = "local"  # local | slurm (job steps of the allocation we run in)
+    gpus_per_node: int | None = None  # slurm: overrides SLURM_GPUS_ON_NODE
 
 
 @dataclass
@@ -61,7 +63,8 @@ class RunContext:
     plan: Plan
     run_dir: Path
     opts: RunOptions
-    launcher: LocalLauncher = field(default_factory=LocalLauncher)
+    launcher: Launcher = field(default_factory=LocalLauncher)
+    needs: Any = None  # pool.needs: why a cell does not fit (run.json reason)
     stop: threading.Event = field(default_factory=threading.Event)
     progress: Progress | None = None
     builds: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -328,7 +331,8 @@ def write_index(ctx: RunContext, cells: list[Cell], started: str, finished: str 
         "cells": {c.id: {"kind": c.kind, "status": layout.cell_status(ctx.run_dir, c.id) or "pending",
                          "expect_fail": c.expect_fail} for c in cells},
         "rejected": [{"cell_id": r.cell.id, "rule": r.rule, "reason": r.reason} for r in ctx.plan.rejected]
-        + [{"cell_id": c.id, "rule": NEEDS_GPUS, "reason": f"needs {c.num_gpus} GPUs, host has {num_gpus}"}
+        + [{"cell_id": c.id, "rule": NEEDS_GPUS,
+            "reason": ctx.needs(c) if ctx.needs else f"needs {c.num_gpus} GPUs, host has {num_gpus}"}
            for c in too_big],
     }
     layout.write_json(ctx.run_dir / layout.RUN_FILE, index)
@@ -358,9 +362,11 @@ def run_sweep(path: str | Path, opts: RunOptions) -> Path:
                         "results would mix two sweeps: start a new run")
     current = git_sha()
     git_shas = [x for x in dict.fromkeys([*(old or {}).get("git_shas", []), current]) if x]
+    launcher, pool = launcher_and_pool(ls, opts, num_gpus)  # outside an allocation: refused before any write
+    num_gpus = pool.num_gpus
     run_dir.mkdir(parents=True, exist_ok=True)
-    ctx = RunContext(ls, plan, run_dir, opts, git_shas=git_shas, sweep_sha256=sha, git_sha=current)
-    pool = GpuPool(num_gpus, ls.sweep.defaults.port_base)
+    ctx = RunContext(ls, plan, run_dir, opts, launcher=launcher, needs=pool.needs, git_shas=git_shas,
+                     sweep_sha256=sha, git_sha=current)
     runnable = [c for c in order(cells) if pool.fits(c)]
     too_big = [c for c in cells if not pool.fits(c)]
     todo = [c for c in runnable if not (opts.resume and layout.cell_status(run_dir, c.id) in layout.FINAL_STATUSES)]
@@ -368,7 +374,7 @@ def run_sweep(path: str | Path, opts: RunOptions) -> Path:
     layout.write_json(run_dir / layout.PLAN_FILE, {
         "cells": [c.to_dict() for c in cells],
         "rejected": [{"cell": r.cell.to_dict(), "rule": r.rule, "reason": r.reason} for r in plan.rejected],
-        "schedule": pack(cells, num_gpus, ls.sweep.defaults.port_base).to_dict()})
+        "schedule": pack(cells, num_gpus, ls.sweep.defaults.port_base, pool=fresh_pool(pool)).to_dict()})
     write_index(ctx, cells, started, None, num_gpus, too_big)
     ctx.builds = {b: build_info(ls, b) for b in sorted({c.build for c in todo})}
     ctx.progress = Progress(len(todo), quiet=opts.quiet, skipped=len(runnable) - len(todo))
@@ -396,6 +402,34 @@ def run_sweep(path: str | Path, opts: RunOptions) -> Path:
     judge_run(run_dir, ls)
     write_index(ctx, cells, started, now(), num_gpus, too_big)
     return run_dir
+
+
+def launcher_and_pool(ls: LoadedSweep, opts: RunOptions, num_gpus: int):
+    """The launcher and resource pool of ``opts.launcher``: local -> :class:`LocalLauncher`
+    over this host's GPUs; slurm -> steps of the allocation we run in, placed over its
+    nodes x GPUs (``SLURM_JOB_NODELIST``, ``SLURM_GPUS_ON_NODE`` or ``--gpus-per-node``;
+    0 on CPU). Raises ``UserError`` (unknown launcher, no allocation)."""
+    from .launchers import make_launcher
+
+    launcher = make_launcher(opts.launcher)
+    if opts.launcher != "slurm":
+        return launcher, GpuPool(num_gpus, ls.sweep.defaults.port_base)
+    from .placement import Cluster, ClusterPool
+
+    gpn = opts.gpus_per_node if opts.gpus_per_node is not None else launcher.gpus_per_node  # type: ignore[attr-defined]
+    gpn = gpn if ls.sweep.platform == "cuda" else 0
+    nodes = tuple(launcher.nodes)  # type: ignore[attr-defined]
+    addrs = tuple(launcher.addrs[n] for n in nodes)  # type: ignore[attr-defined]
+    return launcher, ClusterPool(Cluster(nodes, gpn, addrs), ls.sweep.defaults.port_base)
+
+
+def fresh_pool(pool):
+    """An empty pool like ``pool`` (the dry-run schedule must not take the run's GPUs)."""
+    from .placement import ClusterPool
+
+    if isinstance(pool, ClusterPool):
+        return ClusterPool(pool.cluster, pool.port_base, pool.cpus)
+    return GpuPool(pool.num_gpus, pool.port_base, pool.cpus)
 
 
 def _dispatch(ctx: RunContext, todo: list[Cell], pool: GpuPool) -> None:

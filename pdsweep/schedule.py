@@ -12,7 +12,7 @@ import heapq
 import shutil
 import subprocess
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .errors import UserError
 from .plan import PORTS_PER_SLOT, Cell, Slot
@@ -73,6 +73,10 @@ class GpuPool:
     def fits(self, cell: Cell) -> bool:
         return cell.num_gpus <= self.num_gpus if cell.num_gpus else True
 
+    def needs(self, cell: Cell) -> str:
+        """Why ``cell`` does not fit (the run.json / plan reason)."""
+        return f"needs {cell.num_gpus} GPUs, host has {self.num_gpus}"
+
     def try_acquire(self, cell: Cell) -> Slot | None:
         """Take GPUs and a lane for ``cell``, or None when they are not free now."""
         with self.lock:
@@ -110,6 +114,7 @@ class Placement:
 class Schedule:
     placements: list[Placement]
     too_big: list[Cell]  # need more GPUs than the host has: listed as "needs N GPUs"
+    reasons: dict[str, str] = field(default_factory=dict)  # too_big cell id -> why
 
     @property
     def makespan_s(self) -> float:
@@ -127,11 +132,27 @@ class Schedule:
     def to_dict(self) -> dict:
         return {
             "makespan_s": self.makespan_s, "serial_s": self.serial_s, "ratio": self.ratio,
-            "placements": [{"cell": p.cell.id, "gpus": list(p.slot.gpus), "lane": p.slot.index,
-                            "port_base": p.slot.port_base, "start_s": p.start_s, "end_s": p.end_s}
-                           for p in self.placements],
-            "needs_more_gpus": [{"cell": c.id, "needs": c.num_gpus} for c in self.too_big],
+            "placements": [{"cell": p.cell.id, "gpus": list(p.slot.gpus), "instances": instance_placement(p),
+                            "lane": p.slot.index, "port_base": p.slot.port_base, "start_s": p.start_s,
+                            "end_s": p.end_s} for p in self.placements],
+            "needs_more_gpus": [{"cell": c.id, "needs": c.num_gpus, "reason": self.reasons.get(c.id)}
+                                for c in self.too_big],
         }
+
+
+def instance_placement(p: Placement) -> list[dict]:
+    """Node and GPU ids of each instance of a placement (``prefill-0``, ``decode-0``, ...),
+    in the order :func:`pdsweep.plan.instances` hands out ``slot.gpus``."""
+    from .placement import groups
+
+    c, slot, out, i = p.cell, p.slot, [], 0
+    names = (["single-0"] if c.kind == "ref" else
+             [f"prefill-{k}" for k in range(c.num_prefill)] + [f"decode-{k}" for k in range(c.num_decode)])
+    for k, (name, size) in enumerate(zip(names, groups(c))):
+        gpus = list(slot.gpus[i:i + size]) if slot.gpus else []
+        i += size if slot.gpus else 0
+        out.append({"name": name, "node": slot.node(k) or slot.host(k), "host": slot.host(k), "gpus": gpus})
+    return out
 
 
 def order(cells: list[Cell]) -> list[Cell]:
@@ -140,12 +161,12 @@ def order(cells: list[Cell]) -> list[Cell]:
     return sorted(cells, key=lambda c: (c.kind != "ref", -c.num_gpus, -estimate_s(c)))
 
 
-def pack(cells: list[Cell], num_gpus: int, port_base: int = 20000) -> Schedule:
-    """Simulate the run-time scheduler with estimated durations.
-
-    Returns placements whose concurrent cells hold disjoint GPUs and distinct lanes.
+def pack(cells: list[Cell], num_gpus: int, port_base: int = 20000, pool=None) -> Schedule:
+    """Simulate the run-time scheduler with estimated durations, on ``pool`` (default a
+    :class:`GpuPool` of ``num_gpus``; a :class:`pdsweep.placement.ClusterPool` places over
+    nodes). Returns placements whose concurrent cells hold disjoint GPUs and distinct lanes.
     """
-    pool = GpuPool(num_gpus, port_base)
+    pool = pool or GpuPool(num_gpus, port_base)
     runnable = [c for c in order(cells) if pool.fits(c)]
     too_big = [c for c in cells if not pool.fits(c)]
     t, running, out, pending = 0.0, [], [], list(runnable)
@@ -165,4 +186,4 @@ def pack(cells: list[Cell], num_gpus: int, port_base: int = 20000) -> Schedule:
         if running:
             t, _, slot = heapq.heappop(running)
             pool.release(slot)
-    return Schedule(out, too_big)
+    return Schedule(out, too_big, {c.id: pool.needs(c) for c in too_big})

@@ -40,7 +40,8 @@ def main() -> None:
     p.add_argument("--block-size", default="16")
     args, _ = p.parse_known_args(argv)
     name = args.served_model_name or args.model
-    print(f"fake vllm serve {name} on {args.port} kv={args.kv_transfer_config}", flush=True)
+    print(f"fake vllm serve {name} on {args.port} kv={args.kv_transfer_config} "
+          f"cuda={os.environ.get('CUDA_VISIBLE_DEVICES')}", flush=True)
     code = os.environ.get("FAKE_EXIT_AT_STARTUP")
     if code:
         print("ValueError: fake startup failure: unrecognized argument --bogus", flush=True)
@@ -126,7 +127,8 @@ def main() -> None:
         if kv.get("do_remote_decode"):
             out["kv_transfer_params"] = {"do_remote_prefill": True, "do_remote_decode": False,
                                          "remote_engine_id": f"fake-{args.port}", "remote_block_ids": [1, 2],
-                                         "remote_host": "127.0.0.1", "remote_port": args.port}
+                                         "remote_host": os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost"),
+                                         "remote_port": args.port}
         elif kv.get("do_remote_prefill"):
             lab = (name, "0")
             xfer.labels(*lab).observe(0.004)
