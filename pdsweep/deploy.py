@@ -194,7 +194,8 @@ def deploy(cell: Cell, slot: Slot, specs: list[InstanceSpec], launcher: Launcher
             dep.proxy = ProxyServer(
                 prefill_urls=[h.url for h in dep.role("prefill")], decode_urls=[h.url for h in dep.role("decode")],
                 port=slot.proxy_port(), timeout_s=request_timeout_s, drop_kv_transfer_params=drop_kv_transfer_params,
-                log_path=dep.proxy_log, scramble_kv_block_ids=scramble_kv_block_ids)
+                log_path=dep.proxy_log, scramble_kv_block_ids=scramble_kv_block_ids,
+                block_size=cell.decode_block_size)
             dep.proxy.__enter__()  # type: ignore[attr-defined]
         t1 = time.monotonic()
         first_request(dep, cell.model, request_timeout_s)

@@ -23,8 +23,8 @@ log = logging.getLogger(__name__)
 
 @contextlib.contextmanager
 def scrape_phase(dep: Deployment, phases: dict[str, Any], name: str, out_dir: Path | None = None) -> Iterator[None]:
-    """Scrape every instance's /metrics before and after the block; store
-    ``phases[name][instance] = (before, after, wall_s)`` and the raw text under
+    """Scrape every instance's /metrics (and the PD proxy's, as instance ``proxy``) before
+    and after the block; store ``phases[name][instance] = (before, after, wall_s)`` and the raw text under
     ``<cell>/metrics/``. An instance that cannot be scraped is left out, so its
     metrics read as missing (the gate fails closed)."""
     from .metrics import parse, scrape_sync
@@ -32,16 +32,20 @@ def scrape_phase(dep: Deployment, phases: dict[str, Any], name: str, out_dir: Pa
     out_dir = out_dir or dep.handles[0].log_path.parent.parent / "metrics"
     out_dir.mkdir(parents=True, exist_ok=True)
 
+    targets = [(h.name, h.url) for h in dep.handles]
+    if dep.proxy is not None:  # the PD proxy counts the requests decode must have read KV for
+        targets.append(("proxy", dep.proxy.url))  # type: ignore[attr-defined]
+
     def grab(tag: str) -> dict[str, Any]:
         snaps = {}
-        for h in dep.handles:
+        for iname, url in targets:
             try:
-                text = scrape_sync(f"{h.url}/metrics")
+                text = scrape_sync(f"{url}/metrics")
             except Exception as e:  # recorded as missing
-                log.warning("%s: /metrics scrape failed (%s): %s", h.name, tag, e)
+                log.warning("%s: /metrics scrape failed (%s): %s", iname, tag, e)
                 continue
-            (out_dir / f"{name}.{h.name}.{tag}.txt").write_text(text)
-            snaps[h.name] = parse(text)
+            (out_dir / f"{name}.{iname}.{tag}.txt").write_text(text)
+            snaps[iname] = parse(text)
         return snaps
 
     before, t0 = grab("before"), time.monotonic()

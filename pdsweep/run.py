@@ -306,6 +306,7 @@ def write_index(ctx: RunContext, cells: list[Cell], started: str, finished: str 
         "started": started, "finished": finished, "host": host_facts(num_gpus), "git_sha": ctx.git_sha,
         "git_shas": ctx.git_shas,
         "pdsweep_version": __version__, "gate": ctx.ls.sweep.gate.model_dump(),
+        "bench": ctx.ls.sweep.bench.model_dump(),
         "cells": {c.id: {"kind": c.kind, "status": layout.cell_status(ctx.run_dir, c.id) or "pending",
                          "expect_fail": c.expect_fail} for c in cells},
         "rejected": [{"cell_id": r.cell.id, "rule": r.rule, "reason": r.reason} for r in ctx.plan.rejected]

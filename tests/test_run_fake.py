@@ -206,3 +206,49 @@ def test_resume_refuses_a_changed_sweep(tmp_path, tok):
         run_sweep(sweep, RunOptions(out=out, resume=True, quiet=True))
     with pytest.raises(UserError, match="already holds a run"):
         run_sweep(sweep, RunOptions(out=out, quiet=True))
+
+
+def _gate_reasons(run: Path, cell: str) -> list[str]:
+    from pdsweep.gate import gate_run
+
+    return list(gate_run(run).cell(cell).reasons)
+
+
+def test_expired_kv_on_prefill_fails_gate(tmp_path, tok):
+    """Decode answered 200 but prefill's KV lease expired (vLLM issue 52234): silent recompute."""
+    sweep = make_sweep(tmp_path, tok, env="  base: {}\n  expire: {FAKE_EXPIRED: '1'}",
+                       matrix="  model: [fake-gqa]\n  tp: [p1d1]\n  env: [expire]\n", extra="  reference: false\n")
+    run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True))
+    cid = "fake-gqa.p1d1.b16-16.fixed.env-expire"
+    assert status(run, cid)["status"] == "ok"
+    assert layout.read_json(run / cid / "transfer.json")["totals"]["expired_reqs"] == 2  # one per probe prompt
+    assert f"{cid}/transfer.json: totals.expired_reqs = 2 (allowed: 0)" in _gate_reasons(run, cid)
+    assert main(["gate", str(run)]) == 1
+
+
+def test_decode_without_transfers_fails_gate_as_silent_recompute(tmp_path, tok):
+    """Decode answers every 2nd PD request without reading KV: fewer transfers than PD requests."""
+    sweep = make_sweep(tmp_path, tok, env="  base: {}\n  skip: {FAKE_SKIP_XFER_EVERY: '2'}",
+                       matrix="  model: [fake-gqa]\n  tp: [p1d1]\n  env: [skip]\n", extra="  reference: false\n")
+    run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True))
+    cid = "fake-gqa.p1d1.b16-16.fixed.env-skip"
+    tr = layout.read_json(run / cid / "transfer.json")["totals"]
+    # readiness (request 1) transferred; of the 10 measured requests 2, 4, ... 10 did not
+    assert (tr["num_transfers"], tr["kv_requests"]) == (5, 9)  # the 4-word "short" probe is under one block
+    assert (f"{cid}/transfer.json: decode did 5 KV transfers for 9 PD requests whose prompt spans >= 1 block: "
+            "the others were recomputed on decode (silent recompute)") in _gate_reasons(run, cid)
+
+
+def test_load_phase_that_lost_requests_fails_gate(tmp_path, tok, monkeypatch):
+    """``vllm bench serve`` exits 0 when requests fail; the gate reads load.json."""
+    monkeypatch.setenv("FAKE_BENCH_LOST", "3")
+    sweep = make_sweep(tmp_path, tok, matrix="  model: [fake-gqa]\n  tp: [p1d1]\n",
+                       extra="  reference: false\nbench: {enabled: true, num_prompts: 5, concurrencies: [2]}\n")
+    run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True))
+    cid = "fake-gqa.p1d1.b16-16.fixed"
+    assert status(run, cid)["status"] == "ok"
+    (load,) = layout.read_json(run / cid / "load.json")["runs"]
+    assert (load["completed"], load["errors"], load["num_prompts"]) == (2, 3, 5)
+    assert (f"{cid}/load.json: concurrency 2: 3 load requests failed, completed 2 of num_prompts 5 "
+            "(vllm bench serve exits 0 regardless)") in _gate_reasons(run, cid)
+    assert main(["gate", str(run)]) == 1
