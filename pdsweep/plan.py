@@ -268,7 +268,9 @@ def derived_env(model: ModelSpec, role: str) -> dict[str, str]:
 
 
 def kv_transfer_config(cell: Cell, role: str, ls: LoadedSweep) -> dict[str, Any]:
-    """``--kv-transfer-config`` for a NixlConnector producer (prefill) or consumer (decode)."""
+    """``--kv-transfer-config`` for a NixlConnector producer (prefill) or consumer (decode),
+    with the serve-args variant's ``kv_transfer_extra`` merged in (its
+    ``kv_connector_extra_config`` key by key; connector, role and buffer stay pdsweep's)."""
     cfg: dict[str, Any] = {
         "kv_connector": "NixlConnector",
         "kv_role": "kv_both" if ls.sweep.defaults.kv_role == "both" else
@@ -277,7 +279,11 @@ def kv_transfer_config(cell: Cell, role: str, ls: LoadedSweep) -> dict[str, Any]
     }
     if ls.sweep.defaults.kv_lease_duration_s:
         cfg["kv_connector_extra_config"] = {"kv_lease_duration": ls.sweep.defaults.kv_lease_duration_s}
-    return cfg
+    extra = dict(ls.sweep.serve_variant(cell.serve_args).kv_transfer_extra)
+    if "kv_connector_extra_config" in extra:
+        extra["kv_connector_extra_config"] = {**cfg.get("kv_connector_extra_config", {}),
+                                              **extra["kv_connector_extra_config"]}
+    return {**cfg, **extra}
 
 
 def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: str) -> list[InstanceSpec]:

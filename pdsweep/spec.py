@@ -199,14 +199,35 @@ class BuildSpec(_Strict):
         return self
 
 
+# KVTransferConfig fields (vllm/config/kv_transfer.py) a sweep may set through
+# kv_transfer_extra; kv_connector, kv_connector_module_path, kv_role and kv_buffer_device
+# define the cell (pdsweep gates on NIXL metrics and its own roles) and are pdsweep's.
+KV_TRANSFER_EXTRA_KEYS = ("engine_id", "kv_port", "kv_connector_extra_config", "enable_permute_local_kv",
+                          "kv_load_failure_policy")
+
+
 class ServeArgsVariant(_Strict):
     """Extra ``vllm serve`` args for both roles, prefill only, decode only; appended
-    after pdsweep's own flags, so a repeated flag here wins (argparse keeps the last)."""
+    after pdsweep's own flags, so a repeated flag here wins (argparse keeps the last).
+    ``kv_transfer_extra``: keys merged into pdsweep's ``--kv-transfer-config`` JSON
+    (``kv_connector_extra_config`` merged key by key), e.g. ``kv_load_failure_policy``."""
 
     both: list[str] = []
     prefill: list[str] = []
     decode: list[str] = []
     enforce_eager: bool | None = None  # override defaults.enforce_eager (e.g. MTP, CUDA graphs)
+    kv_transfer_extra: dict[str, Any] = {}
+
+    @field_validator("kv_transfer_extra")
+    @classmethod
+    def _extra_keys(cls, v: dict[str, Any]) -> dict[str, Any]:
+        bad = sorted(set(v) - set(KV_TRANSFER_EXTRA_KEYS))
+        if bad:
+            raise ValueError(f"kv_transfer_extra: key(s) {bad} not allowed (allowed: {', '.join(KV_TRANSFER_EXTRA_KEYS)}"
+                             "; the connector, role and kv_buffer_device are pdsweep's)")
+        if not isinstance(v.get("kv_connector_extra_config", {}), dict):
+            raise ValueError("kv_transfer_extra.kv_connector_extra_config must be a mapping")
+        return v
 
 
 class Defaults(_Strict):
@@ -517,6 +538,7 @@ def load_sweep(path: str | Path) -> LoadedSweep:
     cat_path = (path.parent / sweep.models_file).resolve()
     catalogue = load_catalogue(cat_path)
     _check_names(sweep, catalogue, path, node)
+    check_kv_transfer_overrides(sweep, catalogue, path, node)
     return LoadedSweep(sweep=sweep, catalogue=catalogue, path=path, catalogue_path=cat_path)
 
 
@@ -548,5 +570,40 @@ def _check_names(sweep: Sweep, cat: Catalogue, path: Path, node: yaml.Node | Non
     d = sweep.defaults
     for field in ("build", "serve_args", "env"):
         check(field, getattr(d, field), ("defaults", field))
+    if errors:
+        raise UserError("\n".join(errors))
+
+
+_KV_FLAGS = ("--kv-transfer-config", "--kv_transfer_config")
+
+
+def _kv_override(args: list[str]) -> str | None:
+    """The first arg that sets ``--kv-transfer-config`` (also ``=JSON`` and vLLM's dotted
+    ``--kv-transfer-config.key=value`` forms), or None."""
+    return next((a for a in args if a.split("=", 1)[0].split(".", 1)[0] in _KV_FLAGS), None)
+
+
+def check_kv_transfer_overrides(sweep: Sweep, cat: Catalogue, path: Path, node: yaml.Node | None) -> None:
+    """Refuse serve args (sweep variants, catalogue models) that set ``--kv-transfer-config``:
+    pdsweep writes it per role (NixlConnector, kv_producer/kv_consumer, the cell's
+    kv_buffer_device) and gates on NIXL metrics, so replacing it could change the connector
+    or role unseen. Extra keys go in ``serve_args.<variant>.kv_transfer_extra``. Raises
+    ``UserError`` naming file, line, field and the offending arg."""
+    errors = []
+    for name in sweep.serve_args:
+        v = sweep.serve_variant(name)
+        for role in ("both", "prefill", "decode"):
+            arg = _kv_override(getattr(v, role))
+            if arg:
+                loc = ("serve_args", name) if isinstance(sweep.serve_args[name], list) else ("serve_args", name, role)
+                errors.append(f"{path}:{_line_of(node, loc)}: {_fmt_loc(loc)}: '{arg}' replaces pdsweep's "
+                              "--kv-transfer-config (connector NixlConnector, role kv_producer/kv_consumer): a "
+                              "connector or role change is refused; put extra keys under "
+                              f"serve_args.{name}.kv_transfer_extra (allowed: {', '.join(KV_TRANSFER_EXTRA_KEYS)})")
+    for name, m in cat.models.items():
+        arg = _kv_override(m.serve_args)
+        if arg:
+            errors.append(f"{sweep.models_file}: models.{name}.serve_args: '{arg}' replaces pdsweep's "
+                          "--kv-transfer-config: refused (use a sweep's serve_args.<variant>.kv_transfer_extra)")
     if errors:
         raise UserError("\n".join(errors))

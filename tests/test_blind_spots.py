@@ -1,0 +1,69 @@
+"""Plan-level checks of the gate's former blind spots (issue 11, item 4): the kv-transfer
+JSON a sweep may extend but not replace, eval tasks a kv_consumer cannot serve, phase
+budgets, side-channel port ranges and the reference's serve args."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pdsweep.errors import UserError
+from pdsweep.plan import Slot, expand, instances
+from pdsweep.spec import load_sweep
+
+REPO = Path(__file__).resolve().parent.parent
+HEAD = """name: t
+platform: cpu
+defaults: {prefill_block_size: 32, decode_block_size: 32}
+"""
+
+
+def sweep(tmp_path: Path, body: str, head: str = HEAD):
+    (tmp_path / "models.yaml").write_text((REPO / "sweeps" / "models.yaml").read_text())
+    p = tmp_path / "s.yaml"
+    p.write_text(head + body)
+    return load_sweep(p)
+
+
+def kv_json(spec) -> dict:
+    argv = list(spec.argv)
+    return json.loads(argv[argv.index("--kv-transfer-config") + 1])
+
+
+def test_kv_transfer_extra_is_merged_into_pdsweeps_json(tmp_path):
+    ls = sweep(tmp_path, """defaults: {prefill_block_size: 32, decode_block_size: 32, kv_lease_duration_s: 600}
+serve_args:
+  base: []
+  fail-policy: {kv_transfer_extra: {kv_load_failure_policy: recompute, kv_connector_extra_config: {x: 1}}}
+matrix: {model: [tiny-llama], tp: [p1d1], serve_args: [fail-policy]}
+""", head="name: t\nplatform: cpu\n")
+    (cell,) = expand(ls).pd_cells
+    pre, dec = instances(cell, Slot(0, (), 20000), ls, "/m", "python")
+    assert kv_json(pre) == {"kv_connector": "NixlConnector", "kv_role": "kv_producer", "kv_buffer_device": "cpu",
+                            "kv_connector_extra_config": {"kv_lease_duration": 600, "x": 1},
+                            "kv_load_failure_policy": "recompute"}
+    assert kv_json(dec)["kv_role"] == "kv_consumer" and kv_json(dec)["kv_load_failure_policy"] == "recompute"
+
+
+@pytest.mark.parametrize("arg", ['--kv-transfer-config={"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}',
+                                 "--kv-transfer-config.kv_role=kv_both", "--kv_transfer_config"])
+def test_serve_args_replacing_the_kv_transfer_config_are_refused(tmp_path, arg):
+    with pytest.raises(UserError) as e:
+        sweep(tmp_path, f"""serve_args:
+  base: []
+  other: {{decode: ['{arg}']}}
+matrix: {{model: [tiny-llama], tp: [p1d1]}}
+""")
+    msg = str(e.value)
+    assert "s.yaml:6: serve_args.other.decode:" in msg and arg in msg
+    assert "connector or role change is refused" in msg and "kv_transfer_extra" in msg
+
+
+@pytest.mark.parametrize("key", ["kv_connector", "kv_role", "kv_buffer_device", "kv_connector_module_path"])
+def test_kv_transfer_extra_cannot_change_connector_role_or_buffer(tmp_path, key):
+    with pytest.raises(UserError, match=rf"kv_transfer_extra: key\(s\) \['{key}'\] not allowed \(allowed: engine_id"):
+        sweep(tmp_path, f"""serve_args:
+  base: []
+  x: {{kv_transfer_extra: {{{key}: v}}}}
+matrix: {{model: [tiny-llama], tp: [p1d1]}}
+""")
