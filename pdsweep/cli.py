@@ -23,7 +23,11 @@ def _validate(args: argparse.Namespace) -> int:
     from .plan import expand
     from .spec import load_sweep
 
-    plan = expand(load_sweep(args.sweep))
+    from .evaltasks import check_eval_tasks
+
+    ls = load_sweep(args.sweep)
+    plan = expand(ls)
+    check_eval_tasks(ls)
     if not plan.pd_cells:
         why = "; ".join(sorted({f"{r.rule}: {r.reason}" for r in plan.rejected})[:3]) or "the matrix is empty"
         raise UserError(f"{args.sweep}: no PD cell to run ({len(plan.rejected)} rejected): {why}")

@@ -324,6 +324,10 @@ def run_sweep(path: str | Path, opts: RunOptions) -> Path:
     cells = select(plan, opts.cells)
     if not plan.pd_cells:
         raise UserError(f"{ls.path}: no PD cell to run ({len(plan.rejected)} rejected; see `pdsweep plan`)")
+    if not opts.skip_eval:
+        from .evaltasks import check_eval_tasks
+
+        check_eval_tasks(ls)
     if not cells:
         raise UserError(f"no cell of {ls.path} matches --cells {opts.cells!r}")
     run_dir = (Path(opts.out) if opts.out else default_run_dir(ls)).resolve()  # results/latest -> its run
