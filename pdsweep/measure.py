@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from .deploy import Deployment
+from .deploy import CellFailed, Deployment
 from .plan import Cell
 from .spec import LoadedSweep
 
@@ -107,7 +107,11 @@ def collect_probe(ls: LoadedSweep, cell: Cell, dep: Deployment, mpath: str) -> d
 
 def run_load(ls: LoadedSweep, cell: Cell, dep: Deployment, mpath: str, cdir: Path) -> dict[str, Any]:
     """Drive the deployment with ``vllm bench serve`` (random dataset, local tokenizer)
-    at each concurrency of the sweep's ``bench`` section. Returns the load.json body."""
+    at each concurrency of the sweep's ``bench`` section, each run within
+    :func:`pdsweep.budgets.bench_budget_s`. Returns the load.json body. Raises
+    ``CellFailed('bench')`` past the budget, RuntimeError on a non-zero exit."""
+    from .budgets import bench_budget_s
+
     b = ls.sweep.bench
     python = json.loads((cdir / "cell.json").read_text())["build"]["python"]
     model = ls.catalogue.models[cell.model]
@@ -121,8 +125,13 @@ def run_load(ls: LoadedSweep, cell: Cell, dep: Deployment, mpath: str, cdir: Pat
                 "--num-prompts", str(b.num_prompts), "--max-concurrency", str(conc), "--ignore-eos",
                 "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
                 "--save-result", "--result-dir", str(cdir / "logs"), "--result-filename", name]
+        budget = bench_budget_s(b, ls.sweep.defaults, conc)
         with open(cdir / "logs" / f"load-c{conc}.log", "w") as logf:
-            rc = subprocess.run(argv, stdout=logf, stderr=subprocess.STDOUT, timeout=3600).returncode
+            try:
+                rc = subprocess.run(argv, stdout=logf, stderr=subprocess.STDOUT, timeout=budget).returncode
+            except subprocess.TimeoutExpired:
+                raise CellFailed("bench", f"vllm bench serve (concurrency {conc}) exceeded its wall-clock budget of "
+                                 f"{budget:.0f} s (bench phase); see logs/load-c{conc}.log") from None
         if rc != 0:
             raise RuntimeError(f"vllm bench serve (concurrency {conc}) exited {rc}; see logs/load-c{conc}.log")
         r = json.loads((cdir / "logs" / name).read_text())

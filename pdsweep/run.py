@@ -256,12 +256,14 @@ def measure_cell(ctx: RunContext, cell: Cell, dep: Deployment, cdir: Path, mpath
     phases: dict[str, Any] = {}
     if not ctx.opts.skip_eval and ev.tasks:
         on_phase("eval")
-        from .accuracy import run_lm_eval
-
         model = ctx.ls.catalogue.models[cell.model]
         tok = model.tokenizer or mpath
+        from .budgets import eval_budget_s
+        from .evalproc import run_lm_eval_bounded
+
         with scrape_phase(dep, phases, "eval"):
-            results = run_lm_eval(f"{dep.url}/v1/completions", cell.model, tok, ev, cdir, chat=model.chat)
+            results = run_lm_eval_bounded(f"{dep.url}/v1/completions", cell.model, tok, ev, cdir, model.chat,
+                                          eval_budget_s(ev))
         layout.write_json(cdir / layout.EVAL_RAW, {"cell_id": cell.id, "tasks": results})
     if ev.consistency.enabled:
         on_phase("consistency")

@@ -277,6 +277,7 @@ class EvalSpec(_Strict):
     seed: int = 1234
     max_gen_toks: int = Field(default=256, gt=0)
     reference: bool = True  # single-instance reference per model at the decode TP
+    budget_s: float | None = Field(default=None, gt=0)  # eval wall clock; None: derived (pdsweep.budgets)
     consistency: ConsistencySpec = ConsistencySpec()
 
 
@@ -286,6 +287,7 @@ class BenchSpec(_Strict):
     input_len: int = Field(default=128, gt=0)
     output_len: int = Field(default=16, gt=0)
     num_prompts: int = Field(default=16, gt=0)
+    budget_s: float | None = Field(default=None, gt=0)  # per concurrency run; None: derived (pdsweep.budgets)
 
 
 class GateSpec(_Strict):

@@ -12,10 +12,12 @@ FAKE_DIVERGE         decode (with KV) shifts its first generated token (lost KV 
 FAKE_EXPIRED         prefill adds this to vllm:nixl_num_kv_expired_reqs per PD request
 FAKE_SKIP_XFER_EVERY decode answers every Nth PD request without a transfer (silent recompute)
 FAKE_STREAM_HANG     a streaming request never sends its first chunk
+FAKE_HANG_AFTER      completions after this many never answer (a hung eval)
 
 ``bench serve`` (as ``vllm bench serve``): sends ``--num-prompts`` completions to
 ``--base-url``, writes vLLM's result JSON and exits 0 even when requests failed, as vLLM
-does; FAKE_BENCH_LOST (read from pdsweep's own env) drops that many requests as failed.
+does; FAKE_BENCH_LOST (read from pdsweep's own env) drops that many requests as failed,
+FAKE_BENCH_HANG makes it hang.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ def bench(argv: list[str]) -> None:
     p.add_argument("--random-input-len", type=int, default=8)
     p.add_argument("--random-output-len", type=int, default=4)
     args, _ = p.parse_known_args(argv)
+    if os.environ.get("FAKE_BENCH_HANG"):
+        time.sleep(3600)
     lost = int(os.environ.get("FAKE_BENCH_LOST", "0"))
     done = 0
     for i in range(args.num_prompts - lost):
@@ -137,6 +141,9 @@ def main() -> None:
         with lock:
             state["n"] += 1
             n = state["n"]
+        hang = os.environ.get("FAKE_HANG_AFTER")
+        if hang and n > int(hang):
+            await asyncio.sleep(3600)
         die = os.environ.get("FAKE_DIE_AFTER")
         if die and n > int(die):
             os._exit(9)
@@ -194,7 +201,7 @@ def main() -> None:
             yield f"data: {json.dumps(chunk)}\n\n"
         yield "data: [DONE]\n\n"
 
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=1)
 
 
 if __name__ == "__main__":

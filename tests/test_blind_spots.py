@@ -86,3 +86,15 @@ def test_generate_until_tasks_pass_validate(tmp_path, capsys):
 
     sweep(tmp_path, "matrix: {model: [tiny-llama], tp: [p1d1]}\neval: {tasks: [pdsweep_arith]}\n")
     assert main(["validate", str(tmp_path / "s.yaml")]) == 0, capsys.readouterr().err
+
+
+def test_phase_budgets_derive_from_the_sweep():
+    from pdsweep.budgets import bench_budget_s, eval_budget_s
+    from pdsweep.spec import BenchSpec, Defaults, EvalSpec
+
+    ls = load_sweep(REPO / "sweeps" / "cpu-smoke.yaml")  # 20 docs, 2 at a time, 300 s timeout, 3 retries
+    assert eval_budget_s(ls.sweep.eval) == 120 + 10 * 300 * 4
+    assert eval_budget_s(EvalSpec(tasks=["gsm8k"], num_concurrent=64, timeout_s=60, max_retries=0)) == 120 + 32 * 60
+    assert eval_budget_s(EvalSpec(budget_s=99)) == 99
+    assert bench_budget_s(BenchSpec(num_prompts=16), Defaults(request_timeout_s=30), 4) == 120 + 4 * 30
+    assert bench_budget_s(BenchSpec(budget_s=5), Defaults(), 1) == 5

@@ -252,3 +252,39 @@ def test_load_phase_that_lost_requests_fails_gate(tmp_path, tok, monkeypatch):
     assert (f"{cid}/load.json: concurrency 2: 3 load requests failed, completed 2 of num_prompts 5 "
             "(vllm bench serve exits 0 regardless)") in _gate_reasons(run, cid)
     assert main(["gate", str(run)]) == 1
+
+
+def test_hung_streaming_request_fails_readiness(tmp_path, tok):
+    sweep = make_sweep(tmp_path, tok, env="  base: {}\n  hang: {FAKE_STREAM_HANG: '1'}",
+                       matrix="  model: [fake-gqa]\n  tp: [p1d1]\n  env: [hang]\n", extra="  reference: false\n")
+    t0 = time.monotonic()
+    run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True))
+    assert time.monotonic() - t0 < 60
+    st = status(run, "fake-gqa.p1d1.b16-16.fixed.env-hang")
+    assert st["status"] == "failed" and st["phase"] == "ready", st
+    assert st["reason"].startswith("streaming request"), st["reason"]
+    assert not ours(tmp_path)
+
+
+def test_hung_eval_fails_the_cell_within_its_budget(tmp_path, tok):
+    # completions 1-2 are readiness (plain + streaming); lm-eval's first question never returns
+    sweep = make_sweep(tmp_path, tok, env="  base: {}\n  hang: {FAKE_HANG_AFTER: '2'}",
+                       matrix="  model: [fake-gqa]\n  tp: [p1d1]\n  env: [hang]\n",
+                       extra="  reference: false\n  budget_s: 4\n")
+    t0 = time.monotonic()
+    run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True))
+    assert time.monotonic() - t0 < 60
+    st = status(run, "fake-gqa.p1d1.b16-16.fixed.env-hang")
+    assert (st["status"], st["phase"]) == ("failed", "eval"), st
+    assert st["reason"] == "lm-eval exceeded its wall-clock budget of 4 s (eval phase)"
+    assert not ours(tmp_path)
+
+
+def test_hung_bench_fails_the_cell_within_its_budget(tmp_path, tok, monkeypatch):
+    monkeypatch.setenv("FAKE_BENCH_HANG", "1")
+    sweep = make_sweep(tmp_path, tok, matrix="  model: [fake-gqa]\n  tp: [p1d1]\n",
+                       extra="  reference: false\nbench: {enabled: true, num_prompts: 2, budget_s: 3}\n")
+    run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True))
+    st = status(run, "fake-gqa.p1d1.b16-16.fixed")
+    assert (st["status"], st["phase"]) == ("failed", "bench"), st
+    assert st["reason"].startswith("vllm bench serve (concurrency 1) exceeded its wall-clock budget of 3 s")
