@@ -22,6 +22,7 @@ from .spec import AXES, LoadedSweep, ModelSpec
 
 MAX_INSTANCES = 12  # per cell; bounded by the per-slot port layout below
 PORTS_PER_SLOT = 200
+SIDE_CHANNEL_FIRST, SIDE_CHANNEL_STRIDE = 100, 8  # Slot.side_channel_port: offset in the slot, ports per instance
 # KV blocks per CPU instance. VLLM_CPU_KVCACHE_SPACE=1 GiB gives a tiny model ~32k blocks
 # (tiny-llama: 1,048,576 tokens), and with prefill TP > decode TP the decode handshake builds
 # per-source split descriptor lists over all of them in Python
@@ -200,6 +201,11 @@ def expand(ls: LoadedSweep) -> Plan:
             plan.rejected.append(Rejected(cell, "instances", f"more than {MAX_INSTANCES} instances per cell"))
             continue
         bad = rules.check(cell, model, ls)
+        if not bad and cell.kind == "pd":
+            from .ports import overlap
+
+            why = overlap(cell, ls, SIDE_CHANNEL_STRIDE, PORTS_PER_SLOT, SIDE_CHANNEL_FIRST)
+            bad = ("side-channel-ports", why) if why else None
         if bad:
             plan.rejected.append(Rejected(cell, *bad))
         else:
@@ -233,8 +239,9 @@ class Slot:
         return self.port_base + 20 + 5 * k
 
     def side_channel_port(self, k: int) -> int:
-        """Base side-channel port of instance ``k``; vLLM adds rank offsets (8 reserved)."""
-        return self.port_base + 100 + 8 * k
+        """Base side-channel port of instance ``k``; vLLM adds rank offsets
+        (``SIDE_CHANNEL_STRIDE`` reserved; :func:`pdsweep.ports.overlap` rejects more)."""
+        return self.port_base + SIDE_CHANNEL_FIRST + SIDE_CHANNEL_STRIDE * k
 
 
 @dataclass(frozen=True)

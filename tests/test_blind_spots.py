@@ -98,3 +98,42 @@ def test_phase_budgets_derive_from_the_sweep():
     assert eval_budget_s(EvalSpec(budget_s=99)) == 99
     assert bench_budget_s(BenchSpec(num_prompts=16), Defaults(request_timeout_s=30), 4) == 120 + 4 * 30
     assert bench_budget_s(BenchSpec(budget_s=5), Defaults(), 1) == 5
+
+
+DP_MATRIX = """platform: cuda
+matrix:
+  model: [deepseek-v2-lite-chat]
+  tp: [p8d8]
+  block_size: [64]
+  decode_dp: [2, 16]
+"""
+
+
+def _dp_plan(tmp_path, monkeypatch, per_engine: bool):
+    from pdsweep import ports
+
+    monkeypatch.setattr(ports, "per_engine_listener", lambda python: per_engine)
+    return expand(sweep(tmp_path, DP_MATRIX, head="name: t\n"))
+
+
+def test_side_channel_ranges_follow_the_installed_vllm(tmp_path, monkeypatch):
+    from pdsweep.ports import per_engine_listener, side_channel_width
+    import sys
+
+    assert per_engine_listener(sys.executable)  # vLLM 0.32: base_scheduler.py, + data_parallel_index
+    assert side_channel_width(sys.executable, 2, 8) == 2
+    plan = _dp_plan(tmp_path, monkeypatch, per_engine=True)
+    assert [c.id for c in plan.pd_cells] == ["deepseek-v2-lite-chat.p8d8.b64-64.fixed.ddp2"]
+    (rej,) = plan.rejected
+    assert rej.cell.decode_dp == 16 and rej.rule == "side-channel-ports"
+    assert rej.reason.startswith("decode instance 1 (DP 16 x TP 8) binds 16 NIXL side-channel ports (one per DP "
+                                 "rank,")
+
+
+def test_dp2_tp8_decode_overlaps_where_vllm_binds_per_rank(tmp_path, monkeypatch):
+    plan = _dp_plan(tmp_path, monkeypatch, per_engine=False)
+    assert not plan.pd_cells
+    assert [r.reason.split(" (one per")[0] for r in plan.rejected] == [
+        "decode instance 1 (DP 2 x TP 8) binds 16 NIXL side-channel ports",
+        "decode instance 1 (DP 16 x TP 8) binds 128 NIXL side-channel ports"]
+    assert all("more than the 8 reserved per instance" in r.reason for r in plan.rejected)
