@@ -45,7 +45,7 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
 
 def plan_dict(sweep: str, gpus: int | None, cells_glob: str | None = None) -> dict:
     """The dry run: cells with per-instance argv/env, rejected cells, and the schedule."""
-    from .plan import expand, instances, model_path
+    from .plan import expand, instances, model_path, reference_of
     from .run import build_python, select
     from .schedule import detect_gpus, pack
     from .spec import load_sweep
@@ -58,7 +58,8 @@ def plan_dict(sweep: str, gpus: int | None, cells_glob: str | None = None) -> di
     slots = {p.cell.id: p.slot for p in sched.placements}
     out_cells = []
     for c in cells:
-        d = {**c.to_dict(), "tp_ratio": c.tp_ratio, "num_gpus": c.num_gpus}
+        d = {**c.to_dict(), "tp_ratio": c.tp_ratio, "num_gpus": c.num_gpus,
+             "reference_cell": reference_of(c, ls).id if c.kind == "pd" and ls.sweep.eval.reference else None}
         if c.id in slots:
             m = ls.catalogue.models[c.model]
             try:
@@ -84,11 +85,12 @@ def _plan(args: argparse.Namespace) -> int:
 
     con = Console(highlight=False, soft_wrap=True)
     t = Table(title=f"{d['sweep']}: {len(d['cells'])} cells ({d['platform']}, {d['gpus']} GPUs)")
-    for col in ("cell", "tp_ratio", "GPUs", "instances", "expect"):
+    for col in ("cell", "tp_ratio", "GPUs", "instances", "expect", "reference"):
         t.add_column(col)
     for c in d["cells"]:
         t.add_row(c["id"], str(c["tp_ratio"]) if c["kind"] == "pd" else "-", str(c["num_gpus"]),
-                  str(len(c.get("instances", []))) or "-", "fail" if c["expect_fail"] else "")
+                  str(len(c.get("instances", []))) or "-", "fail" if c["expect_fail"] else "",
+                  c.get("reference_cell") or "-")
     con.print(t)
     if d["rejected"]:
         r = Table(title=f"rejected: {len(d['rejected'])} cells")

@@ -102,11 +102,13 @@ class Cell:
         """GPUs the cell holds: one per rank on cuda, none on cpu."""
         return self.num_ranks if self.platform == "cuda" else 0
 
-    def reference(self, build: str | None = None) -> Cell:
+    def reference(self, build: str | None = None, serve_args: str | None = None) -> Cell:
         """The single-instance (non-PD) reference of this cell at the decode TP, on
         ``build`` (the sweep's default build: the single-instance path never touches the
-        KV connector, so one reference serves the fixed and the unfixed build)."""
-        return replace(self, kind="ref", build=build or self.build, prefill_tp=self.decode_tp, prefill_block_size=self.decode_block_size,
+        KV connector, so one reference serves the fixed and the unfixed build), with the
+        ``serve_args`` variant (default: the cell's; see :func:`reference_of`)."""
+        return replace(self, kind="ref", build=build or self.build, serve_args=serve_args or self.serve_args,
+                       prefill_tp=self.decode_tp, prefill_block_size=self.decode_block_size,
                        num_prefill=0, num_decode=1, decode_dp=1, expect_fail=False, expect_reason=None, expect_ref=None,
                        expect_match=None)
 
@@ -213,10 +215,18 @@ def expand(ls: LoadedSweep) -> Plan:
     if ls.sweep.eval.reference:
         refs: dict[str, Cell] = {}
         for c in plan.cells:
-            r = c.reference(ls.sweep.defaults.build)
+            r = reference_of(c, ls)
             refs.setdefault(r.id, r)
         plan.cells.extend(refs.values())
     return plan
+
+
+def reference_of(cell: Cell, ls: LoadedSweep) -> Cell:
+    """The reference cell a PD ``cell`` is compared with: :meth:`Cell.reference` on the
+    sweep's default build, with the serve args its variant names in ``reference`` (default:
+    its own variant)."""
+    v = ls.sweep.serve_variant(cell.serve_args)
+    return cell.reference(ls.sweep.defaults.build, v.reference or cell.serve_args)
 
 
 # ---------------------------------------------------------------- instances

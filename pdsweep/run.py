@@ -33,7 +33,7 @@ from .deploy import CellFailed, Deployment, deploy
 from .errors import UserError
 from .launcher import LocalLauncher, tail
 from .logscan import first_exception
-from .plan import Cell, Plan, Slot, expand, instances, model_path
+from .plan import Cell, Plan, Slot, expand, instances, model_path, reference_of
 from .gate import NEEDS_GPUS
 from .progress import Progress
 from .schedule import GpuPool, detect_gpus, order, pack
@@ -212,7 +212,7 @@ def run_cell(ctx: RunContext, cell: Cell, slot: Slot) -> dict[str, Any]:
         if build.get("error"):
             raise CellFailed("prepare", build["error"])
         slot, specs = free_slot(slot, lambda s: instances(cell, s, ls, mpath, build["python"]))
-        ref = cell.reference(ls.sweep.defaults.build).id if cell.kind == "pd" else None
+        ref = reference_of(cell, ls).id if cell.kind == "pd" else None
         layout.write_json(cdir / layout.CELL_FILE, {
             "cell": cell.to_dict(), "compare_key": cell.compare_key, "reference_cell": ref,
             "model": {"name": cell.model, "source": model.source, "path": mpath, "attention": model.attention,
@@ -291,7 +291,7 @@ def select(plan: Plan, pattern: str | None) -> list[Cell]:
     if not pattern:
         return list(plan.cells)
     chosen = [c for c in plan.cells if fnmatch.fnmatch(c.id, pattern)]
-    refs = ({c.reference(plan.loaded.sweep.defaults.build).id for c in chosen if c.kind == "pd"}
+    refs = ({reference_of(c, plan.loaded).id for c in chosen if c.kind == "pd"}
             if plan.loaded.sweep.eval.reference else set())
     return [c for c in plan.cells if c in chosen or c.id in refs]
 

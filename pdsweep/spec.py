@@ -217,6 +217,9 @@ class ServeArgsVariant(_Strict):
     decode: list[str] = []
     enforce_eager: bool | None = None  # override defaults.enforce_eager (e.g. MTP, CUDA graphs)
     kv_transfer_extra: dict[str, Any] = {}
+    # serve_args variant of the single-instance reference of cells with this variant (None:
+    # this one), e.g. `base`, so a fault the variant causes outside PD is not on both sides
+    reference: str | None = None
 
     @field_validator("kv_transfer_extra")
     @classmethod
@@ -541,6 +544,7 @@ def load_sweep(path: str | Path) -> LoadedSweep:
     catalogue = load_catalogue(cat_path)
     _check_names(sweep, catalogue, path, node)
     check_kv_transfer_overrides(sweep, catalogue, path, node)
+    check_reference_variants(sweep, path, node)
     return LoadedSweep(sweep=sweep, catalogue=catalogue, path=path, catalogue_path=cat_path)
 
 
@@ -607,5 +611,18 @@ def check_kv_transfer_overrides(sweep: Sweep, cat: Catalogue, path: Path, node: 
         if arg:
             errors.append(f"{sweep.models_file}: models.{name}.serve_args: '{arg}' replaces pdsweep's "
                           "--kv-transfer-config: refused (use a sweep's serve_args.<variant>.kv_transfer_extra)")
+    if errors:
+        raise UserError("\n".join(errors))
+
+
+def check_reference_variants(sweep: Sweep, path: Path, node: yaml.Node | None) -> None:
+    """``serve_args.<variant>.reference`` must name a serve_args variant; raises ``UserError``."""
+    errors = []
+    for name in sweep.serve_args:
+        ref = sweep.serve_variant(name).reference
+        if ref is not None and ref not in sweep.serve_args:
+            loc = ("serve_args", name, "reference")
+            errors.append(f"{path}:{_line_of(node, loc)}: {_fmt_loc(loc)}: unknown serve_args '{ref}' "
+                          f"(allowed: {', '.join(sweep.serve_args)})")
     if errors:
         raise UserError("\n".join(errors))

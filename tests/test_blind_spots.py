@@ -137,3 +137,33 @@ def test_dp2_tp8_decode_overlaps_where_vllm_binds_per_rank(tmp_path, monkeypatch
         "decode instance 1 (DP 2 x TP 8) binds 16 NIXL side-channel ports",
         "decode instance 1 (DP 16 x TP 8) binds 128 NIXL side-channel ports"]
     assert all("more than the 8 reserved per instance" in r.reason for r in plan.rejected)
+
+
+REF_SWEEP = """serve_args:
+  base: []
+  prefix-caching: {both: [--enable-prefix-caching], reference: base}
+  eager-off: {enforce_eager: false}
+matrix: {model: [tiny-llama], tp: [p1d1], serve_args: [prefix-caching, eager-off]}
+"""
+
+
+def test_sweep_names_the_reference_serve_args_and_plan_shows_it(tmp_path):
+    from pdsweep.cli import plan_dict
+
+    ls = sweep(tmp_path, REF_SWEEP)
+    plan = expand(ls)
+    assert [c.id for c in plan.cells] == ["tiny-llama.p1d1.b32-32.fixed.prefix-caching",
+                                          "tiny-llama.p1d1.b32-32.fixed.eager-off",
+                                          "tiny-llama.ref-tp1.b32.fixed",  # prefix-caching's: base
+                                          "tiny-llama.ref-tp1.b32.fixed.eager-off"]  # default: the cell's own
+    (ref,) = instances(plan.cells[2], Slot(0, (), 20000), ls, "/m", "python")
+    assert "--enable-prefix-caching" not in ref.argv
+    d = plan_dict(str(tmp_path / "s.yaml"), 0)
+    assert [c["reference_cell"] for c in d["cells"]] == ["tiny-llama.ref-tp1.b32.fixed",
+                                                          "tiny-llama.ref-tp1.b32.fixed.eager-off", None, None]
+
+
+def test_reference_serve_args_must_exist(tmp_path):
+    with pytest.raises(UserError, match=r"s.yaml:6: serve_args.x.reference: unknown serve_args 'nope' "
+                                        r"\(allowed: base, x\)"):
+        sweep(tmp_path, "serve_args:\n  base: []\n  x: {reference: nope}\nmatrix: {model: [tiny-llama], tp: [p1d1]}\n")
