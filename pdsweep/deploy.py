@@ -151,11 +151,12 @@ def streaming_request(dep: Deployment, model: str, timeout_s: float) -> None:
                 if data:
                     choices = json.loads(data).get("choices") or [{}]
                     chunks += bool(choices[0].get("text"))
-    except httpx.HTTPError as e:
+    except (httpx.HTTPError, httpx.StreamError) as e:
         raise CellFailed("ready", _with_culprits(f"streaming request failed after {chunks} chunks: "
                                                  f"{type(e).__name__}: {e}", dep.handles), _tails(dep)) from None
-    except ValueError as e:
-        raise CellFailed("ready", f"streaming request: a chunk is not JSON: {e}", _tails(dep)) from None
+    except (ValueError, AttributeError, IndexError, TypeError) as e:
+        raise CellFailed("ready", f"streaming request: a chunk is not a completion: {type(e).__name__}: {e}",
+                         _tails(dep)) from None
     if not (chunks and done):
         raise CellFailed("ready", f"streaming request ended with {chunks} text chunks and "
                                   f"{'a' if done else 'no'} [DONE]", _tails(dep))

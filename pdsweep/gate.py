@@ -141,7 +141,10 @@ def cell_from_dict(d: Any) -> Cell | None:
     if not isinstance(d, dict):
         return None
     try:
-        return Cell(**{f.name: d[f.name] for f in dataclasses.fields(Cell) if f.name in d})
+        kw = {f.name: d[f.name] for f in dataclasses.fields(Cell) if f.name in d}
+        if isinstance(kw.get("expect_without"), list):  # JSON has no tuples
+            kw["expect_without"] = tuple(kw["expect_without"])
+        return Cell(**kw)
     except TypeError:
         return None
 

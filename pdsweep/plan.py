@@ -18,7 +18,7 @@ from typing import Any
 
 from . import rules
 from .errors import UserError
-from .spec import AXES, LoadedSweep, ModelSpec
+from .spec import AXES, EXPECT_KEYS, LoadedSweep, ModelSpec
 
 MAX_INSTANCES = 12  # per cell; bounded by the per-slot port layout below
 PORTS_PER_SLOT = 200
@@ -60,6 +60,9 @@ class Cell:
     expect_reason: str | None = None
     expect_ref: str | None = None
     expect_match: str | None = None  # regex the failure's signature must match (gate)
+    expect_vllm: str | None = None  # the expectation holds for builds in this vLLM range (pdsweep.expectations)
+    expect_without: tuple[str, ...] = ()  # ... and lacking one of these fixes (pdsweep.fixprobes)
+    expect_note: str | None = None  # whether it applies to this cell's build, and why
 
     @property
     def id(self) -> str:
@@ -110,7 +113,7 @@ class Cell:
         return replace(self, kind="ref", build=build or self.build, serve_args=serve_args or self.serve_args,
                        prefill_tp=self.decode_tp, prefill_block_size=self.decode_block_size,
                        num_prefill=0, num_decode=1, decode_dp=1, expect_fail=False, expect_reason=None, expect_ref=None,
-                       expect_match=None)
+                       expect_match=None, expect_vllm=None, expect_without=(), expect_note=None)
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, **asdict(self)}
@@ -174,7 +177,7 @@ def _to_cell(combo: dict[str, Any], ls: LoadedSweep) -> Cell:
             v["prefill_tp"], v["decode_tp"] = int(p), int(dd)
         elif k == "block_size":
             v["prefill_block_size"] = v["decode_block_size"] = int(val)
-        elif k in ("expect", "reason", "ref", "match"):
+        elif k in EXPECT_KEYS:
             continue
         else:
             v[k] = val
@@ -182,8 +185,26 @@ def _to_cell(combo: dict[str, Any], ls: LoadedSweep) -> Cell:
         raise UserError(f"{ls.path}: matrix.include entry {combo} has no 'model' and matches no combination")
     cell = Cell(model=combo["model"], **{k: val for k, val in v.items() if k != "model"},
                 platform=ls.sweep.platform, expect_fail=combo.get("expect") == "fail",
-                expect_reason=combo.get("reason"), expect_ref=combo.get("ref"), expect_match=combo.get("match"))
-    return cell
+                expect_reason=combo.get("reason"), expect_ref=combo.get("ref"), expect_match=combo.get("match"),
+                expect_vllm=combo.get("vllm"), expect_without=tuple(combo.get("without") or ()))
+    return resolve_for_plan(cell, ls)
+
+
+def resolve_for_plan(cell: Cell, ls: LoadedSweep) -> Cell:
+    """``cell`` with a build-conditional expectation resolved against its build's vLLM
+    (:mod:`pdsweep.expectations`), or kept as declared when that build is not there yet."""
+    from .expectations import conditional, resolve
+
+    if not conditional(cell):
+        return cell
+    from .fixprobes import probe_python
+    from .run import build_python
+
+    try:
+        python = build_python(ls, cell.build)
+    except UserError:
+        return replace(cell, expect_note=f"expected to fail as declared: build {cell.build} not made yet")
+    return resolve(cell, *probe_python(python))
 
 
 def expand(ls: LoadedSweep) -> Plan:

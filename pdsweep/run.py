@@ -123,6 +123,9 @@ def build_info(ls: LoadedSweep, name: str) -> dict[str, Any]:
         info.update(vllm_version=v["vllm"], nixl_version=v["nixl"])
     except (subprocess.SubprocessError, OSError, ValueError, IndexError) as e:
         info["error"] = f"build {name}: cannot query {py}: {e}"
+    from .fixprobes import probe_python
+
+    info["fixes"] = probe_python(py)[1]  # fix probe -> present (True) / absent (False) / unknown (None)
     try:
         from .unfix import patched_files_sha256
 
@@ -136,7 +139,8 @@ def config_hash(ls: LoadedSweep, cell: Cell) -> str:
     """Hash of everything that defines a cell except its build and its expectation (compare:
     'not comparable'): an unfixed cell expected to fail still compares with its fixed twin."""
     d = {k: v for k, v in cell.to_dict().items()
-         if k not in ("id", "build", "expect_fail", "expect_reason", "expect_ref", "expect_match")}
+         if k not in ("id", "build", "expect_fail", "expect_reason", "expect_ref", "expect_match", "expect_vllm",
+                      "expect_without", "expect_note")}
     d["model"] = ls.catalogue.models[cell.model].model_dump()
     d["serve"] = ls.sweep.serve_variant(cell.serve_args).model_dump()
     d["env"] = ls.sweep.env[cell.env]
@@ -188,7 +192,13 @@ def release_slot_ports(slot: Slot) -> None:
 
 # ---------------------------------------------------------------- one cell
 def run_cell(ctx: RunContext, cell: Cell, slot: Slot) -> dict[str, Any]:
-    """Deploy and measure one cell; always returns (and writes) its status."""
+    """Deploy and measure one cell; always returns (and writes) its status. A
+    build-conditional expectation is resolved against the build that runs it."""
+    from .expectations import resolve
+
+    build_facts = ctx.builds.get(cell.build) or {}
+    if build_facts.get("python") and not build_facts.get("error"):
+        cell = resolve(cell, build_facts.get("vllm_version"), build_facts.get("fixes") or {})
     cdir = layout.cell_dir(ctx.run_dir, cell.id)
     if cdir.exists():  # a non-final earlier attempt: start clean, nothing half-old remains
         shutil.rmtree(cdir)

@@ -44,7 +44,7 @@ AXES = (
     "serve_args",
     "env",
 )
-EXPECT_KEYS = ("expect", "reason", "ref", "match")
+EXPECT_KEYS = ("expect", "reason", "ref", "match", "vllm", "without")
 _TP_PAIR = re.compile(r"^p([1-9]\d*)d([1-9]\d*)$")
 Pos = Annotated[int, Field(ge=1)]
 
@@ -324,6 +324,32 @@ class MatrixEntry(_Strict):
     # regex over the failure's signature (gate reasons + the failing instance's log tail);
     # an expected failure whose signature does not match is FAIL, not XFAIL
     match: str | None = Field(default=None, min_length=1)
+    # for which builds the expectation holds (pdsweep.expectations): a PEP 440 range of the
+    # build's vLLM version, and fixes (pdsweep.fixprobes.FIXES) of which one must be absent
+    vllm: str | None = Field(default=None, min_length=1)
+    without: list[str] | None = Field(default=None, min_length=1)
+
+    @field_validator("vllm")
+    @classmethod
+    def _specifier(cls, v: str | None) -> str | None:
+        if v is not None:
+            from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+            try:
+                SpecifierSet(v)
+            except InvalidSpecifier:
+                raise ValueError(f"not a PEP 440 version range (e.g. '>=0.26,<0.33'): {v!r}") from None
+        return v
+
+    @field_validator("without")
+    @classmethod
+    def _known_fixes(cls, v: list[str] | None) -> list[str] | None:
+        from .fixprobes import FIXES
+
+        bad = [f for f in v or [] if f not in FIXES]
+        if bad:
+            raise ValueError(f"unknown fix probe(s) {bad} (allowed: {', '.join(FIXES)})")
+        return v
 
     @field_validator("match")
     @classmethod
@@ -386,6 +412,10 @@ class Matrix(_Strict):
                 if kind == "include" and e.get("match") is not None and e.get("expect") != "fail":
                     raise ValueError(f"include[{i}]: 'match' is the signature of an expected failure: "
                                      "it needs 'expect: fail'")
+                for key in ("vllm", "without"):
+                    if kind == "include" and e.get(key) is not None and e.get("expect") != "fail":
+                        raise ValueError(f"include[{i}]: '{key}' says for which builds a failure is expected: "
+                                         "it needs 'expect: fail'")
         return self
 
 

@@ -288,3 +288,21 @@ def test_hung_bench_fails_the_cell_within_its_budget(tmp_path, tok, monkeypatch)
     st = status(run, "fake-gqa.p1d1.b16-16.fixed")
     assert (st["status"], st["phase"]) == ("failed", "bench"), st
     assert st["reason"].startswith("vllm bench serve (concurrency 1) exceeded its wall-clock budget of 3 s")
+
+
+def test_run_records_build_fixes_and_resolves_build_conditional_expectations(tmp_path, tok):
+    """The fake build's vLLM is the real 0.32.0 (it answers -c probes): it contains #49297,
+    so an expectation for builds without it does not apply and the passing cell is PASS."""
+    sweep = make_sweep(tmp_path, tok, matrix="  model: [fake-gqa]\n  tp: [p1d1]\n  include:\n"
+                       "    - {tp: p1d1, expect: fail, without: [vllm#49297], reason: 'lost SSM state'}\n")
+    run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True))
+    cid = "fake-gqa.p1d1.b16-16.fixed"
+    cj = layout.read_json(run / cid / "cell.json")
+    assert cj["build"]["fixes"] == {"vllm#49297": True, "vllm#49762": True, "vllm#45357": True, "vllm#48481": True}
+    assert (cj["cell"]["expect_fail"], cj["cell"]["expect_note"]) == (False, "does not apply: build fixed contains "
+                                                                             "vllm#49297")
+    assert status(run, cid)["expect_fail"] is False
+    from pdsweep.gate import PASS, gate_run
+
+    res = gate_run(run).cell(cid)
+    assert res.verdict == PASS, res.reasons
