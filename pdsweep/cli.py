@@ -89,7 +89,8 @@ def _plan(args: argparse.Namespace) -> int:
         t.add_column(col)
     for c in d["cells"]:
         t.add_row(c["id"], str(c["tp_ratio"]) if c["kind"] == "pd" else "-", str(c["num_gpus"]),
-                  str(len(c.get("instances", []))) or "-", "fail" if c["expect_fail"] else "",
+                  str(len(c.get("instances", []))) or "-",
+                  ("fail" if c["expect_fail"] else "") + (f" ({c['expect_note']})" if c.get("expect_note") else ""),
                   c.get("reference_cell") or "-")
     con.print(t)
     if d["rejected"]:

@@ -32,7 +32,12 @@ def tok(tmp_path) -> Path:
     return build_tokenizer(tmp_path / "tok")
 
 
-def make_sweep(tmp_path: Path, tok: Path, *, matrix: str, env: str = "  base: {}", port_base: int = 31000,
+# per test process, so concurrent runs of this file (other checkouts on the host) do not
+# answer each other's requests on the same ports
+PORT_BASE = 31000 + (os.getpid() % 40) * 200
+
+
+def make_sweep(tmp_path: Path, tok: Path, *, matrix: str, env: str = "  base: {}", port_base: int = PORT_BASE,
                extra: str = "") -> Path:
     (tmp_path / "models.yaml").write_text(f"""models:
   fake-gqa:
