@@ -59,9 +59,13 @@ def _validate(args: argparse.Namespace) -> int:
     from .plan import expand
     from .spec import load_sweep
 
-    plan = expand(load_sweep(args.sweep))
+    from .evaltasks import check_eval_tasks
+
+    ls = load_sweep(args.sweep)
+    plan = expand(ls)
     for w in preflight(plan):
         print(f"warning: {w}", file=sys.stderr)
+    check_eval_tasks(ls)
     if not plan.pd_cells:
         why = "; ".join(sorted({f"{r.rule}: {r.reason}" for r in plan.rejected})[:3]) or "the matrix is empty"
         raise UserError(f"{args.sweep}: no PD cell to run ({len(plan.rejected)} rejected): {why}")
@@ -109,7 +113,7 @@ def plan_dict(sweep: str, gpus: int | None, cells_glob: str | None = None, clust
               check: bool = False) -> dict:
     """The dry run: cells with per-instance argv/env (and node), rejected cells, and the
     schedule; over ``cluster`` (nodes x GPUs) when given, else over one host's ``gpus``."""
-    from .plan import expand, instances, model_path, planned_blocks
+    from .plan import expand, instances, model_path, planned_blocks, reference_of
     from .run import build_python, select
     from .schedule import detect_gpus, pack
     from .spec import load_sweep
@@ -137,7 +141,8 @@ def plan_dict(sweep: str, gpus: int | None, cells_glob: str | None = None, clust
     slots = {p.cell.id: p.slot for p in sched.placements}
     out_cells = []
     for c in cells:
-        d = {**c.to_dict(), "tp_ratio": c.tp_ratio, "num_gpus": c.num_gpus, "blocks": _cell_blocks(c, ls)}
+        d = {**c.to_dict(), "tp_ratio": c.tp_ratio, "num_gpus": c.num_gpus, "blocks": _cell_blocks(c, ls),
+             "reference_cell": reference_of(c, ls).id if c.kind == "pd" and ls.sweep.eval.reference else None}
         if c.id in slots:
             m = ls.catalogue.models[c.model]
             try:
@@ -185,12 +190,13 @@ def _plan(args: argparse.Namespace) -> int:
     con = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 100_000)
     where = f"{len(d['nodes'])} nodes, {d['gpus']} GPUs" if d["nodes"] else f"{d['gpus']} GPUs"
     t = Table(title=f"{d['sweep']}: {len(d['cells'])} cells ({d['platform']}, {where})")
-    for col in ("cell", "tp_ratio", "GPUs", "instances", "blocks logical/kernel", "expect"):
+    for col in ("cell", "tp_ratio", "GPUs", "instances", "blocks logical/kernel", "expect", "reference"):
         t.add_column(col, overflow="fold")
     for c in d["cells"]:
         t.add_row(c["id"], str(c["tp_ratio"]) if c["kind"] == "pd" else "-", str(c["num_gpus"]),
                   str(len(c.get("instances", []))) or "-", _blocks_text(c["blocks"]),
-                  "fail" if c["expect_fail"] else "")
+                  ("fail" if c["expect_fail"] else "") + (f" ({c['expect_note']})" if c.get("expect_note") else ""),
+                  c.get("reference_cell") or "-")
     con.print(t)
     if d["rejected"]:
         r = Table(title=f"rejected: {len(d['rejected'])} cells")

@@ -4,12 +4,14 @@ front, prove one real PD request moves KV, and tear everything down.
 Readiness is not "``/health`` says 200": a PD pair can be healthy while every PD
 request fails (vLLM #42895, sglang #31295 in ../shared/BUGS.md). A cell is ready only
 after one real request through the proxy returned tokens and the decode instances'
-``vllm:nixl_*`` histograms recorded a transfer.
+``vllm:nixl_*`` histograms recorded a transfer, and one streaming request delivered its
+chunks and ``[DONE]``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -125,9 +127,45 @@ def nixl_transfer_count(handles: list[Handle]) -> int | None:
     return total if seen else None
 
 
+def streaming_request(dep: Deployment, model: str, timeout_s: float) -> None:
+    """One streaming completion (SSE, the path ``vllm bench serve`` uses; vLLM issue 29369
+    hung there) must deliver a text chunk and ``data: [DONE]`` within ``timeout_s`` seconds
+    in all. Raises ``CellFailed('ready', ...)``."""
+    deadline = time.monotonic() + timeout_s
+    chunks, done = 0, False
+    try:
+        with httpx.stream("POST", f"{dep.url}/v1/completions", timeout=timeout_s,
+                          json={"model": model, "prompt": READY_PROMPT, "max_tokens": 4, "temperature": 0,
+                                "stream": True}) as r:
+            if r.status_code != 200:
+                r.read()
+                raise CellFailed("ready", _with_culprits(f"streaming request: HTTP {r.status_code}: {r.text[:500]}",
+                                                         dep.handles), _tails(dep))
+            for line in r.iter_lines():
+                if time.monotonic() > deadline:
+                    raise httpx.ReadTimeout(f"no [DONE] within {timeout_s:g} s")
+                data = line.removeprefix("data:").strip() if line.startswith("data:") else None
+                if data == "[DONE]":
+                    done = True
+                    break
+                if data:
+                    choices = json.loads(data).get("choices") or [{}]
+                    chunks += bool(choices[0].get("text"))
+    except (httpx.HTTPError, httpx.StreamError) as e:
+        raise CellFailed("ready", _with_culprits(f"streaming request failed after {chunks} chunks: "
+                                                 f"{type(e).__name__}: {e}", dep.handles), _tails(dep)) from None
+    except (ValueError, AttributeError, IndexError, TypeError) as e:
+        raise CellFailed("ready", f"streaming request: a chunk is not a completion: {type(e).__name__}: {e}",
+                         _tails(dep)) from None
+    if not (chunks and done):
+        raise CellFailed("ready", f"streaming request ended with {chunks} text chunks and "
+                                  f"{'a' if done else 'no'} [DONE]", _tails(dep))
+
+
 def first_request(dep: Deployment, model: str, timeout_s: float) -> None:
     """One real completion through the deployment; for PD cells the decode side must
-    record a NIXL transfer. Raises ``CellFailed('ready', ...)``."""
+    record a NIXL transfer; then one streaming completion (:func:`streaming_request`).
+    Raises ``CellFailed('ready', ...)``."""
     try:
         r = httpx.post(f"{dep.url}/v1/completions", timeout=timeout_s,
                        json={"model": model, "prompt": READY_PROMPT, "max_tokens": 4, "temperature": 0})
@@ -145,6 +183,7 @@ def first_request(dep: Deployment, model: str, timeout_s: float) -> None:
         if not n:
             raise CellFailed("ready", f"first PD request moved no KV: decode {NIXL_COUNT_METRIC} count = {n}",
                              _tails(dep))
+    streaming_request(dep, model, timeout_s)
 
 
 def _tails(dep: Deployment, n: int = 25) -> list[str]:
@@ -195,7 +234,8 @@ def deploy(cell: Cell, slot: Slot, specs: list[InstanceSpec], launcher: Launcher
             dep.proxy = ProxyServer(
                 prefill_urls=[h.url for h in dep.role("prefill")], decode_urls=[h.url for h in dep.role("decode")],
                 port=slot.proxy_port(), timeout_s=request_timeout_s, drop_kv_transfer_params=drop_kv_transfer_params,
-                log_path=dep.proxy_log, scramble_kv_block_ids=scramble_kv_block_ids)
+                log_path=dep.proxy_log, scramble_kv_block_ids=scramble_kv_block_ids,
+                block_size=cell.decode_block_size)
             dep.proxy.__enter__()  # type: ignore[attr-defined]
         t1 = time.monotonic()
         first_request(dep, cell.model, request_timeout_s)

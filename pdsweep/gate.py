@@ -38,7 +38,7 @@ PASS, FAIL, XFAIL, XPASS, SKIPPED = "PASS", "FAIL", "XFAIL", "XPASS", "SKIPPED"
 VERDICTS = (PASS, FAIL, XFAIL, XPASS, SKIPPED)
 XPASS_REASON = "expected to fail but passed; remove the expectation or investigate"
 CELL_FILES = (layout.CELL_FILE, layout.STATUS_FILE, layout.ACCURACY_FILE, layout.CONSISTENCY_FILE,
-              layout.TRANSFER_FILE)
+              layout.TRANSFER_FILE, layout.LOAD_FILE)
 
 
 def num(x: Any) -> float | None:
@@ -152,8 +152,10 @@ def cell_from_dict(d: Any) -> Cell | None:
     if not isinstance(d, dict):
         return None
     try:  # typed as the dataclass says (a corrupt file's true/10**400/"x" is no cell)
-        return Cell(**_CELL.model_validate({f.name: d[f.name] for f in dataclasses.fields(Cell) if f.name in d})
-                    .model_dump(exclude_unset=True))
+        kw = {f.name: d[f.name] for f in dataclasses.fields(Cell) if f.name in d}
+        if isinstance(kw.get("expect_without"), list):  # JSON has no tuples
+            kw["expect_without"] = tuple(kw["expect_without"])
+        return Cell(**_CELL.model_validate(kw).model_dump(exclude_unset=True))
     except (TypeError, ValidationError):
         return None
 
@@ -321,8 +323,12 @@ class ConsistencyCheck:
 @dataclass(frozen=True)
 class TransferCheck:
     """transfer.json totals (PD cells): KV was transferred (``num_transfers`` and
-    ``bytes`` > 0), ``failed_transfers <= max_failed`` and ``failed_notifications == 0``.
-    A null (unexposed) counter fails: "metric missing"."""
+    ``bytes`` > 0), ``failed_transfers <= max_failed``, ``failed_notifications == 0``,
+    no prefill request's KV lease expired (``expired_reqs == 0``: vLLM counts
+    ``vllm:nixl_num_kv_expired_reqs`` on prefill when decode never read the blocks, and
+    decode then silently recomputed: vLLM issue 52234), and decode did at least one
+    transfer per PD request whose prompt spans >= 1 block (``num_transfers >=
+    kv_requests``, counted by the PD proxy). A null (unexposed) counter fails: "metric missing"."""
 
     max_failed: int = 0
     name: str = "transfer"
@@ -339,7 +345,7 @@ class TransferCheck:
         if not isinstance(totals, dict):
             return [f"{w}: no totals"]
         out = impossible_totals(totals, w)
-        for key, limit in (("failed_transfers", self.max_failed), ("failed_notifications", 0)):
+        for key, limit in (("failed_transfers", self.max_failed), ("failed_notifications", 0), ("expired_reqs", 0)):
             v = num(totals.get(key))
             if v is None:
                 out.append(f"{w}: totals.{key} is {show(totals.get(key))} (metric missing)")
@@ -352,6 +358,14 @@ class TransferCheck:
         elif min(moved.values()) <= 0:  # type: ignore[type-var]
             out.append(f"{w}: no KV transferred (num_transfers {moved['num_transfers']:g}, "
                        f"bytes {moved['bytes']:g}): decode did not receive KV from prefill")
+            return out
+        kv_requests = num(totals.get("kv_requests"))
+        if kv_requests is None:
+            out.append(f"{w}: totals.kv_requests is {show(totals.get('kv_requests'))} (metric missing: the PD "
+                       "proxy's count of requests spanning >= 1 block)")
+        elif moved["num_transfers"] is not None and moved["num_transfers"] < kv_requests:
+            out.append(f"{w}: decode did {moved['num_transfers']:g} KV transfers for {kv_requests:g} PD requests "
+                       "whose prompt spans >= 1 block: the others were recomputed on decode (silent recompute)")
         return out
 
 
@@ -385,15 +399,54 @@ def impossible_totals(totals: dict[str, Any], where: str) -> list[str]:
     return out
 
 
-def checks_for(gate: GateSpec) -> list[Check]:
+@dataclass(frozen=True)
+class LoadCheck:
+    """load.json (the bench phase, ``vllm bench serve``): every run completed all its
+    prompts with no failed request. ``vllm bench serve`` exits 0 even when every request
+    failed (it only warns), so its own exit code proves nothing. ``required``: the sweep's
+    ``bench.enabled`` (frozen in run.json); a load.json present is checked either way."""
+
+    required: bool = False
+    name: str = "load"
+
+    def applies(self, kind: str) -> bool:
+        return True
+
+    def fails(self, files: CellFiles) -> list[str]:
+        body = files.get(layout.LOAD_FILE)
+        if body is None:
+            missing = files.problems.get(layout.LOAD_FILE, "missing") == "missing"
+            return [files.problem(layout.LOAD_FILE)] if self.required or not missing else []
+        w = files.where(layout.LOAD_FILE)
+        runs = body.get("runs")
+        if not isinstance(runs, list) or not runs:
+            return [f"{w}: no load runs"]
+        out = []
+        for r in runs:
+            r = r if isinstance(r, dict) else {}
+            conc, want = r.get("concurrency"), num(r.get("num_prompts"))
+            done, errors = num(r.get("completed")), num(r.get("errors"))
+            if want is None or done is None or errors is None:
+                out.append(f"{w}: concurrency {show(conc)}: num_prompts/completed/errors is "
+                           f"{show(r.get('num_prompts'))}/{show(r.get('completed'))}/{show(r.get('errors'))} "
+                           "(missing)")
+            elif errors > 0 or done < want:
+                out.append(f"{w}: concurrency {show(conc)}: {errors:g} load requests failed, completed {done:g} "
+                           f"of num_prompts {want:g} (vllm bench serve exits 0 regardless)")
+        return out
+
+
+def checks_for(gate: GateSpec, bench: bool = False) -> list[Check]:
     """The checks a cell must pass under ``gate`` (status always; accuracy and consistency
-    unless disabled; transfer with ``gate.max_failed_transfers``)."""
+    unless disabled; transfer with ``gate.max_failed_transfers``; load, required when
+    ``bench`` (the run's ``bench.enabled``))."""
     checks: list[Check] = [StatusCheck(), CellFileCheck()]
     if gate.require_accuracy:
         checks.append(AccuracyCheck())
     if gate.require_consistency:
         checks.append(ConsistencyCheck())
     checks.append(TransferCheck(gate.max_failed_transfers))
+    checks.append(LoadCheck(required=bench))
     return checks
 
 
@@ -592,7 +645,8 @@ def gate_run(run_dir: Path, gate: GateSpec | None = None) -> GateResult:
             if rc:
                 planned.setdefault(cid, rc)
     order = list(dict.fromkeys([*entries, *(c for c in planned if c not in rejected), *rejected]))
-    checks = checks_for(gate)
+    bench = index.get("bench") if isinstance(index.get("bench"), dict) else {}
+    checks = checks_for(gate, bench=bench.get("enabled") is True)
     results = []
     for cid in order:
         entry = entries.get(cid) if isinstance(entries.get(cid), dict) else {}

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from .deploy import Deployment
+from .deploy import CellFailed, Deployment
 from .plan import Cell
 from .spec import LoadedSweep
 
@@ -23,8 +23,8 @@ log = logging.getLogger(__name__)
 
 @contextlib.contextmanager
 def scrape_phase(dep: Deployment, phases: dict[str, Any], name: str, out_dir: Path | None = None) -> Iterator[None]:
-    """Scrape every instance's /metrics before and after the block; store
-    ``phases[name][instance] = (before, after, wall_s)`` and the raw text under
+    """Scrape every instance's /metrics (and the PD proxy's, as instance ``proxy``) before
+    and after the block; store ``phases[name][instance] = (before, after, wall_s)`` and the raw text under
     ``<cell>/metrics/``. An instance that cannot be scraped is left out, so its
     metrics read as missing (the gate fails closed)."""
     from .metrics import parse, scrape_sync
@@ -32,16 +32,20 @@ def scrape_phase(dep: Deployment, phases: dict[str, Any], name: str, out_dir: Pa
     out_dir = out_dir or dep.handles[0].log_path.parent.parent / "metrics"
     out_dir.mkdir(parents=True, exist_ok=True)
 
+    targets = [(h.name, h.url) for h in dep.handles]
+    if dep.proxy is not None:  # the PD proxy counts the requests decode must have read KV for
+        targets.append(("proxy", dep.proxy.url))  # type: ignore[attr-defined]
+
     def grab(tag: str) -> dict[str, Any]:
         snaps = {}
-        for h in dep.handles:
+        for iname, url in targets:
             try:
-                text = scrape_sync(f"{h.url}/metrics")
+                text = scrape_sync(f"{url}/metrics")
             except Exception as e:  # recorded as missing
-                log.warning("%s: /metrics scrape failed (%s): %s", h.name, tag, e)
+                log.warning("%s: /metrics scrape failed (%s): %s", iname, tag, e)
                 continue
-            (out_dir / f"{name}.{h.name}.{tag}.txt").write_text(text)
-            snaps[h.name] = parse(text)
+            (out_dir / f"{name}.{iname}.{tag}.txt").write_text(text)
+            snaps[iname] = parse(text)
         return snaps
 
     before, t0 = grab("before"), time.monotonic()
@@ -147,7 +151,11 @@ def collect_probe(ls: LoadedSweep, cell: Cell, dep: Deployment, mpath: str,
 
 def run_load(ls: LoadedSweep, cell: Cell, dep: Deployment, mpath: str, cdir: Path) -> dict[str, Any]:
     """Drive the deployment with ``vllm bench serve`` (random dataset, local tokenizer)
-    at each concurrency of the sweep's ``bench`` section. Returns the load.json body."""
+    at each concurrency of the sweep's ``bench`` section, each run within
+    :func:`pdsweep.budgets.bench_budget_s`. Returns the load.json body. Raises
+    ``CellFailed('bench')`` past the budget, RuntimeError on a non-zero exit."""
+    from .budgets import bench_budget_s
+
     b = ls.sweep.bench
     python = json.loads((cdir / "cell.json").read_text())["build"]["python"]
     model = ls.catalogue.models[cell.model]
@@ -161,8 +169,13 @@ def run_load(ls: LoadedSweep, cell: Cell, dep: Deployment, mpath: str, cdir: Pat
                 "--num-prompts", str(b.num_prompts), "--max-concurrency", str(conc), "--ignore-eos",
                 "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
                 "--save-result", "--result-dir", str(cdir / "logs"), "--result-filename", name]
+        budget = bench_budget_s(b, ls.sweep.defaults, conc)
         with open(cdir / "logs" / f"load-c{conc}.log", "w") as logf:
-            rc = subprocess.run(argv, stdout=logf, stderr=subprocess.STDOUT, timeout=3600).returncode
+            try:
+                rc = subprocess.run(argv, stdout=logf, stderr=subprocess.STDOUT, timeout=budget).returncode
+            except subprocess.TimeoutExpired:
+                raise CellFailed("bench", f"vllm bench serve (concurrency {conc}) exceeded its wall-clock budget of "
+                                 f"{budget:.0f} s (bench phase); see logs/load-c{conc}.log") from None
         if rc != 0:
             raise RuntimeError(f"vllm bench serve (concurrency {conc}) exited {rc}; see logs/load-c{conc}.log")
         r = json.loads((cdir / "logs" / name).read_text())

@@ -39,8 +39,11 @@ TTFT = "vllm:time_to_first_token_seconds"
 TPOT = "vllm:request_time_per_output_token_seconds"
 ITL = "vllm:inter_token_latency_seconds"
 E2E = "vllm:e2e_request_latency_seconds"
+# pdsweep's PD proxy (pdsweep/proxy.py): PD requests whose prompt spans >= 1 block, each of
+# which decode must have read KV for (the gate compares it with num_transfers)
+PROXY_KV_REQUESTS = "pdsweep_proxy_kv_requests"
 
-ROLES = ("prefill", "decode", "single")
+ROLES = ("prefill", "decode", "single", "proxy")
 KEPT_LABELS = ("model_name", "engine")  # label values recorded on the Snapshot; everything is summed over
 
 
@@ -301,6 +304,7 @@ def _summary(nixl: Sequence[Snapshot], latency: Sequence[Snapshot], counters: Se
         "failed_transfers": _int(_counter(counters, NIXL_FAILED_TRANSFERS)),
         "failed_notifications": _int(_counter(counters, NIXL_FAILED_NOTIFICATIONS)),
         "expired_reqs": _int(_counter(counters, NIXL_EXPIRED_REQS)),
+        "kv_requests": _int(_counter(counters, PROXY_KV_REQUESTS)),
         "ttft_mean_s": ttft.mean() if ttft else None,
         "ttft_p50_s": q(0.5, ttft),
         "ttft_p99_s": q(0.99, ttft),
@@ -321,7 +325,8 @@ def summarize(deltas: dict[str, Snapshot], wall_s: float) -> dict[str, Any]:
     ``xfer_time_s`` / ``post_time_s`` = sums, p50/p90/p99 by :func:`histogram_quantile`,
     ``descriptors_per_transfer``); ``gbps_xfer = bytes / xfer_time_s / 1e9``,
     ``gbps_wall = bytes / wall_s / 1e9``. Failure counters are summed over all instances
-    (``expired_reqs`` is counted on prefill). Latency (TTFT mean/p50/p99, TPOT, ITL, E2E
+    (``expired_reqs`` is counted on prefill); ``kv_requests`` is the PD proxy's count of
+    PD requests whose prompt spans >= 1 block (instance ``proxy``). Latency (TTFT mean/p50/p99, TPOT, ITL, E2E
     means in s; ``num_requests`` = E2E count) comes from decode and single instances. A
     metric absent from every relevant instance, or a ratio over a zero count, is None.
     Raises ValueError for an unknown name prefix or mismatched bucket bounds.

@@ -18,10 +18,11 @@ from typing import Any
 
 from . import rules
 from .errors import UserError
-from .spec import AXES, LoadedSweep, ModelSpec
+from .spec import AXES, EXPECT_KEYS, LoadedSweep, ModelSpec
 
 MAX_INSTANCES = 12  # per cell; bounded by the per-slot port layout below
 PORTS_PER_SLOT = 200
+SIDE_CHANNEL_FIRST, SIDE_CHANNEL_STRIDE = 100, 8  # Slot.side_channel_port: offset in the slot, ports per instance
 # KV blocks per CPU instance. VLLM_CPU_KVCACHE_SPACE=1 GiB gives a tiny model ~32k blocks
 # (tiny-llama: 1,048,576 tokens), and with prefill TP > decode TP the decode handshake builds
 # per-source split descriptor lists over all of them in Python
@@ -59,6 +60,9 @@ class Cell:
     expect_reason: str | None = None
     expect_ref: str | None = None
     expect_match: str | None = None  # regex the failure's signature must match (gate)
+    expect_vllm: str | None = None  # the expectation holds for builds in this vLLM range (pdsweep.expectations)
+    expect_without: tuple[str, ...] = ()  # ... and lacking one of these fixes (pdsweep.fixprobes)
+    expect_note: str | None = None  # whether it applies to this cell's build, and why
 
     @property
     def id(self) -> str:
@@ -104,13 +108,15 @@ class Cell:
         """GPUs the cell holds: one per rank on cuda, none on cpu."""
         return self.num_ranks if self.platform == "cuda" else 0
 
-    def reference(self, build: str | None = None) -> Cell:
+    def reference(self, build: str | None = None, serve_args: str | None = None) -> Cell:
         """The single-instance (non-PD) reference of this cell at the decode TP, on
         ``build`` (the sweep's default build: the single-instance path never touches the
-        KV connector, so one reference serves the fixed and the unfixed build)."""
-        return replace(self, kind="ref", build=build or self.build, prefill_tp=self.decode_tp, prefill_block_size=self.decode_block_size,
+        KV connector, so one reference serves the fixed and the unfixed build), with the
+        ``serve_args`` variant (default: the cell's; see :func:`reference_of`)."""
+        return replace(self, kind="ref", build=build or self.build, serve_args=serve_args or self.serve_args,
+                       prefill_tp=self.decode_tp, prefill_block_size=self.decode_block_size,
                        num_prefill=0, num_decode=1, decode_dp=1, expect_fail=False, expect_reason=None, expect_ref=None,
-                       expect_match=None)
+                       expect_match=None, expect_vllm=None, expect_without=(), expect_note=None)
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, **asdict(self)}
@@ -174,7 +180,7 @@ def _to_cell(combo: dict[str, Any], ls: LoadedSweep) -> Cell:
             v["prefill_tp"], v["decode_tp"] = int(p), int(dd)
         elif k == "block_size":
             v["prefill_block_size"] = v["decode_block_size"] = int(val)
-        elif k in ("expect", "reason", "ref", "match"):
+        elif k in EXPECT_KEYS:
             continue
         else:
             v[k] = val
@@ -182,8 +188,26 @@ def _to_cell(combo: dict[str, Any], ls: LoadedSweep) -> Cell:
         raise UserError(f"{ls.path}: matrix.include entry {combo} has no 'model' and matches no combination")
     cell = Cell(model=combo["model"], **{k: val for k, val in v.items() if k != "model"},
                 platform=ls.sweep.platform, expect_fail=combo.get("expect") == "fail",
-                expect_reason=combo.get("reason"), expect_ref=combo.get("ref"), expect_match=combo.get("match"))
-    return cell
+                expect_reason=combo.get("reason"), expect_ref=combo.get("ref"), expect_match=combo.get("match"),
+                expect_vllm=combo.get("vllm"), expect_without=tuple(combo.get("without") or ()))
+    return resolve_for_plan(cell, ls)
+
+
+def resolve_for_plan(cell: Cell, ls: LoadedSweep) -> Cell:
+    """``cell`` with a build-conditional expectation resolved against its build's vLLM
+    (:mod:`pdsweep.expectations`), or kept as declared when that build is not there yet."""
+    from .expectations import conditional, resolve
+
+    if not conditional(cell):
+        return cell
+    from .fixprobes import probe_python
+    from .run import build_python
+
+    try:
+        python = build_python(ls, cell.build)
+    except UserError:
+        return replace(cell, expect_note=f"expected to fail as declared: build {cell.build} not made yet")
+    return resolve(cell, *probe_python(python))
 
 
 def expand(ls: LoadedSweep) -> Plan:
@@ -203,6 +227,11 @@ def expand(ls: LoadedSweep) -> Plan:
             plan.rejected.append(Rejected(cell, "instances", f"more than {MAX_INSTANCES} instances per cell"))
             continue
         bad = rules.check(cell, model, ls)
+        if not bad and cell.kind == "pd":
+            from .ports import overlap
+
+            why = overlap(cell, ls, SIDE_CHANNEL_STRIDE, PORTS_PER_SLOT, SIDE_CHANNEL_FIRST)
+            bad = ("side-channel-ports", why) if why else None
         if bad:
             plan.rejected.append(Rejected(cell, *bad))
         else:
@@ -210,10 +239,18 @@ def expand(ls: LoadedSweep) -> Plan:
     if ls.sweep.eval.reference:
         refs: dict[str, Cell] = {}
         for c in plan.cells:
-            r = c.reference(ls.sweep.defaults.build)
+            r = reference_of(c, ls)
             refs.setdefault(r.id, r)
         plan.cells.extend(refs.values())
     return plan
+
+
+def reference_of(cell: Cell, ls: LoadedSweep) -> Cell:
+    """The reference cell a PD ``cell`` is compared with: :meth:`Cell.reference` on the
+    sweep's default build, with the serve args its variant names in ``reference`` (default:
+    its own variant)."""
+    v = ls.sweep.serve_variant(cell.serve_args)
+    return cell.reference(ls.sweep.defaults.build, v.reference or cell.serve_args)
 
 
 # ---------------------------------------------------------------- instances
@@ -246,8 +283,9 @@ class Slot:
         return self.port_base + 20 + 5 * k
 
     def side_channel_port(self, k: int) -> int:
-        """Base side-channel port of instance ``k``; vLLM adds rank offsets (8 reserved)."""
-        return self.port_base + 100 + 8 * k
+        """Base side-channel port of instance ``k``; vLLM adds rank offsets
+        (``SIDE_CHANNEL_STRIDE`` reserved; :func:`pdsweep.ports.overlap` rejects more)."""
+        return self.port_base + SIDE_CHANNEL_FIRST + SIDE_CHANNEL_STRIDE * k
 
 
 @dataclass(frozen=True)
@@ -283,7 +321,9 @@ def derived_env(model: ModelSpec, role: str) -> dict[str, str]:
 
 
 def kv_transfer_config(cell: Cell, role: str, ls: LoadedSweep) -> dict[str, Any]:
-    """``--kv-transfer-config`` for a NixlConnector producer (prefill) or consumer (decode)."""
+    """``--kv-transfer-config`` for a NixlConnector producer (prefill) or consumer (decode),
+    with the serve-args variant's ``kv_transfer_extra`` merged in (its
+    ``kv_connector_extra_config`` key by key; connector, role and buffer stay pdsweep's)."""
     cfg: dict[str, Any] = {
         "kv_connector": "NixlConnector",
         "kv_role": "kv_both" if ls.sweep.defaults.kv_role == "both" else
@@ -292,7 +332,11 @@ def kv_transfer_config(cell: Cell, role: str, ls: LoadedSweep) -> dict[str, Any]
     }
     if ls.sweep.defaults.kv_lease_duration_s:
         cfg["kv_connector_extra_config"] = {"kv_lease_duration": ls.sweep.defaults.kv_lease_duration_s}
-    return cfg
+    extra = dict(ls.sweep.serve_variant(cell.serve_args).kv_transfer_extra)
+    if "kv_connector_extra_config" in extra:
+        extra["kv_connector_extra_config"] = {**cfg.get("kv_connector_extra_config", {}),
+                                              **extra["kv_connector_extra_config"]}
+    return {**cfg, **extra}
 
 
 def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: str) -> list[InstanceSpec]:

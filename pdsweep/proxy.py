@@ -82,6 +82,9 @@ class _Metrics:
                                registry=self.registry)
         self.prefill = Histogram("pdsweep_proxy_prefill_seconds", "Duration of the prefill leg.",
                                  buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.kv_requests = Counter("pdsweep_proxy_kv_requests", "PD requests answered by decode whose prompt "
+                                   "(prefill usage.prompt_tokens) spans at least one KV block.", ["endpoint"],
+                                   registry=self.registry)
 
 
 def _check_urls(role: str, urls: list[str]) -> list[str]:
@@ -102,12 +105,15 @@ class _Proxy:
     """State and request flow behind :func:`create_app`; one per app."""
 
     def __init__(self, prefill_urls: list[str], decode_urls: list[str], timeout_s: float,
-                 drop_kv_transfer_params: bool, scramble_kv_block_ids: bool = False) -> None:
+                 drop_kv_transfer_params: bool, scramble_kv_block_ids: bool = False, block_size: int = 16) -> None:
         self.prefill_urls = _check_urls("prefill", list(prefill_urls))
         self.decode_urls = _check_urls("decode", list(decode_urls))
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self.timeout_s = float(timeout_s)
+        if not block_size >= 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.block_size = int(block_size)
         self.drop_kv = drop_kv_transfer_params
         self.scramble = scramble_kv_block_ids
         self.metrics = _Metrics()
@@ -157,9 +163,11 @@ class _Proxy:
             raise UpstreamError(r.status_code, stage, f"{stage} {base}: {_body_text(r)}")
         return r
 
-    async def prefill(self, path: str, body: dict[str, Any], headers: dict[str, str], chat: bool) -> Any:
+    async def prefill(self, path: str, body: dict[str, Any], headers: dict[str, str],
+                      chat: bool) -> tuple[Any, int | None]:
         """Run the prefill leg; returns the response's ``kv_transfer_params`` (None only when
-        ``drop_kv_transfer_params``). Raises :class:`UpstreamError` (stage ``prefill``)."""
+        ``drop_kv_transfer_params``) and its ``usage.prompt_tokens`` (None when absent).
+        Raises :class:`UpstreamError` (stage ``prefill``)."""
         req = dict(body)  # only top-level keys change
         req["kv_transfer_params"] = dict(PREFILL_KV_PARAMS)
         req["stream"] = False
@@ -178,7 +186,9 @@ class _Proxy:
         kv = data.get("kv_transfer_params") if isinstance(data, dict) else None
         if kv is None and not self.drop_kv:
             raise UpstreamError(502, "prefill", f"prefill {base}: prefill returned no kv_transfer_params")
-        return kv
+        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+        n = usage.get("prompt_tokens")
+        return kv, n if isinstance(n, int) and not isinstance(n, bool) else None
 
     async def completion(self, request: Request, endpoint: str, chat: bool) -> Response:
         t0 = time.perf_counter()
@@ -198,7 +208,7 @@ class _Proxy:
         if len(auth.split()) > 1:  # lm-eval sends "Bearer " without a key: h11 refuses to forward that
             headers["Authorization"] = auth
         try:
-            kv = await self.prefill(endpoint, body, headers, chat)
+            kv, prompt_tokens = await self.prefill(endpoint, body, headers, chat)
             t_prefill = time.perf_counter()
             m.prefill.observe(t_prefill - t0)
             body.pop("kv_transfer_params", None)
@@ -215,6 +225,8 @@ class _Proxy:
             log.warning("%s %s failed (%d): %s", endpoint, req_id, e.status, e.message)
             return error_response(e.status, e.stage, e.message)
         m.added.observe(t_decode - t0)  # what follows is the decode leg (and the relay of its answer)
+        if prompt_tokens is not None and prompt_tokens >= self.block_size:
+            m.kv_requests.labels(endpoint).inc()  # decode must have read this request's KV (gate)
         media_type = r.headers.get("content-type", "application/json")
         if not stream:
             return Response(content=r.content, status_code=r.status_code, media_type=media_type)
@@ -265,26 +277,31 @@ def scrambled(kv: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def create_app(prefill_urls: list[str], decode_urls: list[str], timeout_s: float = 300,
-               drop_kv_transfer_params: bool = False, scramble_kv_block_ids: bool = False) -> FastAPI:
+               drop_kv_transfer_params: bool = False, scramble_kv_block_ids: bool = False,
+               block_size: int = 16) -> FastAPI:
     """The PD proxy as a FastAPI app (flow: vLLM ``toy_proxy_server.py``, see module doc).
 
     ``prefill_urls`` / ``decode_urls``: instance base URLs (``http://host:port``), used
     round-robin. ``timeout_s``: httpx timeout (connect, read, write, pool) of each upstream
     call. ``drop_kv_transfer_params`` (tests only): the decode leg goes without the
     prefill's ``kv_transfer_params``, so decode recomputes the prompt;
-    ``scramble_kv_block_ids`` (tests only): see :func:`scrambled`.
+    ``scramble_kv_block_ids`` (tests only): see :func:`scrambled`. ``block_size``: the decode
+    block size in tokens; a request answered by decode whose prefill ``usage.prompt_tokens``
+    is >= it counts in ``pdsweep_proxy_kv_requests_total`` (vLLM's NIXL decode reads every
+    such prompt's blocks: ``get_num_new_matched_tokens`` in nixl/pull_scheduler.py).
 
     Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``
     (first decode), ``GET /health`` (200 while the proxy is up), ``GET /metrics``
     (``pdsweep_proxy_requests_total{endpoint}``, ``pdsweep_proxy_errors_total{endpoint,stage}``,
+    ``pdsweep_proxy_kv_requests_total{endpoint}``,
     histograms ``pdsweep_proxy_added_latency_seconds`` and ``pdsweep_proxy_prefill_seconds``).
     Errors: ``{"error": {"message", "stage"}}`` with the upstream status for an upstream
     4xx/5xx, 502 for a connection error or a prefill answer without ``kv_transfer_params``,
     504 for a timeout, 400 for a body that is not a JSON object.
 
-    Raises ValueError for an empty or non-http(s) URL list or ``timeout_s <= 0``.
+    Raises ValueError for an empty or non-http(s) URL list, ``timeout_s <= 0`` or ``block_size < 1``.
     """
-    proxy = _Proxy(prefill_urls, decode_urls, timeout_s, drop_kv_transfer_params, scramble_kv_block_ids)
+    proxy = _Proxy(prefill_urls, decode_urls, timeout_s, drop_kv_transfer_params, scramble_kv_block_ids, block_size)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -401,9 +418,9 @@ class ProxyServer(AppServer):
 
     def __init__(self, prefill_urls: list[str], decode_urls: list[str], host: str = "127.0.0.1", port: int = 0,
                  timeout_s: float = 300, drop_kv_transfer_params: bool = False, log_path: Path | None = None,
-                 scramble_kv_block_ids: bool = False) -> None:
+                 scramble_kv_block_ids: bool = False, block_size: int = 16) -> None:
         super().__init__(create_app(prefill_urls, decode_urls, timeout_s, drop_kv_transfer_params,
-                                    scramble_kv_block_ids), host, port)
+                                    scramble_kv_block_ids, block_size), host, port)
         self.log_path = Path(log_path) if log_path else None
         self._handler: logging.Handler | None = None
         self._saved_level = logging.NOTSET

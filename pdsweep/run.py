@@ -33,7 +33,7 @@ from .deploy import CellFailed, Deployment, deploy
 from .errors import UserError
 from .launchers import Launcher, LocalLauncher, tail
 from .logscan import first_exception
-from .plan import Cell, Plan, Slot, expand, instances, model_path, planned_blocks
+from .plan import Cell, Plan, Slot, expand, instances, model_path, planned_blocks, reference_of
 from .gate import NEEDS_GPUS
 from .progress import Progress
 from .schedule import GpuPool, detect_gpus, order, pack
@@ -126,6 +126,9 @@ def build_info(ls: LoadedSweep, name: str) -> dict[str, Any]:
         info.update(vllm_version=v["vllm"], nixl_version=v["nixl"])
     except (subprocess.SubprocessError, OSError, ValueError, IndexError) as e:
         info["error"] = f"build {name}: cannot query {py}: {e}"
+    from .fixprobes import probe_python
+
+    info["fixes"] = probe_python(py)[1]  # fix probe -> present (True) / absent (False) / unknown (None)
     try:
         from .unfix import patched_files_sha256
 
@@ -139,7 +142,8 @@ def config_hash(ls: LoadedSweep, cell: Cell) -> str:
     """Hash of everything that defines a cell except its build and its expectation (compare:
     'not comparable'): an unfixed cell expected to fail still compares with its fixed twin."""
     d = {k: v for k, v in cell.to_dict().items()
-         if k not in ("id", "build", "expect_fail", "expect_reason", "expect_ref", "expect_match")}
+         if k not in ("id", "build", "expect_fail", "expect_reason", "expect_ref", "expect_match", "expect_vllm",
+                      "expect_without", "expect_note")}
     d["model"] = ls.catalogue.models[cell.model].model_dump()
     d["serve"] = ls.sweep.serve_variant(cell.serve_args).model_dump()
     d["env"] = ls.sweep.env[cell.env]
@@ -191,7 +195,13 @@ def release_slot_ports(slot: Slot) -> None:
 
 # ---------------------------------------------------------------- one cell
 def run_cell(ctx: RunContext, cell: Cell, slot: Slot) -> dict[str, Any]:
-    """Deploy and measure one cell; always returns (and writes) its status."""
+    """Deploy and measure one cell; always returns (and writes) its status. A
+    build-conditional expectation is resolved against the build that runs it."""
+    from .expectations import resolve
+
+    build_facts = ctx.builds.get(cell.build) or {}
+    if build_facts.get("python") and not build_facts.get("error"):
+        cell = resolve(cell, build_facts.get("vllm_version"), build_facts.get("fixes") or {})
     cdir = layout.cell_dir(ctx.run_dir, cell.id)
     if cdir.exists():  # a non-final earlier attempt: start clean, nothing half-old remains
         shutil.rmtree(cdir)
@@ -215,7 +225,7 @@ def run_cell(ctx: RunContext, cell: Cell, slot: Slot) -> dict[str, Any]:
         if build.get("error"):
             raise CellFailed("prepare", build["error"])
         slot, specs = free_slot(slot, lambda s: instances(cell, s, ls, mpath, build["python"]))
-        ref = cell.reference(ls.sweep.defaults.build).id if cell.kind == "pd" else None
+        ref = reference_of(cell, ls).id if cell.kind == "pd" else None
         planned = {s.name: planned_blocks(model, ls.sweep.platform, s) for s in specs}
         cell_json = {
             "cell": cell.to_dict(), "compare_key": cell.compare_key, "reference_cell": ref,
@@ -278,12 +288,14 @@ def measure_cell(ctx: RunContext, cell: Cell, dep: Deployment, cdir: Path, mpath
     phases: dict[str, Any] = {}
     if not ctx.opts.skip_eval and ev.tasks:
         on_phase("eval")
-        from .accuracy import run_lm_eval
-
         model = ctx.ls.catalogue.models[cell.model]
         tok = model.tokenizer or mpath
+        from .budgets import eval_budget_s
+        from .evalproc import run_lm_eval_bounded
+
         with scrape_phase(dep, phases, "eval"):
-            results = run_lm_eval(f"{dep.url}/v1/completions", cell.model, tok, ev, cdir, chat=model.chat)
+            results = run_lm_eval_bounded(f"{dep.url}/v1/completions", cell.model, tok, ev, cdir, model.chat,
+                                          eval_budget_s(ev))
         layout.write_json(cdir / layout.EVAL_RAW, {"cell_id": cell.id, "tasks": results})
     if ev.consistency.enabled:
         on_phase("consistency")
@@ -311,7 +323,7 @@ def select(plan: Plan, pattern: str | None) -> list[Cell]:
     if not pattern:
         return list(plan.cells)
     chosen = [c for c in plan.cells if fnmatch.fnmatch(c.id, pattern)]
-    refs = ({c.reference(plan.loaded.sweep.defaults.build).id for c in chosen if c.kind == "pd"}
+    refs = ({reference_of(c, plan.loaded).id for c in chosen if c.kind == "pd"}
             if plan.loaded.sweep.eval.reference else set())
     return [c for c in plan.cells if c in chosen or c.id in refs]
 
@@ -328,6 +340,7 @@ def write_index(ctx: RunContext, cells: list[Cell], started: str, finished: str 
         "started": started, "finished": finished, "host": host_facts(num_gpus), "git_sha": ctx.git_sha,
         "git_shas": ctx.git_shas,
         "pdsweep_version": __version__, "gate": ctx.ls.sweep.gate.model_dump(),
+        "bench": ctx.ls.sweep.bench.model_dump(),
         "cells": {c.id: {"kind": c.kind, "status": layout.cell_status(ctx.run_dir, c.id) or "pending",
                          "expect_fail": c.expect_fail} for c in cells},
         "rejected": [{"cell_id": r.cell.id, "rule": r.rule, "reason": r.reason} for r in ctx.plan.rejected]
@@ -350,6 +363,10 @@ def run_sweep(path: str | Path, opts: RunOptions) -> Path:
     cells = select(plan, opts.cells)
     if not plan.pd_cells:
         raise UserError(f"{ls.path}: no PD cell to run ({len(plan.rejected)} rejected; see `pdsweep plan`)")
+    if not opts.skip_eval:
+        from .evaltasks import check_eval_tasks
+
+        check_eval_tasks(ls)
     if not cells:
         raise UserError(f"no cell of {ls.path} matches --cells {opts.cells!r}")
     run_dir = (Path(opts.out) if opts.out else default_run_dir(ls)).resolve()  # results/latest -> its run

@@ -45,7 +45,7 @@ AXES = (
     "serve_args",
     "env",
 )
-EXPECT_KEYS = ("expect", "reason", "ref", "match")
+EXPECT_KEYS = ("expect", "reason", "ref", "match", "vllm", "without")
 _TP_PAIR = re.compile(r"^p([1-9]\d*)d([1-9]\d*)$")
 Pos = Annotated[int, Field(ge=1)]
 # Upper bounds of the axes, each with where it comes from (shown in the error)
@@ -246,14 +246,38 @@ class BuildSpec(_Strict):
         return any("unfixed" in (x or "").lower() for x in (name, self.venv, self.python))
 
 
+# KVTransferConfig fields (vllm/config/kv_transfer.py) a sweep may set through
+# kv_transfer_extra; kv_connector, kv_connector_module_path, kv_role and kv_buffer_device
+# define the cell (pdsweep gates on NIXL metrics and its own roles) and are pdsweep's.
+KV_TRANSFER_EXTRA_KEYS = ("engine_id", "kv_port", "kv_connector_extra_config", "enable_permute_local_kv",
+                          "kv_load_failure_policy")
+
+
 class ServeArgsVariant(_Strict):
     """Extra ``vllm serve`` args for both roles, prefill only, decode only; appended
-    after pdsweep's own flags, so a repeated flag here wins (argparse keeps the last)."""
+    after pdsweep's own flags, so a repeated flag here wins (argparse keeps the last).
+    ``kv_transfer_extra``: keys merged into pdsweep's ``--kv-transfer-config`` JSON
+    (``kv_connector_extra_config`` merged key by key), e.g. ``kv_load_failure_policy``."""
 
     both: list[str] = []
     prefill: list[str] = []
     decode: list[str] = []
     enforce_eager: bool | None = None  # override defaults.enforce_eager (e.g. MTP, CUDA graphs)
+    kv_transfer_extra: dict[str, Any] = {}
+    # serve_args variant of the single-instance reference of cells with this variant (None:
+    # this one), e.g. `base`, so a fault the variant causes outside PD is not on both sides
+    reference: str | None = None
+
+    @field_validator("kv_transfer_extra")
+    @classmethod
+    def _extra_keys(cls, v: dict[str, Any]) -> dict[str, Any]:
+        bad = sorted(set(v) - set(KV_TRANSFER_EXTRA_KEYS))
+        if bad:
+            raise ValueError(f"kv_transfer_extra: key(s) {bad} not allowed (allowed: {', '.join(KV_TRANSFER_EXTRA_KEYS)}"
+                             "; the connector, role and kv_buffer_device are pdsweep's)")
+        if not isinstance(v.get("kv_connector_extra_config", {}), dict):
+            raise ValueError("kv_transfer_extra.kv_connector_extra_config must be a mapping")
+        return v
 
 
 class Defaults(_Strict):
@@ -303,6 +327,7 @@ class EvalSpec(_Strict):
     seed: int = 1234
     max_gen_toks: int = Field(default=256, gt=0)
     reference: bool = True  # single-instance reference per model at the decode TP
+    budget_s: float | None = Field(default=None, gt=0)  # eval wall clock; None: derived (pdsweep.budgets)
     consistency: ConsistencySpec = ConsistencySpec()
 
 
@@ -312,6 +337,7 @@ class BenchSpec(_Strict):
     input_len: int = Field(default=128, gt=0)
     output_len: int = Field(default=16, gt=0)
     num_prompts: int = Field(default=16, gt=0)
+    budget_s: float | None = Field(default=None, gt=0)  # per concurrency run; None: derived (pdsweep.budgets)
 
 
 class GateSpec(_Strict):
@@ -345,6 +371,32 @@ class MatrixEntry(_Strict):
     # regex over the failure's signature (gate reasons + the failing instance's log tail);
     # an expected failure whose signature does not match is FAIL, not XFAIL
     match: str | None = Field(default=None, min_length=1)
+    # for which builds the expectation holds (pdsweep.expectations): a PEP 440 range of the
+    # build's vLLM version, and fixes (pdsweep.fixprobes.FIXES) of which one must be absent
+    vllm: str | None = Field(default=None, min_length=1)
+    without: list[str] | None = Field(default=None, min_length=1)
+
+    @field_validator("vllm")
+    @classmethod
+    def _specifier(cls, v: str | None) -> str | None:
+        if v is not None:
+            from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+            try:
+                SpecifierSet(v)
+            except InvalidSpecifier:
+                raise ValueError(f"not a PEP 440 version range (e.g. '>=0.26,<0.33'): {v!r}") from None
+        return v
+
+    @field_validator("without")
+    @classmethod
+    def _known_fixes(cls, v: list[str] | None) -> list[str] | None:
+        from .fixprobes import FIXES
+
+        bad = [f for f in v or [] if f not in FIXES]
+        if bad:
+            raise ValueError(f"unknown fix probe(s) {bad} (allowed: {', '.join(FIXES)})")
+        return v
 
     @field_validator("tp")
     @classmethod
@@ -428,6 +480,10 @@ class Matrix(_Strict):
                 if kind == "include" and e.get("match") is not None and e.get("expect") != "fail":
                     raise ValueError(f"include[{i}]: 'match' is the signature of an expected failure: "
                                      "it needs 'expect: fail'")
+                for key in ("vllm", "without"):
+                    if kind == "include" and e.get(key) is not None and e.get("expect") != "fail":
+                        raise ValueError(f"include[{i}]: '{key}' says for which builds a failure is expected: "
+                                         "it needs 'expect: fail'")
         return self
 
 
@@ -622,6 +678,8 @@ def load_sweep(path: str | Path) -> LoadedSweep:
     catalogue = load_catalogue(cat_path)
     _raise_all(_guard_sweep(sweep, path, node))
     _check_names(sweep, catalogue, path, node)
+    check_kv_transfer_overrides(sweep, catalogue, path, node)
+    check_reference_variants(sweep, path, node)
     return LoadedSweep(sweep=sweep, catalogue=catalogue, path=path, catalogue_path=cat_path)
 
 
@@ -702,3 +760,51 @@ def _flag_errors(args: list[str], loc: tuple[Any, ...], path: Path, node: yaml.N
 def _env_errors(env: dict[str, str], loc: tuple[Any, ...], path: Path, node: yaml.Node | None) -> list[str]:
     return [f"{path}:{_line_of(node, (*loc, k))}: {_fmt_loc((*loc, k))}: {why}"
             for k in env if (why := guards.reserved_env(k))]
+
+
+_KV_FLAGS = ("--kv-transfer-config", "--kv_transfer_config")
+
+
+def _kv_override(args: list[str]) -> str | None:
+    """The first arg that sets ``--kv-transfer-config`` (also ``=JSON`` and vLLM's dotted
+    ``--kv-transfer-config.key=value`` forms), or None."""
+    return next((a for a in args if a.split("=", 1)[0].split(".", 1)[0] in _KV_FLAGS), None)
+
+
+def check_kv_transfer_overrides(sweep: Sweep, cat: Catalogue, path: Path, node: yaml.Node | None) -> None:
+    """Refuse serve args (sweep variants, catalogue models) that set ``--kv-transfer-config``:
+    pdsweep writes it per role (NixlConnector, kv_producer/kv_consumer, the cell's
+    kv_buffer_device) and gates on NIXL metrics, so replacing it could change the connector
+    or role unseen. Extra keys go in ``serve_args.<variant>.kv_transfer_extra``. Raises
+    ``UserError`` naming file, line, field and the offending arg."""
+    errors = []
+    for name in sweep.serve_args:
+        v = sweep.serve_variant(name)
+        for role in ("both", "prefill", "decode"):
+            arg = _kv_override(getattr(v, role))
+            if arg:
+                loc = ("serve_args", name) if isinstance(sweep.serve_args[name], list) else ("serve_args", name, role)
+                errors.append(f"{path}:{_line_of(node, loc)}: {_fmt_loc(loc)}: '{arg}' replaces pdsweep's "
+                              "--kv-transfer-config (connector NixlConnector, role kv_producer/kv_consumer): a "
+                              "connector or role change is refused; put extra keys under "
+                              f"serve_args.{name}.kv_transfer_extra (allowed: {', '.join(KV_TRANSFER_EXTRA_KEYS)})")
+    for name, m in cat.models.items():
+        arg = _kv_override(m.serve_args)
+        if arg:
+            errors.append(f"{sweep.models_file}: models.{name}.serve_args: '{arg}' replaces pdsweep's "
+                          "--kv-transfer-config: refused (use a sweep's serve_args.<variant>.kv_transfer_extra)")
+    if errors:
+        raise UserError("\n".join(errors))
+
+
+def check_reference_variants(sweep: Sweep, path: Path, node: yaml.Node | None) -> None:
+    """``serve_args.<variant>.reference`` must name a serve_args variant; raises ``UserError``."""
+    errors = []
+    for name in sweep.serve_args:
+        ref = sweep.serve_variant(name).reference
+        if ref is not None and ref not in sweep.serve_args:
+            loc = ("serve_args", name, "reference")
+            errors.append(f"{path}:{_line_of(node, loc)}: {_fmt_loc(loc)}: unknown serve_args '{ref}' "
+                          f"(allowed: {', '.join(sweep.serve_args)})")
+    if errors:
+        raise UserError("\n".join(errors))

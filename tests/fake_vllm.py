@@ -9,11 +9,22 @@ FAKE_DIE_AFTER       hard-exit after this many completions (decode killed mid-ru
 FAKE_FAILED_XFERS    add this to vllm:nixl_num_failed_transfers per PD request
 FAKE_WRONG_EVERY     answer every Nth arithmetic question wrong (default: never)
 FAKE_DIVERGE         decode (with KV) shifts its first generated token (lost KV shape)
+FAKE_EXPIRED         prefill adds this to vllm:nixl_num_kv_expired_reqs per PD request
+FAKE_SKIP_XFER_EVERY decode answers every Nth PD request without a transfer (silent recompute)
+FAKE_STREAM_HANG     a streaming request never sends its first chunk
+FAKE_HANG_AFTER      completions after this many never answer (a hung eval)
+
+``bench serve`` (as ``vllm bench serve``): sends ``--num-prompts`` completions to
+``--base-url``, writes vLLM's result JSON and exits 0 even when requests failed, as vLLM
+does; FAKE_BENCH_LOST (read from pdsweep's own env) drops that many requests as failed,
+FAKE_BENCH_HANG makes it hang.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import os
 import re
 import sys
@@ -23,12 +34,43 @@ import zlib
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+def bench(argv: list[str]) -> None:
+    """``vllm bench serve`` stand-in: the result file's ``completed``/``failed`` as vLLM writes them."""
+    import httpx
+
+    p = argparse.ArgumentParser()
+    for a in ("--base-url", "--endpoint", "--model", "--result-dir", "--result-filename"):
+        p.add_argument(a)
+    p.add_argument("--num-prompts", type=int, default=1)
+    p.add_argument("--random-input-len", type=int, default=8)
+    p.add_argument("--random-output-len", type=int, default=4)
+    args, _ = p.parse_known_args(argv)
+    if os.environ.get("FAKE_BENCH_HANG"):
+        time.sleep(3600)
+    lost = int(os.environ.get("FAKE_BENCH_LOST", "0"))
+    done = 0
+    for i in range(args.num_prompts - lost):
+        r = httpx.post(args.base_url + args.endpoint, timeout=30, json={
+            "model": args.model, "prompt": " ".join(["w"] * args.random_input_len),
+            "max_tokens": args.random_output_len})
+        done += r.status_code == 200
+    res = {"completed": done, "failed": args.num_prompts - done, "request_throughput": 1.0,
+           "output_throughput": 4.0, **{f"{s}_{m}_ms": 1.0 for s in ("mean", "median", "p90", "p99")
+                                        for m in ("ttft", "tpot", "itl", "e2el")}}
+    if args.num_prompts - done:
+        print(f"WARNING: {args.num_prompts - done} requests failed", flush=True)
+    with open(os.path.join(args.result_dir, args.result_filename), "w") as f:
+        json.dump(res, f)
 
 
 def main() -> None:
     argv = sys.argv[1:]
+    if argv[:2] == ["bench", "serve"]:
+        return bench(argv[2:])
     if argv and argv[0] == "serve":
         argv = argv[1:]
     p = argparse.ArgumentParser()
@@ -72,6 +114,12 @@ def main() -> None:
     lock = threading.Lock()
     app = FastAPI()
 
+    def _skip_xfer() -> bool:
+        every = int(os.environ.get("FAKE_SKIP_XFER_EVERY", "0"))
+        with lock:
+            state["pd"] = state.get("pd", 0) + 1
+            return bool(every) and state["pd"] % every == 0
+
     @app.get("/health")
     def health():
         ready = time.monotonic() - t0 >= startup
@@ -98,6 +146,9 @@ def main() -> None:
         with lock:
             state["n"] += 1
             n = state["n"]
+        hang = os.environ.get("FAKE_HANG_AFTER")
+        if hang and n > int(hang):
+            await asyncio.sleep(3600)
         die = os.environ.get("FAKE_DIE_AFTER")
         if die and n > int(die):
             os._exit(9)
@@ -125,11 +176,12 @@ def main() -> None:
                "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": len(tokens),
                          "total_tokens": len(prompt.split()) + len(tokens)}}
         if kv.get("do_remote_decode"):
+            expired.labels(name, "0").inc(int(os.environ.get("FAKE_EXPIRED", "0")))
             out["kv_transfer_params"] = {"do_remote_prefill": True, "do_remote_decode": False,
                                          "remote_engine_id": f"fake-{args.port}", "remote_block_ids": [1, 2],
                                          "remote_host": os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost"),
                                          "remote_port": args.port}
-        elif kv.get("do_remote_prefill"):
+        elif kv.get("do_remote_prefill") and not _skip_xfer():
             lab = (name, "0")
             xfer.labels(*lab).observe(0.004)
             post.labels(*lab).observe(0.0005)
@@ -142,9 +194,20 @@ def main() -> None:
             tpot.labels(*lab).observe(0.005)
             itl.labels(*lab).observe(0.005)
             e2e.labels(*lab).observe(0.05)
+        if body.get("stream"):
+            return StreamingResponse(_sse(tokens, name), media_type="text/event-stream")
         return JSONResponse(out)
 
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    async def _sse(tokens: list[str], model: str):
+        if os.environ.get("FAKE_STREAM_HANG"):
+            await asyncio.sleep(3600)
+        for t in tokens:
+            chunk = {"id": "cmpl-fake", "object": "text_completion", "model": model,
+                     "choices": [{"index": 0, "text": t, "finish_reason": None}]}
+            yield f"data: {json.dumps(chunk)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=1)
 
 
 if __name__ == "__main__":

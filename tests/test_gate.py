@@ -50,6 +50,13 @@ GOLDEN = {
     "failed_positive": (FAIL, [f"{w('failed_positive', 'transfer.json')}: totals.failed_transfers = 3 (allowed: 0)"]),
     "no_kv": (FAIL, [f"{w('no_kv', 'transfer.json')}: no KV transferred (num_transfers 0, bytes 0): "
                      "decode did not receive KV from prefill"]),
+    "expired": (FAIL, [f"{w('expired', 'transfer.json')}: totals.expired_reqs = 2 (allowed: 0)"]),
+    "recompute": (FAIL, [f"{w('recompute', 'transfer.json')}: decode did 150 KV transfers for 200 PD requests "
+                         "whose prompt spans >= 1 block: the others were recomputed on decode (silent recompute)"]),
+    "kv_requests_null": (FAIL, [f"{w('kv_requests_null', 'transfer.json')}: totals.kv_requests is null (metric "
+                                "missing: the PD proxy's count of requests spanning >= 1 block)"]),
+    "load_lost": (FAIL, [f"{w('load_lost', 'load.json')}: concurrency 8: 16 load requests failed, completed 0 of "
+                         "num_prompts 16 (vllm bench serve exits 0 regardless)"]),
     "unreadable": (FAIL, [f"{w('unreadable', 'consistency.json')}: unreadable: Expecting property name enclosed in "
                           "double quotes: line 1 column 2 (char 1)"]),
     "acc_null": (FAIL, [f"{w('acc_null', 'accuracy.json')}: {TASK}: value is null (metric missing)"]),
@@ -73,7 +80,7 @@ def test_mixed_run_golden(runs: dict[str, Path], name: str) -> None:
 def test_mixed_run_fails_on_fail_and_xpass_only(runs: dict[str, Path]) -> None:
     result = gate_run(runs["mixed"])
     assert not result.passed and result.exit_code == 1
-    assert result.counts == {PASS: 5, FAIL: 8, XFAIL: 1, XPASS: 1, SKIPPED: 1}
+    assert result.counts == {PASS: 5, FAIL: 12, XFAIL: 1, XPASS: 1, SKIPPED: 1}
     assert {c.cell_id for c in result.failures} == {ID[k] for k, (v, _) in GOLDEN.items() if v in (FAIL, XPASS)}
     with pytest.raises(GateFailed) as e:
         result.raise_for_verdict()
@@ -218,7 +225,7 @@ def test_junit_one_testcase_per_cell(runs: dict[str, Path], tmp_path: Path) -> N
     rejected = cases[REJECTED_ID].find("skipped")
     assert rejected.get("message") == "rejected by rule platform-limit: prefill TP > 2 on cuda: fixture limit"
     suite = root.find("testsuite")
-    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("16", "9", "2")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("20", "13", "2")
 
 
 def test_junit_escapes_log_tail(runs: dict[str, Path], tmp_path: Path) -> None:
@@ -230,7 +237,7 @@ def test_junit_escapes_log_tail(runs: dict[str, Path], tmp_path: Path) -> None:
 def test_summary_lists_every_cell(runs: dict[str, Path], tmp_path: Path) -> None:
     result = gate_run(runs["mixed"])
     text = write_summary(result, tmp_path / "summary.md").read_text()
-    assert text.startswith("# Gate: mixed\n\n**FAILED: 5 PASS, 8 FAIL, 1 XFAIL, 1 XPASS, 1 SKIPPED**")
+    assert text.startswith("# Gate: mixed\n\n**FAILED: 5 PASS, 12 FAIL, 1 XFAIL, 1 XPASS, 1 SKIPPED**")
     rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| ")}
     assert set(rows) >= set(ID.values()) | {REJECTED_ID}
     assert f"{TASK} 0.790 ±N/A / 0.800±0.050 / 0.800 / p=0.99" in rows[ID["stderr_na"]]

@@ -257,7 +257,7 @@ vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 40.0
 
 T_KEYS = ["num_transfers", "bytes", "xfer_time_s", "post_time_s", "gbps_xfer", "gbps_wall", "xfer_time_p50_s",
           "xfer_time_p90_s", "xfer_time_p99_s", "descriptors_per_transfer", "failed_transfers",
-          "failed_notifications", "expired_reqs", "ttft_mean_s", "ttft_p50_s", "ttft_p99_s", "tpot_mean_s",
+          "failed_notifications", "expired_reqs", "kv_requests", "ttft_mean_s", "ttft_p50_s", "ttft_p99_s", "tpot_mean_s",
           "itl_mean_s", "e2e_mean_s", "num_requests"]
 
 # Hand-computed totals of (DECODE_AFTER - DECODE_BEFORE) + (PREFILL_AFTER - PREFILL_BEFORE), wall 2 s.
@@ -276,6 +276,7 @@ EXPECTED_T = {
     "failed_transfers": 0,
     "failed_notifications": 1,
     "expired_reqs": 1,  # from prefill
+    "kv_requests": None,  # no proxy instance in these deltas: missing, never 0
     "ttft_mean_s": 0.1,  # decode only: 0.4 / 4 (prefill's 40 s / 4 excluded)
     "ttft_p50_s": 0.08,  # rank 2 in (0.06, 0.08]: 0.06 + 0.02 * 1/1
     "ttft_p99_s": 0.247,  # rank 3.96 in (0.1, 0.25]: 0.1 + 0.15 * 1.96/2
@@ -593,7 +594,7 @@ def test_real_capture_summary_has_no_nulls() -> None:
     deltas = {"prefill-0": delta(Snapshot(), parse(_capture("prefill.metrics.txt"))),
               "decode-0": delta(Snapshot(), parse(_capture("decode.metrics.txt")))}
     t = summarize(deltas, wall_s=1.0)
-    assert [k for k, v in t.items() if v is None] == []
+    assert [k for k, v in t.items() if v is None] == ["kv_requests"]  # counted by pdsweep's proxy, not vLLM
     assert t["num_transfers"] > 0 and t["bytes"] > 0 and t["gbps_xfer"] > 0
     assert t["failed_transfers"] == 0 and t["failed_notifications"] == 0
 
@@ -610,3 +611,12 @@ def test_ucx_transports_from_decode_logs(tmp_path):
     (tmp_path / "decode-1.log").write_text("no table here\n")
     assert ucx_transports_from_logs([tmp_path / "decode-0.log", tmp_path / "decode-1.log"]) == ["cma/memory"]
     assert ucx_transports_from_logs([tmp_path / "decode-1.log", tmp_path / "absent.log"]) is None
+
+
+def test_proxy_kv_requests_counted_from_the_proxy_instance() -> None:
+    text = ("# HELP pdsweep_proxy_kv_requests_total x\n# TYPE pdsweep_proxy_kv_requests_total counter\n"
+            'pdsweep_proxy_kv_requests_total{endpoint="/v1/completions"} 5.0\n'
+            'pdsweep_proxy_kv_requests_total{endpoint="/v1/chat/completions"} 2.0\n')
+    before = parse(text.replace("5.0", "1.0").replace("2.0", "0.0"))
+    t = summarize({**_deltas(), "proxy": delta(before, parse(text))}, wall_s=2.0)
+    assert t["kv_requests"] == 6 and t["num_transfers"] == 8  # proxy metrics never leak into NIXL figures

@@ -69,7 +69,7 @@ def test_hybrid_matrix_lists_kimi_hetero_tp_and_rejections():
     assert rej["ling-2.5.p2d1.b128-128.fixed"].rule == "nixl-support"
     assert "MAMBA1/MAMBA2/GDN_ATTN" in rej["ling-2.5.p2d1.b128-128.fixed"].reason
     assert "deepseek-v2-lite-chat.p1d1.b64-128.fixed" in ids  # pure MLA may use block ratio 2
-    assert len(plan.pd_cells) == 47 and len(plan.rejected) == 19
+    assert len(plan.pd_cells) == 49 and len(plan.rejected) == 19
 
 
 # Every configuration of upstream config_sweep_accuracy_test.sh (../shared/UPSTREAM.md),

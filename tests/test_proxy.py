@@ -73,7 +73,8 @@ class Fake:
             kvp = body.get("kv_transfer_params") or {}
             n = len(self.requests)
             if kvp.get("do_remote_decode"):  # prefill leg
-                out: dict[str, Any] = {"id": f"{self.name}-{n}", "choices": [{"text": "x"}]}
+                out: dict[str, Any] = {"id": f"{self.name}-{n}", "choices": [{"text": "x"}],
+                                       "usage": {"prompt_tokens": len(str(body.get("prompt", "")).split())}}
                 if self.kv:
                     out["kv_transfer_params"] = {"do_remote_prefill": True, "do_remote_decode": False,
                                                  "remote_engine_id": self.name, "remote_block_ids": [n, n + 1],
@@ -432,3 +433,21 @@ def test_cli_args_and_user_errors() -> None:
         main(parser.parse_args(["--prefill", "a:1", "--decode", "http://c:3"]))
     with AppServer(FastAPI()) as busy, pytest.raises(UserError, match="pdsweep proxy"):
         main(parser.parse_args(["--prefill", "http://a:1", "--decode", "http://c:3", "--port", str(busy.port)]))
+
+
+def test_kv_requests_count_prompts_spanning_a_block(fakes: dict[str, Fake]) -> None:
+    from pdsweep.metrics import PROXY_KV_REQUESTS, parse
+
+    with _proxy(fakes, block_size=4) as px, _client() as c:
+        for words in (3, 4, 10):  # one word = one prompt token in the fake
+            assert c.post(f"{px.url}/v1/completions", json={"model": "m", "prompt": " ".join(["w"] * words)}
+                          ).status_code == 200
+        fakes["decode-0"].status = fakes["decode-1"].status = 500  # decode fails: no KV was read for it
+        assert c.post(f"{px.url}/v1/completions", json={"model": "m", "prompt": "a b c d e"}).status_code == 500
+        snap = parse(c.get(f"{px.url}/metrics").text)
+    assert snap.counters[PROXY_KV_REQUESTS] == 2
+
+
+def test_block_size_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="block_size must be >= 1"):
+        create_app(["http://p:1"], ["http://d:1"], block_size=0)

@@ -32,7 +32,12 @@ def tok(tmp_path) -> Path:
     return build_tokenizer(tmp_path / "tok")
 
 
-def make_sweep(tmp_path: Path, tok: Path, *, matrix: str, env: str = "  base: {}", port_base: int = 31000,
+# per test process, so concurrent runs of this file (other checkouts on the host) do not
+# answer each other's requests on the same ports
+PORT_BASE = 31000 + (os.getpid() % 40) * 200
+
+
+def make_sweep(tmp_path: Path, tok: Path, *, matrix: str, env: str = "  base: {}", port_base: int = PORT_BASE,
                extra: str = "") -> Path:
     (tmp_path / "models.yaml").write_text(f"""models:
   fake-gqa:
@@ -208,3 +213,103 @@ def test_resume_refuses_a_changed_sweep(tmp_path, tok):
         run_sweep(sweep, RunOptions(out=out, resume=True, quiet=True))
     with pytest.raises(UserError, match="already holds a run"):
         run_sweep(sweep, RunOptions(out=out, quiet=True))
+
+
+def _gate_reasons(run: Path, cell: str) -> list[str]:
+    from pdsweep.gate import gate_run
+
+    return list(gate_run(run).cell(cell).reasons)
+
+
+def test_expired_kv_on_prefill_fails_gate(tmp_path, tok):
+    """Decode answered 200 but prefill's KV lease expired (vLLM issue 52234): silent recompute."""
+    sweep = make_sweep(tmp_path, tok, env="  base: {}\n  expire: {FAKE_EXPIRED: '1'}",
+                       matrix="  model: [fake-gqa]\n  tp: [p1d1]\n  env: [expire]\n", extra="  reference: false\n")
+    run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True))
+    cid = "fake-gqa.p1d1.b16-16.fixed.env-expire"
+    assert status(run, cid)["status"] == "ok"
+    assert layout.read_json(run / cid / "transfer.json")["totals"]["expired_reqs"] == 2  # one per probe prompt
+    assert f"{cid}/transfer.json: totals.expired_reqs = 2 (allowed: 0)" in _gate_reasons(run, cid)
+    assert main(["gate", str(run)]) == 1
+
+
+def test_decode_without_transfers_fails_gate_as_silent_recompute(tmp_path, tok):
+    """Decode answers every 2nd PD request without reading KV: fewer transfers than PD requests."""
+    sweep = make_sweep(tmp_path, tok, env="  base: {}\n  skip: {FAKE_SKIP_XFER_EVERY: '2'}",
+                       matrix="  model: [fake-gqa]\n  tp: [p1d1]\n  env: [skip]\n", extra="  reference: false\n")
+    run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True))
+    cid = "fake-gqa.p1d1.b16-16.fixed.env-skip"
+    tr = layout.read_json(run / cid / "transfer.json")["totals"]
+    # readiness (request 1) transferred; of the 10 measured requests 2, 4, ... 10 did not
+    assert (tr["num_transfers"], tr["kv_requests"]) == (5, 9)  # the 4-word "short" probe is under one block
+    assert (f"{cid}/transfer.json: decode did 5 KV transfers for 9 PD requests whose prompt spans >= 1 block: "
+            "the others were recomputed on decode (silent recompute)") in _gate_reasons(run, cid)
+
+
+def test_load_phase_that_lost_requests_fails_gate(tmp_path, tok, monkeypatch):
+    """``vllm bench serve`` exits 0 when requests fail; the gate reads load.json."""
+    monkeypatch.setenv("FAKE_BENCH_LOST", "3")
+    sweep = make_sweep(tmp_path, tok, matrix="  model: [fake-gqa]\n  tp: [p1d1]\n",
+                       extra="  reference: false\nbench: {enabled: true, num_prompts: 5, concurrencies: [2]}\n")
+    run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True))
+    cid = "fake-gqa.p1d1.b16-16.fixed"
+    assert status(run, cid)["status"] == "ok"
+    (load,) = layout.read_json(run / cid / "load.json")["runs"]
+    assert (load["completed"], load["errors"], load["num_prompts"]) == (2, 3, 5)
+    assert (f"{cid}/load.json: concurrency 2: 3 load requests failed, completed 2 of num_prompts 5 "
+            "(vllm bench serve exits 0 regardless)") in _gate_reasons(run, cid)
+    assert main(["gate", str(run)]) == 1
+
+
+def test_hung_streaming_request_fails_readiness(tmp_path, tok):
+    sweep = make_sweep(tmp_path, tok, env="  base: {}\n  hang: {FAKE_STREAM_HANG: '1'}",
+                       matrix="  model: [fake-gqa]\n  tp: [p1d1]\n  env: [hang]\n", extra="  reference: false\n")
+    t0 = time.monotonic()
+    run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True))
+    assert time.monotonic() - t0 < 60
+    st = status(run, "fake-gqa.p1d1.b16-16.fixed.env-hang")
+    assert st["status"] == "failed" and st["phase"] == "ready", st
+    assert st["reason"].startswith("streaming request"), st["reason"]
+    assert not ours(tmp_path)
+
+
+def test_hung_eval_fails_the_cell_within_its_budget(tmp_path, tok):
+    # completions 1-2 are readiness (plain + streaming); lm-eval's first question never returns
+    sweep = make_sweep(tmp_path, tok, env="  base: {}\n  hang: {FAKE_HANG_AFTER: '2'}",
+                       matrix="  model: [fake-gqa]\n  tp: [p1d1]\n  env: [hang]\n",
+                       extra="  reference: false\n  budget_s: 4\n")
+    t0 = time.monotonic()
+    run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True))
+    assert time.monotonic() - t0 < 60
+    st = status(run, "fake-gqa.p1d1.b16-16.fixed.env-hang")
+    assert (st["status"], st["phase"]) == ("failed", "eval"), st
+    assert st["reason"] == "lm-eval exceeded its wall-clock budget of 4 s (eval phase)"
+    assert not ours(tmp_path)
+
+
+def test_hung_bench_fails_the_cell_within_its_budget(tmp_path, tok, monkeypatch):
+    monkeypatch.setenv("FAKE_BENCH_HANG", "1")
+    sweep = make_sweep(tmp_path, tok, matrix="  model: [fake-gqa]\n  tp: [p1d1]\n",
+                       extra="  reference: false\nbench: {enabled: true, num_prompts: 2, budget_s: 3}\n")
+    run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True))
+    st = status(run, "fake-gqa.p1d1.b16-16.fixed")
+    assert (st["status"], st["phase"]) == ("failed", "bench"), st
+    assert st["reason"].startswith("vllm bench serve (concurrency 1) exceeded its wall-clock budget of 3 s")
+
+
+def test_run_records_build_fixes_and_resolves_build_conditional_expectations(tmp_path, tok):
+    """The fake build's vLLM is the real 0.32.0 (it answers -c probes): it contains #49297,
+    so an expectation for builds without it does not apply and the passing cell is PASS."""
+    sweep = make_sweep(tmp_path, tok, matrix="  model: [fake-gqa]\n  tp: [p1d1]\n  include:\n"
+                       "    - {tp: p1d1, expect: fail, without: [vllm#49297], reason: 'lost SSM state'}\n")
+    run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True))
+    cid = "fake-gqa.p1d1.b16-16.fixed"
+    cj = layout.read_json(run / cid / "cell.json")
+    assert cj["build"]["fixes"] == {"vllm#49297": True, "vllm#49762": True, "vllm#45357": True, "vllm#48481": True}
+    assert (cj["cell"]["expect_fail"], cj["cell"]["expect_note"]) == (False, "does not apply: build fixed contains "
+                                                                             "vllm#49297")
+    assert status(run, cid)["expect_fail"] is False
+    from pdsweep.gate import PASS, gate_run
+
+    res = gate_run(run).cell(cid)
+    assert res.verdict == PASS, res.reasons

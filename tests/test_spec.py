@@ -133,5 +133,5 @@ def test_results_file_with_odd_schema_or_bytes_is_a_user_error(tmp_path):
 def test_typo_inside_a_serve_args_variant_names_the_key(tmp_path, capsys):
     msg = err(tmp_path, "name: x\nplatform: cpu\nserve_args:\n  base: []\n  x: {bothh: [--foo]}\n"
                         "matrix:\n  model: [tiny-llama]\n", capsys)
-    assert "s.yaml:5: serve_args.x.bothh: unknown key 'bothh' (allowed: both, prefill, decode, enforce_eager)" in msg
+    assert "s.yaml:5: serve_args.x.bothh: unknown key 'bothh' (allowed: both, prefill, decode, enforce_eager, kv_transfer_extra, reference)" in msg
     assert "valid list" not in msg
