@@ -48,6 +48,8 @@ def good(tmp_path: Path, body: str, capsys, models: str | None = None) -> str:
 
 
 SMALL = "name: x\nplatform: cpu\nmatrix: {model: [tiny-llama], tp: [p1d1], block_size: [32]}\n"
+# a model without an expected pdsweep_arith score (trained tiny-llama has one)
+UNSCORED = SMALL.replace("tiny-llama", "tiny-nemotron-h")
 CELL = pd("tiny-llama", 1, 1)
 WHERE = f"{CELL.id}/{TR}"
 
@@ -97,7 +99,7 @@ def test_property_impossible_counts_are_named(field: str, value) -> None:
 @settings(max_examples=20, deadline=None, suppress_health_check=HC)
 def test_property_plausible_counts_pass(tmp_path: Path, n: int, nbytes: int) -> None:
     root = Path(tempfile.mkdtemp(dir=tmp_path))
-    assert gate_totals(root, num_transfers=n, bytes=nbytes) == (PASS, ())
+    assert gate_totals(root, num_transfers=n, kv_requests=n, bytes=nbytes) == (PASS, ())
     assert json.loads((root / "run" / CELL.id / TR).read_text())["totals"]["bytes"] == nbytes
 
 
@@ -135,21 +137,21 @@ def test_consistency_required_but_disabled_is_refused(tmp_path: Path, capsys) ->
 
 
 def test_accuracy_without_expected_score_or_reference_is_refused(tmp_path: Path, capsys) -> None:
-    msg = bad(tmp_path, SMALL + "eval: {reference: false, consistency: {enabled: false}}\n"
+    msg = bad(tmp_path, UNSCORED + "eval: {reference: false, consistency: {enabled: false}}\n"
               "gate: {require_consistency: false}\n", capsys)
-    assert "model tiny-llama: no expected score for task(s) pdsweep_arith" in msg
+    assert "model tiny-nemotron-h: no expected score for task(s) pdsweep_arith" in msg
 
 
 @given(st.booleans(), st.booleans(), st.booleans(), st.booleans(), st.booleans())
 @settings(max_examples=32, deadline=None, suppress_health_check=HC)
 def test_property_validate_refuses_exactly_the_contradictions(tmp_path: Path, reference: bool, probe: bool,
                                                               req_con: bool, req_acc: bool, tasks: bool) -> None:
-    body = SMALL + (f"eval: {{reference: {str(reference).lower()}, tasks: {'[pdsweep_arith]' if tasks else '[]'}, "
+    body = UNSCORED + (f"eval: {{reference: {str(reference).lower()}, tasks: {'[pdsweep_arith]' if tasks else '[]'}, "
                     f"consistency: {{enabled: {str(probe).lower()}}}}}\n"
                     f"gate: {{require_consistency: {str(req_con).lower()}, require_accuracy: {str(req_acc).lower()}}}\n")
     root = Path(tempfile.mkdtemp(dir=tmp_path))
     plan = expand(load_sweep(write(root, body)))
-    # tiny-llama has no expected score: accuracy can pass only against a reference
+    # tiny-nemotron-h has no expected score: accuracy can pass only against a reference
     contradiction = (req_con and not (probe and reference)) or (req_acc and not (tasks and reference))
     assert bool(cannot_pass(plan)) == contradiction
 

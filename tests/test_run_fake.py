@@ -49,6 +49,10 @@ def make_sweep(tmp_path: Path, tok: Path, *, matrix: str, env: str = "  base: {}
     serve_args: [--attention-backend, FAKE]  # any block size (CPU_ATTN would refuse 16)
     platforms: {{cpu: {{}}}}
 """)
+    consistency = "{max_tokens: 4, lengths: [short, 40]}"
+    if "reference: false" in extra:  # no reference: nothing to gate against (pdsweep.feasible)
+        if "gate:" not in extra:
+            extra += "gate: {require_consistency: false, require_accuracy: false}\n"
     p = tmp_path / "sweep.yaml"
     p.write_text(f"""name: fake
 platform: cpu
@@ -69,7 +73,7 @@ eval:
   max_retries: 0
   timeout_s: 10
   max_gen_toks: 8
-  consistency: {{max_tokens: 4, lengths: [short, 40]}}
+  consistency: {consistency}
 {extra}""")
     return p
 

@@ -23,7 +23,7 @@ TRAINED = sorted(n for n, m in CATALOGUE.models.items() if m.tiny is not None an
 
 
 def test_the_mission_models_are_trained():
-    assert {"tiny-llama", "tiny-mla", "tiny-mla-mamba2"} <= set(TRAINED)
+    assert {"tiny-llama", "tiny-mla-mamba2"} <= set(TRAINED)
 
 
 @pytest.fixture(scope="module")
