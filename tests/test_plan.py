@@ -303,18 +303,18 @@ def test_unfixed_builds_reject_dcp_and_push(tmp_path):
     """Rule unfixed-scope: the PR #49297 revert leaves DCP and the push connector
     inconsistent (tests/test_unfix_releases.py shows it from the release files)."""
     push = json.dumps({"kv_connector": "NixlPushConnector", "kv_role": "kv_both"})
-    ls = sweep(tmp_path, f"""name: x
+    ls = sweep(tmp_path, """name: x
 builds:
-  fixed: {{}}
-  unfixed: {{venv: .venv-unfixed}}
-  baseline: {{venv: /opt/envs/.venv-unfixed}}
-  patched: {{venv: .venv-unfixed, unfixed: false}}
+  fixed: {}
+  unfixed: {venv: .venv-unfixed}
+  baseline: {venv: /opt/envs/.venv-unfixed}
+  patched: {venv: .venv-unfixed, unfixed: false}
 serve_args:
   base: []
-  dcp2: {{both: [-dcp, "2"]}}
-  dcp2-decode: {{decode: ["--decode_context_parallel_size=2"]}}
-  dcp1: {{both: [--decode-context-parallel-size, "1"]}}
-  dcp-bad: {{both: [-dcp, "two"]}}
+  dcp2: {both: [-dcp, "2"]}
+  dcp2-decode: {decode: ["--decode_context_parallel_size=2"]}
+  dcp1: {both: [--decode-context-parallel-size, "1"]}
+  dcp-bad: {both: [-dcp, "two"]}
 matrix:
   model: [qwen3-0.6b]
   build: [fixed, unfixed, baseline, patched]
