@@ -3,8 +3,8 @@ tiny random-weight Llama, real NIXL transfers over UCX (DRAM), the PD proxy, lm-
 the consistency probe, metrics and the gate, all through ``pdsweep run``.
 
 Then the negative control: the same cell with the proxy scrambling ``remote_block_ids``
-(decode reads the right blocks in the wrong order) must be reported inconsistent and
-triaged ``transfer``. Then prefill TP 2 -> decode TP 1 (tp_ratio -2) for attention KV
+(decode reads the right blocks in the wrong order) must fail the accuracy gate (trained
+tiny-llama: 1.00 -> 0.05). Then prefill TP 2 -> decode TP 1 (tp_ratio -2) for attention KV
 (tiny-llama: head halves from both prefill ranks) and a Mamba2 hybrid (tiny-nemotron-h: the
 SSM state sharded across the prefill ranks), and MLA 1P1D (the CPU RoPE fix), all matching
 their single-instance references (tests/fixtures/vllm_cpu/NOTES.md)."""
@@ -70,7 +70,7 @@ def test_real_pd_pair_moves_kv_and_passes(run_dir):
     assert main(["gate", str(run_dir)]) == 0
 
 
-def test_scrambled_kv_is_reported_inconsistent(run_dir, tmp_path):
+def test_scrambled_kv_fails_the_accuracy_gate(run_dir, tmp_path):
     out = tmp_path / "run"
     out.mkdir()
     shutil.copytree(run_dir / REF, out / REF)  # the reference is final: --resume reuses it
@@ -82,17 +82,13 @@ def test_scrambled_kv_is_reported_inconsistent(run_dir, tmp_path):
     assert ref["verdict"] == "pass" and ref["value"] >= 0.9, ref
     assert task["verdict"] == "fail" and task["value"] < task["expected"]["value"] - task["expected"]["tolerance"], task
     assert any("significantly below reference" in r for r in task["reasons"]), task["reasons"]
+    # The consistency probe's English-like prompts do not see it on the *trained* model: trained
+    # only on arithmetic, it answers them with one constant token whatever the KV holds (random
+    # weights diverged from token 0 on the 3.5-block prompt). Measured: every prompt passes,
+    # tokens equal. The engine itself stays consistent (no false "engine" triage).
     cons = layout.read_json(run / PD / "consistency.json")
-    assert cons["verdict"] == "fail"
-    bad = {p["name"]: p for p in cons["prompts"] if p["verdict"] == "fail"}
-    # 112 tokens = 3.5 blocks: reversed ids put the half-full last block first, so 16 of the
-    # prompt's tokens are lost and 16 garbage slots are read -> wrong from the first token.
-    assert bad["blocks"]["first_divergence"] == 0, bad
-    assert "short" not in bad  # one block: reversing one id changes nothing
-    # (RoPE is applied before caching, so attention over *full* blocks is order-invariant:
-    # the 503-token prompt misplaces only its last partial block and may stay under 1.5 nats.)
-    assert cons["triage"]["verdict"] == "transfer", cons["triage"]  # the engine itself is consistent
     assert all(p["engine_path_ok"] for p in cons["prompts"])
+    assert cons["triage"]["verdict"] in ("none", "transfer"), cons["triage"]
     assert not vllm_children()
     assert main(["gate", str(run)]) == 1
     gated = {c.cell_id: c for c in gate_run(run).cells}
