@@ -31,7 +31,8 @@ RESERVED_FLAGS = {
     "--block-size": "the block_size axis (or prefill_block_size/decode_block_size)",
     "--port": "defaults.port_base (pdsweep gives each cell a private block of ports)",
     "--host": "nothing: pdsweep serves on 127.0.0.1 behind its PD proxy",
-    "--kv-transfer-config": "the kv_buffer_device axis, defaults.kv_role and defaults.kv_lease_duration_s",
+    "--kv-transfer-config": ("the kv_buffer_device axis, defaults.kv_role, defaults.kv_lease_duration_s and "
+                             "serve_args.<variant>.kv_transfer_extra (connector and role cannot change)"),
     "--served-model-name": "nothing: the proxy and lm-eval address the model by its catalogue name",
     "--config": "serve_args lists (a --config file could set any flag above)",
 }

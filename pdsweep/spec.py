@@ -678,7 +678,6 @@ def load_sweep(path: str | Path) -> LoadedSweep:
     catalogue = load_catalogue(cat_path)
     _raise_all(_guard_sweep(sweep, path, node))
     _check_names(sweep, catalogue, path, node)
-    check_kv_transfer_overrides(sweep, catalogue, path, node)
     check_reference_variants(sweep, path, node)
     return LoadedSweep(sweep=sweep, catalogue=catalogue, path=path, catalogue_path=cat_path)
 
@@ -760,41 +759,6 @@ def _flag_errors(args: list[str], loc: tuple[Any, ...], path: Path, node: yaml.N
 def _env_errors(env: dict[str, str], loc: tuple[Any, ...], path: Path, node: yaml.Node | None) -> list[str]:
     return [f"{path}:{_line_of(node, (*loc, k))}: {_fmt_loc((*loc, k))}: {why}"
             for k in env if (why := guards.reserved_env(k))]
-
-
-_KV_FLAGS = ("--kv-transfer-config", "--kv_transfer_config")
-
-
-def _kv_override(args: list[str]) -> str | None:
-    """The first arg that sets ``--kv-transfer-config`` (also ``=JSON`` and vLLM's dotted
-    ``--kv-transfer-config.key=value`` forms), or None."""
-    return next((a for a in args if a.split("=", 1)[0].split(".", 1)[0] in _KV_FLAGS), None)
-
-
-def check_kv_transfer_overrides(sweep: Sweep, cat: Catalogue, path: Path, node: yaml.Node | None) -> None:
-    """Refuse serve args (sweep variants, catalogue models) that set ``--kv-transfer-config``:
-    pdsweep writes it per role (NixlConnector, kv_producer/kv_consumer, the cell's
-    kv_buffer_device) and gates on NIXL metrics, so replacing it could change the connector
-    or role unseen. Extra keys go in ``serve_args.<variant>.kv_transfer_extra``. Raises
-    ``UserError`` naming file, line, field and the offending arg."""
-    errors = []
-    for name in sweep.serve_args:
-        v = sweep.serve_variant(name)
-        for role in ("both", "prefill", "decode"):
-            arg = _kv_override(getattr(v, role))
-            if arg:
-                loc = ("serve_args", name) if isinstance(sweep.serve_args[name], list) else ("serve_args", name, role)
-                errors.append(f"{path}:{_line_of(node, loc)}: {_fmt_loc(loc)}: '{arg}' replaces pdsweep's "
-                              "--kv-transfer-config (connector NixlConnector, role kv_producer/kv_consumer): a "
-                              "connector or role change is refused; put extra keys under "
-                              f"serve_args.{name}.kv_transfer_extra (allowed: {', '.join(KV_TRANSFER_EXTRA_KEYS)})")
-    for name, m in cat.models.items():
-        arg = _kv_override(m.serve_args)
-        if arg:
-            errors.append(f"{sweep.models_file}: models.{name}.serve_args: '{arg}' replaces pdsweep's "
-                          "--kv-transfer-config: refused (use a sweep's serve_args.<variant>.kv_transfer_extra)")
-    if errors:
-        raise UserError("\n".join(errors))
 
 
 def check_reference_variants(sweep: Sweep, path: Path, node: yaml.Node | None) -> None:

@@ -58,7 +58,7 @@ matrix: {{model: [tiny-llama], tp: [p1d1]}}
     # refused by the spec's cell-defining-flag guard (pdsweep.guards) before the
     # kv_transfer_extra check: either names the file, line, field and the arg
     assert "s.yaml:6: serve_args.other.decode" in msg and arg.split("=")[0][:18] in msg
-    assert "defines the cell" in msg or ("connector or role change is refused" in msg and "kv_transfer_extra" in msg)
+    assert "defines the cell" in msg and "kv_transfer_extra" in msg and "connector and role cannot change" in msg
 
 
 @pytest.mark.parametrize("key", ["kv_connector", "kv_role", "kv_buffer_device", "kv_connector_module_path"])
