@@ -30,6 +30,7 @@ from . import arith
 from .errors import UserError
 from .layout import write_text
 from .spec import EvalSpec
+from .stats import num, two_proportion_p  # noqa: F401  (two_proportion_p: part of this module's API)
 
 log = logging.getLogger(__name__)
 
@@ -105,12 +106,6 @@ def _stderr(x: Any) -> float | str | None:
     return None
 
 
-def _number(x: Any) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    return float(x) if math.isfinite(float(x)) else None
-
-
 def task_result(results: dict[str, Any], task: str) -> dict[str, Any]:
     """``{metric, value, stderr, n}`` of ``task`` from an lm-eval results dict
     (``results["results"][task]``, ``results["n-samples"][task]["effective"]``).
@@ -121,13 +116,13 @@ def task_result(results: dict[str, Any], task: str) -> dict[str, Any]:
     if metric is None or metric not in res:
         metric = next((m for m in FALLBACK_METRICS if m in res), None)
     if metric is None:
-        metric = next((k for k, v in res.items() if "," in k and "_stderr" not in k and _number(v) is not None),
+        metric = next((k for k, v in res.items() if "," in k and "_stderr" not in k and num(v) is not None),
                       PRIMARY_METRIC.get(task, FALLBACK_METRICS[0]))
     name, _, filt = metric.partition(",")
     n = ((results.get("n-samples") or {}).get(task) or {}).get("effective")
     return {
         "metric": metric,
-        "value": _number(res.get(metric)),
+        "value": num(res.get(metric)),
         "stderr": _stderr(res.get(f"{name}_stderr,{filt}")),
         "n": int(n) if isinstance(n, int) else None,
     }
@@ -239,41 +234,19 @@ def _stop_tqdm_monitors() -> None:
 
 
 # ---------------------------------------------------------------- statistics
-def two_proportion_p(x1: int, n1: int, x2: int, n2: int) -> float:
-    """One-sided p-value that proportion 1 (the PD cell, ``x1`` correct of ``n1``) is
-    lower than proportion 2 (the reference, ``x2`` of ``n2``): pooled two-proportion
-    z-test, ``z = (p1 - p2) / sqrt(p(1-p)(1/n1 + 1/n2))`` with ``p = (x1+x2)/(n1+n2)``,
-    ``p-value = Phi(z)`` (normal lower tail). Small values mean "PD is worse".
-
-    Edge cases: ``n1 == 0`` or ``n2 == 0`` -> 1.0 (no evidence; :func:`judge` fails a
-    cell without samples on its own); pooled ``p`` of 0 or 1 (both all wrong, or both
-    all correct: identical proportions, zero variance) -> 0.5, the value of ``z = 0``.
-    Raises ``ValueError`` unless ``0 <= x <= n``.
-    """
-    for x, n in ((x1, n1), (x2, n2)):
-        if n < 0 or x < 0 or x > n:
-            raise ValueError(f"need 0 <= x <= n, got x={x}, n={n}")
-    if n1 == 0 or n2 == 0:
-        return 1.0
-    pooled = (x1 + x2) / (n1 + n2)
-    var = pooled * (1 - pooled) * (1 / n1 + 1 / n2)
-    if var <= 0:
-        return 0.5
-    z = (x1 / n1 - x2 / n2) / math.sqrt(var)
-    return 0.5 * math.erfc(-z / math.sqrt(2))
 
 
 # ---------------------------------------------------------------- verdict
 def _judge_task(task: str, r: dict[str, Any], expected: dict[str, Any] | None,
                 reference: dict[str, Any] | None, alpha: float, is_reference: bool) -> dict[str, Any]:
     metric = r.get("metric")
-    value = _number(r.get("value"))
+    value = num(r.get("value"))
     n = r.get("n")
     n = int(n) if isinstance(n, (int, float)) and not isinstance(n, bool) and math.isfinite(n) else None
     exp = expected.get(task) if expected else None
     ref_cell = reference.get("cell_id") if reference else None
     ref_task = ((reference or {}).get("tasks") or {}).get(task) if not is_reference else None
-    ref = {"cell_id": ref_cell, "value": _number(ref_task.get("value")), "n": ref_task.get("n")} if ref_task else None
+    ref = {"cell_id": ref_cell, "value": num(ref_task.get("value")), "n": ref_task.get("n")} if ref_task else None
 
     reasons: list[str] = []
     p_value: float | None = None

@@ -282,7 +282,8 @@ def _gate_args(p: argparse.ArgumentParser) -> None:
 
 
 def _gate(args: argparse.Namespace) -> int:
-    from .gate import gate_run, write_junit, write_summary
+    from .gate import gate_run
+    from .render import write_junit, write_summary
 
     junit, summary = args.junit or args.run_dir / "junit.xml", args.summary or args.run_dir / "summary.md"
     check_outputs(("--junit", junit), ("--summary", summary))
@@ -326,7 +327,8 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from .compare import compare_runs, write_json, write_markdown
+    from .compare import compare_runs
+    from .render import write_compare_json, write_compare_markdown
 
     out = Path(args.out or args.b)
     check_outputs(("compare.md", out / "compare.md"), ("compare.json", out / "compare.json"))
@@ -334,8 +336,8 @@ def _compare(args: argparse.Namespace) -> int:
                        a_build=args.a_build, b_build=args.b_build)
     verdict = "REGRESSED" if res.regressed else "NO REGRESSION"
     try:
-        md = write_markdown(res, out / "compare.md")
-        write_json(res, out / "compare.json")
+        md = write_compare_markdown(res, out / "compare.md")
+        write_compare_json(res, out / "compare.json")
         print(Path(md).read_text())
     except BaseException:  # the verdict is printed even when an output could not be written
         print(f"compare: {verdict} of {args.b} against {args.a}", file=sys.stderr)

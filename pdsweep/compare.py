@@ -32,10 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from . import layout
-from .accuracy import two_proportion_p
 from .errors import GateFailed, UserError
-from .gate import SKIPPED, CellResult, GateResult, TaskScore, gate_run, md_escape, md_table
+from .facts import TaskScore
+from .gate import SKIPPED, CellResult, GateResult, gate_run
 from .spec import GateSpec
+from .stats import two_proportion_p
 
 REGRESSION, IMPROVEMENT, SAME = "regression", "improvement", "same"
 NOT_COMPARABLE, ONLY_A, ONLY_B = "not-comparable", "only-in-A", "only-in-B"
@@ -304,65 +305,3 @@ def compare_runs(a: Path, b: Path, gate: GateSpec | None = None, allow_missing: 
                         "--allow-other-sweep to compare them anyway")
     return compare_results(only_build(ra, a_build), only_build(rb, b_build), gate.alpha if gate else None,
                            allow_missing, sweeps)
-
-
-# ---------------------------------------------------------------- outputs
-COLUMNS = ("", "cell", "A", "B", "accuracy A -> B (p lower)", "consistency A -> B", "GB/s B/A", "TTFT B/A",
-           "TPOT B/A", "verdict", "reasons")
-
-
-def _x(r: float | None) -> str:
-    return "—" if r is None else f"{r:.2f}x"
-
-
-def _task_text(t: TaskDelta) -> str:
-    def v(x: float | None) -> str:
-        return "—" if x is None else f"{x:.3f}"
-    p = "" if t.p_lower is None else f" (p={t.p_lower:.2g})"
-    return f"{t.task} {v(t.a)} -> {v(t.b)}{p}"
-
-
-def rows(result: CompareResult) -> list[tuple[str, ...]]:
-    """One tuple of plain-text fields per comparison, in :data:`COLUMNS` order."""
-    out = []
-    for c in result.cells:
-        con = "—" if (c.a or c.b).kind == "ref" else " -> ".join(  # type: ignore[union-attr]
-            (x.facts.consistency or "—") if x else "—" for x in (c.a, c.b))
-        out.append((c.mark, c.label, c.a.verdict if c.a else "—", c.b.verdict if c.b else "—",
-                    "; ".join(map(_task_text, c.tasks)) or "—", con, _x(c.gbps_ratio), _x(c.ttft_ratio),
-                    _x(c.tpot_ratio), c.verdict, "; ".join(c.reasons)))
-    return out
-
-
-def markdown(result: CompareResult) -> str:
-    """The comparison as markdown: direction, legend, newly failing / fixed lists, table."""
-    counts = ", ".join(f"{len(result.by_verdict(v))} {v}" for v in MARKS if result.by_verdict(v))
-    lines = [f"# Compare: {result.a_name} (A, baseline) vs {result.b_name} (B, candidate)", "",
-             f"A = baseline: `{result.a}`; B = candidate: `{result.b}`. Ratios are B/A; accuracy p-values are "
-             f"one-sided two-proportion tests that B is lower (alpha = {result.alpha}).", "",
-             "Marks: `+` improvement, `-` regression, `x` not comparable (config_hash differs), "
-             "`<` only in A, `>` only in B, blank: same.", "",
-             f"**{'REGRESSED' if result.regressed else 'NO REGRESSION'}**: {counts or 'no cells'}", ""]
-    if result.missing:
-        lines += [f"{len(result.missing)} cell(s) of A are missing in B: that fails the comparison "
-                  "(`--allow-missing` if intended).", ""]
-    if result.other_sweep:
-        lines += [f"**Different sweeps**: A is `{result.sweeps[0]}`, B is `{result.sweeps[1]}` "
-                  "(compared on request: `--allow-other-sweep`).", ""]
-    for title, verdict in (("Regressions", REGRESSION), ("Improvements", IMPROVEMENT)):
-        if result.by_verdict(verdict):
-            lines += [f"## {title}", ""]
-            lines += [f"- `{c.label}`: {md_escape('; '.join(c.reasons))}" for c in result.by_verdict(verdict)]
-            lines.append("")
-    lines += ["## All cells", "", md_table(COLUMNS, rows(result)), ""]
-    return "\n".join(lines)
-
-
-def write_markdown(result: CompareResult, path: Path) -> Path:
-    """Write :func:`markdown` to ``path``; returns ``path``."""
-    return layout.write_text(path, markdown(result))
-
-
-def write_json(result: CompareResult, path: Path) -> Path:
-    """Write ``result.to_dict()`` (schema-versioned, NaN -> null) to ``path``; returns ``path``."""
-    return layout.write_json(path, result.to_dict())

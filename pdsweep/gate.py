@@ -15,203 +15,22 @@ check passes); :func:`checks_for` builds them from a :class:`~pdsweep.spec.GateS
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import math
 import re
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import typing
-
-from pydantic import ConfigDict, ValidationError, create_model
-
 from . import layout
-from .errors import GateFailed, UserError
-from .results_schema import type_problem
+from .errors import GateFailed
+from .facts import CellFacts, CellFiles, cell_facts, cell_from_dict, load_files, read_index, run_gate_spec, show, \
+    task_score, worst_prompt
 from .plan import Cell
 from .spec import GateSpec
+from .stats import num
 
 PASS, FAIL, XFAIL, XPASS, SKIPPED = "PASS", "FAIL", "XFAIL", "XPASS", "SKIPPED"
 VERDICTS = (PASS, FAIL, XFAIL, XPASS, SKIPPED)
 XPASS_REASON = "expected to fail but passed; remove the expectation or investigate"
-CELL_FILES = (layout.CELL_FILE, layout.STATUS_FILE, layout.ACCURACY_FILE, layout.CONSISTENCY_FILE,
-              layout.TRANSFER_FILE, layout.LOAD_FILE)
-
-
-def num(x: Any) -> float | None:
-    """``x`` as a finite float, or None (null, NaN, inf, bool, string: not a number)."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    try:
-        return float(x) if math.isfinite(x) else None
-    except OverflowError:  # an int beyond float range (e.g. 10**400 in a corrupt file)
-        return None
-
-
-def show(x: Any) -> str:
-    """A value as the JSON file spells it (``null``, ``"N/A"``, ``NaN``)."""
-    return json.dumps(x, default=str)
-
-
-# ---------------------------------------------------------------- reading one cell
-@dataclass
-class CellFiles:
-    """The JSON files of one cell, each read once. ``data[name]`` holds a usable file;
-    ``problems[name]`` says why a file is not usable (missing, unreadable, foreign)."""
-
-    cell_id: str
-    data: dict[str, dict[str, Any]] = field(default_factory=dict)
-    problems: dict[str, str] = field(default_factory=dict)
-
-    def get(self, name: str) -> dict[str, Any] | None:
-        return self.data.get(name)
-
-    def where(self, name: str) -> str:
-        return f"{self.cell_id}/{name}"
-
-    def problem(self, name: str) -> str:
-        return f"{self.where(name)}: {self.problems.get(name, 'missing')}"
-
-
-def load_files(run_dir: Path, cell_id: str) -> CellFiles:
-    """Read every per-cell JSON file of ``cell_id``; never raises for a bad file."""
-    files = CellFiles(cell_id)
-    cdir = layout.cell_dir(run_dir, cell_id)
-    for name in CELL_FILES:
-        path = cdir / name
-        try:
-            data = layout.read_json(path)
-        except FileNotFoundError:
-            files.problems[name] = "missing" if cdir.is_dir() else "missing (no cell directory: never ran?)"
-            continue
-        except UserError as e:
-            files.problems[name] = "unreadable: " + str(e).removeprefix(f"{path}: ").removeprefix(
-                "unreadable results file: ")
-            continue
-        if (bad := type_problem(name, data)) is not None:
-            files.problems[name] = f"unreadable: {bad}"
-            continue
-        owner = data.get("cell_id", data.get("cell", {}).get("id") if isinstance(data.get("cell"), dict) else None)
-        if owner not in (None, cell_id):
-            files.problems[name] = f"belongs to cell '{owner}'"
-            continue
-        files.data[name] = data
-    return files
-
-
-# ---------------------------------------------------------------- facts (for tables, plots, compare)
-@dataclass(frozen=True)
-class TaskScore:
-    """One accuracy task. Numbers are None where the file has none (or null/NaN);
-    ``stderr`` may be the string ``"N/A"`` (lm-eval could not compute it)."""
-
-    task: str
-    metric: str | None = None
-    value: float | None = None
-    stderr: float | str | None = None
-    n: int | None = None
-    expected: float | None = None
-    tolerance: float | None = None
-    reference: float | None = None
-    reference_cell: str | None = None
-    p_value: float | None = None
-    verdict: str | None = None
-
-
-@dataclass(frozen=True)
-class CellFacts:
-    """What a cell's files say, tolerant of anything missing (all fields optional).
-
-    ``totals`` is transfer.json ``totals`` (bytes in bytes, times in s, rates in GB/s);
-    ``worst_prompt`` describes the consistency prompt with the lowest exact-match rate.
-    """
-
-    model: str | None = None
-    prefill_tp: int | None = None
-    decode_tp: int | None = None
-    build: str | None = None
-    compare_key: str | None = None
-    config_hash: str | None = None
-    status: str | None = None
-    phase: str | None = None
-    duration_s: float | None = None
-    tasks: tuple[TaskScore, ...] = ()
-    consistency: str | None = None
-    worst_prompt: str | None = None
-    totals: dict[str, Any] = field(default_factory=dict)
-
-    def total(self, key: str) -> float | None:
-        return num(self.totals.get(key))
-
-
-def cell_from_dict(d: Any) -> Cell | None:
-    """A :class:`~pdsweep.plan.Cell` from ``Cell.to_dict()`` output, or None if it does not fit."""
-    if not isinstance(d, dict):
-        return None
-    try:  # typed as the dataclass says (a corrupt file's true/10**400/"x" is no cell)
-        kw = {f.name: d[f.name] for f in dataclasses.fields(Cell) if f.name in d}
-        if isinstance(kw.get("expect_without"), list):  # JSON has no tuples
-            kw["expect_without"] = tuple(kw["expect_without"])
-        return Cell(**_CELL.model_validate(kw).model_dump(exclude_unset=True))
-    except (TypeError, ValidationError):
-        return None
-
-
-_CELL = create_model("CellFields", __config__=ConfigDict(strict=True), **{
-    f.name: (typing.get_type_hints(Cell)[f.name], f.default if f.default is not dataclasses.MISSING else ...)
-    for f in dataclasses.fields(Cell)})
-
-
-def _task(name: str, t: dict[str, Any]) -> TaskScore:
-    exp = t.get("expected") if isinstance(t.get("expected"), dict) else {}
-    ref = t.get("reference") if isinstance(t.get("reference"), dict) else {}
-    se = t.get("stderr")
-    n = t.get("n")
-    return TaskScore(task=name, metric=t.get("metric"), value=num(t.get("value")),
-                     stderr=se if isinstance(se, str) else num(se),
-                     n=n if isinstance(n, int) and not isinstance(n, bool) else None,
-                     expected=num(exp.get("value")), tolerance=num(exp.get("tolerance")),
-                     reference=num(ref.get("value")), reference_cell=ref.get("cell_id"),
-                     p_value=num(t.get("p_value")), verdict=t.get("verdict"))
-
-
-def _worst_prompt(prompts: Any) -> str | None:
-    rows = [p for p in prompts if isinstance(p, dict)] if isinstance(prompts, list) else []
-    if not rows:
-        return None
-    worst = min(rows, key=lambda p: (num(p.get("exact_match_rate")) is not None, num(p.get("exact_match_rate")) or 0))
-    rate = num(worst.get("exact_match_rate"))
-    text = f"{worst.get('name', '?')}: " + (f"{rate:.0%} match" if rate is not None else "match n/a")
-    if worst.get("first_divergence") is not None:
-        text += f", diverges at token {worst['first_divergence']}"
-    return text
-
-
-def cell_facts(files: CellFiles, fallback: Cell | None = None) -> CellFacts:
-    """Facts of one cell from its files; ``fallback`` (from plan.json) fills in the cell
-    identity when cell.json is unusable."""
-    cj = files.get(layout.CELL_FILE) or {}
-    cell = cell_from_dict(cj.get("cell")) or fallback
-    st = files.get(layout.STATUS_FILE) or {}
-    acc = files.get(layout.ACCURACY_FILE) or {}
-    con = files.get(layout.CONSISTENCY_FILE) or {}
-    tr = files.get(layout.TRANSFER_FILE) or {}
-    tasks = acc.get("tasks") if isinstance(acc.get("tasks"), dict) else {}
-    return CellFacts(
-        model=cell.model if cell else None,
-        prefill_tp=cell.prefill_tp if cell else None,
-        decode_tp=cell.decode_tp if cell else None,
-        build=cell.build if cell else None,
-        compare_key=cj.get("compare_key") or (cell.compare_key if cell else None),
-        config_hash=cj.get("config_hash"),
-        status=st.get("status"), phase=st.get("phase"), duration_s=num(st.get("duration_s")),
-        tasks=tuple(_task(k, v) for k, v in tasks.items() if isinstance(v, dict)),
-        consistency=con.get("verdict"), worst_prompt=_worst_prompt(con.get("prompts")),
-        totals=tr.get("totals") if isinstance(tr.get("totals"), dict) else {},
-    )
 
 
 # ---------------------------------------------------------------- checks
@@ -278,7 +97,7 @@ class AccuracyCheck:
             if not isinstance(t, dict):
                 out.append(f"{w}: task {name}: not an object")
                 continue
-            s = _task(name, t)
+            s = task_score(name, t)
             if s.verdict != "pass":
                 why = [str(r) for r in t.get("reasons") or []] or [f"verdict {show(s.verdict)}"]
                 out += [f"{w}: {r}" if r.startswith(f"{name}:") else f"{w}: {name}: {r}" for r in why]
@@ -313,7 +132,7 @@ class ConsistencyCheck:
         if con.get("verdict") == "pass":
             return [] if con.get("prompts") else [f"{w}: no prompts compared"]
         why = [str(r) for r in con.get("reasons") or []] or [
-            f"verdict {show(con.get('verdict'))} (worst prompt: {_worst_prompt(con.get('prompts')) or 'none'})"]
+            f"verdict {show(con.get('verdict'))} (worst prompt: {worst_prompt(con.get('prompts')) or 'none'})"]
         tri = con.get("triage") if isinstance(con.get("triage"), dict) else {}
         if tri.get("verdict") not in (None, "none"):
             why.append(f"triage {tri['verdict']}: {tri.get('explanation')}")
@@ -600,27 +419,6 @@ def _signature_matches(pattern: str, reasons: list[str], status: dict[str, Any])
 NEEDS_GPUS = "needs-gpus"  # run.json rule of a valid cell the host had too few GPUs for
 
 
-def run_gate_spec(index: dict[str, Any]) -> GateSpec:
-    """The ``gate:`` settings frozen into run.json when the run started (so gate, compare
-    and report agree, whatever happened to the sweep file since); defaults otherwise."""
-    try:
-        return GateSpec.model_validate(index["gate"])
-    except (KeyError, TypeError, ValueError):
-        return GateSpec()
-
-
-def _read_index(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    try:
-        index = layout.read_json(run_dir / layout.RUN_FILE)
-    except FileNotFoundError:
-        raise UserError(f"{run_dir}: not a pdsweep run ({layout.RUN_FILE} missing)") from None
-    plan = layout.read_json_or_none(run_dir / layout.PLAN_FILE) or {}
-    for name, data in ((layout.RUN_FILE, index), (layout.PLAN_FILE, plan)):
-        if (bad := type_problem(name, data)) is not None:
-            raise UserError(f"{run_dir / name}: unreadable: {bad}")
-    return index, plan
-
-
 def gate_run(run_dir: Path, gate: GateSpec | None = None) -> GateResult:
     """Gate every cell of the run in ``run_dir`` (default ``GateSpec()``).
 
@@ -630,7 +428,7 @@ def gate_run(run_dir: Path, gate: GateSpec | None = None) -> GateResult:
     unreadable; never raises for a bad cell file (that cell fails).
     """
     run_dir = Path(run_dir)
-    index, plan = _read_index(run_dir)
+    index, plan = read_index(run_dir)
     gate = gate or run_gate_spec(index)
     entries = index.get("cells") if isinstance(index.get("cells"), dict) else {}
     planned = {c.id: c for c in map(cell_from_dict, plan.get("cells") or []) if c}
@@ -668,124 +466,3 @@ def gate_run(run_dir: Path, gate: GateSpec | None = None) -> GateResult:
     problems = () if any(r.verdict != SKIPPED for r in results) else (
         f"{run_dir / layout.RUN_FILE}: no cell was meant to run",)
     return GateResult(run_dir, str(index.get("name") or run_dir.name), gate, tuple(results), problems)
-
-
-# ---------------------------------------------------------------- outputs
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
-_XML_ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
-
-
-def xml_safe(text: str) -> str:
-    """``text`` without ANSI colour codes and characters XML 1.0 cannot hold."""
-    return _XML_ILLEGAL.sub("?", _ANSI.sub("", text))
-
-
-def write_junit(result: GateResult, path: Path) -> Path:
-    """Write JUnit XML: one ``<testcase classname="pdsweep.<run>" name="<cell id>">`` per
-    cell; FAIL/XPASS get ``<failure>``, XFAIL/SKIPPED get ``<skipped>`` (message
-    ``xfail: ...`` / ``rejected by rule ...``). Run-level problems add a testcase named
-    ``(run)``. Returns ``path``."""
-    classname = f"pdsweep.{result.run_name}"
-    counts = result.counts
-    suite = ET.Element("testsuite", name=xml_safe(classname), tests=str(len(result.cells) + bool(result.problems)),
-                       failures=str(counts[FAIL] + counts[XPASS] + bool(result.problems)), errors="0",
-                       skipped=str(counts[XFAIL] + counts[SKIPPED]))
-    for c in result.cells:
-        case = ET.SubElement(suite, "testcase", classname=xml_safe(classname), name=xml_safe(c.cell_id))
-        if c.facts.duration_s is not None:
-            case.set("time", f"{c.facts.duration_s:.1f}")
-        body = "\n".join([*c.reasons, *(["", "log tail:", *c.log_tail] if c.log_tail else [])])
-        if c.verdict in (FAIL, XPASS):
-            el = ET.SubElement(case, "failure", message=xml_safe(c.message), type=c.verdict)
-            el.text = xml_safe(body)
-        elif c.verdict in (XFAIL, SKIPPED):
-            el = ET.SubElement(case, "skipped", message=xml_safe(c.message))
-            el.text = xml_safe(body)
-    if result.problems:
-        case = ET.SubElement(suite, "testcase", classname=xml_safe(classname), name="(run)")
-        ET.SubElement(case, "failure", message=xml_safe("; ".join(result.problems)), type="RUN")
-    root = ET.Element("testsuites")
-    root.append(suite)
-    ET.indent(root)
-    return layout.write_text(path, '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode")
-                             + "\n")
-
-
-def _f(x: float | None, fmt: str = ".3f") -> str:
-    return "—" if x is None else format(x, fmt)
-
-
-def fmt_bytes(b: float | None) -> str:
-    if b is None:
-        return "—"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(b) < 1024 or unit == "GiB":
-            return f"{b:.0f} {unit}" if unit == "B" else f"{b:.1f} {unit}"
-        b /= 1024
-    return ""  # unreachable
-
-
-def fmt_task(s: TaskScore) -> str:
-    """``task value ±stderr / expected±tol / ref value / p=…``."""
-    se = f" ±{s.stderr}" if isinstance(s.stderr, str) else (f" ±{s.stderr:.3f}" if s.stderr is not None else "")
-    exp = f"{s.expected:.3f}±{s.tolerance:.3f}" if s.expected is not None and s.tolerance is not None else "—"
-    p = f"p={s.p_value:.2g}" if s.p_value is not None else "p=—"
-    return f"{s.task} {_f(s.value)}{se} / {exp} / {_f(s.reference)} / {p}"
-
-
-SUMMARY_COLUMNS = ("cell", "kind", "verdict", "accuracy (value / expected / reference / p)",
-                   "consistency (worst prompt)", "transfers", "bytes", "GB/s", "failed (xfer/notif)", "reason")
-
-
-def summary_rows(result: GateResult) -> list[tuple[str, ...]]:
-    """One tuple of plain-text fields per cell, in :data:`SUMMARY_COLUMNS` order."""
-    rows = []
-    for c in result.cells:
-        f = c.facts
-        con = "—" if c.kind == "ref" else " ".join(x for x in (f.consistency or "—", f"({f.worst_prompt})"
-                                                                 if f.worst_prompt else "") if x)
-        failed = "/".join("—" if f.total(k) is None else f"{f.total(k):g}"
-                          for k in ("failed_transfers", "failed_notifications"))
-        rows.append((c.cell_id, c.kind, c.verdict, "; ".join(map(fmt_task, f.tasks)) or "—", con,
-                     _f(f.total("num_transfers"), "g"), fmt_bytes(f.total("bytes")), _f(f.total("gbps_xfer"), ".2f"),
-                     failed if c.kind != "ref" else "—", "" if c.verdict == PASS else c.message))
-    return rows
-
-
-_TAG_LIKE = re.compile(r"<(?=[A-Za-z/!?])|&(?=#?\w+;)")
-
-
-def md_escape(text: str) -> str:
-    """Text safe inside a markdown table cell: no pipes, newlines or HTML-tag look-alikes
-    (``<nixl>``); a plain ``p < 0.05`` stays readable in a terminal."""
-    text = _TAG_LIKE.sub(lambda m: "&lt;" if m.group() == "<" else "&amp;", text)
-    return text.replace("|", "\\|").replace("\n", "<br>")
-
-
-def md_table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(md_escape(x) for x in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def summary_markdown(result: GateResult) -> str:
-    """The gate summary as markdown: headline, counts, one table row per cell."""
-    head = [f"# Gate: {result.run_name}", "", f"**{result.headline()}**", ""]
-    head += [f"- run problem: {md_escape(p)}" for p in result.problems]
-    return "\n".join(head + ([""] if result.problems else []) + [md_table(SUMMARY_COLUMNS, summary_rows(result)), ""])
-
-
-def write_summary(result: GateResult, path: Path) -> Path:
-    """Write :func:`summary_markdown` to ``path``; returns ``path``."""
-    return layout.write_text(path, summary_markdown(result))
-
-
-def run_gate(run_dir: Path, gate: GateSpec | None = None, out_dir: Path | None = None) -> GateResult:
-    """CLI helper: :func:`gate_run`, then ``junit.xml`` and ``summary.md`` into ``out_dir``
-    (default ``run_dir``). Returns the result; call ``result.raise_for_verdict()`` to
-    turn FAIL/XPASS into :class:`~pdsweep.errors.GateFailed` (exit 1)."""
-    result = gate_run(run_dir, gate)
-    out = Path(out_dir or run_dir)
-    write_junit(result, out / "junit.xml")
-    write_summary(result, out / "summary.md")
-    return result

@@ -28,11 +28,9 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
 from . import layout
-from .compare import COLUMNS as COMPARE_COLUMNS
 from .compare import SAME, CompareResult, compare_cells, compare_results
-from .compare import rows as compare_rows
-from .gate import FAIL, PASS, SKIPPED, SUMMARY_COLUMNS, XFAIL, XPASS, CellResult, GateResult, gate_run, md_escape, \
-    md_table, summary_rows
+from .gate import FAIL, PASS, SKIPPED, XFAIL, XPASS, CellResult, GateResult, gate_run
+from .render import COMPARE_COLUMNS, SUMMARY_COLUMNS, compare_rows, md_escape, md_table, summary_rows
 
 COLORS = {PASS: "#2a7d2a", FAIL: "#c62828", XPASS: "#c62828", XFAIL: "#e08a00", SKIPPED: "#777777"}
 BASELINE_BUILDS = ("unfixed", "baseline")  # in a run with several builds, the first of these is A

@@ -11,8 +11,10 @@ from hypothesis import strategies as st
 from fixtures.make_runs import MIXED, OUTSIDE, TASK, acc, case, pd, totals, write_all, write_run
 
 from pdsweep import layout
-from pdsweep.compare import (IMPROVEMENT, NOT_COMPARABLE, ONLY_A, ONLY_B, REGRESSION, SAME, compare_runs, markdown,
-                             write_json, write_markdown)
+from pdsweep.compare import IMPROVEMENT, NOT_COMPARABLE, ONLY_A, ONLY_B, REGRESSION, SAME, compare_runs
+from pdsweep.render import compare_markdown as markdown
+from pdsweep.render import write_compare_json as write_json
+from pdsweep.render import write_compare_markdown as write_markdown
 from pdsweep.errors import GateFailed, UserError
 from pdsweep.spec import GateSpec
 

@@ -13,7 +13,8 @@ from fixtures.make_runs import CON, MIXED, MIXED_REJECTED, OUTSIDE, SSM_LOST, TA
 
 from pdsweep import layout
 from pdsweep.errors import GateFailed, UserError
-from pdsweep.gate import FAIL, PASS, SKIPPED, XFAIL, XPASS, XPASS_REASON, gate_run, run_gate, write_junit, write_summary
+from pdsweep.gate import FAIL, PASS, SKIPPED, XFAIL, XPASS, XPASS_REASON, gate_run
+from pdsweep.render import run_gate, write_junit, write_summary
 from pdsweep.spec import GateSpec
 
 ID = ids(MIXED)
