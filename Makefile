@@ -19,7 +19,7 @@ PYTEST_ARGS ?=
 # `make` runs in (inside salloc/sbatch; see scripts/slurm-sweep.sbatch)
 LAUNCHER ?= local
 
-.PHONY: install sweep plan validate gate report compare nightly test bench baseline-env clean
+.PHONY: install sweep plan validate gate report compare nightly test lint bench baseline-env clean
 
 install: $(STAMP)
 $(STAMP): pyproject.toml scripts/install-env.sh scripts/cpu-env-fixups.py
@@ -69,6 +69,10 @@ baseline-env: install
 # the integration tests run the unfixed baseline next to the installed vLLM (the core case)
 test: install baseline-env
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# ruff over the whole tree ([tool.ruff] in pyproject.toml); CI runs it before the tests
+lint: install
+	$(VENV)/bin/ruff check .
 
 bench: install
 	mkdir -p results/bench

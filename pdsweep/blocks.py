@@ -140,7 +140,8 @@ def mamba_page(model: ModelSpec, tp: int, conv_bytes: int, ssm_dtype: str | None
     if model.ssm == "mamba2" and s.n_groups % tp:
         conv_dim += 2 * (tp - s.n_groups) * s.state_dim
     temporal = DTYPE_BYTES[ssm_dtype or s.state_dtype]
-    return (conv_dim // tp) * (s.conv_kernel - 1) * conv_bytes + (s.num_heads // tp) * s.head_dim * s.state_dim * temporal
+    conv = (conv_dim // tp) * (s.conv_kernel - 1) * conv_bytes
+    return conv + (s.num_heads // tp) * s.head_dim * s.state_dim * temporal
 
 
 def kernel_block(logical: int, backend: Backend) -> int:
@@ -176,12 +177,14 @@ def effective_blocks(model: ModelSpec, platform: str, tp: int, argv: list[str] |
     if platform == "cpu" and name == "CPU_MLA":
         block = 16  # "CPU MLA backend requires block_size=16, overriding user-specified block_size"
     attn_page = attn_page_1_token(model, tp, kv_bytes)
-    mpage = mamba_page(model, tp, DTYPE_BYTES[dtype], flag(argv, "--mamba-ssm-cache-dtype")) if model.is_hybrid else None
+    ssm_dtype = flag(argv, "--mamba-ssm-cache-dtype")
+    mpage = mamba_page(model, tp, DTYPE_BYTES[dtype], ssm_dtype) if model.is_hybrid else None
     common = dict(configured=configured, backend=name, prefix_caching=prefix, attn_page_bytes=attn_page,
                   mamba_page_bytes=mpage)
     if model.is_hybrid:
         if attn_page is None or mpage is None:
-            missing = "ssm_state" if mpage is None and attn_page is not None else ("mla" if model.attention == "mla" else "attn, num_kv_heads")
+            missing = "ssm_state" if mpage is None and attn_page is not None else (
+                "mla" if model.attention == "mla" else "attn, num_kv_heads")
             return EffectiveBlocks(logical=None, kernel=None, unknown=f"catalogue entry lacks {missing}", **common)
         block = align_hybrid(block, attn_page, mpage, backend, mla=model.attention == "mla")
     return EffectiveBlocks(logical=block, kernel=kernel_block(block, backend), **common)

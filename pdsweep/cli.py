@@ -48,7 +48,8 @@ def check_argv(ls, cells) -> None:
     for c in cells:
         m = ls.catalogue.models[c.model]
         slot = Slot(0, tuple(range(c.num_gpus)), ls.sweep.defaults.port_base)
-        items += [(c.id, i.name, i.argv) for i in instances(c, slot, ls, model_path(m, c.model, create=False), "python")]
+        specs = instances(c, slot, ls, model_path(m, c.model, create=False), "python")
+        items += [(c.id, i.name, i.argv) for i in specs]
     bad = check_instances(items)
     if bad:
         raise UserError(f"{ls.path}: vLLM refuses {len(bad)} instance argv(s):\n" + "\n".join(bad))

@@ -278,7 +278,8 @@ def only_build(result: GateResult, build: str | None) -> GateResult:
     cells = tuple(c for c in result.cells if c.facts.build == build)
     if not cells:
         have = sorted({c.facts.build for c in result.cells if c.facts.build})
-        raise UserError(f"{result.run_dir}: no cell of build {build!r} (builds in this run: {', '.join(have) or 'none'})")
+        raise UserError(f"{result.run_dir}: no cell of build {build!r} "
+                        f"(builds in this run: {', '.join(have) or 'none'})")
     return dataclasses.replace(result, cells=cells)
 
 

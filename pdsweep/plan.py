@@ -171,8 +171,8 @@ def matrix_combinations(matrix: Any) -> list[dict[str, Any]]:
 def _to_cell(combo: dict[str, Any], ls: LoadedSweep) -> Cell:
     d = ls.sweep.defaults
     v = {k: getattr(d, k) for k in ("prefill_tp", "decode_tp", "prefill_block_size", "decode_block_size",
-                                     "num_prefill", "num_decode", "decode_dp", "kv_buffer_device", "build", "serve_args",
-                                     "env")}
+                                     "num_prefill", "num_decode", "decode_dp", "kv_buffer_device", "build",
+                                     "serve_args", "env")}
     v["kv_buffer_device"] = v["kv_buffer_device"] or ("cpu" if ls.sweep.platform == "cpu" else "cuda")
     for k, val in combo.items():
         if k == "tp":

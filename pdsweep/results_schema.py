@@ -100,7 +100,8 @@ class PlanJson(_File):
     rejected: list[Rejected] | None = None
 
 
-SCHEMAS: dict[str, type[_File]] = {layout.RUN_FILE: RunJson, layout.PLAN_FILE: PlanJson,layout.CELL_FILE: CellJson, layout.STATUS_FILE: StatusJson,
+SCHEMAS: dict[str, type[_File]] = {layout.RUN_FILE: RunJson, layout.PLAN_FILE: PlanJson,
+                                   layout.CELL_FILE: CellJson, layout.STATUS_FILE: StatusJson,
                                    layout.ACCURACY_FILE: AccuracyJson, layout.CONSISTENCY_FILE: ConsistencyJson,
                                    layout.TRANSFER_FILE: TransferJson}
 

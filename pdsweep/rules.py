@@ -102,7 +102,8 @@ def _host_buffer_blocks(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
     p, d, _ = _kernels(c, m, ls)
     if p != d and c.kv_buffer_device == "cpu" and ls.sweep.platform != "cpu":
         return (f"kernel blocks {p}/{d} differ with kv_buffer_device cpu: vLLM nixl/base_worker.py "
-                "_validate_remote_agent_handshake asserts 'Heterogeneous block sizes are not supported with host buffer'")
+                "_validate_remote_agent_handshake asserts 'Heterogeneous block sizes are not supported with host "
+                "buffer'")
     return None
 
 
@@ -178,13 +179,15 @@ def _kv_buffer_device(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
     """``kv_buffer_device`` must be one NIXL accepts on the platform (nixl/utils.py)."""
     allowed = KV_BUFFER_DEVICES[ls.sweep.platform]
     if c.kv_buffer_device not in allowed:
-        return f"kv_buffer_device '{c.kv_buffer_device}' not supported on {ls.sweep.platform} (allowed: {', '.join(allowed)})"
+        return (f"kv_buffer_device '{c.kv_buffer_device}' not supported on {ls.sweep.platform} "
+                f"(allowed: {', '.join(allowed)})")
     return None
 
 
 def _nixl_support(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
     if not m.nixl.supported:
-        return f"NIXL KV transfer unsupported for {c.model}: {m.nixl.reason}" + (f" [{m.nixl.ref}]" if m.nixl.ref else "")
+        ref = f" [{m.nixl.ref}]" if m.nixl.ref else ""
+        return f"NIXL KV transfer unsupported for {c.model}: {m.nixl.reason}{ref}"
     return None
 
 

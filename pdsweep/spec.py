@@ -273,8 +273,9 @@ class ServeArgsVariant(_Strict):
     def _extra_keys(cls, v: dict[str, Any]) -> dict[str, Any]:
         bad = sorted(set(v) - set(KV_TRANSFER_EXTRA_KEYS))
         if bad:
-            raise ValueError(f"kv_transfer_extra: key(s) {bad} not allowed (allowed: {', '.join(KV_TRANSFER_EXTRA_KEYS)}"
-                             "; the connector, role and kv_buffer_device are pdsweep's)")
+            raise ValueError(f"kv_transfer_extra: key(s) {bad} not allowed "
+                             f"(allowed: {', '.join(KV_TRANSFER_EXTRA_KEYS)}; "
+                             "the connector, role and kv_buffer_device are pdsweep's)")
         if not isinstance(v.get("kv_connector_extra_config", {}), dict):
             raise ValueError("kv_transfer_extra.kv_connector_extra_config must be a mapping")
         return v
@@ -474,7 +475,8 @@ class Matrix(_Strict):
                                      "not both")
                 stray = [k for k in ("reason", "ref") if k in e and "expect" not in e]
                 if kind == "include" and stray:
-                    raise ValueError(f"include[{i}]: '{stray[0]}' explains an expected failure: it needs 'expect: fail'")
+                    raise ValueError(f"include[{i}]: '{stray[0]}' explains an expected failure: "
+                                     "it needs 'expect: fail'")
                 if kind == "include" and "expect" in e and not e.get("reason"):
                     raise ValueError(f"include[{i}]: 'expect: fail' needs a 'reason' (and ideally a 'ref')")
                 if kind == "include" and e.get("match") is not None and e.get("expect") != "fail":
@@ -615,7 +617,8 @@ def _validate(model: type[BaseModel], data: Any, path: Path, node: yaml.Node | N
             tag = next((_MODELS[k] for k in raw if k in _MODELS), None)
             loc = tuple(x for x in raw if not (isinstance(x, str) and x.startswith("function-")))
             # pydantic reports union members as extra loc parts ("list[str]", ...): drop them
-            loc = tuple(x for x in loc if not (isinstance(x, str) and ("[" in x or x in ("str", "int", "constrained-int") or x in _MODELS)))
+            member = ("str", "int", "constrained-int")
+            loc = tuple(x for x in loc if not (isinstance(x, str) and ("[" in x or x in member or x in _MODELS)))
             line = _line_of(node, loc)
             msg = err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":

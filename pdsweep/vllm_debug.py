@@ -74,7 +74,8 @@ def install_mla_kv_digest() -> bool:
             uk, uv = live.split([P, V], dim=-1)
             logger.info("PDSWEEP_KVDIGEST weights layer=%d W_UK_T%s vs live %.3g; W_UV%s vs live %.3g; "
                         "kv_b_proj.weight%s stride %s; scale %.6g",
-                        _layer(self), tuple(layer.W_UK_T.shape), (layer.W_UK_T - uk.permute(1, 2, 0)).abs().max().item(),
+                        _layer(self), tuple(layer.W_UK_T.shape),
+                        (layer.W_UK_T - uk.permute(1, 2, 0)).abs().max().item(),
                         tuple(layer.W_UV.shape), (layer.W_UV - uv.transpose(0, 1)).abs().max().item(),
                         tuple(layer.kv_b_proj.weight.shape), layer.kv_b_proj.weight.stride(), self.scale)
         out, lse = mqa(self, q, kv_cache, attn_metadata, layer)

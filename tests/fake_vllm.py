@@ -53,7 +53,7 @@ def bench(argv: list[str]) -> None:
         time.sleep(3600)
     lost = int(os.environ.get("FAKE_BENCH_LOST", "0"))
     done = 0
-    for i in range(args.num_prompts - lost):
+    for _ in range(args.num_prompts - lost):
         r = httpx.post(args.base_url + args.endpoint, timeout=30, json={
             "model": args.model, "prompt": " ".join(["w"] * args.random_input_len),
             "max_tokens": args.random_output_len})

@@ -123,7 +123,8 @@ def make_requests(requests: int, blocks: int, seed: int = 0) -> Requests:
     def split(a: np.ndarray) -> tuple[tuple[int, ...], ...]:
         return tuple(tuple(int(x) for x in a[q * blocks : (q + 1) * blocks]) for q in range(requests))
 
-    return Requests(split(pb), split(db), tuple(int(x) for x in ps[:requests]), tuple(int(x) for x in ds[:requests]), attn_pool, ssm_pool)
+    prefill_slots, decode_slots = tuple(int(x) for x in ps[:requests]), tuple(int(x) for x in ds[:requests])
+    return Requests(split(pb), split(db), prefill_slots, decode_slots, attn_pool, ssm_pool)
 
 
 # ---------------------------------------------------------------- memory
@@ -237,8 +238,10 @@ def _prefill_main(conn: Any, cfg: dict[str, Any]) -> None:
         buf.host.fill(SENTINEL)
         for reg in geom.regions:
             u0, n = reg.shard(lay.tp, lay.rank)
-            view = buf.host[lay.offsets[reg.index] : lay.offsets[reg.index] + lay.pool[reg.index] * lay.page_bytes[reg.index]]
-            view.reshape(lay.pool[reg.index], -1)[:] = pattern(reg.index, np.arange(lay.pool[reg.index]), u0 * reg.unit_bytes, (u0 + n) * reg.unit_bytes, cfg["seed"])
+            i = reg.index
+            view = buf.host[lay.offsets[i] : lay.offsets[i] + lay.pool[i] * lay.page_bytes[i]]
+            view.reshape(lay.pool[i], -1)[:] = pattern(i, np.arange(lay.pool[i]), u0 * reg.unit_bytes,
+                                                       (u0 + n) * reg.unit_bytes, cfg["seed"])
         buf.push()
         agent = make_agent(cfg["name"], cfg["delay_us"])
         reg_descs = agent.register_memory([(buf.addr, buf.nbytes, buf.dev, "")], buf.mem)
@@ -260,7 +263,8 @@ def _prefill_main(conn: Any, cfg: dict[str, Any]) -> None:
                 drain()
                 time.sleep(0.005)
             drain()
-            conn.send(("notifs", {"notifs": notifs, "cpu_s": time.process_time() - cpu0, "serving_s": time.monotonic() - serving}))
+            conn.send(("notifs", {"notifs": notifs, "cpu_s": time.process_time() - cpu0,
+                                  "serving_s": time.monotonic() - serving}))
         finally:
             agent.deregister_memory(reg_descs)
 
@@ -300,7 +304,8 @@ class _Decode:
                 reg = self.geom.regions[rd.region]
                 n = self.lay.pool[rd.region]
                 pages = np.arange(n, dtype=np.uint64)
-                loc.append(self._descs(self.lay.page_addr(self.buf.addr, rd.region, pages) + np.uint64(rd.local_offset), rd.nbytes, self.buf.dev))
+                laddr = self.lay.page_addr(self.buf.addr, rd.region, pages) + np.uint64(rd.local_offset)
+                loc.append(self._descs(laddr, rd.nbytes, self.buf.dev))
                 raddr = remote_lays[rank].page_addr(peers[rank]["base"], rd.region, pages) + np.uint64(rd.remote_offset)
                 rem.append(self._descs(raddr, rd.nbytes, self.cfg["remote_dev"][rank]))
                 bases.append((base, reg))
@@ -385,7 +390,8 @@ class _Decode:
         for reg in self.geom.regions:
             i = reg.index
             page = self.lay.page_bytes[i]
-            pool = host[self.lay.offsets[i] : self.lay.offsets[i] + self.lay.pool[i] * page].reshape(self.lay.pool[i], page)
+            start = self.lay.offsets[i]
+            pool = host[start : start + self.lay.pool[i] * page].reshape(self.lay.pool[i], page)
             if reg.per_request:
                 local, remote = list(self.reqs.decode_slots), list(self.reqs.prefill_slots)
             else:
@@ -428,7 +434,8 @@ def _column_owner(reg: Region, P: int, D: int, d: int, group: list[int]) -> np.n
     if P <= reg.units and reg.kind != "mla":
         owner_units = units // (reg.units // P)
     else:
-        owner_units = np.array([next((r for r in reg.holders(P, int(u)) if r in group), reg.holders(P, int(u))[0]) for u in units])
+        holders = [reg.holders(P, int(u)) for u in units]
+        owner_units = np.array([next((r for r in hs if r in group), hs[0]) for hs in holders])
     return np.repeat(owner_units, reg.unit_bytes)
 
 
@@ -492,8 +499,10 @@ class TransferSession:
         self.device, self.delay_us, self.timeout_s, self.seed = device, progress_delay_us, timeout_s, seed
         for d, p in enumerate(plans):
             bad = [r for r in (*p.transfers, *p.notify_ranks) if not 0 <= r < prefill_tp]
-            if (p.prefill_tp, p.decode_tp, p.decode_rank) != (prefill_tp, decode_tp, d) or bad or len(plans) != decode_tp:
-                raise ValueError(f"plan {d} does not fit prefill TP {prefill_tp} / decode TP {decode_tp} (bad ranks: {bad})")
+            fits = (p.prefill_tp, p.decode_tp, p.decode_rank) == (prefill_tp, decode_tp, d)
+            if not fits or bad or len(plans) != decode_tp:
+                raise ValueError(f"plan {d} does not fit prefill TP {prefill_tp} / decode TP {decode_tp} "
+                                 f"(bad ranks: {bad})")
         self.procs: list[mp.process.BaseProcess] = []
         self.pconns: list[Any] = []
         self.dconns: list[Any] = []
@@ -544,7 +553,8 @@ class TransferSession:
             cfg = {
                 **common, "name": f"pdsweep-d{d}-{tag}", "rank": d, "plan": plan, "requests": self.requests,
                 "layout": rank_layout(self.geometry, self.D, d, *pool), "remote_layouts": p_lays,
-                "remote_dev": {r: self._gpu(r) for r in range(self.P)}, "remote_mem": "VRAM" if self.device == "cuda" else "DRAM",
+                "remote_dev": {r: self._gpu(r) for r in range(self.P)},
+                "remote_mem": "VRAM" if self.device == "cuda" else "DRAM",
                 "gpu": self._gpu(self.P + d), "ucx_log_dir": self.ucx_dir,
             }
             self.dconns.append(self._spawn(_decode_main, cfg))
@@ -846,8 +856,10 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plan", choices=PLANS, default="fixed",
                         help="vLLM read plan: fixed (PR #49297), unfixed (its parent: refuses MLA+SSM at tp_ratio < 0 "
                              "with its assert), unfixed-asserts-off (hypothetical single read)")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cache memory: cpu (DRAM) or cuda (VRAM via torch)")
-    parser.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True, help="check every destination byte")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cache memory: cpu (DRAM) or cuda (VRAM via torch)")
+    parser.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
+                        help="check every destination byte")
     parser.add_argument("--mapping", choices=("auto", "vllm", "builtin"), default="auto",
                         help="source-rank rule: vLLM's compute_tp_mapping (auto: when importable) or pdsweep's copy")
     parser.add_argument("--progress-delay-us", type=int, default=DEFAULT_PROGRESS_DELAY_US,
@@ -916,14 +928,15 @@ def main(args: argparse.Namespace) -> int:
           f"plan {c['plan']}, block_size {c['block_size']}, {c['blocks']} blocks x {c['requests']} request(s), "
           f"device {c['device']}, mapping {c['mapping']}")
     for p in res["plans"]:
-        print(f"  decode rank {p['decode_rank']}: reads ranks {p['read_ranks']} (attention {p['attention_source_ranks']}, "
-              f"SSM {p['ssm_source_ranks']}), notifies {p['notify_ranks']}")
+        print(f"  decode rank {p['decode_rank']}: reads ranks {p['read_ranks']} "
+              f"(attention {p['attention_source_ranks']}, SSM {p['ssm_source_ranks']}), notifies {p['notify_ranks']}")
         for note in p["upstream_notes"]:
             print(f"    note: {note}")
     for r in res["ranks"]:
         print(f"  decode rank {r['decode_rank']}: {r['bytes_per_iteration'] / 2**20:.2f} MiB/iter, "
               f"{r['transfers_per_request']} transfers and {r['descriptors_per_request']} descriptors per request "
-              f"({r['nixl_descriptors_per_request']:.0f} after NIXL merging), {r['us_per_descriptor']:.2f} us/descriptor, "
+              f"({r['nixl_descriptors_per_request']:.0f} after NIXL merging), "
+              f"{r['us_per_descriptor']:.2f} us/descriptor, "
               f"{_fmt_gbps(r['gbps'])} GB/s")
     print(f"transfer: {_fmt_gbps(res['gbps'])} GB/s, host memcpy {_fmt_gbps(res['memcpy_gbps'])} GB/s, "
           f"ratio {res['ratio']:.2f}x memcpy, UCX transport: {res['transport']}")

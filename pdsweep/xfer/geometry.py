@@ -188,7 +188,8 @@ def kv_geometry(name: str, model: ModelSpec, block_size: int, tps: tuple[int, ..
         assert s is not None
         for layer in ssm_layers:
             regions.append(Region(len(regions), layer, "conv", s.conv_dim, (s.conv_kernel - 1) * dt))
-            regions.append(Region(len(regions), layer, "recurrent", s.num_heads, s.head_dim * s.state_dim * DTYPE_BYTES[s.state_dtype]))
+            state_bytes = s.head_dim * s.state_dim * DTYPE_BYTES[s.state_dtype]
+            regions.append(Region(len(regions), layer, "recurrent", s.num_heads, state_bytes))
 
     for tp in tps:
         if tp < 1:

@@ -219,7 +219,8 @@ def vllm_tp_mapping(geometry: KVGeometry, prefill_tp: int, decode_tp: int, decod
     )
 
 
-def tp_mapping(geometry: KVGeometry, prefill_tp: int, decode_tp: int, decode_rank: int, impl: MappingImpl = "auto") -> TPMap:
+def tp_mapping(geometry: KVGeometry, prefill_tp: int, decode_tp: int, decode_rank: int,
+               impl: MappingImpl = "auto") -> TPMap:
     """Source ranks for ``decode_rank``: vLLM's ``compute_tp_mapping`` when ``impl`` is
     ``vllm`` (or ``auto`` and vLLM is importable), else :func:`builtin_tp_mapping`."""
     if impl == "vllm" or (impl == "auto" and vllm_available()):
@@ -311,7 +312,8 @@ def build_read_plan(
         notify = single_read_assumed and len(sources) == 1
     else:
         notify = single_read_assumed
-    notify_ranks = [r for r in handshake_ranks(decode_tp, prefill_tp, decode_rank) if r not in sources] if notify else []
+    handshakes = handshake_ranks(decode_tp, prefill_tp, decode_rank)
+    notify_ranks = [r for r in handshakes if r not in sources] if notify else []
     return ReadPlan(
         plan=plan,
         prefill_tp=prefill_tp,
