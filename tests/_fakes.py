@@ -15,8 +15,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import uvicorn
 from fastapi import FastAPI
+
+from pdsweep.proxy import AppServer
 
 CORPUS = [
     "Q: What is 17 + 25?\nA: 42",
@@ -55,24 +56,13 @@ def build_tokenizer(out_dir: Path, vocab_size: int = 300) -> Path:
 
 @contextlib.contextmanager
 def serve(app: FastAPI) -> Iterator[str]:
-    """Run ``app`` on 127.0.0.1 (ephemeral port) in a thread; yields ``http://127.0.0.1:PORT``.
-    The server is stopped and the thread joined on exit."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                                           lifespan="off"))
-    thread = threading.Thread(target=server.run, name="fake-openai", daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 20
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("fake server did not start")
-            time.sleep(0.01)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=20)
-        assert not thread.is_alive(), "fake server thread did not stop"
+    """Run ``app`` on 127.0.0.1 (ephemeral port) in a thread (:class:`pdsweep.proxy.AppServer`,
+    the proxy's own server); yields ``http://127.0.0.1:PORT``. The server is stopped and the
+    thread joined on exit."""
+    with AppServer(app, startup_timeout_s=20) as srv:
+        name = f"uvicorn-{srv.port}"
+        yield srv.url
+    assert not [t for t in threading.enumerate() if t.name == name], "fake server thread did not stop"
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ import pytest  # noqa: E402
 import yaml  # noqa: E402
 from fastapi import FastAPI, Request  # noqa: E402
 
-from _fakes import block_non_loopback, build_tokenizer, completion, serve  # noqa: E402
+from _fakes import block_non_loopback, completion, serve  # noqa: E402
 from pdsweep import arith  # noqa: E402
 from pdsweep.accuracy import (  # noqa: E402
     api_extra_missing,
@@ -45,11 +45,6 @@ def _solve(question: str) -> int:
     a, op, b = Q.search(question).groups()
     a, b = int(a), int(b)
     return {"+": a + b, "-": a - b, "*": a * b}[op]
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory) -> Path:
-    return build_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
 # ---------------------------------------------------------------- offline task

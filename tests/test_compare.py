@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from fixtures.make_runs import MIXED, OUTSIDE, TASK, acc, case, pd, totals, write_all, write_run
+from fixtures.make_runs import MIXED, OUTSIDE, TASK, acc, case, pd, totals, write_run
 
 from pdsweep import layout
 from pdsweep.compare import IMPROVEMENT, NOT_COMPARABLE, ONLY_A, ONLY_B, REGRESSION, SAME, compare_runs
@@ -30,11 +30,6 @@ FORWARD = {  # compare_runs(fixed, unfixed): the unfixed build regresses
     "tiny-llama.p1d1.b16-16": ONLY_B,
 }
 MIRROR = {REGRESSION: IMPROVEMENT, ONLY_A: ONLY_B, ONLY_B: ONLY_A}
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return write_all(tmp_path_factory.mktemp("runs"))
 
 
 def test_fixed_vs_unfixed_verdicts(runs: dict[str, Path]) -> None:

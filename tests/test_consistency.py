@@ -6,12 +6,11 @@ from __future__ import annotations
 import asyncio
 import zlib
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 from fastapi import FastAPI, HTTPException, Request
 
-from _fakes import block_non_loopback, build_tokenizer, completion, serve
+from _fakes import block_non_loopback, completion, serve
 from pdsweep.consistency import (
     MAX_ABS_DLOGPROB as MAX_ABS_DLOGPROB_PD,
     Prompt,
@@ -28,11 +27,6 @@ from pdsweep.layout import read_json, write_json
 MAX_TOKENS = 8
 # (prompt token ids) -> (token ids, top-1 logprobs)
 Behaviour = Callable[[list[int]], tuple[list[int], list[float]]]
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory) -> Path:
-    return build_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
 @pytest.fixture(scope="module")

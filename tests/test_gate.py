@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from fixtures.make_runs import CON, MIXED, MIXED_REJECTED, OUTSIDE, SSM_LOST, TASK, case, ids, pd, write_all, write_run
+from fixtures.make_runs import CON, MIXED, MIXED_REJECTED, OUTSIDE, SSM_LOST, TASK, case, ids, pd, write_run
 
 from pdsweep import layout
 from pdsweep.errors import GateFailed, UserError
@@ -19,11 +19,6 @@ from pdsweep.spec import GateSpec
 
 ID = ids(MIXED)
 REJECTED_ID = MIXED_REJECTED[0][0].id
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return write_all(tmp_path_factory.mktemp("runs"))
 
 
 @pytest.fixture

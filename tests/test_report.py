@@ -10,17 +10,12 @@ from pathlib import Path
 
 import matplotlib.image
 import pytest
-from fixtures.make_runs import MIXED, MIXED_REJECTED, crashed, case, ids, pd, write_all, write_run
+from fixtures.make_runs import MIXED, MIXED_REJECTED, crashed, case, ids, pd, write_run
 
 from pdsweep.report import write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 DATA_URI = re.compile(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'")
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return write_all(tmp_path_factory.mktemp("runs"))
 
 
 @pytest.fixture(scope="module")
