@@ -30,11 +30,12 @@ from typing import Any
 
 import yaml
 
+from .builds import REPO
 from .layout import write_text
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = REPO
 TASK_NAME = "pdsweep_arith"
 TEMPLATE = REPO_ROOT / "accuracy" / "tasks" / f"{TASK_NAME}.yaml"
 DEFAULT_DATA = REPO_ROOT / ".cache" / "pdsweep" / "data" / "arith.jsonl"

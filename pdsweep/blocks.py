@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from .spec import ModelSpec
 
 if TYPE_CHECKING:
-    from .plan import Cell
+    from .cell import Cell
     from .spec import LoadedSweep
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "half": 2, "float": 4, "fp8": 1}

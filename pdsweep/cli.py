@@ -114,8 +114,8 @@ def plan_dict(sweep: str, gpus: int | None, cells_glob: str | None = None, clust
               check: bool = False) -> dict:
     """The dry run: cells with per-instance argv/env (and node), rejected cells, and the
     schedule; over ``cluster`` (nodes x GPUs) when given, else over one host's ``gpus``."""
-    from .plan import expand, instances, model_path, planned_blocks, reference_of
-    from .run import build_python, select
+    from .builds import build_python
+    from .plan import expand, instances, model_path, planned_blocks, reference_of, select
     from .schedule import detect_gpus, pack
     from .spec import load_sweep
 
@@ -155,7 +155,7 @@ def plan_dict(sweep: str, gpus: int | None, cells_glob: str | None = None, clust
         out_cells.append(d)
     return {"sweep": str(ls.path), "platform": ls.sweep.platform, "gpus": n,
             "nodes": list(cluster.nodes) if cluster else None, "cells": out_cells,
-            "rejected": [{"cell_id": r.cell.id, "rule": r.rule, "reason": r.reason} for r in plan.rejected],
+            "rejected": [r.to_dict() for r in plan.rejected],
             "schedule": sched.to_dict()}
 
 

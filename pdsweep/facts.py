@@ -21,7 +21,7 @@ from pydantic import ConfigDict, ValidationError, create_model
 
 from . import layout
 from .errors import UserError
-from .plan import Cell
+from .cell import Cell
 from .results_schema import type_problem
 from .spec import GateSpec
 from .stats import num

@@ -90,7 +90,7 @@ def build_problems(plan: Plan) -> tuple[list[str], list[str]]:
     """(errors, warnings) for the builds cells use: a ``python`` that is not an executable
     file is an error; a ``venv`` not built yet is a warning (``make baseline-env`` makes
     ``.venv-unfixed`` before ``make sweep`` runs; without it only that build's cells fail)."""
-    from .run import REPO
+    from .builds import venv_python
 
     s, path = plan.loaded.sweep, plan.loaded.path
     errors, warnings = [], []
@@ -99,8 +99,7 @@ def build_problems(plan: Plan) -> tuple[list[str], list[str]]:
         if b.python and not (Path(b.python).is_file() and os.access(b.python, os.X_OK)):
             errors.append(f"{path}: builds.{name}.python: {b.python} is not an executable file")
         elif b.venv:
-            py = Path(b.venv) / "bin" / "python"
-            if not any(p.exists() for p in (py, Path.cwd() / py, REPO / py)):
+            if not venv_python(b.venv).exists():
                 warnings.append(f"{path}: builds.{name}.venv: {b.venv}/bin/python does not exist yet (for the "
                                 f"unfixed baseline: `make baseline-env`); until then cells of build {name} fail")
     return errors, warnings

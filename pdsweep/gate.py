@@ -24,7 +24,7 @@ from . import layout
 from .errors import GateFailed
 from .facts import CellFacts, CellFiles, cell_facts, cell_from_dict, load_files, read_index, run_gate_spec, show, \
     task_score, worst_prompt
-from .plan import Cell
+from .cell import Cell
 from .spec import GateSpec
 from .stats import num
 

@@ -9,6 +9,7 @@ new combination when it fits none.
 
 from __future__ import annotations
 
+import fnmatch
 import itertools
 import json
 import os
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import rules
+from .cell import Cell, Rejected
 from .errors import UserError
 from .spec import AXES, EXPECT_KEYS, LoadedSweep, ModelSpec
 
@@ -36,97 +38,6 @@ CPU_NUM_BLOCKS = 256
 CPU_PLUGIN_ENV = {"PDSWEEP_NIXL_PROGRESS_DELAY_US": "1000", "PDSWEEP_CPU_AMX_PERMISSION": "1",
                   "PDSWEEP_SHM_BUSY_LOOP_S": "0.01", "PDSWEEP_ENGINE_IDLE_STEP_S": "0.02",
                   "PDSWEEP_CPU_ROPE_STRIDES": "1", "PDSWEEP_CPU_MLA_LOGICAL_BLOCKS": "1"}
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One PD deployment (``kind='pd'``) or a single-instance reference (``kind='ref'``)."""
-
-    model: str
-    prefill_tp: int
-    decode_tp: int
-    prefill_block_size: int
-    decode_block_size: int
-    num_prefill: int
-    num_decode: int
-    kv_buffer_device: str
-    build: str
-    serve_args: str = "base"
-    env: str = "base"
-    decode_dp: int = 1
-    kind: str = "pd"
-    platform: str = "cuda"
-    expect_fail: bool = False
-    expect_reason: str | None = None
-    expect_ref: str | None = None
-    expect_match: str | None = None  # regex the failure's signature must match (gate)
-    expect_vllm: str | None = None  # the expectation holds for builds in this vLLM range (pdsweep.expectations)
-    expect_without: tuple[str, ...] = ()  # ... and lacking one of these fixes (pdsweep.fixprobes)
-    expect_note: str | None = None  # whether it applies to this cell's build, and why
-
-    @property
-    def id(self) -> str:
-        """Stable, readable id, e.g. ``kimi-linear.p2d1.b128-128.fixed``."""
-        if self.kind == "ref":
-            parts = [self.model, f"ref-tp{self.decode_tp}", f"b{self.decode_block_size}", self.build]
-        else:
-            parts = [self.model, f"p{self.prefill_tp}d{self.decode_tp}",
-                     f"b{self.prefill_block_size}-{self.decode_block_size}", self.build]
-            if (self.num_prefill, self.num_decode) != (1, 1):
-                parts.append(f"{self.num_prefill}x{self.num_decode}")
-            if self.decode_dp != 1:
-                parts.append(f"ddp{self.decode_dp}")
-        if self.kv_buffer_device != self.platform:  # e.g. host staging on a GPU node
-            parts.append(f"kvbuf-{self.kv_buffer_device}")
-        if self.serve_args != "base":
-            parts.append(self.serve_args)
-        if self.env != "base":
-            parts.append(f"env-{self.env}")
-        return ".".join(parts)
-
-    @property
-    def compare_key(self) -> str:
-        """The id without the build, to line up fixed and unfixed runs of one cell (the build
-        is the id part after the model's and the two TP/block parts, wherever the name recurs)."""
-        parts = self.id.split(".")
-        at = self.model.count(".") + 3
-        return ".".join(parts[:at] + parts[at + 1:])
-
-    @property
-    def tp_ratio(self) -> int:
-        return rules.tp_ratio(self.prefill_tp, self.decode_tp)
-
-    @property
-    def num_ranks(self) -> int:
-        """Model-executing ranks: num_prefill*prefill_tp + num_decode*decode_tp (ref: decode_tp)."""
-        if self.kind == "ref":
-            return self.decode_tp
-        return self.num_prefill * self.prefill_tp + self.num_decode * self.decode_tp * self.decode_dp
-
-    @property
-    def num_gpus(self) -> int:
-        """GPUs the cell holds: one per rank on cuda, none on cpu."""
-        return self.num_ranks if self.platform == "cuda" else 0
-
-    def reference(self, build: str | None = None, serve_args: str | None = None) -> Cell:
-        """The single-instance (non-PD) reference of this cell at the decode TP, on
-        ``build`` (the sweep's default build: the single-instance path never touches the
-        KV connector, so one reference serves the fixed and the unfixed build), with the
-        ``serve_args`` variant (default: the cell's; see :func:`reference_of`)."""
-        return replace(self, kind="ref", build=build or self.build, serve_args=serve_args or self.serve_args,
-                       prefill_tp=self.decode_tp, prefill_block_size=self.decode_block_size,
-                       num_prefill=0, num_decode=1, decode_dp=1, expect_fail=False, expect_reason=None, expect_ref=None,
-                       expect_match=None, expect_vllm=None, expect_without=(), expect_note=None)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, **asdict(self)}
-
-
-@dataclass(frozen=True)
-class Rejected:
-    cell: Cell
-    rule: str
-    reason: str
 
 
 @dataclass
@@ -201,7 +112,7 @@ def resolve_for_plan(cell: Cell, ls: LoadedSweep) -> Cell:
     if not conditional(cell):
         return cell
     from .fixprobes import probe_python
-    from .run import build_python
+    from .builds import build_python
 
     try:
         python = build_python(ls, cell.build)
@@ -243,6 +154,17 @@ def expand(ls: LoadedSweep) -> Plan:
             refs.setdefault(r.id, r)
         plan.cells.extend(refs.values())
     return plan
+
+
+def select(plan: Plan, pattern: str | None) -> list[Cell]:
+    """Cells of ``plan`` matching ``pattern`` (glob on the id; None: all), plus the
+    references they need."""
+    if not pattern:
+        return list(plan.cells)
+    chosen = [c for c in plan.cells if fnmatch.fnmatch(c.id, pattern)]
+    refs = ({reference_of(c, plan.loaded).id for c in chosen if c.kind == "pd"}
+            if plan.loaded.sweep.eval.reference else set())
+    return [c for c in plan.cells if c in chosen or c.id in refs]
 
 
 def reference_of(cell: Cell, ls: LoadedSweep) -> Cell:

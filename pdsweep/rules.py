@@ -11,27 +11,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from . import blocks
+from .topology import tp_ratio
 
 if TYPE_CHECKING:
-    from .plan import Cell
+    from .cell import Cell
     from .spec import LoadedSweep, ModelSpec
 
 # kv_buffer_device accepted per platform: nixl/utils.py, _NIXL_SUPPORTED_DEVICE.
 KV_BUFFER_DEVICES = {"cuda": ("cuda", "cpu"), "cpu": ("cpu",), "xpu": ("cpu", "xpu")}
-
-
-def tp_ratio(prefill_tp: int, decode_tp: int) -> int:
-    """vLLM's ``tp_ratio`` seen from the decode (local) side.
-
-    ``decode_tp // prefill_tp`` (> 0) when decode TP >= prefill TP, else
-    ``-(prefill_tp // decode_tp)`` (< 0). Mirrors ``TransferTopology.tp_ratio``
-    (``kv_connector/utils.py``). Raises ``ValueError`` when the larger TP is not a
-    multiple of the smaller (vLLM asserts).
-    """
-    hi, lo = max(prefill_tp, decode_tp), min(prefill_tp, decode_tp)
-    if hi % lo:
-        raise ValueError(f"TP {hi} is not a multiple of TP {lo}")
-    return decode_tp // prefill_tp if decode_tp >= prefill_tp else -(prefill_tp // decode_tp)
 
 
 def _tp_multiple(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from . import arith
+from .builds import REPO
 from .errors import UserError
 from .spec import ModelSpec
 
@@ -276,7 +277,7 @@ def _fingerprint(name: str, model: ModelSpec) -> str:
 def default_cache_dir() -> Path:
     """``$PDSWEEP_CACHE``, else ``<repo>/.cache/pdsweep/models``."""
     env = os.environ.get("PDSWEEP_CACHE")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / ".cache" / "pdsweep" / "models"
+    return Path(env) if env else REPO / ".cache" / "pdsweep" / "models"
 
 
 def checkpoint_dir(name: str, model: ModelSpec, cache_dir: Path | None = None, create: bool = True) -> Path:

@@ -43,7 +43,7 @@ from typing import Literal
 
 import numpy as np
 
-from ..rules import tp_ratio  # one implementation: vLLM TransferTopology.tp_ratio
+from ..topology import handshake_ranks, tp_ratio  # noqa: F401  (re-exported: readplan's API)
 from .geometry import KVGeometry, Region
 
 PlanKind = Literal["fixed", "unfixed", "unfixed-asserts-off"]
@@ -129,13 +129,7 @@ class ReadPlan:
         return sum(1 if regs[r.region].per_request else blocks for r in self.reads)
 
 
-def handshake_ranks(decode_tp: int, prefill_tp: int, decode_rank: int) -> list[int]:
-    """Prefill ranks decode rank ``decode_rank`` handshakes with (vLLM
-    ``TransferTopology.handshake_target_ranks``, no DCP)."""
-    ratio = tp_ratio(prefill_tp, decode_tp)
-    if ratio > 0:
-        return [decode_rank // ratio]
-    return [decode_rank * -ratio + i for i in range(-ratio)]
+
 
 
 def builtin_tp_mapping(geometry: KVGeometry, prefill_tp: int, decode_tp: int, decode_rank: int) -> TPMap:
