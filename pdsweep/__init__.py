@@ -1,10 +1,31 @@
 """pdsweep: accuracy and transfer-performance sweeps for vLLM prefill/decode (PD)
 disaggregation over the NIXL KV connector.
 
-Pipeline (one module per stage): spec -> plan -> schedule (placement over nodes) -> deploy
-(launchers: local | slurm, proxy)
--> measure (accuracy, consistency, metrics, load) -> layout (results) -> gate / compare
-/ report.
+Pipeline: spec -> plan -> schedule (placement over nodes) -> deploy (launchers: local |
+slurm, proxy) -> measure (accuracy, consistency, metrics, load) -> run (writes the results
+layout) -> facts -> gate / compare -> render / report -> cli.
+
+Module order. Every module of the package, in pipeline order, one stage a line; a module
+imports only modules listed before it (its own line included, left to right), never a
+later one. tests/test_layers.py reads this list and fails on any import going up it, lazy
+and type-only imports included, and on a module missing from it.
+
+    leaves:      pdsweep errors stats topology endpoints guards logscan progress expectations
+    in-vllm:     vllm_debug cpu_models.mla_mamba2 cpu_models vllm_plugin
+    environment: unfix fixprobes argcheck
+    spec:        layout results_schema spec
+    inputs:      builds arith evaltasks tinytrain tinymodels ports
+    plan:        cell blocks rules plan budgets xfer.geometry xfer.readplan xfer
+    schedule:    placement schedule
+    deploy:      launchers.base launchers.local launchers.slurm launchers launcher proxy deploy
+    measure:     metrics accuracy consistency evalproc measure judge xfer.bench
+    run:         feasible run
+    results:     facts gate compare render report
+    cli:         cli __main__
+
+``in-vllm`` runs inside vLLM's engine processes (the ``vllm.general_plugins`` entry
+point); ``environment`` builds and inspects vLLM installs (the unfixed baseline);
+``inputs`` are what a plan names (interpreters, tiny checkpoints, the arithmetic task).
 """
 
 __version__ = "0.1.0"

@@ -27,6 +27,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
 
 from . import arith
+from .endpoints import completions_url
 from .errors import UserError
 from .layout import write_text
 from .spec import EvalSpec
@@ -84,19 +85,6 @@ def load_expected(path: Path = EXPECTED_FILE) -> dict[str, dict[str, dict[str, A
 
 
 # ---------------------------------------------------------------- lm-eval
-def completions_url(base_url: str, chat: bool = False) -> str:
-    """Full endpoint URL: a URL ending in ``/completions`` is kept (``/v1/completions``
-    becomes ``/v1/chat/completions`` when ``chat``); a server root or ``.../v1`` gets the
-    path appended."""
-    url = base_url.rstrip("/")
-    path = "/chat/completions" if chat else "/completions"
-    if url.endswith("/chat/completions"):
-        return url if chat else url[: -len("/chat/completions")] + path
-    if url.endswith("/completions"):
-        return url[: -len("/completions")] + path
-    return (url if url.endswith("/v1") else url + "/v1") + path
-
-
 def _stderr(x: Any) -> float | str | None:
     """lm-eval's stderr: a float, or the string ``"N/A"`` (one sample, or bootstrap off)."""
     if isinstance(x, str):

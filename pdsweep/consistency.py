@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .accuracy import completions_url
+from .endpoints import completions_url
 from .errors import UserError
 
 log = logging.getLogger(__name__)

@@ -416,7 +416,7 @@ def _signature_matches(pattern: str, reasons: list[str], status: dict[str, Any])
         return False
 
 
-NEEDS_GPUS = "needs-gpus"  # run.json rule of a valid cell the host had too few GPUs for
+NEEDS_GPUS = layout.NEEDS_GPUS  # run.py imports it from here: remove after the issue-13 merge
 
 
 def gate_run(run_dir: Path, gate: GateSpec | None = None) -> GateResult:
@@ -452,7 +452,7 @@ def gate_run(run_dir: Path, gate: GateSpec | None = None) -> GateResult:
         if cid in rejected:
             rule, reason = rejected[cid]
             # invalid cells are SKIPPED; valid cells this host could not place were meant to run: FAIL
-            verdict = FAIL if rule == NEEDS_GPUS else SKIPPED
+            verdict = FAIL if rule == layout.NEEDS_GPUS else SKIPPED
             if verdict == FAIL:
                 reason = f"{cid}: not run: {reason}"
             results.append(CellResult(cid, entry.get("kind") or (fallback.kind if fallback else "pd"), verdict,

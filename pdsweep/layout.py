@@ -46,6 +46,7 @@ EVAL_RAW = "eval.json"  # raw lm-eval figures per task (judged into accuracy.jso
 PROBE_RAW = "probe.json"  # raw greedy tokens + logprobs (judged into consistency.json)
 
 FINAL_STATUSES = ("ok", "failed")  # --resume skips cells with one of these
+NEEDS_GPUS = "needs-gpus"  # run.json rejected-cell rule: a valid cell the host had too few GPUs for (gate: FAIL)
 
 
 def _clean(obj: Any) -> Any:
@@ -169,12 +170,3 @@ def cell_status(run_dir: Path, cell_id: str) -> str | None:
     """``ok``/``failed``/... from the cell's status.json, or None when it has none."""
     data = read_json_or_none(cell_dir(run_dir, cell_id) / STATUS_FILE)
     return data.get("status") if data else None
-
-
-def iter_cell_dirs(run_dir: Path) -> list[Path]:
-    """Cell directories of a run, in run.json order when present, else sorted."""
-    run_dir = Path(run_dir)
-    index = read_json_or_none(run_dir / RUN_FILE)
-    if index and "cells" in index:
-        return [run_dir / cid for cid in index["cells"]]
-    return sorted(p for p in run_dir.iterdir() if p.is_dir() and (p / CELL_FILE).exists())
