@@ -10,10 +10,10 @@ imports only modules listed before it (its own line included, left to right), ne
 later one. tests/test_layers.py reads this list and fails on any import going up it, lazy
 and type-only imports included, and on a module missing from it.
 
-    leaves:      pdsweep errors stats topology endpoints guards logscan progress expectations
+    leaves:      pdsweep errors layout stats topology endpoints guards logscan progress expectations
     in-vllm:     vllm_debug cpu_models.mla_mamba2 cpu_models vllm_plugin
     environment: unfix fixprobes argcheck
-    spec:        layout results_schema spec
+    spec:        results_schema spec
     inputs:      builds arith evaltasks tinytrain tinymodels ports
     plan:        cell blocks rules plan budgets xfer.geometry xfer.readplan xfer
     schedule:    placement schedule

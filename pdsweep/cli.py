@@ -1,6 +1,7 @@
 """``pdsweep`` command line. Each subcommand is (name, help, add_args, main); errors are
-caught once here: ``UserError`` (and ``OSError``) -> message, exit 2; ``GateFailed`` ->
-message, exit 1; anything else is a pdsweep bug: traceback, exit 3 (README "Exit codes")."""
+caught once, by :func:`pdsweep.errors.run_main`: ``UserError`` -> message, exit 2;
+``GateFailed`` -> message, exit 1; anything else (an ``OSError`` included) is a pdsweep
+bug or an environment fault: traceback, exit 3 (README "Exit codes")."""
 
 from __future__ import annotations
 
@@ -9,11 +10,10 @@ import json
 import logging
 import shlex
 import sys
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from .errors import EXIT_GATE_FAILED, EXIT_INTERNAL, EXIT_USER_ERROR, GateFailed, UserError
+from .errors import EXIT_INTERRUPTED, GateFailed, UserError, run_main
 
 
 # ---------------------------------------------------------------- validate / plan
@@ -270,7 +270,7 @@ def _run(args: argparse.Namespace) -> int:
         run_dir = run_sweep(args.sweep, opts)
     except KeyboardInterrupt:
         print("interrupted: every process this run started was stopped; finish with --resume", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     print(run_dir)
     return 0
 
@@ -414,22 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(argv).parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        return int(args.func(args) or 0)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_USER_ERROR
-    except GateFailed as e:
-        print(str(e), file=sys.stderr)
-        return EXIT_GATE_FAILED
-    except OSError as e:  # an output path that is a file, a read-only results dir, ...
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_USER_ERROR
-    except Exception:  # a bug in pdsweep, not bad input or a verdict: say so, with the traceback
-        traceback.print_exc()
-        print(f"internal error in pdsweep (exit {EXIT_INTERNAL}): please report it with the traceback above",
-              file=sys.stderr)
-        return EXIT_INTERNAL
+    return run_main(lambda: args.func(args))
 
 
 if __name__ == "__main__":

@@ -60,45 +60,40 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
-def _temp_beside(path: Path) -> tuple[int, str]:
-    """A temp file in ``path``'s directory (for an atomic replace); an error names ``path``."""
+def write_text(path: Path, text: str, fsync: bool = False, mode: int | None = None) -> Path:
+    """Atomically write a text file (UTF-8): a temp file in the same directory, then
+    ``os.replace`` (``fsync``: flushed to disk first; ``mode``: its permission bits). The
+    file at ``path`` is replaced by a new inode, never opened for writing (so a hardlink
+    into another tree is left alone). Returns ``path``. Raises
+    ``UserError`` naming ``path`` when it cannot be written (a read-only directory, a
+    full disk): the run's environment, not a pdsweep bug."""
+    path = Path(path)
+    tmp: str | None = None
     try:
-        return tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+        tmp = None
     except OSError as e:
-        raise UserError(f"{path}: cannot write: {e.strerror} ({path.parent})") from None
+        raise UserError(f"{path}: cannot write: {e.strerror or e} ({path.parent})") from None
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+    return path
 
 
 def write_json(path: Path, data: dict[str, Any]) -> Path:
-    """Atomically write ``data`` (plus ``schema``) to ``path``; returns ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Atomically write ``data`` (plus ``schema``; NaN/inf as null) to ``path``, flushed to
+    disk; returns ``path``. Raises ``UserError`` as :func:`write_text` does."""
     payload = json.dumps({"schema": SCHEMA, **_clean(data)}, indent=2, sort_keys=False, default=str)
-    fd, tmp = _temp_beside(path)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(payload + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def write_text(path: Path, text: str) -> Path:
-    """Atomically write a text file (reports, summaries)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = _temp_beside(path)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_text(path, payload + "\n", fsync=True)
 
 
 def check_writable(path: Path) -> Path:

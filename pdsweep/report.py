@@ -28,6 +28,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
 from . import layout
+from .errors import UserError
 from .compare import SAME, CompareResult, compare_cells, compare_results
 from .gate import FAIL, PASS, SKIPPED, XFAIL, XPASS, CellResult, GateResult, gate_run
 from .render import COMPARE_COLUMNS, SUMMARY_COLUMNS, compare_rows, md_escape, md_table, summary_rows
@@ -333,9 +334,10 @@ def write_report(run_dir: Path, out_dir: Path | None = None, compare_with: Path 
     layout.check_writable(out / "report.md")  # before any work
     result = gate_run(run_dir)
     other = gate_run(Path(compare_with)) if compare_with else None
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out, prefix=".report-"))
+    tmp = None
     try:
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=out, prefix=".report-"))
         made = _write_report_files(result, _comparisons(result, other), run_dir, tmp, compare_with is not None)
         final = {}
         for kind, p in made.items():
@@ -344,8 +346,11 @@ def write_report(run_dir: Path, out_dir: Path | None = None, compare_with: Path 
             os.replace(p, dest)
             final[kind] = dest
         return final
+    except OSError as e:  # matplotlib's savefig included: the out directory, not pdsweep
+        raise UserError(f"{out}: cannot write the report: {e.strerror or e}") from None
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _write_report_files(result: GateResult, cmps: list[CompareResult], run_dir: Path, out: Path,

@@ -35,7 +35,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import EXIT_OK, EXIT_USER_ERROR, UserError
+from . import layout
+from .errors import EXIT_OK, InternalError, UserError, run_main
 
 NIXL_DIR = "vllm/distributed/kv_transfer/kv_connector/v1/nixl"
 PULL_WORKER = f"{NIXL_DIR}/pull_worker.py"
@@ -283,12 +284,12 @@ def _unfixed_texts(site_packages: Path, version: str) -> tuple[Shape, dict[str, 
     for rel, text in out.items():
         bad = [want for f, want in shape.checks if f == rel and text.count(want) != 1]
         if bad:
-            raise UserError(f"BUG: unfixing vLLM {version} leaves {rel} without exactly one of:\n    "
+            raise InternalError(f"unfixing vLLM {version} leaves {rel} without exactly one of:\n    "
                             + "\n    ".join(b.rstrip() for b in bad))
         try:
             compile(text, str(site_packages / rel), "exec")
         except SyntaxError as err:
-            raise UserError(f"BUG: unfixed {rel} of vLLM {version} does not compile: {err}") from err
+            raise InternalError(f"unfixed {rel} of vLLM {version} does not compile: {err}") from err
     return shape, out
 
 
@@ -316,16 +317,7 @@ def _write_new_file(path: Path, text: str) -> None:
 
     Never opens ``path`` for writing: it may be a hardlink into the fixed venv.
     """
-    mode = path.stat().st_mode & 0o7777
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    layout.write_text(path, text, mode=path.stat().st_mode & 0o7777)
 
 
 def apply_unfix(site_packages: Path, version: str) -> dict[str, str]:
@@ -528,10 +520,10 @@ def make_baseline_env(fixed_python: str, dest: Path) -> Path:
     site = dest / site_rel
     after = {rel: _sha256(fixed_site / rel) for rel in PATCHED_FILES}
     if after != fixed_sha:
-        raise UserError(f"BUG: building {dest} changed the fixed vLLM files in {fixed_site}")
+        raise InternalError(f"building {dest} changed the fixed vLLM files in {fixed_site}")
     same = [rel for rel, sha in patched_sha.items() if sha == fixed_sha[rel]]
     if same:
-        raise UserError(f"BUG: patched files identical to the fixed ones: {same}")
+        raise InternalError(f"patched files identical to the fixed ones: {same}")
     _verify_import(dest / "bin" / "python", site)
     marker["verified"] = True
     (dest / MARKER).write_text(json.dumps(marker, indent=2))
@@ -568,8 +560,5 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(add_cli_args(argparse.ArgumentParser(prog="python -m pdsweep.unfix")).parse_args()))
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(EXIT_USER_ERROR)
+    args = add_cli_args(argparse.ArgumentParser(prog="python -m pdsweep.unfix")).parse_args()
+    sys.exit(run_main(lambda: main(args)))

@@ -483,11 +483,11 @@ def test_output_below_a_file_is_named_before_gating(run_dir: Path, tmp_path: Pat
 
 
 def test_write_failure_still_prints_the_verdict(run_dir: Path, tmp_path: Path, capsys, monkeypatch) -> None:
-    import pdsweep.render
+    import pdsweep.layout
 
     def fail(*a, **k):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(pdsweep.render, "write_summary", fail)
+    monkeypatch.setattr(pdsweep.layout.os, "replace", fail)
     assert main(["gate", str(run_dir), "--junit", str(tmp_path / "j.xml"), "--summary", str(tmp_path / "s.md")]) == 2
     err = capsys.readouterr().err
     assert "gate: PASSED: 2 PASS" in err and "No space left" in err

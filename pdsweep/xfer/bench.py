@@ -169,18 +169,20 @@ class _Buffer:
 
 
 def check_device(device: str) -> None:
-    """Raise ``RuntimeError`` when ``device`` cannot be used (``cuda`` needs torch with
+    """Raise ``UserError`` when ``device`` cannot be used here (``cuda`` needs torch with
     CUDA and a visible GPU)."""
+    from ..errors import UserError
+
     if device == "cpu":
         return
     if device != "cuda":
-        raise ValueError(f"device must be cpu or cuda, got {device!r}")
+        raise UserError(f"device must be cpu or cuda, got {device!r}")
     try:
         import torch
     except ImportError:
-        raise RuntimeError("--device cuda needs torch with CUDA; torch is not importable") from None
+        raise UserError("--device cuda needs torch with CUDA; torch is not importable") from None
     if not torch.cuda.is_available():
-        raise RuntimeError(f"--device cuda needs torch with CUDA; torch {torch.__version__} sees no CUDA device")
+        raise UserError(f"--device cuda needs torch with CUDA; torch {torch.__version__} sees no CUDA device")
 
 
 # ---------------------------------------------------------------- NIXL agents
@@ -894,35 +896,26 @@ def _fmt_gbps(x: float) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run the benchmark, print a summary; 0 when verification passes (or is off), 1
-    when it fails, 2 on bad input."""
-    from ..errors import UserError
+    """Run the benchmark, print a summary; returns 0 when verification passes (or is
+    off). Raises ``GateFailed`` when it fails or the unfixed plan refuses (exit 1),
+    ``UserError`` on bad input (exit 2); a rank process that fails raises
+    ``RuntimeError`` (exit 3, with its traceback). Codes: :func:`pdsweep.errors.run_main`."""
+    from ..errors import GateFailed, UserError
     from ..layout import write_json
 
+    check_device(args.device)
+    model = _find_model(args.models, args.model)
     try:
-        check_device(args.device)
-    except (RuntimeError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
-        model = _find_model(args.models, args.model)
         res = run_transfer_bench(
             args.model, model, args.prefill_tp, args.decode_tp, args.block_size, args.blocks, args.plan,
             args.device, args.verify, requests=args.requests, iters=args.iters,
             progress_delay_us=args.progress_delay_us, mapping=args.mapping,
         )
-    except UnfixedPlanAsserts as e:  # what the unfixed build does: a failure, not bad input
+    except UnfixedPlanAsserts as e:  # what the unfixed build does: a failed verdict, not bad input
         print(f"refused before reading: {e}")
-        return 1
-    except (UserError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except RuntimeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:  # the session has stopped its rank processes by now
-        print("interrupted", file=sys.stderr)
-        return 130
+        raise GateFailed("bench transfer: the read plan refuses this TP pair (as the unfixed build does)") from None
+    except ValueError as e:  # a TP pair or geometry the read plans cannot have
+        raise UserError(str(e)) from None
     c = res["config"]
     print(f"{c['model']} prefill TP {c['prefill_tp']} -> decode TP {c['decode_tp']} (tp_ratio {c['tp_ratio']}), "
           f"plan {c['plan']}, block_size {c['block_size']}, {c['blocks']} blocks x {c['requests']} request(s), "
@@ -968,13 +961,16 @@ def main(args: argparse.Namespace) -> int:
         for i in v[what]:
             print(f"  {what.upper()}: decode rank {i['decode_rank']} layer {i['layer']} ({i['kind']}) "
                   f"from prefill rank {i['prefill_rank']}: {i['bytes']} bytes in {i['pages']} page(s)")
-    return 1
+    raise GateFailed(f"bench transfer: verification FAILED ({v['stray_bytes']} stray bytes)")
 
 
 def _cli(argv: list[str] | None = None) -> int:
+    from ..errors import run_main
+
     parser = argparse.ArgumentParser(prog="python -m pdsweep.xfer.bench", description=__doc__.splitlines()[0])
     add_cli_args(parser)
-    return main(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    return run_main(lambda: main(args))
 
 
 if __name__ == "__main__":
