@@ -21,8 +21,10 @@ import pytest
 
 from pdsweep.spec import load_catalogue
 from pdsweep.xfer import bench as xb
+from pdsweep.xfer.memory import make_requests
 from pdsweep.xfer.geometry import kv_geometry
 from pdsweep.xfer.readplan import handshake_ranks
+from pdsweep.xfer.session import TransferSession
 
 pytest.importorskip("nixl_cu13._api", reason="nixl_cu13 (NIXL Python bindings) is not installed")
 
@@ -33,9 +35,9 @@ ROUNDS = 3
 def _run(benchmark, name: str, P: int, D: int, block_size: int, blocks: int, plan: str) -> dict:
     geometry = kv_geometry(name, CAT.models[name], block_size, (P, D))
     plans = xb.plans_for(geometry, P, D, plan, mapping="builtin")
-    reqs = xb.make_requests(1, blocks)
+    reqs = make_requests(1, blocks)
     runs: list = []
-    with xb.TransferSession(geometry, P, D, plans, reqs) as s:
+    with TransferSession(geometry, P, D, plans, reqs) as s:
         benchmark.pedantic(lambda: runs.append(s.iterate()), setup=s.reset, rounds=ROUNDS, warmup_rounds=1, iterations=1)
         memcpy_s = s.memcpy(xb.bytes_per_rank(plans, geometry, blocks, 1))
         verification = xb.summarise_verification(s.verify())

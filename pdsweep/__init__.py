@@ -18,7 +18,8 @@ and type-only imports included, and on a module missing from it.
     plan:        cell blocks rules plan budgets xfer.geometry xfer.readplan xfer
     schedule:    placement schedule
     deploy:      launchers.base launchers.local launchers.slurm launchers launcher proxy deploy
-    measure:     metrics accuracy consistency evalproc measure judge xfer.bench
+    measure:     metrics accuracy consistency evalproc measure judge
+    bench:       xfer.memory xfer.rank xfer.session xfer.bench
     run:         feasible run
     results:     facts gate compare render report
     cli:         cli __main__

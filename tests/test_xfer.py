@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from pdsweep.spec import ModelSpec, load_catalogue
-from pdsweep.xfer import bench
+from pdsweep.metrics import parse_ucx_proto_info
+from pdsweep.xfer import memory, rank
+from pdsweep.xfer.bench import BenchConfig, run_transfer_bench
 from pdsweep.xfer.geometry import kv_geometry, layer_positions
 from pdsweep.xfer.readplan import (
     build_read_plan,
@@ -20,6 +22,7 @@ from pdsweep.xfer.readplan import (
     vllm_available,
     vllm_tp_mapping,
 )
+from pdsweep.xfer.session import TransferSession
 
 ROOT = Path(__file__).resolve().parents[1]
 CAT = load_catalogue(ROOT / "sweeps" / "models.yaml")
@@ -218,20 +221,20 @@ def test_builtin_mapping_equals_vllm_compute_tp_mapping(name):
 # ---------------------------------------------------------------- pattern, attribution, UCX parsing
 def test_pattern_is_sliceable_and_never_sentinel():
     pages = np.array([0, 5, 9])
-    full = bench.pattern(3, pages, 0, 1003)
-    assert full.shape == (3, 1003) and full.max() < bench.SENTINEL
-    np.testing.assert_array_equal(bench.pattern(3, pages, 7, 501), full[:, 7:501])  # unaligned slice
-    assert (bench.pattern(4, pages, 0, 1003) != full).mean() > 0.9  # other region
+    full = memory.pattern(3, pages, 0, 1003)
+    assert full.shape == (3, 1003) and full.max() < memory.SENTINEL
+    np.testing.assert_array_equal(memory.pattern(3, pages, 7, 501), full[:, 7:501])  # unaligned slice
+    assert (memory.pattern(4, pages, 0, 1003) != full).mean() > 0.9  # other region
     assert (full[0] != full[1]).mean() > 0.9  # other page
 
 
 def test_column_owner_attributes_ssm_and_mla():
     g = geom("kimi-linear", 16, (2, 1))
     conv = next(r for r in g.regions if r.kind == "conv")
-    owner = bench._column_owner(conv, 2, 1, 0, [0, 1])
+    owner = rank._column_owner(conv, 2, 1, 0, [0, 1])
     assert (owner[:36864] == 0).all() and (owner[36864:] == 1).all()
     mla = g.regions[0]
-    assert set(bench._column_owner(mla, 4, 2, 1, [2, 3]).tolist()) == {2}
+    assert set(rank._column_owner(mla, 4, 2, 1, [2, 3]).tolist()) == {2}
 
 
 def test_parse_ucx_proto_info():
@@ -247,13 +250,13 @@ def test_parse_ucx_proto_info():
 [1.1] [vm:1 :0]   | active message by ucp_am_send*(egr) from host memory |
 [1.1] [vm:1 :0]   | 0..inf | short | posix/memory |
 """
-    assert bench.parse_ucx_proto_info(text) == ["cma/memory", "tcp/lo"]
-    assert bench.parse_ucx_proto_info("nothing here") == []
+    assert parse_ucx_proto_info(text) == ["cma/memory", "tcp/lo"]
+    assert parse_ucx_proto_info("nothing here") == []
 
 
 def test_make_agent_refuses_zero_delay():
     with pytest.raises(ValueError, match="busy-spins"):
-        bench.make_agent("x", 0)
+        rank.make_agent("x", 0)
 
 
 # ---------------------------------------------------------------- real NIXL
@@ -268,7 +271,8 @@ def _nixl():
 def test_nixl_fixed_verifies_and_unfixed_reports_missing_ssm_shards():
     _nixl()
     model = CAT.models["tiny-kimi-linear"]
-    ok = bench.run_transfer_bench("tiny-kimi-linear", model, 2, 1, blocks=4, plan="fixed", iters=1, mapping="builtin")
+    ok = run_transfer_bench(BenchConfig("tiny-kimi-linear", model, 2, 1, blocks=4, plan="fixed", iters=1,
+                                        mapping="builtin"))
     v = ok["verification"]
     assert v["ok"] is True and v["missing"] == [] and v["wrong"] == [] and v["stray_bytes"] == 0
     assert v["checked_bytes"] > 0 and ok["gbps"] > 0 and ok["memcpy_gbps"] > 0
@@ -278,9 +282,10 @@ def test_nixl_fixed_verifies_and_unfixed_reports_missing_ssm_shards():
     from pdsweep.xfer.readplan import UnfixedPlanAsserts
 
     with pytest.raises(UnfixedPlanAsserts):  # what the unfixed build does: no read at all
-        bench.run_transfer_bench("tiny-kimi-linear", model, 2, 1, blocks=4, plan="unfixed", iters=1, mapping="builtin")
-    bad = bench.run_transfer_bench("tiny-kimi-linear", model, 2, 1, blocks=4, plan="unfixed-asserts-off", iters=1,
-                                   mapping="builtin")
+        run_transfer_bench(BenchConfig("tiny-kimi-linear", model, 2, 1, blocks=4, plan="unfixed", iters=1,
+                                       mapping="builtin"))
+    bad = run_transfer_bench(BenchConfig("tiny-kimi-linear", model, 2, 1, blocks=4, plan="unfixed-asserts-off",
+                                         iters=1, mapping="builtin"))
     v = bad["verification"]
     assert v["ok"] is False and v["wrong"] == []
     # 3 KDA layers; per layer rank 1 holds half of conv (384*3*4 B) and recurrent (4*32*32*4 B)
@@ -303,8 +308,8 @@ def test_nixl_verifier_catches_misplaced_shards():
     moved = tuple(dataclasses.replace(r, local_offset=0) if r.remote_rank == 1 else r for r in good.reads)
     moved = tuple(r for r in moved if not (r.remote_rank == 0 and r.kind in ("conv", "recurrent")))
     plan = dataclasses.replace(good, reads=moved)
-    reqs = bench.make_requests(1, 4)
-    with bench.TransferSession(g, 2, 1, [plan], reqs) as s:
+    reqs = memory.make_requests(1, 4)
+    with TransferSession(g, 2, 1, [plan], reqs) as s:
         s.reset()
         s.iterate()
         checks = s.verify()
@@ -323,20 +328,20 @@ def test_nixl_session_stops_every_rank_on_errors():
 
     g = geom("tiny-kimi-linear", 16, (2, 1))
     plan = build_read_plan(g, 2, 1, 0, "fixed", mapping="builtin")
-    reqs = bench.make_requests(1, 2)
+    reqs = memory.make_requests(1, 2)
     procs = []
     with pytest.raises(KeyError, match="boom"):
-        with bench.TransferSession(g, 2, 1, [plan], reqs) as s:
+        with TransferSession(g, 2, 1, [plan], reqs) as s:
             procs = list(s.procs)
             raise KeyError("boom")
     assert len(procs) == 3 and not any(p.is_alive() for p in procs)
 
     with pytest.raises(ValueError, match="bad ranks: \\[7\\]"):
-        bench.TransferSession(g, 2, 1, [dataclasses.replace(plan, transfers=(0, 1, 7))], reqs)
+        TransferSession(g, 2, 1, [dataclasses.replace(plan, transfers=(0, 1, 7))], reqs)
 
     # a READ outside prefill rank 1's registered memory: the decode rank fails in NIXL
     far = tuple(dataclasses.replace(r, remote_offset=1 << 40) if r.remote_rank == 1 else r for r in plan.reads)
-    session = bench.TransferSession(g, 2, 1, [dataclasses.replace(plan, reads=far)], reqs)
+    session = TransferSession(g, 2, 1, [dataclasses.replace(plan, reads=far)], reqs)
     with pytest.raises(RuntimeError, match="decode rank process .* failed"):
         with session:
             procs = list(session.procs)
