@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
 from . import arith
 from .endpoints import completions_url
 from .errors import UserError
+from . import layout
 from .layout import write_text
 from .spec import EvalSpec
 from .stats import num, two_proportion_p  # noqa: F401  (two_proportion_p: part of this module's API)
@@ -154,7 +155,7 @@ def run_lm_eval(base_url: str, model: str, tokenizer: str, eval_spec: EvalSpec, 
     from lm_eval.tasks import TaskManager
     from lm_eval.utils import handle_non_serializable
 
-    lm_dir = Path(out_dir) / "lm_eval"
+    lm_dir = Path(out_dir) / layout.LM_EVAL_DIR
     lm_dir.mkdir(parents=True, exist_ok=True)
     include = [str(arith.render_task(lm_dir / "tasks"))] if arith.TASK_NAME in eval_spec.tasks else []
     # lm-eval's own task index (thousands of YAMLs, seconds to scan) only when needed

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from . import layout
 from .errors import EXIT_INTERRUPTED, GateFailed, UserError, run_main
 
 
@@ -286,7 +287,8 @@ def _gate(args: argparse.Namespace) -> int:
     from .gate import gate_run
     from .render import write_junit, write_summary
 
-    junit, summary = args.junit or args.run_dir / "junit.xml", args.summary or args.run_dir / "summary.md"
+    junit = args.junit or args.run_dir / layout.JUNIT_FILE
+    summary = args.summary or args.run_dir / layout.SUMMARY_FILE
     check_outputs(("--junit", junit), ("--summary", summary))
     result = gate_run(args.run_dir)  # the gate settings frozen into run.json
     try:
@@ -304,8 +306,6 @@ def _gate(args: argparse.Namespace) -> int:
 def check_outputs(*named: tuple[str, Path]) -> None:
     """Raise ``UserError`` when two outputs are one file or one cannot be written
     (:func:`pdsweep.layout.check_writable`), before any work starts."""
-    from . import layout
-
     seen: dict[Path, str] = {}
     for flag, path in named:
         key = Path(path).resolve()
@@ -332,13 +332,14 @@ def _compare(args: argparse.Namespace) -> int:
     from .render import write_compare_json, write_compare_markdown
 
     out = Path(args.out or args.b)
-    check_outputs(("compare.md", out / "compare.md"), ("compare.json", out / "compare.json"))
+    md_path, json_path = out / layout.COMPARE_MD, out / layout.COMPARE_JSON
+    check_outputs((layout.COMPARE_MD, md_path), (layout.COMPARE_JSON, json_path))
     res = compare_runs(args.a, args.b, allow_missing=args.allow_missing, allow_other_sweep=args.allow_other_sweep,
                        a_build=args.a_build, b_build=args.b_build)
     verdict = "REGRESSED" if res.regressed else "NO REGRESSION"
     try:
-        md = write_compare_markdown(res, out / "compare.md")
-        write_compare_json(res, out / "compare.json")
+        md = write_compare_markdown(res, md_path)
+        write_compare_json(res, json_path)
         print(Path(md).read_text())
     except BaseException:  # the verdict is printed even when an output could not be written
         print(f"compare: {verdict} of {args.b} against {args.a}", file=sys.stderr)

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from . import layout
 from .deploy import CellFailed
 from .spec import EvalSpec
 
@@ -28,7 +29,7 @@ def run_lm_eval_bounded(base_url: str, model: str, tokenizer: str, eval_spec: Ev
     """:func:`pdsweep.accuracy.run_lm_eval` in a child process (same interpreter); returns
     its result. Raises ``CellFailed('eval')`` when it runs past ``budget_s`` seconds (the
     child's process group is killed), RuntimeError (its last output line) when it fails."""
-    d = Path(out_dir) / "lm_eval"
+    d = Path(out_dir) / layout.LM_EVAL_DIR
     d.mkdir(parents=True, exist_ok=True)
     (d / RESULT).unlink(missing_ok=True)
     (d / REQUEST).write_text(json.dumps({"base_url": base_url, "model": model, "tokenizer": str(tokenizer),

@@ -58,13 +58,13 @@ class CellFiles:
 def load_files(run_dir: Path, cell_id: str) -> CellFiles:
     """Read every per-cell JSON file of ``cell_id``; never raises for a bad file."""
     files = CellFiles(cell_id)
-    cdir = layout.cell_dir(run_dir, cell_id)
+    cdir = layout.CellDir.of(run_dir, cell_id)
     for name in CELL_FILES:
-        path = cdir / name
+        path = cdir.file(name)
         try:
             data = layout.read_json(path)
         except FileNotFoundError:
-            files.problems[name] = "missing" if cdir.is_dir() else "missing (no cell directory: never ran?)"
+            files.problems[name] = "missing" if cdir.path.is_dir() else "missing (no cell directory: never ran?)"
             continue
         except UserError as e:
             files.problems[name] = "unreadable: " + str(e).removeprefix(f"{path}: ").removeprefix(

@@ -22,7 +22,7 @@ EVAL_RAW, PROBE_RAW = layout.EVAL_RAW, layout.PROBE_RAW
 
 
 def _raw(run_dir: Path, cell_id: str, name: str) -> dict[str, Any] | None:
-    return layout.read_json_or_none(layout.cell_dir(run_dir, cell_id) / name)
+    return layout.CellDir.of(run_dir, cell_id).read(name)
 
 
 def merge_probes(pd: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
@@ -48,24 +48,23 @@ def judge_run(run_dir: Path, ls: LoadedSweep) -> None:
     Cells without raw results get none: the gate then fails them (fail closed)."""
     expected = load_expected()
     index = layout.read_json(Path(run_dir) / layout.RUN_FILE)
-    cells = {cid: layout.read_json_or_none(layout.cell_dir(run_dir, cid) / layout.CELL_FILE)
-             for cid in index["cells"]}
+    cells = {cid: layout.CellDir.of(run_dir, cid).read(layout.CELL_FILE) for cid in index["cells"]}
     for cid, meta in cells.items():
         if meta is None or layout.cell_status(run_dir, cid) != "ok":
             continue
-        cdir = layout.cell_dir(run_dir, cid)
+        cdir = layout.CellDir.of(run_dir, cid)
         cell, ref_id = meta["cell"], meta.get("reference_cell")
         is_ref = cell["kind"] == "ref"
         ev = _raw(run_dir, cid, EVAL_RAW)
         if ev is not None:
             ref_acc = None
             if ref_id and layout.cell_status(run_dir, ref_id) == "ok":
-                ref_acc = layout.read_json_or_none(layout.cell_dir(run_dir, ref_id) / layout.ACCURACY_FILE)
+                ref_acc = layout.CellDir.of(run_dir, ref_id).read(layout.ACCURACY_FILE)
                 if ref_acc is None and (ref_ev := _raw(run_dir, ref_id, EVAL_RAW)):
                     ref_acc = {"cell_id": ref_id, "tasks": ref_ev["tasks"]}
             body = judge(cid, ev["tasks"], expected.get(cell["model"]), ref_acc, ls.sweep.gate.alpha,
                          is_reference=is_ref)
-            layout.write_json(cdir / layout.ACCURACY_FILE, body)
+            layout.write_json(cdir.file(layout.ACCURACY_FILE), body)
         pd_probe = _raw(run_dir, cid, PROBE_RAW)
         if pd_probe is not None and not is_ref:
             ref_probe = _raw(run_dir, ref_id, PROBE_RAW) if ref_id else None
@@ -73,4 +72,4 @@ def judge_run(run_dir: Path, ls: LoadedSweep) -> None:
             th = thresholds_for(model.attention, model.ssm, cell["prefill_tp"] == cell["decode_tp"])
             merged = merge_probes(pd_probe, ref_probe or {})
             body = judge_consistency(cid, ref_id if ref_probe else None, merged, th)
-            layout.write_json(cdir / layout.CONSISTENCY_FILE, body)
+            layout.write_json(cdir.file(layout.CONSISTENCY_FILE), body)

@@ -16,6 +16,9 @@
         metrics/          raw /metrics text before/after each phase
         logs/             prefill-0.log, decode-0.log, proxy.log, ...
 
+:class:`CellDir` names a cell's files and directories (``logs``, ``metrics``, ``lm_eval``);
+the ``*_FILE`` / ``*_DIR`` constants are the only spelling of these names.
+
 Every JSON file carries ``"schema": SCHEMA``; :func:`read_json` refuses newer schemas.
 Writes go to a temp file in the same directory, then ``os.replace``: a reader never
 sees a half-written file, and a killed run leaves either the old file or the new one.
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 import os
 import re
 import tempfile
@@ -44,6 +48,14 @@ TRANSFER_FILE = "transfer.json"
 LOAD_FILE = "load.json"
 EVAL_RAW = "eval.json"  # raw lm-eval figures per task (judged into accuracy.json)
 PROBE_RAW = "probe.json"  # raw greedy tokens + logprobs (judged into consistency.json)
+
+LOGS_DIR = "logs"  # per cell: one log per instance (prefill-0.log, proxy.log, ...), bench logs
+METRICS_DIR = "metrics"  # per cell: raw /metrics text before/after each phase
+LM_EVAL_DIR = "lm_eval"  # per cell (or an eval out dir): lm-eval's own results, samples, tasks
+# outputs of gate / report / compare, in the run directory (or --out)
+JUNIT_FILE, SUMMARY_FILE = "junit.xml", "summary.md"
+REPORT_MD, REPORT_HTML, PLOTS_DIR = "report.md", "report.html", "plots"
+COMPARE_MD, COMPARE_JSON = "compare.md", "compare.json"
 
 FINAL_STATUSES = ("ok", "failed")  # --resume skips cells with one of these
 NEEDS_GPUS = "needs-gpus"  # run.json rejected-cell rule: a valid cell the host had too few GPUs for (gate: FAIL)
@@ -163,5 +175,55 @@ def inside(run_dir: Path, path: Path) -> Path:
 
 def cell_status(run_dir: Path, cell_id: str) -> str | None:
     """``ok``/``failed``/... from the cell's status.json, or None when it has none."""
-    data = read_json_or_none(cell_dir(run_dir, cell_id) / STATUS_FILE)
-    return data.get("status") if data else None
+    return CellDir.of(run_dir, cell_id).status
+
+
+@dataclass(frozen=True)
+class CellDir:
+    """One cell's directory, ``run_dir/<cell id>``, and every name in it: the JSON files
+    (:meth:`file`, by the ``*_FILE`` names above) and the ``logs/``, ``metrics/`` and
+    ``lm_eval/`` directories. Build it with :meth:`of`, which checks the id
+    (:func:`cell_dir`)."""
+
+    run_dir: Path
+    cell_id: str
+
+    @classmethod
+    def of(cls, run_dir: Path, cell_id: str) -> CellDir:
+        """The cell directory of ``cell_id``; raises ``UserError`` for an unsafe id."""
+        cell_dir(run_dir, cell_id)
+        return cls(Path(run_dir), cell_id)
+
+    @property
+    def path(self) -> Path:
+        return self.run_dir / self.cell_id
+
+    def file(self, name: str) -> Path:
+        """``<cell dir>/<name>`` (``name``: one of the ``*_FILE`` names)."""
+        return self.path / name
+
+    def where(self, name: str) -> str:
+        """``<cell id>/<name>``: how a reason names a file of this cell."""
+        return f"{self.cell_id}/{name}"
+
+    def read(self, name: str) -> dict[str, Any] | None:
+        """:func:`read_json_or_none` of :meth:`file` ``(name)``."""
+        return read_json_or_none(self.file(name))
+
+    @property
+    def logs(self) -> Path:
+        return self.path / LOGS_DIR
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / METRICS_DIR
+
+    @property
+    def lm_eval(self) -> Path:
+        return self.path / LM_EVAL_DIR
+
+    @property
+    def status(self) -> str | None:
+        """``ok``/``failed``/... from status.json, or None when it has none."""
+        data = self.read(STATUS_FILE)
+        return data.get("status") if data else None

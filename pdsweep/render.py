@@ -130,8 +130,8 @@ def run_gate(run_dir: Path, gate: GateSpec | None = None, out_dir: Path | None =
     turn FAIL/XPASS into :class:`~pdsweep.errors.GateFailed` (exit 1)."""
     result = gate_run(run_dir, gate)
     out = Path(out_dir or run_dir)
-    write_junit(result, out / "junit.xml")
-    write_summary(result, out / "summary.md")
+    write_junit(result, out / layout.JUNIT_FILE)
+    write_summary(result, out / layout.SUMMARY_FILE)
     return result
 
 

@@ -331,7 +331,7 @@ def write_report(run_dir: Path, out_dir: Path | None = None, compare_with: Path 
 
     run_dir = Path(run_dir)
     out = Path(out_dir or run_dir)
-    layout.check_writable(out / "report.md")  # before any work
+    layout.check_writable(out / layout.REPORT_MD)  # before any work
     result = gate_run(run_dir)
     other = gate_run(Path(compare_with)) if compare_with else None
     tmp = None
@@ -355,7 +355,7 @@ def write_report(run_dir: Path, out_dir: Path | None = None, compare_with: Path 
 
 def _write_report_files(result: GateResult, cmps: list[CompareResult], run_dir: Path, out: Path,
                         against_other: bool) -> dict[str, Path]:
-    pdir = out / "plots"
+    pdir = out / layout.PLOTS_DIR
     first_task = (_tasks(_ran(result)) or [None])[0]
     made = {
         "accuracy": plot_accuracy(result, pdir / "accuracy.png"),
@@ -368,6 +368,6 @@ def _write_report_files(result: GateResult, cmps: list[CompareResult], run_dir: 
     }
     plots = {k: p for k, p in made.items() if p is not None}
     facts = _run_facts(run_dir)
-    md = layout.write_text(out / "report.md", _markdown(result, facts, plots, out, cmps))
-    page = layout.write_text(out / "report.html", _html(result, facts, plots, cmps))
+    md = layout.write_text(out / layout.REPORT_MD, _markdown(result, facts, plots, out, cmps))
+    page = layout.write_text(out / layout.REPORT_HTML, _html(result, facts, plots, cmps))
     return {"markdown": md, "html": page, **plots}
