@@ -20,7 +20,7 @@ and type-only imports included, and on a module missing from it.
     deploy:      launchers.base launchers.local launchers.slurm launchers launcher proxy deploy
     measure:     metrics accuracy consistency evalproc measure judge
     bench:       xfer.memory xfer.rank xfer.session xfer.bench
-    run:         feasible run
+    run:         feasible dryrun run
     results:     facts gate compare render report
     cli:         cli __main__
 

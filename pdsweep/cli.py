@@ -1,23 +1,30 @@
-"""``pdsweep`` command line. Each subcommand is (name, help, add_args, main); errors are
-caught once, by :func:`pdsweep.errors.run_main`: ``UserError`` -> message, exit 2;
-``GateFailed`` -> message, exit 1; anything else (an ``OSError`` included) is a pdsweep
-bug or an environment fault: traceback, exit 3 (README "Exit codes")."""
+"""``pdsweep`` command line: one table of subcommands (:data:`SUBCOMMANDS`).
+
+A subcommand is an Args dataclass (vLLM's ``benchmarks/sweep`` pattern): ``add_cli_args``
+declares its flags, ``from_cli_args`` turns the parsed namespace into the dataclass and
+does all validation (bad input: ``UserError``), ``main`` runs it. Heavy modules (the PD
+proxy, the baseline builder, the transfer bench) keep their own ``add_cli_args`` /
+``main`` and are imported only when their command is chosen. Errors are caught once, by
+:func:`pdsweep.errors.run_main`: ``UserError`` -> message, exit 2; ``GateFailed`` ->
+message, exit 1; anything else (an ``OSError`` included) is a pdsweep bug or an
+environment fault: traceback, exit 3 (README "Exit codes").
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
-import shlex
 import sys
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
 from . import layout
 from .errors import EXIT_INTERRUPTED, GateFailed, UserError, run_main
 
 
-# ---------------------------------------------------------------- validate / plan
 def gpu_count(text: str) -> int:
     """argparse type of ``--gpus``: an integer in 0..4096 (argparse then exits 2 with usage)."""
     try:
@@ -29,278 +36,9 @@ def gpu_count(text: str) -> int:
     return n
 
 
-def _validate_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("sweep", help="sweep YAML (e.g. sweeps/cpu-smoke.yaml)")
-    _no_check_argv_arg(p)
-
-
 def _no_check_argv_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-check-argv", action="store_true",
                    help="skip parsing each instance's vllm serve argv with the installed vLLM's CLI classes")
-
-
-def check_argv(ls, cells) -> None:
-    """Parse every instance argv of ``cells`` with the installed vLLM (:mod:`pdsweep.argcheck`);
-    raises ``UserError`` naming cell, instance and vLLM's message."""
-    from .argcheck import check_instances
-    from .plan import Slot, instances, model_path
-
-    items = []
-    for c in cells:
-        m = ls.catalogue.models[c.model]
-        slot = Slot(0, tuple(range(c.num_gpus)), ls.sweep.defaults.port_base)
-        specs = instances(c, slot, ls, model_path(m, c.model, create=False), "python")
-        items += [(c.id, i.name, i.argv) for i in specs]
-    bad = check_instances(items)
-    if bad:
-        raise UserError(f"{ls.path}: vLLM refuses {len(bad)} instance argv(s):\n" + "\n".join(bad))
-
-
-def _validate(args: argparse.Namespace) -> int:
-    from .feasible import preflight
-    from .plan import expand
-    from .spec import load_sweep
-
-    from .evaltasks import check_eval_tasks
-
-    ls = load_sweep(args.sweep)
-    plan = expand(ls)
-    for w in preflight(plan):
-        print(f"warning: {w}", file=sys.stderr)
-    check_eval_tasks(ls)
-    if not plan.pd_cells:
-        why = "; ".join(sorted({f"{r.rule}: {r.reason}" for r in plan.rejected})[:3]) or "the matrix is empty"
-        raise UserError(f"{args.sweep}: no PD cell to run ({len(plan.rejected)} rejected): {why}")
-    if not args.no_check_argv:
-        check_argv(plan.loaded, plan.cells)
-    print(f"{args.sweep}: valid: {len(plan.pd_cells)} PD cells, {len(plan.cells) - len(plan.pd_cells)} "
-          f"reference cells, {len(plan.rejected)} rejected" + ("" if args.no_check_argv else
-                                                              "; every vllm serve argv parses"))
-    return 0
-
-
-def _plan_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("sweep")
-    p.add_argument("--gpus", type=gpu_count, default=None, help="GPUs on the host (default: nvidia-smi; 0 on CPU)")
-    p.add_argument("--format", choices=("table", "json"), default="table")
-    p.add_argument("--cells", default=None, help="glob over cell ids")
-    _no_check_argv_arg(p)
-    p.add_argument("--nodes", type=int, default=None, help="place over N nodes (named node0..; needs --gpus-per-node)")
-    p.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (with --nodes or --launcher slurm)")
-    p.add_argument("--launcher", choices=("local", "slurm"), default="local",
-                   help="slurm: place over the allocation we run in (SLURM_JOB_NODELIST, SLURM_GPUS_ON_NODE)")
-
-
-def plan_cluster(nodes: int | None, gpus_per_node: int | None, launcher: str = "local"):
-    """The :class:`pdsweep.placement.Cluster` to place over, or None (one host). Raises
-    ``UserError`` for ``--nodes`` without ``--gpus-per-node`` or non-positive counts."""
-    from .placement import Cluster
-
-    if nodes is None and launcher != "slurm":
-        if gpus_per_node is not None:
-            raise UserError("--gpus-per-node needs --nodes N (or --launcher slurm inside an allocation)")
-        return None
-    if nodes is not None:
-        if gpus_per_node is None or nodes < 1 or gpus_per_node < 0:
-            raise UserError(f"--nodes {nodes}: give --gpus-per-node G as well (nodes >= 1, G >= 0)")
-        return Cluster.synthetic(nodes, gpus_per_node)
-    from .launchers.slurm import allocation, node_addrs
-
-    _, names, gpn = allocation()
-    addrs = node_addrs(names)
-    return Cluster(tuple(names), gpn if gpus_per_node is None else gpus_per_node, tuple(addrs[n] for n in names))
-
-
-def plan_dict(sweep: str, gpus: int | None, cells_glob: str | None = None, cluster=None,
-              check: bool = False) -> dict:
-    """The dry run: cells with per-instance argv/env (and node), rejected cells, and the
-    schedule; over ``cluster`` (nodes x GPUs) when given, else over one host's ``gpus``."""
-    from .builds import build_python
-    from .plan import expand, instances, model_path, planned_blocks, reference_of, select
-    from .schedule import detect_gpus, pack
-    from .spec import load_sweep
-
-    from .feasible import preflight
-
-    ls = load_sweep(sweep)
-    plan = expand(ls)
-    preflight(plan, tasks=False)  # validate also asks lm-eval for the task names
-    n = gpus if gpus is not None else (detect_gpus() if ls.sweep.platform == "cuda" else 0)
-    cells = select(plan, cells_glob)
-    if check:
-        check_argv(ls, cells)
-    pool = None
-    if cluster is not None:
-        from dataclasses import replace
-
-        from .placement import ClusterPool
-
-        if ls.sweep.platform != "cuda":
-            cluster = replace(cluster, gpus_per_node=0)
-        pool = ClusterPool(cluster, ls.sweep.defaults.port_base)
-        n = cluster.num_gpus
-    sched = pack(cells, n, ls.sweep.defaults.port_base, pool=pool)
-    slots = {p.cell.id: p.slot for p in sched.placements}
-    out_cells = []
-    for c in cells:
-        d = {**c.to_dict(), "tp_ratio": c.tp_ratio, "num_gpus": c.num_gpus, "blocks": _cell_blocks(c, ls),
-             "reference_cell": reference_of(c, ls).id if c.kind == "pd" and ls.sweep.eval.reference else None}
-        if c.id in slots:
-            m = ls.catalogue.models[c.model]
-            try:
-                python = build_python(ls, c.build)  # the interpreter `run` will use
-            except UserError:  # e.g. .venv-unfixed not built yet: a dry run still shows the argv
-                python = f"{ls.sweep.builds[c.build].venv}/bin/python"
-            specs = instances(c, slots[c.id], ls, model_path(m, c.model, create=False), python)
-            d["instances"] = [{**s.to_dict(), "blocks": planned_blocks(m, ls.sweep.platform, s)} for s in specs]
-        out_cells.append(d)
-    return {"sweep": str(ls.path), "platform": ls.sweep.platform, "gpus": n,
-            "nodes": list(cluster.nodes) if cluster else None, "cells": out_cells,
-            "rejected": [r.to_dict() for r in plan.rejected],
-            "schedule": sched.to_dict()}
-
-
-def _cell_blocks(cell, ls) -> dict:
-    """Effective blocks per role (:func:`pdsweep.blocks.for_cell`), or ``{"error": msg}``."""
-    from .blocks import for_cell
-
-    try:
-        return {role: e.to_dict() for role, e in for_cell(cell, ls).items()}
-    except ValueError as e:
-        return {"error": str(e)}
-
-
-def _blocks_text(blocks: dict) -> str:
-    """``P 1024/64 D 1920/64``: effective logical/kernel block per role (``?``: unknown)."""
-    if "error" in blocks:
-        return "error"
-    return " ".join(f"{role[0].upper()} {b.get('logical') or '?'}/{b.get('kernel') or '?'}"
-                    for role, b in blocks.items())
-
-
-def _plan(args: argparse.Namespace) -> int:
-    d = plan_dict(args.sweep, args.gpus, args.cells, plan_cluster(args.nodes, args.gpus_per_node, args.launcher),
-                  check=not args.no_check_argv)
-    if args.format == "json":
-        print(json.dumps(d, indent=2))
-        return 0
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
-    # not a terminal (CI logs): no 80-column cut, whole cell ids and reasons
-    con = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 100_000)
-    where = f"{len(d['nodes'])} nodes, {d['gpus']} GPUs" if d["nodes"] else f"{d['gpus']} GPUs"
-    t = Table(title=f"{d['sweep']}: {len(d['cells'])} cells ({d['platform']}, {where})")
-    for col in ("cell", "tp_ratio", "GPUs", "instances", "blocks logical/kernel", "expect", "reference"):
-        t.add_column(col, overflow="fold")
-    for c in d["cells"]:
-        t.add_row(c["id"], str(c["tp_ratio"]) if c["kind"] == "pd" else "-", str(c["num_gpus"]),
-                  str(len(c.get("instances", []))) or "-", _blocks_text(c["blocks"]),
-                  ("fail" if c["expect_fail"] else "") + (f" ({c['expect_note']})" if c.get("expect_note") else ""),
-                  c.get("reference_cell") or "-")
-    con.print(t)
-    if d["rejected"]:
-        r = Table(title=f"rejected: {len(d['rejected'])} cells")
-        r.add_column("cell")
-        r.add_column("rule")
-        r.add_column("reason")
-        for x in d["rejected"]:
-            r.add_row(x["cell_id"], x["rule"], x["reason"])
-        con.print(r)
-    s = d["schedule"]
-    for x in s["needs_more_gpus"]:
-        why = x.get("reason") or f"needs {x['needs']} GPUs (host has {d['gpus']})"
-        con.print(f"not scheduled: {x['cell']} {why}")
-    con.print("\n[bold]instances (dry run)[/bold]")
-    for c in d["cells"]:
-        for i in c.get("instances", []):
-            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in i["env"].items())
-            on = f" on {i['node']}" if d["nodes"] else ""
-            con.print(escape(f"[{c['id']}] {i['name']}{on}: {env} {shlex.join(i['argv'])}"))
-    con.print("\n[bold]schedule[/bold]")
-    for p in s["placements"]:
-        gp = placement_text(p) if d["nodes"] else ",".join(map(str, p["gpus"])) or "cpu"
-        con.print(f"  t={p['start_s']:7.0f}s..{p['end_s']:7.0f}s  lane {p['lane']} ports {p['port_base']}+  "
-                  f"GPUs {gp:12} {p['cell']}")
-    con.print(f"estimated makespan {s['makespan_s']:.0f} s vs {s['serial_s']:.0f} s one by one "
-              f"(ratio {s['ratio']:.2f})")
-    return 0
-
-
-def placement_text(p: dict) -> str:
-    """``prefill-0@node0:0-7 decode-0@node1:0-3`` from a schedule placement's
-    ``instances`` (``@node0:cpu`` on CPU)."""
-    return " ".join(f"{i['name']}@{i['node']}:{_ranges(i['gpus']) if i['gpus'] else 'cpu'}" for i in p["instances"])
-
-
-def _ranges(ids: list[int]) -> str:
-    ids = sorted(set(ids))
-    out, start = [], ids[0]
-    for a, b in zip(ids, ids[1:] + [None]):
-        if b != a + 1:
-            out.append(f"{start}" if start == a else f"{start}-{a}")
-            start = b
-    return ",".join(out)
-
-
-# ---------------------------------------------------------------- run
-def _run_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("sweep")
-    p.add_argument("--out", type=Path, default=None, help="run directory (default results/<sweep>-<time>)")
-    p.add_argument("--cells", default=None, help="glob over cell ids (their references are added)")
-    p.add_argument("--gpus", type=gpu_count, default=None)
-    p.add_argument("--resume", action="store_true", help="skip cells whose status is final")
-    p.add_argument("--quiet", action="store_true", help="one line per cell (CI logs)")
-    p.add_argument("--skip-eval", action="store_true", help="deploy and probe only, no lm-eval")
-    p.add_argument("--launcher", choices=("local", "slurm"), default="local",
-                   help="slurm: every instance a job step of the allocation pdsweep runs in (salloc/sbatch)")
-    p.add_argument("--gpus-per-node", type=int, default=None, help="slurm: GPUs per node (default SLURM_GPUS_ON_NODE)")
-    p.add_argument("--drop-kv-transfer-params", action="store_true", help=argparse.SUPPRESS)  # tests only
-    p.add_argument("--scramble-kv-block-ids", action="store_true", help=argparse.SUPPRESS)  # tests only
-
-
-def _run(args: argparse.Namespace) -> int:
-    from .run import RunOptions, run_sweep
-
-    opts = RunOptions(out=args.out, cells=args.cells, gpus=args.gpus, resume=args.resume, quiet=args.quiet,
-                      drop_kv_transfer_params=args.drop_kv_transfer_params,
-                      scramble_kv_block_ids=args.scramble_kv_block_ids, skip_eval=args.skip_eval,
-                      launcher=args.launcher, gpus_per_node=args.gpus_per_node)
-    try:
-        run_dir = run_sweep(args.sweep, opts)
-    except KeyboardInterrupt:
-        print("interrupted: every process this run started was stopped; finish with --resume", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    print(run_dir)
-    return 0
-
-
-# ---------------------------------------------------------------- gate / compare / report
-def _gate_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", type=Path)
-    p.add_argument("--junit", type=Path, default=None)
-    p.add_argument("--summary", type=Path, default=None)
-
-
-def _gate(args: argparse.Namespace) -> int:
-    from .gate import gate_run
-    from .render import write_junit, write_summary
-
-    junit = args.junit or args.run_dir / layout.JUNIT_FILE
-    summary = args.summary or args.run_dir / layout.SUMMARY_FILE
-    check_outputs(("--junit", junit), ("--summary", summary))
-    result = gate_run(args.run_dir)  # the gate settings frozen into run.json
-    try:
-        write_junit(result, junit)
-        print(Path(write_summary(result, summary)).read_text())
-    except BaseException:  # the verdict is printed even when an output could not be written
-        print(f"gate: {result.headline()}", file=sys.stderr)
-        raise
-    if not result.passed:
-        raise GateFailed(f"gate: {result.headline()}")
-    print(f"gate: {result.headline()}")
-    return 0
 
 
 def check_outputs(*named: tuple[str, Path]) -> None:
@@ -315,98 +53,347 @@ def check_outputs(*named: tuple[str, Path]) -> None:
         layout.check_writable(Path(path))
 
 
-def _compare_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("a", type=Path, help="baseline run (e.g. unfixed, or the last green nightly)")
-    p.add_argument("b", type=Path, help="candidate run")
-    p.add_argument("--out", type=Path, default=None, help="directory for compare.md / compare.json")
-    p.add_argument("--a-build", default=None, help="only A's cells of this build (e.g. fixed)")
-    p.add_argument("--b-build", default=None, help="only B's cells of this build (e.g. unfixed)")
-    p.add_argument("--allow-missing", action="store_true",
-                   help="cells of A missing in B do not fail the comparison (default: they do)")
-    p.add_argument("--allow-other-sweep", action="store_true",
-                   help="compare runs of different sweeps (default: refused, exit 2)")
+# ---------------------------------------------------------------- validate / plan
+@dataclass(frozen=True)
+class ValidateArgs:
+    parser_name: ClassVar[str] = "validate"
+    parser_help: ClassVar[str] = "check a sweep file"
+
+    sweep: str
+    check_argv: bool = True
+
+    @classmethod
+    def add_cli_args(cls, p: argparse.ArgumentParser) -> None:
+        p.add_argument("sweep", help="sweep YAML (e.g. sweeps/cpu-smoke.yaml)")
+        _no_check_argv_arg(p)
+
+    @classmethod
+    def from_cli_args(cls, ns: argparse.Namespace) -> ValidateArgs:
+        return cls(ns.sweep, not ns.no_check_argv)
+
+    def main(self) -> int:
+        from .dryrun import check_argv
+        from .evaltasks import check_eval_tasks
+        from .feasible import preflight
+        from .plan import expand
+        from .spec import load_sweep
+
+        ls = load_sweep(self.sweep)
+        plan = expand(ls)
+        for w in preflight(plan):
+            print(f"warning: {w}", file=sys.stderr)
+        check_eval_tasks(ls)
+        if not plan.pd_cells:
+            why = "; ".join(sorted({f"{r.rule}: {r.reason}" for r in plan.rejected})[:3]) or "the matrix is empty"
+            raise UserError(f"{self.sweep}: no PD cell to run ({len(plan.rejected)} rejected): {why}")
+        if self.check_argv:
+            check_argv(plan.loaded, plan.cells)
+        print(f"{self.sweep}: valid: {len(plan.pd_cells)} PD cells, {len(plan.cells) - len(plan.pd_cells)} "
+              f"reference cells, {len(plan.rejected)} rejected"
+              + ("; every vllm serve argv parses" if self.check_argv else ""))
+        return 0
 
 
-def _compare(args: argparse.Namespace) -> int:
-    from .compare import compare_runs
-    from .render import write_compare_json, write_compare_markdown
+@dataclass(frozen=True)
+class PlanArgs:
+    parser_name: ClassVar[str] = "plan"
+    parser_help: ClassVar[str] = "cells, rejected cells, instance argv/env (dry run) and schedule"
 
-    out = Path(args.out or args.b)
-    md_path, json_path = out / layout.COMPARE_MD, out / layout.COMPARE_JSON
-    check_outputs((layout.COMPARE_MD, md_path), (layout.COMPARE_JSON, json_path))
-    res = compare_runs(args.a, args.b, allow_missing=args.allow_missing, allow_other_sweep=args.allow_other_sweep,
-                       a_build=args.a_build, b_build=args.b_build)
-    verdict = "REGRESSED" if res.regressed else "NO REGRESSION"
-    try:
-        md = write_compare_markdown(res, md_path)
-        write_compare_json(res, json_path)
-        print(Path(md).read_text())
-    except BaseException:  # the verdict is printed even when an output could not be written
-        print(f"compare: {verdict} of {args.b} against {args.a}", file=sys.stderr)
-        raise
-    res.raise_for_verdict()
-    print(f"compare: {verdict} of {args.b} against {args.a}")
-    return 0
+    sweep: str
+    gpus: int | None = None
+    format: str = "table"
+    cells: str | None = None
+    check_argv: bool = True
+    cluster: Any = None  # pdsweep.placement.Cluster, or None: one host
+
+    @classmethod
+    def add_cli_args(cls, p: argparse.ArgumentParser) -> None:
+        p.add_argument("sweep")
+        p.add_argument("--gpus", type=gpu_count, default=None, help="GPUs on the host (default: nvidia-smi; 0 on CPU)")
+        p.add_argument("--format", choices=("table", "json"), default="table")
+        p.add_argument("--cells", default=None, help="glob over cell ids")
+        _no_check_argv_arg(p)
+        p.add_argument("--nodes", type=int, default=None,
+                       help="place over N nodes (named node0..; needs --gpus-per-node)")
+        p.add_argument("--gpus-per-node", type=int, default=None,
+                       help="GPUs per node (with --nodes or --launcher slurm)")
+        p.add_argument("--launcher", choices=("local", "slurm"), default="local",
+                       help="slurm: place over the allocation we run in (SLURM_JOB_NODELIST, SLURM_GPUS_ON_NODE)")
+
+    @classmethod
+    def from_cli_args(cls, ns: argparse.Namespace) -> PlanArgs:
+        """Raises ``UserError`` for ``--nodes`` without ``--gpus-per-node`` (and the
+        like) or ``--launcher slurm`` outside an allocation."""
+        from .dryrun import plan_cluster
+
+        return cls(ns.sweep, ns.gpus, ns.format, ns.cells, not ns.no_check_argv,
+                   plan_cluster(ns.nodes, ns.gpus_per_node, ns.launcher))
+
+    def main(self) -> int:
+        from .dryrun import plan_dict, print_plan
+
+        d = plan_dict(self.sweep, self.gpus, self.cells, self.cluster, check=self.check_argv)
+        if self.format == "json":
+            print(json.dumps(d, indent=2))
+        else:
+            print_plan(d)
+        return 0
 
 
-def _report_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", type=Path)
-    p.add_argument("--compare-with", type=Path, default=None)
-    p.add_argument("--out", type=Path, default=None)
+# ---------------------------------------------------------------- run
+@dataclass(frozen=True)
+class RunArgs:
+    """``pdsweep run``. Every flag whose dest names a :class:`pdsweep.run.RunOptions`
+    field is passed on as that field: a new option is a field there plus a flag here."""
+
+    parser_name: ClassVar[str] = "run"
+    parser_help: ClassVar[str] = "deploy and measure every cell"
+
+    sweep: str
+    opts: Any  # pdsweep.run.RunOptions (imported with the run command only)
+
+    @classmethod
+    def add_cli_args(cls, p: argparse.ArgumentParser) -> None:
+        p.add_argument("sweep")
+        p.add_argument("--out", type=Path, default=None, help="run directory (default results/<sweep>-<time>)")
+        p.add_argument("--cells", default=None, help="glob over cell ids (their references are added)")
+        p.add_argument("--gpus", type=gpu_count, default=None)
+        p.add_argument("--resume", action="store_true", help="skip cells whose status is final")
+        p.add_argument("--quiet", action="store_true", help="one line per cell (CI logs)")
+        p.add_argument("--skip-eval", action="store_true", help="deploy and probe only, no lm-eval")
+        p.add_argument("--launcher", choices=("local", "slurm"), default="local",
+                       help="slurm: every instance a job step of the allocation pdsweep runs in (salloc/sbatch)")
+        p.add_argument("--gpus-per-node", type=int, default=None,
+                       help="slurm: GPUs per node (default SLURM_GPUS_ON_NODE)")
+        p.add_argument("--drop-kv-transfer-params", action="store_true", help=argparse.SUPPRESS)  # tests only
+        p.add_argument("--scramble-kv-block-ids", action="store_true", help=argparse.SUPPRESS)  # tests only
+
+    @classmethod
+    def from_cli_args(cls, ns: argparse.Namespace) -> RunArgs:
+        from .run import RunOptions
+
+        given = {f.name: getattr(ns, f.name) for f in dataclasses.fields(RunOptions) if hasattr(ns, f.name)}
+        return cls(ns.sweep, RunOptions(**given))
+
+    def main(self) -> int:
+        from .run import run_sweep
+
+        try:
+            run_dir = run_sweep(self.sweep, self.opts)
+        except KeyboardInterrupt:
+            print("interrupted: every process this run started was stopped; finish with --resume", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        print(run_dir)
+        return 0
 
 
-def _report(args: argparse.Namespace) -> int:
-    from .report import write_report
+# ---------------------------------------------------------------- gate / compare / report
+@dataclass(frozen=True)
+class GateArgs:
+    parser_name: ClassVar[str] = "gate"
+    parser_help: ClassVar[str] = "pass/fail a run (exit 1 on failure), JUnit + summary"
 
-    for kind, path in write_report(args.run_dir, args.out, args.compare_with).items():
-        print(f"{kind}: {path}")
-    return 0
+    run_dir: Path
+    junit: Path
+    summary: Path
+
+    @classmethod
+    def add_cli_args(cls, p: argparse.ArgumentParser) -> None:
+        p.add_argument("run_dir", type=Path)
+        p.add_argument("--junit", type=Path, default=None)
+        p.add_argument("--summary", type=Path, default=None)
+
+    @classmethod
+    def from_cli_args(cls, ns: argparse.Namespace) -> GateArgs:
+        """Outputs default into the run directory; raises ``UserError`` when one cannot
+        be written or both are one file."""
+        args = cls(ns.run_dir, ns.junit or ns.run_dir / layout.JUNIT_FILE,
+                   ns.summary or ns.run_dir / layout.SUMMARY_FILE)
+        check_outputs(("--junit", args.junit), ("--summary", args.summary))
+        return args
+
+    def main(self) -> int:
+        from .gate import gate_run
+        from .render import write_junit, write_summary
+
+        result = gate_run(self.run_dir)  # the gate settings frozen into run.json
+        try:
+            write_junit(result, self.junit)
+            print(Path(write_summary(result, self.summary)).read_text())
+        except BaseException:  # the verdict is printed even when an output could not be written
+            print(f"gate: {result.headline()}", file=sys.stderr)
+            raise
+        if not result.passed:
+            raise GateFailed(f"gate: {result.headline()}")
+        print(f"gate: {result.headline()}")
+        return 0
 
 
-# ---------------------------------------------------------------- delegated subcommands
-def _delegate(module: str) -> tuple[Callable, Callable]:
-    def add(p: argparse.ArgumentParser) -> None:
-        __import__(f"pdsweep.{module}", fromlist=["add_cli_args"]).add_cli_args(p)
+@dataclass(frozen=True)
+class CompareArgs:
+    parser_name: ClassVar[str] = "compare"
+    parser_help: ClassVar[str] = "compare two runs cell by cell (exit 1 on regression)"
 
-    def main(args: argparse.Namespace) -> int:
-        return __import__(f"pdsweep.{module}", fromlist=["main"]).main(args)
+    a: Path
+    b: Path
+    out: Path
+    a_build: str | None = None
+    b_build: str | None = None
+    allow_missing: bool = False
+    allow_other_sweep: bool = False
 
-    return add, main
+    @classmethod
+    def add_cli_args(cls, p: argparse.ArgumentParser) -> None:
+        p.add_argument("a", type=Path, help="baseline run (e.g. unfixed, or the last green nightly)")
+        p.add_argument("b", type=Path, help="candidate run")
+        p.add_argument("--out", type=Path, default=None, help="directory for compare.md / compare.json")
+        p.add_argument("--a-build", default=None, help="only A's cells of this build (e.g. fixed)")
+        p.add_argument("--b-build", default=None, help="only B's cells of this build (e.g. unfixed)")
+        p.add_argument("--allow-missing", action="store_true",
+                       help="cells of A missing in B do not fail the comparison (default: they do)")
+        p.add_argument("--allow-other-sweep", action="store_true",
+                       help="compare runs of different sweeps (default: refused, exit 2)")
+
+    @classmethod
+    def from_cli_args(cls, ns: argparse.Namespace) -> CompareArgs:
+        """``--out`` defaults to B; raises ``UserError`` when an output cannot be written."""
+        args = cls(ns.a, ns.b, Path(ns.out or ns.b), ns.a_build, ns.b_build, ns.allow_missing, ns.allow_other_sweep)
+        check_outputs((layout.COMPARE_MD, args.out / layout.COMPARE_MD),
+                      (layout.COMPARE_JSON, args.out / layout.COMPARE_JSON))
+        return args
+
+    def main(self) -> int:
+        from .compare import compare_runs
+        from .render import write_compare_json, write_compare_markdown
+
+        res = compare_runs(self.a, self.b, allow_missing=self.allow_missing,
+                           allow_other_sweep=self.allow_other_sweep, a_build=self.a_build, b_build=self.b_build)
+        verdict = "REGRESSED" if res.regressed else "NO REGRESSION"
+        try:
+            md = write_compare_markdown(res, self.out / layout.COMPARE_MD)
+            write_compare_json(res, self.out / layout.COMPARE_JSON)
+            print(Path(md).read_text())
+        except BaseException:  # the verdict is printed even when an output could not be written
+            print(f"compare: {verdict} of {self.b} against {self.a}", file=sys.stderr)
+            raise
+        res.raise_for_verdict()
+        print(f"compare: {verdict} of {self.b} against {self.a}")
+        return 0
 
 
-SUBCOMMANDS: tuple[tuple[str, str, Callable, Callable], ...] = (
-    ("validate", "check a sweep file", _validate_args, _validate),
-    ("plan", "cells, rejected cells, instance argv/env (dry run) and schedule", _plan_args, _plan),
-    ("run", "deploy and measure every cell", _run_args, _run),
-    ("gate", "pass/fail a run (exit 1 on failure), JUnit + summary", _gate_args, _gate),
-    ("compare", "compare two runs cell by cell (exit 1 on regression)", _compare_args, _compare),
-    ("report", "markdown + HTML report with plots", _report_args, _report),
-    ("proxy", "run the PD proxy", *_delegate("proxy")),
-    ("baseline-env", "build the unfixed vLLM venv (PR #49297 undone)", *_delegate("unfix")),
+@dataclass(frozen=True)
+class ReportArgs:
+    parser_name: ClassVar[str] = "report"
+    parser_help: ClassVar[str] = "markdown + HTML report with plots"
+
+    run_dir: Path
+    compare_with: Path | None = None
+    out: Path | None = None
+
+    @classmethod
+    def add_cli_args(cls, p: argparse.ArgumentParser) -> None:
+        p.add_argument("run_dir", type=Path)
+        p.add_argument("--compare-with", type=Path, default=None)
+        p.add_argument("--out", type=Path, default=None)
+
+    @classmethod
+    def from_cli_args(cls, ns: argparse.Namespace) -> ReportArgs:
+        return cls(ns.run_dir, ns.compare_with, ns.out)
+
+    def main(self) -> int:
+        from .report import write_report
+
+        for kind, path in write_report(self.run_dir, self.out, self.compare_with).items():
+            print(f"{kind}: {path}")
+        return 0
+
+
+# ---------------------------------------------------------------- the table
+@dataclass(frozen=True)
+class Command:
+    """One row of :data:`SUBCOMMANDS`. Its flags and entry point come from ``args`` (an
+    Args dataclass above) or, for a heavy module imported only when the command is
+    chosen, from ``module``'s ``add_cli_args(parser)`` / ``main(namespace)``;
+    ``children``: nested subcommands (``bench transfer``)."""
+
+    name: str
+    help: str
+    args: type | None = None
+    module: str | None = None
+    children: tuple[Command, ...] = ()
+
+    @classmethod
+    def of(cls, args: type) -> Command:
+        return cls(args.parser_name, args.parser_help, args=args)  # type: ignore[attr-defined]
+
+    def add_cli_args(self, p: argparse.ArgumentParser, load: bool) -> None:
+        """Declare the flags (a lazy module's only when ``load``) and the entry point."""
+        if self.args is not None:
+            self.args.add_cli_args(p)  # type: ignore[attr-defined]
+            p.set_defaults(func=lambda ns, a=self.args: a.from_cli_args(ns).main())
+        elif self.module is not None:
+            if load:
+                self._load().add_cli_args(p)
+            p.set_defaults(func=lambda ns: self._load().main(ns))
+
+    def _load(self) -> Any:
+        return __import__(f"pdsweep.{self.module}", fromlist=["main"])
+
+
+SUBCOMMANDS: tuple[Command, ...] = (
+    Command.of(ValidateArgs),
+    Command.of(PlanArgs),
+    Command.of(RunArgs),
+    Command.of(GateArgs),
+    Command.of(CompareArgs),
+    Command.of(ReportArgs),
+    Command("proxy", "run the PD proxy", module="proxy"),
+    Command("baseline-env", "build the unfixed vLLM venv (PR #49297 undone)", module="unfix"),
+    Command("bench", "benchmarks", children=(
+        Command("transfer", "KV-transfer micro-benchmark on real NIXL (fixed/unfixed read plan)", module="xfer.bench"),
+    )),
 )
 
 
-DELEGATED = {"proxy", "baseline-env", "bench"}  # heavier modules: imported only when chosen
+def chosen_path(argv: list[str], table: tuple[Command, ...] = SUBCOMMANDS) -> list[str]:
+    """Names of the commands ``argv`` chooses, outermost first (``["bench", "transfer"]``):
+    its leading words (non-options; the top-level options take no value) as far as they
+    name rows of ``table``. Only these rows' lazy modules are imported; argparse then
+    parses (and refuses) ``argv`` as usual."""
+    path: list[str] = []
+    rows = table
+    for word in (a for a in argv if not a.startswith("-")):
+        row = next((c for c in rows if c.name == word), None)
+        if row is None:
+            break
+        path.append(row.name)
+        rows = row.children
+        if not rows:
+            break
+    return path
 
 
-def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+def _add_commands(sub: Any, rows: tuple[Command, ...], chosen: list[str], prefix: list[str]) -> None:
+    for row in rows:
+        p = sub.add_parser(row.name, help=row.help)
+        here = [*prefix, row.name]
+        if row.children:
+            inner = p.add_subparsers(dest=f"{row.name}_command", required=True)
+            _add_commands(inner, row.children, chosen, here)
+        else:
+            row.add_cli_args(p, load=chosen[:len(here)] == here)
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The ``pdsweep`` parser; the flags of a lazy module are declared when ``argv``
+    chooses its command (:func:`chosen_path`)."""
     parser = argparse.ArgumentParser(
         prog="pdsweep", description="Accuracy and KV-transfer sweeps for vLLM prefill/decode disaggregation over "
         "the NIXL connector. Exit codes: 0 ok, 1 gate/compare verdict failed, 2 bad input (no "
         "traceback), 3 internal error (with traceback), 130 interrupted.")
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, help_, add, main in SUBCOMMANDS:
-        p = sub.add_parser(name, help=help_)
-        if name not in DELEGATED or name in argv:
-            add(p)
-        p.set_defaults(func=main)
-    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_command", required=True)
-    add, main = _delegate("xfer.bench")
-    p = bench.add_parser("transfer", help="KV-transfer micro-benchmark on real NIXL (fixed/unfixed read plan)")
-    if "bench" in argv:
-        add(p)
-    p.set_defaults(func=main)
+    _add_commands(sub, SUBCOMMANDS, chosen_path(argv or []), [])
     return parser
 
 

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from pdsweep.cli import check_argv, main
+from pdsweep.cli import main
+from pdsweep.dryrun import check_argv
 from pdsweep.errors import UserError
 from pdsweep.plan import expand
 from pdsweep.spec import load_sweep

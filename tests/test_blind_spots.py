@@ -152,7 +152,7 @@ matrix: {model: [tiny-llama], tp: [p1d1], serve_args: [prefix-caching, eager-off
 
 
 def test_sweep_names_the_reference_serve_args_and_plan_shows_it(tmp_path):
-    from pdsweep.cli import plan_dict
+    from pdsweep.dryrun import plan_dict
 
     ls = sweep(tmp_path, REF_SWEEP)
     plan = expand(ls)

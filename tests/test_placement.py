@@ -9,7 +9,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pdsweep.cli import main, plan_dict
+from pdsweep.cli import main
+from pdsweep.dryrun import plan_dict
 from pdsweep.placement import Cluster, ClusterPool, fit, groups, min_nodes, needs
 from pdsweep.plan import PORTS_PER_SLOT, Cell, expand, instances
 from pdsweep.schedule import pack
