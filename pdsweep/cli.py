@@ -17,6 +17,7 @@ import dataclasses
 import json
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -51,6 +52,17 @@ def check_outputs(*named: tuple[str, Path]) -> None:
             raise UserError(f"{flag} {path} is the same file as {seen[key]}: one would overwrite the other")
         seen[key] = f"{flag} {path}"
         layout.check_writable(Path(path))
+
+
+def write_and_show(write: Callable[[], Path], verdict: str) -> None:
+    """Run ``write`` (it writes a command's outputs and returns the markdown one) and
+    print that file; when writing fails, print ``verdict`` on stderr first, so the
+    verdict is never lost to a full disk, then re-raise."""
+    try:
+        print(Path(write()).read_text())
+    except BaseException:
+        print(verdict, file=sys.stderr)
+        raise
 
 
 # ---------------------------------------------------------------- validate / plan
@@ -217,12 +229,12 @@ class GateArgs:
         from .render import write_junit, write_summary
 
         result = gate_run(self.run_dir)  # the gate settings frozen into run.json
-        try:
+
+        def write() -> Path:
             write_junit(result, self.junit)
-            print(Path(write_summary(result, self.summary)).read_text())
-        except BaseException:  # the verdict is printed even when an output could not be written
-            print(f"gate: {result.headline()}", file=sys.stderr)
-            raise
+            return write_summary(result, self.summary)
+
+        write_and_show(write, f"gate: {result.headline()}")
         if not result.passed:
             raise GateFailed(f"gate: {result.headline()}")
         print(f"gate: {result.headline()}")
@@ -268,16 +280,16 @@ class CompareArgs:
 
         res = compare_runs(self.a, self.b, allow_missing=self.allow_missing,
                            allow_other_sweep=self.allow_other_sweep, a_build=self.a_build, b_build=self.b_build)
-        verdict = "REGRESSED" if res.regressed else "NO REGRESSION"
-        try:
+        verdict = f"compare: {'REGRESSED' if res.regressed else 'NO REGRESSION'} of {self.b} against {self.a}"
+
+        def write() -> Path:
             md = write_compare_markdown(res, self.out / layout.COMPARE_MD)
             write_compare_json(res, self.out / layout.COMPARE_JSON)
-            print(Path(md).read_text())
-        except BaseException:  # the verdict is printed even when an output could not be written
-            print(f"compare: {verdict} of {self.b} against {self.a}", file=sys.stderr)
-            raise
+            return md
+
+        write_and_show(write, verdict)
         res.raise_for_verdict()
-        print(f"compare: {verdict} of {self.b} against {self.a}")
+        print(verdict)
         return 0
 
 

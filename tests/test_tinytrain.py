@@ -15,7 +15,8 @@ import pytest
 
 from pdsweep import arith, tinymodels, tinytrain
 from pdsweep.errors import UserError
-from pdsweep.spec import TrainSpec, load_catalogue
+from pdsweep.catalogue import TrainSpec
+from pdsweep.spec import load_catalogue
 
 ROOT = Path(__file__).resolve().parent.parent
 CATALOGUE = load_catalogue(ROOT / "sweeps" / "models.yaml")
