@@ -12,7 +12,7 @@ and type-only imports included, and on a module missing from it.
 
     leaves:      pdsweep errors layout stats topology endpoints guards logscan progress expectations
     in-vllm:     vllm_debug cpu_models.mla_mamba2 cpu_models vllm_plugin
-    environment: unfix fixprobes argcheck
+    environment: unfix baseline fixprobes argcheck
     spec:        results_schema yamlfile catalogue spec
     inputs:      builds arith evaltasks tinytrain tinymodels ports
     plan:        cell blocks rules plan budgets xfer.geometry xfer.readplan xfer

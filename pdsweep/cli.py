@@ -360,7 +360,7 @@ SUBCOMMANDS: tuple[Command, ...] = (
     Command.of(CompareArgs),
     Command.of(ReportArgs),
     Command("proxy", "run the PD proxy", module="proxy"),
-    Command("baseline-env", "build the unfixed vLLM venv (PR #49297 undone)", module="unfix"),
+    Command("baseline-env", "build the unfixed vLLM venv (PR #49297 undone)", module="baseline"),
     Command("bench", "benchmarks", children=(
         Command("transfer", "KV-transfer micro-benchmark on real NIXL (fixed/unfixed read plan)", module="xfer.bench"),
     )),

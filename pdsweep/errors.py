@@ -1,5 +1,5 @@
 """The error kinds every entry point turns into exit codes, in one place: :func:`run_main`
-(``pdsweep`` itself, ``python -m pdsweep.unfix``, ``python -m pdsweep.xfer.bench``).
+(``pdsweep`` itself, ``python -m pdsweep.baseline``, ``python -m pdsweep.xfer.bench``).
 The codes are the README's "Exit codes" table."""
 
 from __future__ import annotations

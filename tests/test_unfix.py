@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pdsweep import unfix
+from pdsweep import baseline, unfix
 from pdsweep.errors import UserError
 
 VERSION = "0.32.0"
@@ -149,7 +149,7 @@ def fake_fixed(tmp_path: Path) -> tuple[str, Path]:
 def _fake_venv(tmp_path: Path, version: str, module) -> tuple[str, Path]:
     root = tmp_path / "fixed"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
-    site = root / unfix._purelib_rel(sys.executable)
+    site = root / baseline._purelib_rel(sys.executable)
     pkg = site / unfix.NIXL_DIR
     pkg.mkdir(parents=True)
     parts = Path(unfix.NIXL_DIR).parts
@@ -167,15 +167,15 @@ def _fake_venv(tmp_path: Path, version: str, module) -> tuple[str, Path]:
 def test_baseline_env_of_a_prefix_release_is_the_release_as_is(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     fixed_python, fixed_site = _fake_venv(tmp_path, "0.26.0", _fake_prefix_module)
     dest = tmp_path / ".venv-unfixed"
-    python = unfix.make_baseline_env(fixed_python, dest)
-    site = dest / unfix._purelib_rel(sys.executable)
+    python = baseline.make_baseline_env(fixed_python, dest)
+    site = dest / baseline._purelib_rel(sys.executable)
     for rel in unfix.PATCHED_FILES:  # nothing edited: the files are the release's own (hardlinks)
         assert os.path.samefile(site / rel, fixed_site / rel)
-    marker = unfix._read_marker(dest)
+    marker = baseline._read_marker(dest)
     assert marker["pre_fix_release"] is True and marker["patched_sha256"] == {} and marker["verified"]
     assert "not in this release" in marker["upstream"]
-    assert unfix.make_baseline_env(fixed_python, dest) == python  # reused
-    unfix.main(unfix.add_cli_args(argparse.ArgumentParser()).parse_args(
+    assert baseline.make_baseline_env(fixed_python, dest) == python  # reused
+    baseline.main(baseline.add_cli_args(argparse.ArgumentParser()).parse_args(
         ["--python", fixed_python, "--dest", str(dest)]))
     out = capsys.readouterr()
     assert "predates PR #49297: the release as is, no edits" in out.out
@@ -188,14 +188,14 @@ def test_baseline_env_leaves_fixed_files_untouched(fake_fixed: tuple[str, Path],
             for rel in unfix.PATCHED_FILES}
     dest = tmp_path / ".venv-unfixed"
 
-    python = unfix.make_baseline_env(fixed_python, dest)
+    python = baseline.make_baseline_env(fixed_python, dest)
 
     assert python == dest / "bin" / "python"
     for rel, (data, ino) in orig.items():  # fixed copy: same bytes, same inode
         assert (fixed_site / rel).read_bytes() == data and (fixed_site / rel).stat().st_ino == ino
     assert unfix.patched_files_sha256(fixed_python) == {rel: unfix._sha256(fixed_site / rel) for rel in orig}
     new_sha = unfix.patched_files_sha256(str(python))
-    site = dest / unfix._purelib_rel(sys.executable)
+    site = dest / baseline._purelib_rel(sys.executable)
     for rel in unfix.PATCHED_FILES:
         assert not os.path.samefile(site / rel, fixed_site / rel)
         assert new_sha[rel] != unfix._sha256(fixed_site / rel)
@@ -207,14 +207,14 @@ def test_baseline_env_leaves_fixed_files_untouched(fake_fixed: tuple[str, Path],
     # Idempotent: a current env is reused as is.
     ino = (site / unfix.PULL_WORKER).stat().st_ino
     t0 = time.perf_counter()
-    assert unfix.make_baseline_env(fixed_python, dest) == python
+    assert baseline.make_baseline_env(fixed_python, dest) == python
     assert time.perf_counter() - t0 < 5
     assert (site / unfix.PULL_WORKER).stat().st_ino == ino
 
     # A damaged env is rebuilt.
-    (site / unfix.PTH_NAME).unlink()
-    unfix.make_baseline_env(fixed_python, dest)
-    assert (site / unfix.PTH_NAME).exists()
+    (site / baseline.PTH_NAME).unlink()
+    baseline.make_baseline_env(fixed_python, dest)
+    assert (site / baseline.PTH_NAME).exists()
     assert not list(tmp_path.glob(".venv-unfixed.partial-*"))
     for rel, (data, ino) in orig.items():
         assert (fixed_site / rel).read_bytes() == data and (fixed_site / rel).stat().st_ino == ino
@@ -225,7 +225,7 @@ def test_baseline_env_refuses_foreign_dest(fake_fixed: tuple[str, Path], tmp_pat
     dest.mkdir()
     (dest / "keep.txt").write_text("x")
     with pytest.raises(UserError, match="not a pdsweep baseline env"):
-        unfix.make_baseline_env(fake_fixed[0], dest)
+        baseline.make_baseline_env(fake_fixed[0], dest)
     assert (dest / "keep.txt").read_text() == "x"
 
 
@@ -235,7 +235,7 @@ def test_baseline_env_refuses_before_building(fake_fixed: tuple[str, Path], tmp_
     path.write_text(path.read_text().replace("len(plan.all_source_ranks) > 1", "True"))
     dest = tmp_path / ".venv-unfixed"
     with pytest.raises(UserError, match=r"base_worker\.py: expected text not found"):
-        unfix.make_baseline_env(fixed_python, dest)
+        baseline.make_baseline_env(fixed_python, dest)
     assert not dest.exists() and not list(tmp_path.glob(".venv-unfixed.partial-*"))
 
 
@@ -247,7 +247,7 @@ def test_baseline_env_refuses_before_building(fake_fixed: tuple[str, Path], tmp_
 def test_baseline_env_from_installed_vllm(tmp_path: Path) -> None:
     """Builds from this interpreter's vllm (hardlinks: ~15 s, mostly one vllm import)."""
     fixed_before = unfix.patched_files_sha256(sys.executable)
-    python = unfix.make_baseline_env(sys.executable, tmp_path / ".venv-unfixed")
+    python = baseline.make_baseline_env(sys.executable, tmp_path / ".venv-unfixed")
     assert unfix.patched_files_sha256(sys.executable) == fixed_before
     code = ("import inspect, vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker as m;"
             "print(m.__file__); print('and read_specs:' in inspect.getsource(m))")
