@@ -152,18 +152,10 @@ def run_lm_eval(base_url: str, model: str, tokenizer: str, eval_spec: EvalSpec, 
         raise UserError(f"lm-eval's API models need the 'api' extra (missing: {', '.join(missing)}): "
                         "pip install 'lm-eval[api]'")
     import lm_eval
-    from lm_eval.tasks import TaskManager
-    from lm_eval.utils import handle_non_serializable
 
     lm_dir = Path(out_dir) / layout.LM_EVAL_DIR
     lm_dir.mkdir(parents=True, exist_ok=True)
-    include = [str(arith.render_task(lm_dir / "tasks"))] if arith.TASK_NAME in eval_spec.tasks else []
-    # lm-eval's own task index (thousands of YAMLs, seconds to scan) only when needed
-    own = all(t.startswith("pdsweep_") for t in eval_spec.tasks)  # pdsweep's offline namespace
-    tm = TaskManager(include_path=include or None, include_defaults=not own)
-    unknown = [t for t in eval_spec.tasks if t not in tm.all_tasks]
-    if unknown:
-        raise UserError(f"eval.tasks: unknown lm-eval task(s) {unknown}")
+    tm = _task_manager(eval_spec, lm_dir)
 
     model_args: dict[str, Any] = {
         "model": model,
@@ -194,15 +186,37 @@ def run_lm_eval(base_url: str, model: str, tokenizer: str, eval_spec: EvalSpec, 
     if results is None:  # not rank 0: cannot happen for API models
         raise RuntimeError("lm-eval returned no results")
 
+    _write_results(lm_dir, results)
+    out = {task: task_result(results, task) for task in eval_spec.tasks}
+    for task, r in out.items():
+        log.info("%s: %s = %s (stderr %s, n=%s)", task, r["metric"], r["value"], r["stderr"], r["n"])
+    return out
+
+
+def _task_manager(eval_spec: EvalSpec, lm_dir: Path) -> Any:
+    """lm-eval's ``TaskManager`` for ``eval_spec.tasks``, with ``pdsweep_arith`` rendered
+    under ``lm_dir/tasks``; raises ``UserError`` naming unknown tasks."""
+    from lm_eval.tasks import TaskManager
+
+    include = [str(arith.render_task(lm_dir / "tasks"))] if arith.TASK_NAME in eval_spec.tasks else []
+    # lm-eval's own task index (thousands of YAMLs, seconds to scan) only when needed
+    own = all(t.startswith("pdsweep_") for t in eval_spec.tasks)  # pdsweep's offline namespace
+    tm = TaskManager(include_path=include or None, include_defaults=not own)
+    unknown = [t for t in eval_spec.tasks if t not in tm.all_tasks]
+    if unknown:
+        raise UserError(f"eval.tasks: unknown lm-eval task(s) {unknown}")
+    return tm
+
+
+def _write_results(lm_dir: Path, results: dict[str, Any]) -> None:
+    """``results.json`` (samples popped out of ``results``) and ``samples_<task>.jsonl``."""
+    from lm_eval.utils import handle_non_serializable
+
     samples = results.pop("samples", None) or {}
     write_text(lm_dir / "results.json", json.dumps(results, indent=2, default=handle_non_serializable) + "\n")
     for task, rows in samples.items():
         write_text(lm_dir / f"samples_{task}.jsonl",
                    "".join(json.dumps(r, default=handle_non_serializable) + "\n" for r in rows))
-    out = {task: task_result(results, task) for task in eval_spec.tasks}
-    for task, r in out.items():
-        log.info("%s: %s = %s (stderr %s, n=%s)", task, r["metric"], r["value"], r["stderr"], r["n"])
-    return out
 
 
 def _stop_tqdm_monitors() -> None:

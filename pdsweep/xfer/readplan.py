@@ -274,11 +274,36 @@ def build_read_plan(
         split = ratio < 0 and (not geometry.is_mla or len(m.all_source_ranks) > 1)
     else:
         split = ratio < 0 and not geometry.is_mla
+    reads = _reads(geometry, m, sources, ratio, decode_tp, decode_rank, split)
+    if plan == "fixed":
+        notify = single_read_assumed and len(sources) == 1
+    else:
+        notify = single_read_assumed
+    handshakes = handshake_ranks(decode_tp, prefill_tp, decode_rank)
+    notify_ranks = [r for r in handshakes if r not in sources] if notify else []
+    return ReadPlan(
+        plan=plan,
+        prefill_tp=prefill_tp,
+        decode_tp=decode_tp,
+        decode_rank=decode_rank,
+        tp_ratio=ratio,
+        mapping=m,
+        transfers=tuple(sources),
+        reads=tuple(reads),
+        notify_ranks=tuple(notify_ranks),
+        notif_consumers=m.local_consumers,
+        upstream_notes=tuple(notes),
+    )
+
+
+def _reads(geometry: KVGeometry, m: TPMap, sources: list[int], ratio: int, decode_tp: int, decode_rank: int,
+           split: bool) -> list[Read]:
+    """One :class:`Read` per (source rank, region) the decode rank reads, region-major
+    within a rank as vLLM posts them (``_build_fa_remote``, the SSM chunks)."""
     # The SSM chunk index comes from the per-source local split handles, which the
     # unfixed build never creates for MLA: its single read lands in chunk 0.
     fa_splits = len(m.attention_ranks)
     ssm_splits = len(m.ssm_ranks)
-
     reads: list[Read] = []
     for p_idx, rank in enumerate(sources):
         for reg in geometry.regions:
@@ -301,23 +326,4 @@ def build_read_plan(
                 chunk = local // fa_splits
                 local_off = m.rank_to_attention_slot[rank] * chunk if split else 0
                 reads.append(_region_read(reg, rank, local_off, m.rank_offset_factor * local, chunk))
-
-    if plan == "fixed":
-        notify = single_read_assumed and len(sources) == 1
-    else:
-        notify = single_read_assumed
-    handshakes = handshake_ranks(decode_tp, prefill_tp, decode_rank)
-    notify_ranks = [r for r in handshakes if r not in sources] if notify else []
-    return ReadPlan(
-        plan=plan,
-        prefill_tp=prefill_tp,
-        decode_tp=decode_tp,
-        decode_rank=decode_rank,
-        tp_ratio=ratio,
-        mapping=m,
-        transfers=tuple(sources),
-        reads=tuple(reads),
-        notify_ranks=tuple(notify_ranks),
-        notif_consumers=m.local_consumers,
-        upstream_notes=tuple(notes),
-    )
+    return reads

@@ -90,18 +90,18 @@ class TransferSession:
             self.ucx_dir = tempfile.mkdtemp(prefix="pdsweep-ucx-")
         pool = (self.requests.attn_pool, self.requests.ssm_pool)
         p_lays = {r: rank_layout(self.geometry, self.P, r, *pool) for r in range(self.P)}
-        common = {"geometry": self.geometry, "device": self.device, "delay_us": self.delay_us, "seed": self.seed}
         tag = f"{os.getpid()}-{id(self) & 0xFFFF:x}"
         for r in range(self.P):
-            pcfg = PrefillRankConfig(name=f"pdsweep-p{r}-{tag}", layout=p_lays[r], gpu=self._gpu(r), **common)
+            pcfg = PrefillRankConfig(f"pdsweep-p{r}-{tag}", self.geometry, p_lays[r], self.device, self._gpu(r),
+                                     self.delay_us, self.seed)
             self.pconns.append(self._spawn(prefill_main, pcfg))
         for d, plan in enumerate(self.plans):
             dcfg = DecodeRankConfig(
-                name=f"pdsweep-d{d}-{tag}", rank=d, plan=plan, requests=self.requests,
-                layout=rank_layout(self.geometry, self.D, d, *pool), remote_layouts=p_lays,
+                f"pdsweep-d{d}-{tag}", self.geometry, rank_layout(self.geometry, self.D, d, *pool), self.device,
+                self._gpu(self.P + d), self.delay_us, self.seed,
+                rank=d, plan=plan, requests=self.requests, remote_layouts=p_lays,
                 remote_dev={r: self._gpu(r) for r in range(self.P)},
-                remote_mem="VRAM" if self.device == "cuda" else "DRAM",
-                gpu=self._gpu(self.P + d), ucx_log_dir=self.ucx_dir, **common,
+                remote_mem="VRAM" if self.device == "cuda" else "DRAM", ucx_log_dir=self.ucx_dir,
             )
             self.dconns.append(self._spawn(decode_main, dcfg))
         peers = {r: self._recv(self.pconns[r], r, "prefill")[1] for r in range(self.P)}
