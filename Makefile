@@ -70,9 +70,15 @@ baseline-env: install
 test: install baseline-env
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# ruff over the whole tree ([tool.ruff] in pyproject.toml); CI runs it before the tests
-lint: install
-	$(VENV)/bin/ruff check .
+# ruff over the whole tree ([tool.ruff] in pyproject.toml); CI runs it first, before the
+# install: it takes the venv's ruff (the dev extra) when there is one, else a ruff-only
+# venv made in seconds, so a lint error fails CI before minutes of installing
+LINT_VENV ?= .venv-lint
+RUFF = $(firstword $(wildcard $(VENV)/bin/ruff) $(LINT_VENV)/bin/ruff)
+lint:
+	@[ -x "$(RUFF)" ] || { python3 -m venv $(LINT_VENV) && $(LINT_VENV)/bin/python -m pip install --quiet \
+	  --disable-pip-version-check "ruff>=0.6"; }
+	$(RUFF) check .
 
 bench: install
 	mkdir -p results/bench
