@@ -1,0 +1,80 @@
+"""The subcommand table, the one error-to-exit-code mapping and the cell-directory object."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from pdsweep import layout
+from pdsweep.cli import SUBCOMMANDS, RunArgs, build_parser, chosen_path
+from pdsweep.errors import EXIT_GATE_FAILED, EXIT_INTERNAL, EXIT_USER_ERROR, GateFailed, UserError, run_main
+
+
+def test_command_names_are_unique_and_every_leaf_has_an_entry_point() -> None:
+    names = [c.name for c in SUBCOMMANDS]
+    assert names == ["validate", "plan", "run", "gate", "compare", "report", "proxy", "baseline-env", "bench"]
+    leaves = [c for c in SUBCOMMANDS if not c.children] + [k for c in SUBCOMMANDS for k in c.children]
+    assert all((c.args is None) != (c.module is None) for c in leaves)
+    assert [k.name for k in SUBCOMMANDS[-1].children] == ["transfer"]
+
+
+@pytest.mark.parametrize("argv, path", [
+    (["-v", "bench", "transfer", "--model", "x"], ["bench", "transfer"]),
+    (["validate", "proxy"], ["validate"]),  # a sweep file named like a command is not a command
+    (["proxy", "--prefill", "http://a"], ["proxy"]),
+    (["--help"], []),
+    (["nosuch"], []),
+])
+def test_chosen_path_is_the_leading_command_words(argv: list[str], path: list[str]) -> None:
+    assert chosen_path(argv) == path
+
+
+def test_run_options_come_from_the_flags_of_the_same_name() -> None:
+    from pdsweep.run import RunOptions
+
+    ns = build_parser(["run"]).parse_args(["run", "s.yaml", "--quiet", "--gpus", "2", "--cells", "tiny*"])
+    args = RunArgs.from_cli_args(ns)
+    assert args.sweep == "s.yaml"
+    assert args.opts == dataclasses.replace(RunOptions(), quiet=True, gpus=2, cells="tiny*")
+
+
+def test_run_main_maps_each_error_kind_once(capsys: pytest.CaptureFixture[str]) -> None:
+    def boom(exc: BaseException):
+        def main() -> int:
+            raise exc
+        return main
+
+    assert run_main(lambda: None) == 0
+    assert run_main(lambda: 7) == 7
+    assert run_main(boom(UserError("sweeps/x.yaml:3: bad"))) == EXIT_USER_ERROR
+    assert capsys.readouterr().err == "error: sweeps/x.yaml:3: bad\n"
+    assert run_main(boom(GateFailed("gate: FAILED: 1 FAIL"))) == EXIT_GATE_FAILED
+    assert capsys.readouterr().err == "gate: FAILED: 1 FAIL\n"
+    assert run_main(boom(OSError(28, "No space left on device"))) == EXIT_INTERNAL  # not "bad input"
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "OSError: [Errno 28] No space left on device" in err
+    assert "please report it" in err
+
+
+def test_cell_dir_names_every_path_of_a_cell(tmp_path: Path) -> None:
+    cd = layout.CellDir.of(tmp_path, "tiny-llama.p1d1.b16-16.fixed")
+    assert cd.path == tmp_path / "tiny-llama.p1d1.b16-16.fixed"
+    assert cd.file(layout.STATUS_FILE) == cd.path / "status.json"
+    assert (cd.logs, cd.metrics, cd.lm_eval) == (cd.path / "logs", cd.path / "metrics", cd.path / "lm_eval")
+    assert cd.where(layout.ACCURACY_FILE) == "tiny-llama.p1d1.b16-16.fixed/accuracy.json"
+    assert cd.read(layout.STATUS_FILE) is None and cd.status is None
+    layout.write_json(cd.file(layout.STATUS_FILE), {"status": "ok"})
+    assert cd.status == "ok" and cd.read(layout.STATUS_FILE) == {"schema": layout.SCHEMA, "status": "ok"}
+    with pytest.raises(UserError, match="is not a safe directory name"):
+        layout.CellDir.of(tmp_path, "../escape")
+
+
+def test_write_text_names_the_path_it_cannot_write(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UserError, match=r"file/out\.md: cannot write: "):
+        layout.write_text(tmp_path / "file" / "out.md", "x")
+    mode_file = layout.write_text(tmp_path / "m.txt", "ü", mode=0o640)
+    assert mode_file.read_text(encoding="utf-8") == "ü" and mode_file.stat().st_mode & 0o777 == 0o640
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp file left
