@@ -82,6 +82,31 @@ def _text(name: str, min_words: int) -> str:
     return " ".join(words)
 
 
+def _task_text(name: str, min_pairs: int) -> str:
+    """``pdsweep_arith`` Q/A pairs in lm-eval's prompt format (``pdsweep.arith``), seeded
+    by ``name``, ending in an open question (``...\nA:``): the next tokens are an answer,
+    which a checkpoint trained on the task computes from the whole KV it holds."""
+    from .arith import _question
+
+    rng = random.Random(f"pdsweep-consistency-task:{name}")
+    pairs = []
+    for _ in range(min_pairs):
+        q, a = _question(rng)
+        pairs.append(f"Q: {q}\nA: {a}")
+    q, _ = _question(rng)
+    return "\n\n".join([*pairs, f"Q: {q}\nA:"])
+
+
+def probe_text(setting: str, trained_on_task: bool) -> str:
+    """The probe text kind for ``ConsistencySpec.text``: ``auto`` is ``task`` for a
+    checkpoint trained on ``pdsweep_arith`` (``tiny.train``), else ``prose``. Measured on
+    trained tiny-llama with scrambled KV: prose prompts get one constant, confident token
+    whatever the KV holds (blind), while task prompts answer from the KV."""
+    if setting == "auto":
+        return "task" if trained_on_task else "prose"
+    return setting
+
+
 def resolve_lengths(block_size: int, max_model_len: int, lengths: list[int | str],
                     max_tokens: int = 8) -> list[tuple[str, int]]:
     """``(name, prompt tokens)`` per entry of ``lengths`` (``ConsistencySpec.lengths``):
@@ -114,23 +139,35 @@ def resolve_lengths(block_size: int, max_model_len: int, lengths: list[int | str
 
 
 def build_prompts(tokenizer_path: str | Path, block_size: int, max_model_len: int,
-                  lengths: list[int | str], max_tokens: int = 8) -> list[Prompt]:
-    """Deterministic prompts of exact token counts (:func:`resolve_lengths`), made from
-    seeded English-like text (a different text per prompt, so no prompt is a prefix of
-    another and prefix caching cannot mask a transfer) and trimmed with the model's local
-    tokenizer (special tokens such as BOS included in the count). Raises ``UserError``
-    for an unusable tokenizer path or lengths."""
+                  lengths: list[int | str], max_tokens: int = 8, text: str = "prose") -> list[Prompt]:
+    """Deterministic prompts of exact token counts (:func:`resolve_lengths`), a different
+    seeded text per prompt (so no prompt is a prefix of another and prefix caching cannot
+    mask a transfer), cut with the model's local tokenizer (special tokens such as BOS
+    included in the count).
+
+    ``text`` (:func:`probe_text`): ``prose`` is English-like text cut at the end;
+    ``task`` is ``pdsweep_arith`` Q/A pairs cut at the *start* (after the special
+    prefix tokens), so every prompt ends in an open question. Raises ``UserError`` for an
+    unusable tokenizer path or lengths, ``ValueError`` for another ``text``."""
+    if text not in ("prose", "task"):
+        raise ValueError(f"consistency text {text!r}: expected 'prose' or 'task'")
     encode, decode = _load_tokenizer(tokenizer_path)
+    special = encode("")  # what the tokenizer puts before any text (BOS), kept in front
+    make = _text if text == "prose" else _task_text
     prompts = []
     for name, n in resolve_lengths(block_size, max_model_len, lengths, max_tokens):
-        words = max(16, n)
-        ids = encode(_text(name, words))
-        while len(ids) < n:  # tokenizers with long tokens: more text
-            words *= 2
-            ids = encode(_text(name, words))
-        ids = ids[:n]
+        size = max(16, n) if text == "prose" else max(1, n // 8)
+        ids = encode(make(name, size))
+        while len(ids) < n + len(special):  # tokenizers with long tokens: more text
+            size *= 2
+            ids = encode(make(name, size))
+        if text == "prose":
+            ids = ids[:n]
+        else:
+            body = ids[len(special):] if ids[:len(special)] == special else ids
+            ids = (special + body[len(body) - (n - len(special)):])[:n] if n > len(special) else special[:n]
         prompts.append(Prompt(name=name, token_ids=ids, text=decode(ids)))
-        log.debug("prompt %s: %d tokens", name, n)
+        log.debug("prompt %s: %d tokens (%s)", name, n, text)
     return prompts
 
 

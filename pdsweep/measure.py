@@ -115,14 +115,15 @@ def collect_probe(ls: LoadedSweep, cell: Cell, dep: Deployment, mpath: str,
     import asyncio
 
     from .accuracy import completions_url
-    from .consistency import build_prompts, complete, path_check
+    from .consistency import build_prompts, complete, path_check, probe_text
 
     model = ls.catalogue.models[cell.model]
     spec = ls.sweep.eval.consistency
     max_len = ls.sweep.defaults.max_model_len or model.max_model_len
     block, source = probe_block(cell, blocks)
-    prompts = build_prompts(model.tokenizer or mpath, block, max_len, spec.lengths, spec.max_tokens)
-    sizing = {"block_size": block, "block_source": source, "max_model_len": max_len}
+    text = probe_text(spec.text, model.tiny is not None and model.tiny.train is not None)
+    prompts = build_prompts(model.tokenizer or mpath, block, max_len, spec.lengths, spec.max_tokens, text)
+    sizing = {"block_size": block, "block_source": source, "max_model_len": max_len, "text": text}
     cap = max_len - spec.max_tokens - 1
     if "blocks" in spec.lengths and cap < 3 * block:
         sizing["note"] = (f"max_model_len {max_len} holds no 3 effective blocks of {block} tokens (with "

@@ -162,6 +162,9 @@ class ConsistencySpec(_Strict):
     # the reference also answers each position along its plain prefill path, so a
     # divergence is triaged as transfer / engine / both (pdsweep.consistency.path_check)
     triage: bool = True
+    # probe text (pdsweep.consistency.probe_text): auto = the eval task's own Q/A format for
+    # checkpoints trained on it (tiny.train), English-like prose otherwise
+    text: Literal["auto", "prose", "task"] = "auto"
 
 
 class EvalSpec(_Strict):

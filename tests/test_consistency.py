@@ -18,6 +18,7 @@ from pdsweep.consistency import (
     compare,
     judge_consistency,
     probe,
+    probe_text,
     resolve_lengths,
     thresholds_for,
 )
@@ -95,6 +96,25 @@ def test_prompt_lengths(prompts):
 def test_prompts_are_deterministic(tokenizer, prompts):
     again = build_prompts(tokenizer, 16, 512, ["short", "blocks", "long", 41], max_tokens=MAX_TOKENS)
     assert [p.token_ids for p in again] == [p.token_ids for p in prompts]
+
+
+def test_task_prompts_keep_bos_and_end_in_an_open_question(tokenizer):
+    task = build_prompts(tokenizer, 16, 512, ["short", "blocks", "long", 41], MAX_TOKENS, text="task")
+    assert [(p.name, p.num_tokens) for p in task] == [("short", 15), ("blocks", 56), ("long", 503), ("len41", 41)]
+    assert all(p.token_ids[0] == 0 and p.token_ids.count(0) == 1 for p in task)  # BOS once, in front
+    assert all(p.text.endswith("?\nA:") for p in task), [p.text[-20:] for p in task]
+    assert all("What is" in p.text for p in task) and task[2].text.count("Q: What is") >= 10, [p.text for p in task]
+    ids = [tuple(p.token_ids) for p in task]
+    assert not any(a != b and b[: len(a)] == a for a in ids for b in ids)
+    again = build_prompts(tokenizer, 16, 512, ["short", "blocks", "long", 41], MAX_TOKENS, text="task")
+    assert [p.token_ids for p in again] == [p.token_ids for p in task]
+    with pytest.raises(ValueError, match="expected 'prose' or 'task'"):
+        build_prompts(tokenizer, 16, 512, ["short"], MAX_TOKENS, text="poetry")
+
+
+def test_probe_text_auto_follows_training():
+    assert probe_text("auto", True) == "task" and probe_text("auto", False) == "prose"
+    assert probe_text("prose", True) == "prose" and probe_text("task", False) == "task"
 
 
 def test_resolve_lengths_edges():

@@ -82,17 +82,22 @@ def test_scrambled_kv_fails_the_accuracy_gate(run_dir, tmp_path):
     assert ref["verdict"] == "pass" and ref["value"] >= 0.9, ref
     assert task["verdict"] == "fail" and task["value"] < task["expected"]["value"] - task["expected"]["tolerance"], task
     assert any("significantly below reference" in r for r in task["reasons"]), task["reasons"]
-    # The consistency probe's English-like prompts do not see it on the *trained* model: trained
-    # only on arithmetic, it answers them with one constant token whatever the KV holds (random
-    # weights diverged from token 0 on the 3.5-block prompt). Measured: every prompt passes,
-    # tokens equal. The engine itself stays consistent (no false "engine" triage).
+    # The consistency probe sees it too: on a checkpoint trained on pdsweep_arith the probe
+    # prompts are the task's Q/A text ending in an open question (eval.consistency.text auto),
+    # so the answer comes from the KV. (English-like prose got one constant, confident token
+    # whatever the KV held: every prompt passed under scramble.) Triaged to the transfer:
+    # the single instance's own decode path agrees with its prefill path.
     cons = layout.read_json(run / PD / "consistency.json")
+    probe = layout.read_json(run / PD / "probe.json")
+    assert probe["sizing"]["text"] == "task", probe["sizing"]
+    assert cons["verdict"] == "fail", cons["prompts"]
     assert all(p["engine_path_ok"] for p in cons["prompts"])
-    assert cons["triage"]["verdict"] in ("none", "transfer"), cons["triage"]
+    assert cons["triage"]["verdict"] == "transfer", cons["triage"]
     assert not vllm_children()
     assert main(["gate", str(run)]) == 1
     gated = {c.cell_id: c for c in gate_run(run).cells}
     assert any("accuracy.json" in r and "outside expected" in r for r in gated[PD].reasons), gated[PD].reasons
+    assert any("consistency.json" in r for r in gated[PD].reasons), gated[PD].reasons
 
 
 @pytest.fixture(scope="module")
