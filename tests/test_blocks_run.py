@@ -49,7 +49,8 @@ def test_fake_run_records_blocks_and_reports_mismatch(tmp_path):
                                   "mismatch": []}
     assert "block_mismatch" not in layout.read_json(ok / "status.json")
     probe = layout.read_json(ok / "probe.json")
-    assert probe["sizing"] == {"block_size": 16, "block_source": "runtime", "max_model_len": 256}
+    # text: the probe text eval.consistency.text "auto" picked (prose: the fixture model is untrained)
+    assert probe["sizing"] == {"block_size": 16, "block_source": "runtime", "max_model_len": 256, "text": "prose"}
     assert {p["name"]: p["prompt_tokens"] for p in probe["prompts"]} == {"short": 15, "blocks": 56, "long": 251}
 
     bad = run / "fake-gqa.p1d1.b16-16.fixed.env-raised"
