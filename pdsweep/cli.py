@@ -251,6 +251,8 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", help="skip cells whose status is final")
     p.add_argument("--quiet", action="store_true", help="one line per cell (CI logs)")
     p.add_argument("--skip-eval", action="store_true", help="deploy and probe only, no lm-eval")
+    p.add_argument("--no-reuse", action="store_true",
+                   help="one deployment per cell (default: identical instances are shared across cells)")
     p.add_argument("--launcher", choices=("local", "slurm"), default="local",
                    help="slurm: every instance a job step of the allocation pdsweep runs in (salloc/sbatch)")
     p.add_argument("--gpus-per-node", type=int, default=None, help="slurm: GPUs per node (default SLURM_GPUS_ON_NODE)")
@@ -264,7 +266,7 @@ def _run(args: argparse.Namespace) -> int:
     opts = RunOptions(out=args.out, cells=args.cells, gpus=args.gpus, resume=args.resume, quiet=args.quiet,
                       drop_kv_transfer_params=args.drop_kv_transfer_params,
                       scramble_kv_block_ids=args.scramble_kv_block_ids, skip_eval=args.skip_eval,
-                      launcher=args.launcher, gpus_per_node=args.gpus_per_node)
+                      launcher=args.launcher, gpus_per_node=args.gpus_per_node, reuse=not args.no_reuse)
     try:
         run_dir = run_sweep(args.sweep, opts)
     except KeyboardInterrupt:

@@ -90,7 +90,7 @@ def build_problems(plan: Plan) -> tuple[list[str], list[str]]:
     """(errors, warnings) for the builds cells use: a ``python`` that is not an executable
     file is an error; a ``venv`` not built yet is a warning (``make baseline-env`` makes
     ``.venv-unfixed`` before ``make sweep`` runs; without it only that build's cells fail)."""
-    from .run import REPO
+    from .builds import REPO
 
     s, path = plan.loaded.sweep, plan.loaded.path
     errors, warnings = [], []

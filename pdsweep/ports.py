@@ -48,7 +48,7 @@ def plan_python(ls: Any, build: str) -> str:
     one when the build's venv is not made yet (the unfixed baseline is this vLLM with two
     NIXL worker files changed, ``pdsweep.unfix``)."""
     from .errors import UserError
-    from .run import build_python
+    from .builds import build_python
 
     try:
         return build_python(ls, build)
