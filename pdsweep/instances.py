@@ -31,8 +31,9 @@ from typing import Any, Protocol
 
 import httpx
 
+from .deploy import CellFailed, check_ports
 from .launchers import Handle, Launcher, port_free
-from .plan import InstanceSpec
+from .plan import PORTS_PER_SLOT, InstanceSpec, Slot
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +109,6 @@ class Provider(Protocol):
 
 
 def _start(launcher: Launcher, spec: InstanceSpec, log_path: Path) -> Handle:
-    from .deploy import CellFailed
-
     ports = tuple(p for p in (spec.port, spec.side_channel_port) if p)
     try:
         return launcher.start(spec.name, list(spec.argv), spec.env, spec.port, log_path, ports, host=spec.host,
@@ -188,8 +187,6 @@ class InstancePool:
             if all(port_free(p) for p in range(base, base + BLOCK_PORTS)):
                 self.blocks.add(base)
                 return base
-        from .deploy import CellFailed
-
         raise CellFailed("start", f"no free block of {BLOCK_PORTS} ports from {self.port_base} on")
 
     def _launch(self, spec: InstanceSpec, cell: str | None) -> Live:
@@ -363,3 +360,40 @@ def _copy_slice(src: Path, offset: int, dst: Path) -> None:
     dst.parent.mkdir(parents=True, exist_ok=True)
     with open(dst, "ab") as out:
         out.write(data)
+
+
+class AltBlocks:
+    """Alternate port blocks for a lane whose ports another process on the host holds:
+    blocks of ``PORTS_PER_SLOT`` from lane :data:`ALT_BLOCKS_FROM` on, each held by one
+    running cell (thread-safe; one per run, no module state)."""
+
+    def __init__(self) -> None:
+        self.claimed: set[int] = set()
+        self.lock = threading.Lock()
+
+    def free_slot(self, slot: Slot, make_specs, proxy_only: bool = False) -> tuple[Slot, list]:
+        """``slot`` if none of its ports is taken (``proxy_only``: its proxy port, when the
+        instances get their ports elsewhere, :class:`pdsweep.instances.InstancePool`), else
+        the same slot on the first free alternate block. Raises ``CellFailed('start')``
+        when no block is free."""
+        specs = make_specs(slot)
+        if not check_ports([] if proxy_only else specs, slot):
+            return slot, specs
+        with self.lock:
+            for j in range(ALT_BLOCKS_FROM, ALT_BLOCKS_FROM + 64):
+                base = slot.port_base - slot.index * PORTS_PER_SLOT + j * PORTS_PER_SLOT
+                if base + PORTS_PER_SLOT > 65535 or base in self.claimed:
+                    continue
+                alt = replace(slot, port_base=base)
+                specs = make_specs(alt)
+                if not check_ports([] if proxy_only else specs, alt):
+                    self.claimed.add(base)
+                    return alt, specs
+        raise CellFailed("start", f"no free block of {PORTS_PER_SLOT} ports found near {slot.port_base}")
+
+    def release(self, slot: Slot) -> None:
+        with self.lock:
+            self.claimed.discard(slot.port_base)
+
+
+ALT_BLOCKS_FROM = 64  # alternates start past any lane a run can use

@@ -28,7 +28,7 @@ from . import __version__, layout
 from .builds import REPO, build_info, build_python  # noqa: F401  (build_python: pdsweep.cli)
 from .deploy import CellFailed, Deployment, Faults, Timeouts, deploy
 from .errors import UserError
-from .instances import Fresh, InstancePool, instance_id, instance_key
+from .instances import AltBlocks, Fresh, InstancePool, instance_id, instance_key
 from .launchers import Launcher, LocalLauncher, tail
 from .logscan import first_exception
 from .measure import measure_cell
@@ -47,7 +47,7 @@ from .plan import (
 )
 from .progress import Progress
 from .provenance import config_hash, git_sha, host_facts, now
-from .schedule import NEEDS_GPUS, AltBlocks, GpuPool, detect_gpus, lifecycle, order, pack, reuse_order
+from .schedule import NEEDS_GPUS, GpuPool, detect_gpus, lifecycle, order, pack, reuse_order
 from .spec import LoadedSweep, load_sweep
 
 log = logging.getLogger(__name__)

@@ -192,47 +192,6 @@ def pack(cells: list[Cell], num_gpus: int, port_base: int = 20000, pool=None) ->
 NEEDS_GPUS = "needs-gpus"  # run.json rule of a valid cell the host had too few GPUs for (= pdsweep.gate's)
 
 
-class AltBlocks:
-    """Alternate port blocks for a lane whose ports another process on the host holds:
-    blocks of ``PORTS_PER_SLOT`` from lane :data:`ALT_BLOCKS_FROM` on, each held by one
-    running cell (thread-safe; one per run, no module state)."""
-
-    def __init__(self) -> None:
-        self.claimed: set[int] = set()
-        self.lock = threading.Lock()
-
-    def free_slot(self, slot: Slot, make_specs, proxy_only: bool = False) -> tuple[Slot, list]:
-        """``slot`` if none of its ports is taken (``proxy_only``: its proxy port, when the
-        instances get their ports elsewhere, :class:`pdsweep.instances.InstancePool`), else
-        the same slot on the first free alternate block. Raises ``CellFailed('start')``
-        when no block is free."""
-        from dataclasses import replace
-
-        from .deploy import CellFailed, check_ports
-
-        specs = make_specs(slot)
-        if not check_ports([] if proxy_only else specs, slot):
-            return slot, specs
-        with self.lock:
-            for j in range(ALT_BLOCKS_FROM, ALT_BLOCKS_FROM + 64):
-                base = slot.port_base - slot.index * PORTS_PER_SLOT + j * PORTS_PER_SLOT
-                if base + PORTS_PER_SLOT > MAX_PORT or base in self.claimed:
-                    continue
-                alt = replace(slot, port_base=base)
-                specs = make_specs(alt)
-                if not check_ports([] if proxy_only else specs, alt):
-                    self.claimed.add(base)
-                    return alt, specs
-        raise CellFailed("start", f"no free block of {PORTS_PER_SLOT} ports found near {slot.port_base}")
-
-    def release(self, slot: Slot) -> None:
-        with self.lock:
-            self.claimed.discard(slot.port_base)
-
-
-ALT_BLOCKS_FROM = 64  # alternates start past any lane a run can use
-
-
 # ---------------------------------------------------------------- reuse: order and lifecycle
 def reuse_order(cells: list[Cell], keys: dict[str, set[str]]) -> list[Cell]:
     """Run order with instance reuse (``keys``: cell id -> :func:`pdsweep.instances.instance_key`
