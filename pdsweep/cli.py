@@ -173,6 +173,8 @@ class RunArgs:
         p.add_argument("--resume", action="store_true", help="skip cells whose status is final")
         p.add_argument("--quiet", action="store_true", help="one line per cell (CI logs)")
         p.add_argument("--skip-eval", action="store_true", help="deploy and probe only, no lm-eval")
+        p.add_argument("--no-reuse", dest="reuse", action="store_false",
+                       help="one deployment per cell (default: identical instances are shared across cells)")
         p.add_argument("--launcher", choices=("local", "slurm"), default="local",
                        help="slurm: every instance a job step of the allocation pdsweep runs in (salloc/sbatch)")
         p.add_argument("--gpus-per-node", type=int, default=None,

@@ -17,10 +17,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 import httpx
 
-from .launchers import Handle, Launcher, port_free, tail
+from .launchers import Handle, port_free, tail
 from .logscan import first_exception
 from .plan import Cell, InstanceSpec, Slot
 
@@ -29,6 +30,32 @@ log = logging.getLogger(__name__)
 HEALTH_POLL_S = 0.1  # readiness is detected within one poll of /health answering 200
 READY_PROMPT = "Q: What is 1 + 1?\nA:"
 NIXL_COUNT_METRIC = "vllm:nixl_xfer_time_seconds"
+
+
+@dataclass
+class Use:
+    """One instance as one cell uses it: the spec it runs (real ports), a handle named
+    as in the cell (``prefill-0``), and whether an earlier cell started it."""
+
+    spec: InstanceSpec
+    handle: Handle
+    instance_id: str
+    reused: bool
+    log_offset: int = 0  # bytes of the instance log earlier cells used (0: started for this cell)
+
+    def record(self) -> dict[str, Any]:
+        """cell.json / status.json ``instances`` entry."""
+        return {"name": self.spec.name, "instance_id": self.instance_id, "reused": self.reused,
+                "log": str(self.handle.log_path), "port": self.spec.port}
+
+
+class Provider(Protocol):
+    """Where a cell's instances come from (:func:`pdsweep.deploy.deploy`)."""
+
+    def acquire(self, cell_id: str, specs: list[InstanceSpec], log_dir: Path) -> list[Use]: ...
+
+    def release(self, cell_id: str, uses: list[Use], failed: bool, log_dir: Path) -> None: ...
+
 
 
 class CellFailed(Exception):
@@ -44,8 +71,10 @@ class Deployment:
     cell: Cell
     slot: Slot
     handles: list[Handle]
+    uses: list[Use] = field(default_factory=list)  # which instance each handle is (pdsweep.instances)
     proxy: object | None = None
     proxy_log: Path | None = None
+    log_dir: Path | None = None  # the cell's logs/ (a shared instance logs elsewhere)
     timings: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -201,49 +230,58 @@ def check_ports(specs: list[InstanceSpec], slot: Slot) -> list[int]:
     return [p for p in ports if not port_free(p)]
 
 
+@dataclass(frozen=True)
+class Faults:
+    """Test-only faults the PD proxy injects (:class:`pdsweep.proxy.ProxyServer`): drop
+    ``kv_transfer_params`` from the decode leg (decode recomputes: the transfer gate must
+    catch it), scramble the KV block ids (KV arrives wrong: the consistency probe must)."""
+
+    drop_kv_transfer_params: bool = False
+    scramble_kv_block_ids: bool = False
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    startup_s: float  # every instance healthy within this, seconds
+    request_s: float  # each readiness request, seconds
+
+
 @contextlib.contextmanager
-def deploy(cell: Cell, slot: Slot, specs: list[InstanceSpec], launcher: Launcher, log_dir: Path,
-           startup_timeout_s: float, request_timeout_s: float, drop_kv_transfer_params: bool = False,
-           scramble_kv_block_ids: bool = False,
+def deploy(cell: Cell, slot: Slot, specs: list[InstanceSpec], provider: Provider, log_dir: Path,
+           timeouts: Timeouts, faults: Faults = Faults(),
            on_phase: Callable[[str], None] = lambda p: None, stop: Callable[[], bool] = lambda: False,
-           ) -> Iterator[Deployment]:
-    """Start ``specs`` on ``slot``, make the cell ready, yield the :class:`Deployment`,
-    and always tear down (also on exceptions and interrupts).
+           on_uses: Callable[[list[Use]], None] = lambda u: None) -> Iterator[Deployment]:
+    """Get ``specs``' instances from ``provider`` (started for this cell, or shared with
+    earlier cells: :mod:`pdsweep.instances`), make the cell ready, yield the
+    :class:`Deployment`, and always give them back (also on exceptions and interrupts;
+    a cell that failed gives them back as failed: the provider stops them). The PD proxy
+    listens on ``slot.proxy_port()``. ``on_uses`` learns which instances the cell got.
 
     Raises ``CellFailed`` for startup/readiness failures.
     """
-    dep = Deployment(cell, slot, [])
-    try:
-        on_phase("start")
+    dep = Deployment(cell, slot, [], log_dir=log_dir)
+    failed = True
+    with contextlib.ExitStack() as stack:
+        on_phase("start")  # the phase stays where it failed; teardown is not reported as the culprit
         t0 = time.monotonic()
-        for s in specs:
-            ports = tuple(p for p in (s.port, s.side_channel_port) if p)
-            try:
-                dep.handles.append(launcher.start(s.name, list(s.argv), s.env, s.port,
-                                                  log_dir / f"{s.name}.log", ports, host=s.host,
-                                                  node=s.node or None))
-            except (OSError, ValueError) as e:
-                raise CellFailed("start", f"{s.name}: cannot start {s.argv[0]}: {e}") from None
-        wait_healthy(dep.handles, startup_timeout_s, stop)
+        dep.uses = provider.acquire(cell.id, specs, log_dir)
+        stack.callback(lambda: provider.release(cell.id, dep.uses, failed, log_dir))
+        dep.handles = [u.handle for u in dep.uses]
+        on_uses(dep.uses)
+        wait_healthy(dep.handles, timeouts.startup_s, stop)
         dep.timings["healthy_s"] = time.monotonic() - t0
         on_phase("ready")
         if cell.kind == "pd":
             from .proxy import ProxyServer
 
             dep.proxy_log = log_dir / "proxy.log"
-            dep.proxy = ProxyServer(
+            dep.proxy = stack.enter_context(ProxyServer(
                 prefill_urls=[h.url for h in dep.role("prefill")], decode_urls=[h.url for h in dep.role("decode")],
-                port=slot.proxy_port(), timeout_s=request_timeout_s, drop_kv_transfer_params=drop_kv_transfer_params,
-                log_path=dep.proxy_log, scramble_kv_block_ids=scramble_kv_block_ids,
-                block_size=cell.decode_block_size)
-            dep.proxy.__enter__()  # type: ignore[attr-defined]
+                port=slot.proxy_port(), timeout_s=timeouts.request_s, log_path=dep.proxy_log,
+                drop_kv_transfer_params=faults.drop_kv_transfer_params,
+                scramble_kv_block_ids=faults.scramble_kv_block_ids, block_size=cell.decode_block_size))
         t1 = time.monotonic()
-        first_request(dep, cell.model, request_timeout_s)
+        first_request(dep, cell.model, timeouts.request_s)
         dep.timings["first_request_s"] = time.monotonic() - t1
         yield dep
-    finally:  # the phase stays where it failed; teardown is not reported as the culprit
-        if dep.proxy is not None:
-            with contextlib.suppress(Exception):
-                dep.proxy.__exit__(None, None, None)  # type: ignore[attr-defined]
-        for h in reversed(dep.handles):
-            launcher.stop(h)
+        failed = False

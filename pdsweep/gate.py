@@ -416,7 +416,6 @@ def _signature_matches(pattern: str, reasons: list[str], status: dict[str, Any])
         return False
 
 
-NEEDS_GPUS = layout.NEEDS_GPUS  # run.py imports it from here: remove after the issue-13 merge
 
 
 def gate_run(run_dir: Path, gate: GateSpec | None = None) -> GateResult:

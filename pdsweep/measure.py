@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from . import layout
 from .deploy import CellFailed, Deployment
 from .plan import Cell
 from .spec import LoadedSweep
@@ -22,14 +23,17 @@ log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def scrape_phase(dep: Deployment, phases: dict[str, Any], name: str, out_dir: Path | None = None) -> Iterator[None]:
+def scrape_phase(dep: Deployment, phases: dict[str, Any], name: str, out_dir: Path | None = None,
+                 spent: dict[str, float] | None = None) -> Iterator[None]:
     """Scrape every instance's /metrics (and the PD proxy's, as instance ``proxy``) before
     and after the block; store ``phases[name][instance] = (before, after, wall_s)`` and the raw text under
     ``<cell>/metrics/``. An instance that cannot be scraped is left out, so its
-    metrics read as missing (the gate fails closed)."""
+    metrics read as missing (the gate fails closed). A shared instance's counters are
+    cumulative over every cell that used it: only these before/after deltas belong to
+    this cell. Seconds spent scraping are added to ``spent['scrape_s']``."""
     from .metrics import parse, scrape_sync
 
-    out_dir = out_dir or dep.handles[0].log_path.parent.parent / "metrics"
+    out_dir = out_dir or (dep.log_dir or dep.handles[0].log_path.parent).parent / "metrics"
     out_dir.mkdir(parents=True, exist_ok=True)
 
     targets = [(h.name, h.url) for h in dep.handles]
@@ -37,6 +41,7 @@ def scrape_phase(dep: Deployment, phases: dict[str, Any], name: str, out_dir: Pa
         targets.append(("proxy", dep.proxy.url))  # type: ignore[attr-defined]
 
     def grab(tag: str) -> dict[str, Any]:
+        t = time.monotonic()
         snaps = {}
         for iname, url in targets:
             try:
@@ -46,6 +51,8 @@ def scrape_phase(dep: Deployment, phases: dict[str, Any], name: str, out_dir: Pa
                 continue
             (out_dir / f"{name}.{iname}.{tag}.txt").write_text(text)
             snaps[iname] = parse(text)
+        if spent is not None:
+            spent["scrape_s"] = spent.get("scrape_s", 0.0) + time.monotonic() - t
         return snaps
 
     before, t0 = grab("before"), time.monotonic()
@@ -55,6 +62,43 @@ def scrape_phase(dep: Deployment, phases: dict[str, Any], name: str, out_dir: Pa
         wall = time.monotonic() - t0
         after = grab("after")
         phases[name] = {n: (before[n], after[n], wall) for n in before if n in after}
+
+
+def measure_cell(ls: LoadedSweep, cell: Cell, dep: Deployment, cdir: Path, mpath: str, on_phase,
+                 blocks: dict[str, Any] | None = None, skip_eval: bool = False,
+                 spent: dict[str, float] | None = None) -> None:
+    """The measured phases: eval (lm-eval), consistency probe, optional load; each
+    bracketed by /metrics scrapes of every instance (transfer.json). ``spent`` collects
+    the seconds pdsweep itself spends (scrapes, transfer.json) for the harness share."""
+    ev = ls.sweep.eval
+    phases: dict[str, Any] = {}
+    if not skip_eval and ev.tasks:
+        on_phase("eval")
+        model = ls.catalogue.models[cell.model]
+        from .budgets import eval_budget_s
+        from .evalproc import run_lm_eval_bounded
+
+        with scrape_phase(dep, phases, "eval", spent=spent):
+            results = run_lm_eval_bounded(f"{dep.url}/v1/completions", cell.model, model.tokenizer or mpath, ev,
+                                          cdir, model.chat, eval_budget_s(ev))
+        layout.write_json(cdir / layout.EVAL_RAW, {"cell_id": cell.id, "tasks": results})
+    if ev.consistency.enabled:
+        on_phase("consistency")
+        with scrape_phase(dep, phases, "consistency", spent=spent):
+            probe = collect_probe(ls, cell, dep, mpath, blocks)
+        layout.write_json(cdir / layout.PROBE_RAW, {"cell_id": cell.id, **probe})
+    if ls.sweep.bench.enabled:
+        on_phase("bench")
+        with scrape_phase(dep, phases, "bench", spent=spent):
+            load = run_load(ls, cell, dep, mpath, cdir)
+        layout.write_json(cdir / layout.LOAD_FILE, {"cell_id": cell.id, **load})
+    from .metrics import cell_transfer, ucx_transports_from_logs
+
+    t = time.monotonic()
+    ucx = ucx_transports_from_logs(h.log_path for h in dep.decode_handles) if cell.kind == "pd" else None
+    layout.write_json(cdir / layout.TRANSFER_FILE, {"cell_id": cell.id, "ucx_transports": ucx, **cell_transfer(phases)})
+    if spent is not None:
+        spent["transfer_s"] = spent.get("transfer_s", 0.0) + time.monotonic() - t
 
 
 def complete(url: str, model: str, prompt: str, max_tokens: int, timeout_s: float) -> dict[str, Any]:

@@ -111,8 +111,8 @@ def resolve_for_plan(cell: Cell, ls: LoadedSweep) -> Cell:
 
     if not conditional(cell):
         return cell
-    from .fixprobes import probe_python
     from .builds import build_python
+    from .fixprobes import probe_python
 
     try:
         python = build_python(ls, cell.build)
@@ -274,7 +274,7 @@ def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: 
              [("prefill", cell.prefill_tp, cell.prefill_block_size)] * cell.num_prefill
              + [("decode", cell.decode_tp, cell.decode_block_size)] * cell.num_decode)
     eager = d.enforce_eager if variant.enforce_eager is None else variant.enforce_eager
-    out, gpu_i, rank_i, counters = [], 0, 0, {"prefill": 0, "decode": 0, "single": 0}
+    out, gpu_i, rank_i, dec_i, counters = [], 0, 0, 0, {"prefill": 0, "decode": 0, "single": 0}
     for k, (role, tp, block) in enumerate(roles):
         name = f"{role}-{counters[role]}"
         counters[role] += 1
@@ -320,13 +320,29 @@ def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: 
             cores = slot.cpus or tuple(range(os.cpu_count() or 1))
             env["VLLM_TARGET_DEVICE"] = "cpu"
             env["VLLM_CPU_KVCACHE_SPACE"] = str(d.cpu_kvcache_space_gib)
-            env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(cores[(rank_i + r) % len(cores)]) for r in range(tp * dp))
+            placed = dec_i if role == "decode" else rank_i
+            env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_bind(role, tp * dp, placed, cores)
             for var, val in CPU_PLUGIN_ENV.items():  # pdsweep.vllm_plugin (a sweep's env may override)
                 env.setdefault(var, val)
-            rank_i += tp * dp
+            if role == "decode":
+                dec_i += tp * dp
+            else:
+                rank_i += tp * dp
         out.append(InstanceSpec(name, role, tp, slot.http_port(k), side, tuple(gpus), tuple(argv), env, slot.host(k),
                                 slot.node(k)))
     return out
+
+
+def cpu_bind(role: str, ranks: int, first: int, cores: tuple[int, ...]) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` of one CPU instance: prefill (and single) ranks take
+    cores from the first up, decode ranks from the last core down, each in instance order
+    (``first``: ranks of its side placed before it). So a decode instance binds the same cores whatever its
+    prefill's TP is, and the same decode serves every cell that pairs with it
+    (:mod:`pdsweep.instances`); with 2 cores P TP1 -> core 0, D TP1 -> core 1."""
+    n = len(cores)
+    if role == "decode":
+        return "|".join(str(cores[(n - 1 - first - r) % n]) for r in range(ranks))
+    return "|".join(str(cores[(first + r) % n]) for r in range(ranks))
 
 
 def planned_blocks(model: ModelSpec, platform: str, spec: InstanceSpec) -> dict[str, Any]:

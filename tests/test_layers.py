@@ -16,7 +16,6 @@ PKG = Path(pdsweep.__file__).resolve().parent
 # to remove after the issue-13 merge. The test fails when one of them no longer exists,
 # so this list can only shrink.
 KNOWN_BACK_EDGES = {
-    ("run", "gate"),  # run.py imports NEEDS_GPUS from gate: import it from layout instead
     ("deploy", "metrics"),  # deploy.py scrapes /metrics for readiness: move the scrape below deploy
 }
 

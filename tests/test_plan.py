@@ -289,7 +289,7 @@ def test_cpu_num_blocks_scale_with_context():
 
 def test_config_hash_ignores_build_and_expectation():
     """compare lines up an unfixed cell expected to fail with its fixed twin."""
-    from pdsweep.run import config_hash
+    from pdsweep.provenance import config_hash
 
     ls = load_sweep(SWEEPS / "cpu-smoke.yaml")
     cells = {c.id: c for c in expand(ls).cells}

@@ -142,11 +142,22 @@ def test_taken_port_moves_cell_to_free_block(tmp_path, tok):
         s.bind(("127.0.0.1", 32002))
         s.listen()
         run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True,
-                                          cells="fake-gqa.p1d1*"))
+                                          cells="fake-gqa.p1d1*", reuse=False))
+        s.close()
+        s2 = socket.socket()
+        s2.bind(("127.0.0.1", 32216))  # with reuse: someone holds a port of the second instance block
+        s2.listen()
+        pooled = run_sweep(sweep, RunOptions(out=tmp_path / "pooled", quiet=True, skip_eval=True,
+                                             cells="fake-gqa.p1d1*"))
+        s2.close()
     st = status(run, "fake-gqa.p1d1.b16-16.fixed")
     assert st["status"] == "ok", st
     ports = [i["port"] for i in layout.read_json(run / "fake-gqa.p1d1.b16-16.fixed" / "cell.json")["instances"]]
     assert 32002 not in ports and all(p >= 32000 + 64 * 200 for p in ports)
+    # with reuse every instance takes a free block of 16 ports of its own past lane 0
+    st = status(pooled, "fake-gqa.p1d1.b16-16.fixed")
+    assert st["status"] == "ok", st
+    assert [i["port"] for i in st["instances"]] == [32232, 32248], st["instances"]
 
 
 def test_decode_killed_mid_run_fails_cell_without_hanging(tmp_path, tok):
