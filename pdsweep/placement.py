@@ -97,19 +97,46 @@ def needs(cell: Cell, cluster: Cluster) -> str | None:
     return None
 
 
-class ClusterPool:
+class LanePool:
+    """What every pool shares: port lanes (lane ``i`` owns ``PORTS_PER_SLOT`` ports from
+    ``port_base + i * PORTS_PER_SLOT``; the lowest free lane is taken) and, on CPU, one cell
+    at a time holding every core. Subclasses place GPUs (:class:`ClusterPool`,
+    :class:`pdsweep.schedule.GpuPool`) under :attr:`lock`."""
+
+    def __init__(self, port_base: int, cpus: tuple[int, ...] = ()) -> None:
+        self.port_base, self.cpus = port_base, cpus
+        self.lanes: set[int] = set()
+        self.cpu_busy = False
+        self.lock = threading.Lock()
+
+    def _take_cpu(self) -> bool:
+        """Claim the CPU for a GPU-less cell (under the lock); False when another holds it."""
+        if self.cpu_busy:
+            return False
+        self.cpu_busy = True
+        return True
+
+    def _take_lane(self) -> int:
+        lane = min(set(range(len(self.lanes) + 1)) - self.lanes)
+        self.lanes.add(lane)
+        return lane
+
+    def _free_lane(self, slot: Slot) -> None:
+        self.lanes.discard(slot.index)
+        if not slot.gpus:
+            self.cpu_busy = False
+
+
+class ClusterPool(LanePool):
     """Thread-safe pool of (node, GPU) pairs and port lanes, the over-nodes sibling of
     :class:`pdsweep.schedule.GpuPool` (same ``fits`` / ``try_acquire`` / ``release``)."""
 
     def __init__(self, cluster: Cluster, port_base: int, cpus: tuple[int, ...] = ()) -> None:
+        super().__init__(port_base, cpus)
         self.cluster = cluster
         self.free = {n: list(range(cluster.gpus_per_node)) for n in cluster.nodes}
         self.num_gpus = cluster.num_gpus
-        self.port_base, self.cpus = port_base, cpus
-        self.lanes: set[int] = set()
         self.held: dict[int, list[tuple[str, tuple[int, ...]]]] = {}
-        self.cpu_busy = False
-        self.lock = threading.Lock()
 
     def fits(self, cell: Cell) -> bool:
         return needs(cell, self.cluster) is None
@@ -121,9 +148,8 @@ class ClusterPool:
         """Place ``cell`` on free GPUs now (a lane of ports with it), or None."""
         with self.lock:
             if cell.num_gpus == 0:
-                if self.cpu_busy:
+                if not self._take_cpu():
                     return None
-                self.cpu_busy = True
                 first, last = self.cluster.nodes[0], self.cluster.nodes[-1]
                 placed = [(first, ())] * (cell.num_prefill if cell.kind == "pd" else 1)
                 placed += [(last, ())] * (cell.num_decode if cell.kind == "pd" else 0)
@@ -134,8 +160,7 @@ class ClusterPool:
                 placed = got
                 for node, gpus in placed:
                     self.free[node] = [g for g in self.free[node] if g not in gpus]
-            lane = min(set(range(len(self.lanes) + 1)) - self.lanes)
-            self.lanes.add(lane)
+            lane = self._take_lane()
             self.held[lane] = placed
             return Slot(lane, tuple(g for _, gs in placed for g in gs), self.port_base + lane * PORTS_PER_SLOT,
                         self.cpus, hosts=tuple(self.cluster.addr(n) for n, _ in placed),
@@ -145,6 +170,4 @@ class ClusterPool:
         with self.lock:
             for node, gpus in self.held.pop(slot.index, []):
                 self.free[node] = sorted(set(self.free[node]) | set(gpus))
-            self.lanes.discard(slot.index)
-            if not slot.gpus:
-                self.cpu_busy = False
+            self._free_lane(slot)

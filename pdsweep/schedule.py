@@ -11,10 +11,10 @@ from __future__ import annotations
 import heapq
 import shutil
 import subprocess
-import threading
 from dataclasses import dataclass, field
 
 from .errors import UserError
+from .placement import LanePool
 from .plan import PORTS_PER_SLOT, Cell, Slot
 
 # Rough per-cell durations for the makespan estimate (seconds); real runs log real ones.
@@ -56,19 +56,15 @@ def check_ports(num_gpus: int, port_base: int) -> None:
                         f"{PORTS_PER_SLOT} ports reach port {last}, past {MAX_PORT} (lower port_base)")
 
 
-class GpuPool:
-    """Thread-safe pool of GPU ids and port lanes. On CPU (``num_gpus == 0``) one cell
-    runs at a time and holds every core."""
+class GpuPool(LanePool):
+    """Thread-safe pool of GPU ids and port lanes on one host. On CPU (``num_gpus == 0``)
+    one cell runs at a time and holds every core."""
 
     def __init__(self, num_gpus: int, port_base: int, cpus: tuple[int, ...] = ()) -> None:
         check_ports(num_gpus, port_base)
+        super().__init__(port_base, cpus)
         self.free = set(range(num_gpus))
         self.num_gpus = num_gpus
-        self.port_base = port_base
-        self.cpus = cpus
-        self.lanes: set[int] = set()
-        self.cpu_busy = False
-        self.lock = threading.Lock()
 
     def fits(self, cell: Cell) -> bool:
         return cell.num_gpus <= self.num_gpus if cell.num_gpus else True
@@ -81,25 +77,21 @@ class GpuPool:
         """Take GPUs and a lane for ``cell``, or None when they are not free now."""
         with self.lock:
             if cell.num_gpus == 0:
-                if self.cpu_busy:
+                if not self._take_cpu():
                     return None
-                self.cpu_busy = True
                 gpus: tuple[int, ...] = ()
             else:
                 if len(self.free) < cell.num_gpus:
                     return None
                 gpus = tuple(sorted(self.free)[: cell.num_gpus])
                 self.free -= set(gpus)
-            lane = min(set(range(len(self.lanes) + 1)) - self.lanes)
-            self.lanes.add(lane)
+            lane = self._take_lane()
             return Slot(lane, gpus, self.port_base + lane * PORTS_PER_SLOT, self.cpus)
 
     def release(self, slot: Slot) -> None:
         with self.lock:
             self.free |= set(slot.gpus)
-            self.lanes.discard(slot.index)
-            if not slot.gpus:
-                self.cpu_busy = False
+            self._free_lane(slot)
 
 
 @dataclass(frozen=True)
