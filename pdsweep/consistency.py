@@ -157,15 +157,13 @@ def build_prompts(tokenizer_path: str | Path, block_size: int, max_model_len: in
     prompts = []
     for name, n in resolve_lengths(block_size, max_model_len, lengths, max_tokens):
         size = max(16, n) if text == "prose" else max(1, n // 8)
+        need = n if text == "prose" else n + len(special)  # task: a full n-token tail after the prefix
         ids = encode(make(name, size))
-        while len(ids) < n + len(special):  # tokenizers with long tokens: more text
+        while len(ids) < need:  # tokenizers with long tokens: more text
             size *= 2
             ids = encode(make(name, size))
-        if text == "prose":
-            ids = ids[:n]
-        else:
-            body = ids[len(special):] if ids[:len(special)] == special else ids
-            ids = (special + body[len(body) - (n - len(special)):])[:n] if n > len(special) else special[:n]
+        keep = n - len(special)  # task: special prefix + the last `keep` text tokens
+        ids = ids[:n] if text == "prose" or keep <= 0 else special + ids[len(ids) - keep:]
         prompts.append(Prompt(name=name, token_ids=ids, text=decode(ids)))
         log.debug("prompt %s: %d tokens (%s)", name, n, text)
     return prompts
