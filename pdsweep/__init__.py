@@ -11,7 +11,7 @@ later one. tests/test_layers.py reads this list and fails on any import going up
 and type-only imports included, and on a module missing from it.
 
     leaves:      pdsweep errors layout stats topology endpoints guards logscan progress expectations
-    in-vllm:     vllm_debug cpu_models.mla_mamba2 cpu_models vllm_plugin
+    in-vllm:     vllm_debug readlog cpu_models.mla_mamba2 cpu_models vllm_plugin
     environment: unfix baseline fixprobes argcheck
     spec:        results_schema yamlfile catalogue spec
     inputs:      builds arith evaltasks tinytrain tinymodels ports

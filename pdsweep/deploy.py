@@ -66,6 +66,12 @@ class CellFailed(Exception):
         self.phase, self.reason, self.log_tail = phase, reason, log_tail or []
 
 
+class ReadyHang(CellFailed):
+    """The first request through a ready deployment timed out: the engine hangs (no
+    instance died, nothing answered wrong). The one failure ``defaults.ready_retries``
+    redeploys for (``pdsweep.run.run_cell``)."""
+
+
 @dataclass
 class Deployment:
     cell: Cell
@@ -199,8 +205,10 @@ def first_request(dep: Deployment, model: str, timeout_s: float) -> None:
         r = httpx.post(f"{dep.url}/v1/completions", timeout=timeout_s,
                        json={"model": model, "prompt": READY_PROMPT, "max_tokens": 4, "temperature": 0})
     except httpx.HTTPError as e:
-        raise CellFailed("ready", _with_culprits(f"first request failed: {type(e).__name__}: {e}", dep.handles),
-                         _tails(dep)) from None
+        hang = isinstance(e, httpx.TimeoutException) and not culprits(dep.handles)
+        raise (ReadyHang if hang else CellFailed)(
+            "ready", _with_culprits(f"first request failed: {type(e).__name__}: {e}", dep.handles),
+            _tails(dep)) from None
     if r.status_code != 200:
         raise CellFailed("ready", _with_culprits(f"first request: HTTP {r.status_code}: {r.text[:500]}", dep.handles),
                          _tails(dep))

@@ -78,7 +78,7 @@ def plan_dict(sweep: str, gpus: int | None, cells_glob: str | None = None, clust
         n = cluster.num_gpus
     sched = pack(cells, n, ls.sweep.defaults.port_base, pool=pool)
     slots = {p.cell.id: p.slot for p in sched.placements}
-    out_cells = []
+    out_cells, specs_of = [], {}
     for c in cells:
         d = {**c.to_dict(), "tp_ratio": c.tp_ratio, "num_gpus": c.num_gpus, "blocks": _cell_blocks(c, ls),
              "reference_cell": reference_of(c, ls).id if c.kind == "pd" and ls.sweep.eval.reference else None}
@@ -88,13 +88,30 @@ def plan_dict(sweep: str, gpus: int | None, cells_glob: str | None = None, clust
                 python = build_python(ls, c.build)  # the interpreter `run` will use
             except UserError:  # e.g. .venv-unfixed not built yet: a dry run still shows the argv
                 python = f"{ls.sweep.builds[c.build].venv}/bin/python"
-            specs = instances(c, slots[c.id], ls, model_path(m, c.model, create=False), python)
+            specs = specs_of[c.id] = instances(c, slots[c.id], ls, model_path(m, c.model, create=False), python)
             d["instances"] = [{**s.to_dict(), "blocks": planned_blocks(m, ls.sweep.platform, s)} for s in specs]
         out_cells.append(d)
+    # `run` shares identical instances across cells on one host without GPUs (pdsweep.instances)
+    reuse = reuse_plan([c for c in cells if c.id in specs_of], specs_of) if n == 0 and cluster is None else None
     return {"sweep": str(ls.path), "platform": ls.sweep.platform, "gpus": n,
             "nodes": list(cluster.nodes) if cluster else None, "cells": out_cells,
             "rejected": [r.to_dict() for r in plan.rejected],
-            "schedule": sched.to_dict()}
+            "schedule": sched.to_dict(), "reuse": reuse}
+
+
+def reuse_plan(cells, specs_of: dict) -> dict:
+    """What ``run`` (reuse on) does with ``cells``: the run order (:func:`pdsweep.schedule.reuse_order`),
+    each start and stop of an instance (:func:`pdsweep.schedule.lifecycle`), distinct instances
+    vs uses; the shape of plan.json ``reuse``. Ports do not define an instance, so the dry
+    run's slots give the same identities as the run's."""
+    from .instances import instance_id, instance_key
+    from .schedule import lifecycle, reuse_order
+
+    keys = {cid: [instance_key(s) for s in sp] for cid, sp in specs_of.items()}
+    ids = {instance_key(s): instance_id(s) for sp in specs_of.values() for s in sp}
+    todo = reuse_order(cells, {cid: set(k) for cid, k in keys.items()})
+    return {"order": [c.id for c in todo], "instances": lifecycle(todo, keys, ids),
+            "distinct": len(ids), "per_cell": sum(len(k) for k in keys.values())}
 
 
 def _cell_blocks(cell, ls) -> dict:
@@ -159,6 +176,22 @@ def print_plan(d: dict) -> None:
                   f"GPUs {gp:12} {p['cell']}")
     con.print(f"estimated makespan {s['makespan_s']:.0f} s vs {s['serial_s']:.0f} s one by one "
               f"(ratio {s['ratio']:.2f})")
+    if d.get("reuse"):
+        _print_reuse(con, d["reuse"])
+
+
+def _print_reuse(con, reuse: dict) -> None:
+    """The instances ``run`` shares across cells (started once, reset between cells)."""
+    from rich.table import Table
+
+    shared = [r for r in reuse["instances"] if len(r["cells"]) > 1]
+    t = Table(title=f"instance reuse: {reuse['distinct']} distinct instances for {reuse['per_cell']} uses "
+                    f"({len(shared)} shared; `run --no-reuse` starts one per use)")
+    for col in ("instance", "cells (in run order)", "stops after"):
+        t.add_column(col, overflow="fold")
+    for r in shared:
+        t.add_row(r["instance_id"], ", ".join(r["cells"]), r["stop_after"] or "-")
+    con.print(t)
 
 
 def placement_text(p: dict) -> str:

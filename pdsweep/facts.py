@@ -105,7 +105,10 @@ class CellFacts:
     """What a cell's files say, tolerant of anything missing (all fields optional).
 
     ``totals`` is transfer.json ``totals`` (bytes in bytes, times in s, rates in GB/s);
-    ``worst_prompt`` describes the consistency prompt with the lowest exact-match rate.
+    ``worst_prompt`` describes the consistency prompt with the lowest exact-match rate;
+    ``reads_by_rank`` is transfer.json ``reads_by_prefill_rank`` (prefill TP rank ->
+    ``{reads, bytes, ...}``; empty when not recorded) and ``transfer_plans`` its
+    ``transfer_plans`` (vLLM's ``TransferTopology`` fields per prefill engine).
     """
 
     model: str | None = None
@@ -121,6 +124,8 @@ class CellFacts:
     consistency: str | None = None
     worst_prompt: str | None = None
     totals: dict[str, Any] = field(default_factory=dict)
+    reads_by_rank: dict[str, Any] = field(default_factory=dict)
+    transfer_plans: tuple[dict[str, Any], ...] = ()
 
     def total(self, key: str) -> float | None:
         return num(self.totals.get(key))
@@ -190,6 +195,9 @@ def cell_facts(files: CellFiles, fallback: Cell | None = None) -> CellFacts:
         tasks=tuple(task_score(k, v) for k, v in tasks.items() if isinstance(v, dict)),
         consistency=con.get("verdict"), worst_prompt=worst_prompt(con.get("prompts")),
         totals=tr.get("totals") if isinstance(tr.get("totals"), dict) else {},
+        reads_by_rank=tr.get("reads_by_prefill_rank") if isinstance(tr.get("reads_by_prefill_rank"), dict) else {},
+        transfer_plans=tuple(p for p in tr.get("transfer_plans") or () if isinstance(p, dict))
+        if isinstance(tr.get("transfer_plans"), list) else (),
     )
 
 

@@ -153,6 +153,8 @@ def matrix_problems(plan: Plan) -> tuple[list[str], list[str]]:
     kept = [c for c in combos if not any(all(k in c and str(c[k]) == str(v) for k, v in e.items())
                                          for e in m.exclude)]
     for i, e in enumerate(m.include):
+        if e.get("kind") == "ref":
+            continue  # sets reference expectations (plan.apply_ref_expectations), never a cell
         merged = [c for c in kept if all(str(c[k]) == str(v) for k, v in e.items() if k in c)]
         replaced = [c for c in merged if _to_cell(c, plan.loaded).id != _to_cell({**c, **e}, plan.loaded).id]
         new_keys = [k for k in e if k in AXES and k not in axes]

@@ -88,3 +88,45 @@ def first_exception(log_path: Path) -> LoggedException | None:
                                        _short(frame.group("file")), int(frame.group("line")), frame.group("func"),
                                        st[1][:200], proc)
     return None
+
+
+# ------------------------------------------------------------------ NIXL READs per prefill rank
+# One line per completed READ on a decode worker, logged by pdsweep.readlog (the vLLM plugin,
+# PDSWEEP_NIXL_READ_LOG=1): the prefill rank it read from and NIXL's own telemetry of it.
+NIXL_READ_TAG = "PDSWEEP_NIXL_READ"
+_READ = re.compile(NIXL_READ_TAG + r" remote_engine=(?P<engine>\S+) remote_rank=(?P<rank>\d+) "
+                   r"bytes=(?P<bytes>\d+) descs=(?P<descs>\d+)")
+# vLLM logs the TransferTopology of each prefill engine at the handshake (nixl/base_worker.py)
+_TOPOLOGY = re.compile(r"Transfer plan: TransferTopology\((?P<body>[^)]*)\)")
+
+
+def nixl_reads_by_rank(text: str) -> dict[str, dict[str, int]]:
+    """Completed READs in a decode log, per prefill (remote) TP rank, summed over the
+    prefill engines it read from: ``{"0": {"reads", "bytes", "descriptors", "engines"}}``
+    (bytes: NIXL ``get_xfer_telemetry().totalBytes``); empty when no READ line is logged."""
+    out: dict[str, dict[str, int]] = {}
+    engines: dict[str, set[str]] = {}
+    for m in _READ.finditer(text):
+        r = out.setdefault(m.group("rank"), {"reads": 0, "bytes": 0, "descriptors": 0, "engines": 0})
+        r["reads"] += 1
+        r["bytes"] += int(m.group("bytes"))
+        r["descriptors"] += int(m.group("descs"))
+        engines.setdefault(m.group("rank"), set()).add(m.group("engine"))
+    for rank, r in out.items():
+        r["engines"] = len(engines[rank])
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
+
+
+def transfer_topologies(text: str) -> list[dict[str, int | str]]:
+    """The distinct ``TransferTopology(...)`` plans a decode log names, fields parsed
+    (``tp_ratio``, ``local_tp``, ``remote_tp``, ``remote_block_len``, ...; ints where they are)."""
+    seen: list[dict[str, int | str]] = []
+    for m in _TOPOLOGY.finditer(text):
+        plan: dict[str, int | str] = {}
+        for part in m.group("body").split(","):
+            key, _, val = part.strip().partition("=")
+            if key:
+                plan[key] = int(val) if val.lstrip("-").isdigit() else val
+        if plan not in seen:
+            seen.append(plan)
+    return seen

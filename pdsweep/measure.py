@@ -96,9 +96,31 @@ def measure_cell(ls: LoadedSweep, cell: Cell, dep: Deployment, cdir: Path, mpath
 
     t = time.monotonic()
     ucx = ucx_transports_from_logs(h.log_path for h in dep.decode_handles) if cell.kind == "pd" else None
-    layout.write_json(cdir / layout.TRANSFER_FILE, {"cell_id": cell.id, "ucx_transports": ucx, **cell_transfer(phases)})
+    layout.write_json(cdir / layout.TRANSFER_FILE, {"cell_id": cell.id, "ucx_transports": ucx,
+                                                    **(read_split(dep) if cell.kind == "pd" else {}),
+                                                    **cell_transfer(phases)})
     if spent is not None:
         spent["transfer_s"] = spent.get("transfer_s", 0.0) + time.monotonic() - t
+
+
+def read_split(dep: Deployment) -> dict[str, Any]:
+    """From this cell's share of its decode logs: ``transfer_plans`` (vLLM's
+    ``TransferTopology`` per prefill engine) and ``reads_by_prefill_rank`` (completed READs
+    and NIXL bytes per prefill TP rank, whole cell: warm-up and every phase; None when no
+    READ line was logged, e.g. a build without pdsweep's vLLM plugin). See
+    :mod:`pdsweep.readlog`, :func:`pdsweep.logscan.nixl_reads_by_rank`."""
+    from .logscan import nixl_reads_by_rank, transfer_topologies
+
+    offsets = {str(u.handle.log_path): u.log_offset for u in dep.uses}
+    text = ""
+    for h in dep.decode_handles:
+        try:
+            with open(h.log_path, errors="replace") as f:
+                f.seek(offsets.get(str(h.log_path), 0))
+                text += f.read()
+        except OSError:
+            continue
+    return {"transfer_plans": transfer_topologies(text), "reads_by_prefill_rank": nixl_reads_by_rank(text) or None}
 
 
 def complete(url: str, model: str, prompt: str, max_tokens: int, timeout_s: float) -> dict[str, Any]:

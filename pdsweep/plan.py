@@ -20,7 +20,7 @@ from typing import Any
 from . import rules
 from .cell import Cell, Rejected
 from .errors import UserError
-from .spec import AXES, EXPECT_KEYS, LoadedSweep, ModelSpec
+from .spec import AXES, EXPECT_KEYS, REF_ENTRY_KEYS, LoadedSweep, ModelSpec
 
 MAX_INSTANCES = 12  # per cell; bounded by the per-slot port layout below
 PORTS_PER_SLOT = 200
@@ -69,6 +69,8 @@ def matrix_combinations(matrix: Any) -> list[dict[str, Any]]:
     originals = [dict(c) for c in combos]
     extra: list[dict[str, Any]] = []
     for entry in matrix.include:
+        if entry.get("kind") == "ref":
+            continue  # an expectation of reference cells (apply_ref_expectations), not a cell
         merged = False
         for combo, orig in zip(combos, originals):
             if all(str(orig[k]) == str(v) for k, v in entry.items() if k in orig):
@@ -152,8 +154,35 @@ def expand(ls: LoadedSweep) -> Plan:
         for c in plan.cells:
             r = reference_of(c, ls)
             refs.setdefault(r.id, r)
-        plan.cells.extend(refs.values())
+        plan.cells.extend(apply_ref_expectations(list(refs.values()), ls))
     return plan
+
+
+_REF_FIELDS = {"block_size": "decode_block_size"}  # a kind: ref entry's key -> the reference Cell's field
+
+
+def apply_ref_expectations(refs: list[Cell], ls: LoadedSweep) -> list[Cell]:
+    """``refs`` with the expectations of the sweep's ``kind: ref`` include entries applied
+    (every key of :data:`pdsweep.spec.REF_ENTRY_KEYS` an entry gives must equal the
+    reference's; a later entry overrides an earlier one). A reference is final for the PD
+    cells compared with it, so an engine fault that breaks the single instance itself (e.g.
+    the unpatched CPU RoPE kernel) is declared on it. Raises ``UserError`` naming the entry
+    when it matches no reference cell."""
+    out = list(refs)
+    for i, e in enumerate(ls.sweep.matrix.include):
+        if e.get("kind") != "ref":
+            continue
+        keys = {_REF_FIELDS.get(k, k): v for k, v in e.items() if k in REF_ENTRY_KEYS}
+        hits = [j for j, r in enumerate(out) if all(str(getattr(r, k)) == str(v) for k, v in keys.items())]
+        if not hits:
+            raise UserError(f"{ls.path}: matrix.include[{i}] (kind: ref) {e} matches no reference cell; the "
+                            f"references are: {', '.join(r.id for r in refs) or 'none (eval.reference false?)'}")
+        for j in hits:
+            out[j] = resolve_for_plan(replace(out[j], expect_fail=True, expect_reason=e.get("reason"),
+                                              expect_ref=e.get("ref"), expect_match=e.get("match"),
+                                              expect_vllm=e.get("vllm"),
+                                              expect_without=tuple(e.get("without") or ())), ls)
+    return out
 
 
 def select(plan: Plan, pattern: str | None) -> list[Cell]:
@@ -312,8 +341,9 @@ def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: 
             env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(side)
             if slot.hosts:  # decode reaches prefill's side channel at the prefill node (envs.py default: localhost)
                 env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = slot.host(k)
-        if role == "decode":  # decode reads: its log then names the UCX transport (transfer.json)
+        if role == "decode":  # decode reads: its log names the UCX transport and each READ's rank (transfer.json)
             env.setdefault("UCX_PROTO_INFO", "y")
+            env.setdefault("PDSWEEP_NIXL_READ_LOG", "1")  # pdsweep.readlog, via pdsweep's vLLM plugin
         if s.platform == "cuda":
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
         else:

@@ -13,6 +13,7 @@ from .compare import IMPROVEMENT, MARKS, REGRESSION, CompareResult, TaskDelta
 from .facts import TaskScore
 from .gate import FAIL, PASS, SKIPPED, XFAIL, XPASS, GateResult, gate_run
 from .spec import GateSpec
+from .stats import num
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
@@ -93,6 +94,27 @@ def summary_rows(result: GateResult) -> list[tuple[str, ...]]:
         rows.append((c.cell_id, c.kind, c.verdict, "; ".join(map(fmt_task, f.tasks)) or "—", con,
                      _f(f.total("num_transfers"), "g"), fmt_bytes(f.total("bytes")), _f(f.total("gbps_xfer"), ".2f"),
                      failed if c.kind != "ref" else "—", "" if c.verdict == PASS else c.message))
+    return rows
+
+
+READ_COLUMNS = ("cell", "tp_ratio", "prefill rank", "READs", "bytes", "share of bytes")
+
+
+def read_rows(result: GateResult) -> list[tuple[str, ...]]:
+    """One row per (PD cell, prefill TP rank) with READs recorded in transfer.json
+    ``reads_by_prefill_rank`` (:mod:`pdsweep.readlog`), in :data:`READ_COLUMNS` order:
+    with prefill TP > decode TP, which ranks decode read from and how many bytes each."""
+    rows = []
+    for c in result.cells:
+        ranks = c.facts.reads_by_rank
+        total = sum(num(r.get("bytes")) or 0 for r in ranks.values() if isinstance(r, dict))
+        ratio = ",".join(dict.fromkeys(str(p.get("tp_ratio")) for p in c.facts.transfer_plans)) or "—"
+        for rank, r in ranks.items():
+            if not isinstance(r, dict):
+                continue
+            b = num(r.get("bytes"))
+            rows.append((c.cell_id, ratio, str(rank), _f(num(r.get("reads")), "g"), fmt_bytes(b),
+                         f"{b / total:.1%}" if b is not None and total else "—"))
     return rows
 
 

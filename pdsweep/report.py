@@ -31,7 +31,8 @@ from . import layout
 from .errors import UserError
 from .compare import SAME, CompareResult, compare_cells, compare_results
 from .gate import FAIL, PASS, SKIPPED, XFAIL, XPASS, CellResult, GateResult, gate_run
-from .render import COMPARE_COLUMNS, SUMMARY_COLUMNS, compare_rows, md_escape, md_table, summary_rows
+from .render import (COMPARE_COLUMNS, READ_COLUMNS, SUMMARY_COLUMNS, compare_rows, md_escape, md_table, read_rows,
+                     summary_rows)
 
 COLORS = {PASS: "#2a7d2a", FAIL: "#c62828", XPASS: "#c62828", XFAIL: "#e08a00", SKIPPED: "#777777"}
 BASELINE_BUILDS = ("unfixed", "baseline")  # in a run with several builds, the first of these is A
@@ -261,11 +262,18 @@ TITLES = {"accuracy": "Accuracy per cell", "heatmap_accuracy": "Accuracy: prefil
           "heatmap_gbps": "KV transfer GB/s: prefill TP x decode TP", "builds": "Side by side per cell"}
 
 
+READS_NOTE = ("Completed READs decode posted to each prefill TP rank over the whole cell, with NIXL's byte "
+              "count (transfer.json reads_by_prefill_rank). At tp_ratio < 0 on a hybrid MLA + SSM model the "
+              "MLA latent is read from one rank and the SSM state shards from every rank (vLLM PR #49297).")
+
+
 def _markdown(result: GateResult, facts: list[tuple[str, str]], plots: dict[str, Path], out: Path,
               cmps: list[CompareResult]) -> str:
     lines = [f"# Report: {result.run_name}", "", *(f"- {k}: `{v}`" for k, v in facts), "",
              f"**Gate {result.headline()}**", "", "## Cells", "", md_table(SUMMARY_COLUMNS, summary_rows(result)), ""]
     lines += [f"- run problem: {md_escape(p)}" for p in result.problems]
+    if reads := read_rows(result):
+        lines += ["## NIXL READs per prefill rank", "", READS_NOTE, "", md_table(READ_COLUMNS, reads), ""]
     if plots:
         lines += ["## Plots", ""]
         lines += [f"### {TITLES[k]}\n\n![{k}]({p.relative_to(out).as_posix()})\n" for k, p in plots.items()]
@@ -303,6 +311,8 @@ def _html(result: GateResult, facts: list[tuple[str, str]], plots: dict[str, Pat
              f"<p><strong>Gate {e(result.headline())}</strong></p>",
              *(f"<p>run problem: {e(p)}</p>" for p in result.problems),
              "<h2>Cells</h2>", _html_table(SUMMARY_COLUMNS, summary_rows(result), verdict_col=2)]
+    if reads := read_rows(result):
+        parts += ["<h2>NIXL READs per prefill rank</h2>", f"<p>{e(READS_NOTE)}</p>", _html_table(READ_COLUMNS, reads)]
     if plots:
         parts.append("<h2>Plots</h2>")
     for k, p in plots.items():

@@ -72,6 +72,8 @@ class ConsistencyJson(_File):
 class TransferJson(_File):
     totals: dict[str, Any] | None = None
     phases: dict[str, Any] | None = None
+    transfer_plans: list[dict[str, Any]] | None = None
+    reads_by_prefill_rank: dict[str, dict[str, int]] | None = None
 
 
 class RunCell(_File):

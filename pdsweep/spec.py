@@ -44,6 +44,9 @@ AXES = (
     "env",
 )
 EXPECT_KEYS = ("expect", "reason", "ref", "match", "vllm", "without")
+# An include entry with ``kind: ref`` adds no cell: it declares the expectation of the
+# single-instance reference cells it matches, by these keys (a reference has no prefill side).
+REF_ENTRY_KEYS = ("model", "decode_tp", "block_size", "decode_block_size", "build", "serve_args", "env")
 _TP_PAIR = re.compile(r"^p([1-9]\d*)d([1-9]\d*)$")
 Pos = Annotated[int, Field(ge=1)]
 # Upper bounds of the axes, each with where it comes from (shown in the error)
@@ -145,6 +148,9 @@ class Defaults(_Strict):
     max_num_seqs: int | None = Field(default=None, gt=0)
     startup_timeout_s: float = Field(default=1200, gt=0)
     request_timeout_s: float = Field(default=300, gt=0)
+    # redeploy a cell whose first request timed out (a hang, never a crash or a wrong answer)
+    # up to this many times; every attempt's reason stays in status.json ``retries``
+    ready_retries: int = Field(default=0, ge=0, le=3)
     kv_lease_duration_s: int | None = Field(default=None, gt=0)
     # kv_producer/kv_consumer per role ("split"), or kv_both on both (older vLLM, upstream scripts)
     kv_role: Literal["split", "both"] = "split"
@@ -199,7 +205,10 @@ class GateSpec(_Strict):
 
 class MatrixEntry(_Strict):
     """One ``include``/``exclude`` entry: scalar axis values (typed like the axes) plus,
-    for include, ``expect: fail`` with ``reason`` and ``ref``."""
+    for include, ``expect: fail`` with ``reason`` and ``ref``, and ``kind: ref`` for an
+    entry that sets the expectation of matching reference cells (:data:`REF_ENTRY_KEYS`)."""
+
+    kind: Literal["ref"] | None = None
 
     model: str | None = None
     tp: str | None = Field(default=None, pattern=_TP_PAIR.pattern)
@@ -306,11 +315,20 @@ class Matrix(_Strict):
         if self.block_size and (self.prefill_block_size or self.decode_block_size):
             raise ValueError("give 'block_size' or 'prefill_block_size'/'decode_block_size', not both")
         for kind, entries in (("include", self.include), ("exclude", self.exclude)):
-            allowed = AXES + (EXPECT_KEYS if kind == "include" else ())
+            allowed = AXES + (EXPECT_KEYS + ("kind",) if kind == "include" else ())
             for i, e in enumerate(entries):
-                bad = sorted(set(e) - set(allowed))
+                if kind == "include" and e.get("kind") == "ref":
+                    allowed_here = ("kind", *REF_ENTRY_KEYS, *EXPECT_KEYS)
+                    if e.get("expect") != "fail":
+                        raise ValueError(f"include[{i}]: 'kind: ref' declares the expected failure of reference "
+                                         "cells: it needs 'expect: fail' (it adds no cell)")
+                else:
+                    allowed_here = allowed
+                bad = sorted(set(e) - set(allowed_here))
                 if bad:
-                    raise ValueError(f"{kind}[{i}]: unknown key(s) {bad}; allowed: {', '.join(allowed)}")
+                    what = " (a 'kind: ref' entry matches reference cells, which have no prefill side)" \
+                        if e.get("kind") == "ref" else ""
+                    raise ValueError(f"{kind}[{i}]: unknown key(s) {bad}{what}; allowed: {', '.join(allowed_here)}")
                 try:
                     MatrixEntry.model_validate(e)
                 except ValidationError as err:

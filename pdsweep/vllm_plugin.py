@@ -44,6 +44,7 @@ IDLE_STEP_ENV_VAR = "PDSWEEP_ENGINE_IDLE_STEP_S"
 ROPE_ENV_VAR = "PDSWEEP_CPU_ROPE_STRIDES"
 MLA_BLOCKS_ENV_VAR = "PDSWEEP_CPU_MLA_LOGICAL_BLOCKS"
 DEBUG_MLA_KV_ENV_VAR = "PDSWEEP_DEBUG_MLA_KV"  # pdsweep.vllm_debug, diagnostics only
+READ_LOG_ENV_VAR = "PDSWEEP_NIXL_READ_LOG"  # pdsweep.readlog: bytes per prefill rank (decode instances)
 # linux/arch/x86/include/uapi/asm/prctl.h and asm/fpu/types.h
 _SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
 _MARK = "_pdsweep_progress_delay_us"
@@ -340,6 +341,12 @@ def patch_cpu_mla_logical_blocks() -> bool:
     return True
 
 
+def _install_nixl_read_log() -> bool:
+    from .readlog import install_nixl_read_log
+
+    return install_nixl_read_log()
+
+
 def _install_debug_mla_kv() -> bool:
     from .vllm_debug import install_mla_kv_digest
 
@@ -388,7 +395,8 @@ def register() -> None:
             logger.warning("pdsweep: ignoring %s=%r: %s", var, raw, e)
     for var, patch, what in ((ROPE_ENV_VAR, patch_cpu_rope_strides, "RotaryEmbedding"),
                              (MLA_BLOCKS_ENV_VAR, patch_cpu_mla_logical_blocks, "CPUMLABackend"),
-                             (DEBUG_MLA_KV_ENV_VAR, _install_debug_mla_kv, "CPUMLAImpl")):
+                             (DEBUG_MLA_KV_ENV_VAR, _install_debug_mla_kv, "CPUMLAImpl"),
+                             (READ_LOG_ENV_VAR, _install_nixl_read_log, "NixlPullConnectorWorker._read_blocks")):
         if not env_on(var):
             continue
         try:

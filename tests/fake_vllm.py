@@ -13,6 +13,8 @@ FAKE_EXPIRED         prefill adds this to vllm:nixl_num_kv_expired_reqs per PD r
 FAKE_SKIP_XFER_EVERY decode answers every Nth PD request without a transfer (silent recompute)
 FAKE_STREAM_HANG     a streaming request never sends its first chunk
 FAKE_HANG_AFTER      completions after this many never answer (a hung eval)
+FAKE_HANG_ONCE_FILE  the first completion of any instance whose env names this file creates it
+                     and never answers (a hang the next deployment does not repeat)
 
 A prompt seen before counts its words as ``vllm:prefix_cache_hits`` (every prompt as
 ``vllm:prefix_cache_queries``); with ``VLLM_SERVER_DEV_MODE=1`` ``POST /reset_prefix_cache``
@@ -167,7 +169,8 @@ def main() -> None:
                 pc_hits.labels(name, "0").inc(words)
             cached.add(prompt)
         hang = os.environ.get("FAKE_HANG_AFTER")
-        if hang and n > int(hang):
+        once = os.environ.get("FAKE_HANG_ONCE_FILE")
+        if (hang and n > int(hang)) or (once and not os.path.exists(once) and not open(once, "w").close()):
             await asyncio.sleep(3600)
         die = os.environ.get("FAKE_DIE_AFTER")
         if die and n > int(die):

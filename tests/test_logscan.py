@@ -80,3 +80,49 @@ def test_interleaved_processes_and_teardown(tmp_path: Path):
                    'Traceback (most recent call last):\n  File "/v/vllm/v1/engine/core_client.py", line 1235, in g\n'
                    "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.\n")
     assert first_exception(log) is None
+
+
+def test_nixl_reads_and_transfer_plans_from_a_decode_log():
+    from pdsweep.logscan import nixl_reads_by_rank, transfer_topologies
+
+    w = "(Worker pid=20626) INFO 12-01 12:55:08 "
+    topo = (w + "[base_worker.py:2255] Transfer plan: TransferTopology(tp_ratio=-2, num_kv_heads=1, local_tp=1, "
+            "remote_tp=2, remote_pp=0, local_dcp=1, remote_dcp=1, local_rank=0, remote_block_len=36864)")
+    log = "\n".join([topo, topo,  # logged once per prefill rank's handshake: one plan
+                     w + "[readlog.py:50] PDSWEEP_NIXL_READ remote_engine=e1 remote_rank=0 bytes=368640 descs=9",
+                     w + "[readlog.py:50] PDSWEEP_NIXL_READ remote_engine=e1 remote_rank=1 bytes=10752 descs=4",
+                     w + "[readlog.py:50] PDSWEEP_NIXL_READ remote_engine=e1 remote_rank=0 bytes=400 descs=1",
+                     w + "[readlog.py:50] PDSWEEP_NIXL_READ remote_engine=e2 remote_rank=1 bytes=8 descs=1"])
+    assert transfer_topologies(log) == [{"tp_ratio": -2, "num_kv_heads": 1, "local_tp": 1, "remote_tp": 2,
+                                         "remote_pp": 0, "local_dcp": 1, "remote_dcp": 1, "local_rank": 0,
+                                         "remote_block_len": 36864}]
+    assert nixl_reads_by_rank(log) == {"0": {"reads": 2, "bytes": 369040, "descriptors": 10, "engines": 1},
+                                       "1": {"reads": 2, "bytes": 10760, "descriptors": 5, "engines": 2}}
+    assert nixl_reads_by_rank("no reads\n") == {} and transfer_topologies("") == []
+
+
+def test_readlog_maps_each_posted_handle_to_its_prefill_rank_and_logs_nixl_bytes(caplog):
+    from types import SimpleNamespace
+
+    from pdsweep.logscan import nixl_reads_by_rank
+    from pdsweep.readlog import wrap_read_blocks, wrap_telemetry
+
+    def read_blocks(self, *, read_spec, request_id, dst_engine_id, **_):  # posts one handle per call
+        self._recving_transfers.setdefault(request_id, []).append(100 + read_spec.remote_rank)
+        return True
+
+    def telemetry(self, handle):
+        return SimpleNamespace(totalBytes=1000 * handle, descCount=3)
+
+    posted: dict = {}
+    rb, tel = wrap_read_blocks(read_blocks, posted), wrap_telemetry(telemetry, posted)
+    worker = SimpleNamespace(_recving_transfers={"r": [7]})  # an earlier handle of the request: not this READ
+    for rank in (0, 1):
+        assert rb(worker, read_spec=SimpleNamespace(remote_rank=rank), request_id="r", dst_engine_id="eng") is True
+    assert posted == {100: ("eng", 0), 101: ("eng", 1)}
+    with caplog.at_level("INFO", logger="vllm.pdsweep.readlog"):
+        for h in (7, 100, 101):
+            assert tel(None, h).totalBytes == 1000 * h  # the value vLLM records is unchanged
+    assert posted == {}
+    assert nixl_reads_by_rank(caplog.text) == {"0": {"reads": 1, "bytes": 100000, "descriptors": 3, "engines": 1},
+                                               "1": {"reads": 1, "bytes": 101000, "descriptors": 3, "engines": 1}}

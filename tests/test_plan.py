@@ -55,6 +55,50 @@ def test_include_with_non_axis_key_extends_instead_of_adding():
     assert len(matrix_combinations(m)) == 2
 
 
+REF_SWEEP = """name: x
+platform: cpu
+defaults: {prefill_block_size: 32, decode_block_size: 32}
+env: {base: {}, odd: {PDSWEEP_CPU_ROPE_STRIDES: "0"}}
+matrix:
+  model: [tiny-llama]
+  tp: [p1d1, p2d1]
+  env: [base]
+  include:
+    - {model: tiny-llama, tp: p1d1, env: odd}
+"""
+
+
+def test_kind_ref_entry_sets_the_expectation_of_matching_references_only(tmp_path):
+    ls = sweep(tmp_path, REF_SWEEP + "    - {kind: ref, model: tiny-llama, env: odd, expect: fail, match: 'outside "
+               "expected', reason: engine fault, ref: notes}\n")
+    plan = expand(ls)
+    ids = sorted(c.id for c in plan.cells)
+    assert ids == sorted(c.id for c in expand(sweep(tmp_path, REF_SWEEP)).cells)  # it adds no cell
+    by_id = {c.id: c for c in plan.cells}
+    odd = by_id["tiny-llama.ref-tp1.b32.fixed.env-odd"]
+    assert (odd.kind, odd.expect_fail, odd.expect_match, odd.expect_reason, odd.expect_ref) == \
+        ("ref", True, "outside expected", "engine fault", "notes")
+    assert not by_id["tiny-llama.ref-tp1.b32.fixed"].expect_fail  # the base reference is untouched
+    assert not any(c.expect_fail for c in plan.cells if c.kind == "pd")
+
+
+@pytest.mark.parametrize("entry, why", [
+    ("{kind: ref, model: tiny-llama, env: nope-not-used, expect: fail, reason: r}", "unknown env 'nope-not-used'"),
+    ("{kind: ref, model: tiny-llama, decode_tp: 4, expect: fail, reason: r}",
+     "matrix.include[1] (kind: ref) {'kind': 'ref', 'model': 'tiny-llama', 'decode_tp': 4, 'expect': 'fail', "
+     "'reason': 'r'} matches no reference cell; the references are: tiny-llama.ref-tp1.b32.fixed, "
+     "tiny-llama.ref-tp1.b32.fixed.env-odd"),
+    ("{kind: ref, model: tiny-llama, env: odd}", "'kind: ref' declares the expected failure of reference cells"),
+    ("{kind: ref, model: tiny-llama, tp: p2d1, expect: fail, reason: r}",
+     "unknown key(s) ['tp'] (a 'kind: ref' entry matches reference cells, which have no prefill side)"),
+    ("{kind: pd, model: tiny-llama}", "include[1].kind"),
+])
+def test_kind_ref_entry_errors_name_the_entry(tmp_path, entry, why):
+    with pytest.raises(UserError) as e:
+        expand(sweep(tmp_path, REF_SWEEP + f"    - {entry}\n"))
+    assert why in str(e.value)
+
+
 def test_hybrid_matrix_lists_kimi_hetero_tp_and_rejections():
     plan = expand(load_sweep(SWEEPS / "hybrid-mla-mamba.yaml"))
     ids = {c.id for c in plan.cells}
@@ -111,6 +155,7 @@ def test_cpu_smoke_plan():
     # expected failures carry the signature they must fail with (match:)
     assert {c.id: c.expect_match for c in plan.cells if c.expect_fail} == {
         "tiny-mla.p1d1.b32-32.fixed.env-rope-unpatched": "triage engine",
+        "tiny-mla.ref-tp1.b32.fixed.env-rope-unpatched": r"accuracy\.json: pdsweep_arith: .* outside expected",
         "tiny-nemotron-h-g1.p2d1.b32-32.fixed": "triage transfer",
         "tiny-mla-mamba2.p2d1.b128-128.unfixed": r"AssertionError at vllm/distributed/kv_transfer/kv_connector/v1/"
                                                  r"nixl/pull_worker\.py:\d+ _read_blocks_for_req \(assert len\(read_specs\) == 1\)"}

@@ -111,3 +111,20 @@ def test_missing_run_json_is_a_user_error(tmp_path: Path) -> None:
     with pytest.raises(UserError):
         write_report(tmp_path)
     assert not (tmp_path / "report.md").exists()
+
+
+def test_reads_per_prefill_rank_table(tmp_path: Path) -> None:
+    from fixtures.make_runs import TR
+
+    cell = pd("kimi-linear", 2, 1)
+    split = {TR: {"transfer_plans": [{"tp_ratio": -2, "remote_tp": 2}],
+                  "reads_by_prefill_rank": {"0": {"reads": 31, "bytes": 750, "descriptors": 90, "engines": 1},
+                                            "1": {"reads": 31, "bytes": 250, "descriptors": 40, "engines": 1}}}}
+    run = write_run(tmp_path, "r", [case(cell, split), MIXED["ref"]])
+    paths = write_report(run)
+    md = paths["markdown"].read_text()
+    assert "## NIXL READs per prefill rank" in md
+    assert f"| {cell.id} | -2 | 0 | 31 | 750 B | 75.0% |" in md and f"| {cell.id} | -2 | 1 | 31 | 250 B | 25.0% |" in md
+    assert "NIXL READs per prefill rank" in paths["html"].read_text()
+    plain = write_report(write_run(tmp_path / "b", "r", [MIXED["pass"], MIXED["ref"]]))
+    assert "READs per prefill rank" not in plain["markdown"].read_text()  # nothing recorded: no empty table

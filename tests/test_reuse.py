@@ -86,6 +86,25 @@ def test_cpu_smoke_shares_five_instances_and_starts_each_distinct_one_once():
     assert len(shared) == 5 and all(r["stop_after"] == r["cells"][-1] for r in rows)
 
 
+def test_plan_shows_which_instances_run_shares(capsys):
+    SMOKE = REPO / "sweeps" / "cpu-smoke.yaml"
+    from pdsweep.cli import main
+    from pdsweep.dryrun import plan_dict
+
+    cells, specs = smoke_specs()
+    r = plan_dict(str(SMOKE), 0)["reuse"]
+    keys = {cid: [instance_key(s) for s in sp] for cid, sp in specs.items()}
+    assert (r["distinct"], r["per_cell"]) == (31, 36)
+    assert r["order"] == [c.id for c in reuse_order(cells, {c: set(v) for c, v in keys.items()})]  # run's order
+    shared = {x["instance_id"]: x["cells"] for x in r["instances"] if len(x["cells"]) > 1}
+    assert len(shared) == 5
+    decode = [i for i in shared if i.startswith("decode.tiny-mla-mamba2.tp1.")]  # one decode for both P TPs
+    assert [shared[i] for i in decode] == [["tiny-mla-mamba2.p1d1.b128-128.fixed", "tiny-mla-mamba2.p2d1.b128-128.fixed"]]
+    assert plan_dict(str(SMOKE), 8)["reuse"] is None  # with GPUs each instance owns its GPUs: no reuse
+    assert main(["plan", str(SMOKE), "--no-check-argv"]) == 0
+    assert "instance reuse: 31 distinct instances for 36 uses (5 shared" in capsys.readouterr().out
+
+
 def test_gpu_makespan_model_with_packing_and_reuse_beats_sequential():
     cells, specs = smoke_specs()
     cuda = [replace(c, platform="cuda") for c in cells]

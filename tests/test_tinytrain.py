@@ -21,10 +21,11 @@ from pdsweep.spec import load_catalogue
 ROOT = Path(__file__).resolve().parent.parent
 CATALOGUE = load_catalogue(ROOT / "sweeps" / "models.yaml")
 TRAINED = sorted(n for n, m in CATALOGUE.models.items() if m.tiny is not None and m.tiny.train is not None)
+SWEEP_ONLY = {"tiny-mla"}  # trained models no real-vLLM test of make test serves
 
 
 def test_the_mission_models_are_trained():
-    assert {"tiny-llama", "tiny-mla-mamba2"} <= set(TRAINED)
+    assert {"tiny-llama", "tiny-mla", "tiny-mla-mamba2"} <= set(TRAINED)
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +100,9 @@ def test_trained_checkpoint_answers_the_task(name):
     from transformers import PreTrainedTokenizerFast
 
     m = CATALOGUE.models[name]
+    if name in SWEEP_ONLY and not (tinymodels.checkpoint_dir(name, m, create=False) / tinymodels.META_FILE).exists():
+        pytest.skip(f"{name} is trained by `make sweep` (~10 min on 2 cores); make test's real-vLLM cells do "
+                    "not use it, so CI does not train it (45-minute budget)")
     d = tinymodels.checkpoint_dir(name, m)
     meta = json.loads((d / tinymodels.META_FILE).read_text())
     rec = meta["trained"]

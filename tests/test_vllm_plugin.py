@@ -208,3 +208,17 @@ def test_cpu_rope_patch_with_no_tokens_and_contiguous_3d(restore):
     want, _ = rope.forward_native(torch.arange(5), q3.clone(), torch.randn(5, 1, 64))
     got, _ = rope.forward_cpu(torch.arange(5), q3, torch.randn(5, 1, 64))
     assert got is q3 and torch.allclose(q3, want, atol=1e-6)
+
+
+def test_nixl_read_log_lands_on_vllms_pull_worker_and_nixl_wrapper():
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlPullConnectorWorker
+    from vllm.distributed.nixl_utils import NixlWrapper
+
+    from pdsweep.readlog import install_nixl_read_log
+
+    saved = NixlPullConnectorWorker._read_blocks, NixlWrapper.get_xfer_telemetry
+    try:
+        assert install_nixl_read_log() and install_nixl_read_log()  # idempotent
+        assert NixlPullConnectorWorker._read_blocks._pdsweep and NixlWrapper.get_xfer_telemetry._pdsweep
+    finally:
+        NixlPullConnectorWorker._read_blocks, NixlWrapper.get_xfer_telemetry = saved

@@ -40,10 +40,36 @@ def dump_all(pgids: list[int], out: Path, tag: str) -> None:
             except OSError:
                 continue
             f.write(f"===== pid {p.pid} pgid {os.getpgid(p.pid)} {' '.join(p.info['cmdline'] or [])[:150]}\n")
+            f.write(_threads_text(p.pid))
             f.flush()
-            r = subprocess.run([str(py_spy), "dump", "--pid", str(p.pid)], capture_output=True, text=True, timeout=60)
-            f.write(r.stdout + r.stderr + "\n")
+            # --nonblocking: a process stuck in a native call can make a pausing py-spy wait forever
+            f.write(_run([str(py_spy), "dump", "--nonblocking", "--pid", str(p.pid)], 30))
+            if "Worker" in Path(f"/proc/{p.pid}/comm").read_text():  # native stacks of the TP workers
+                f.write(_run(["gdb", "-p", str(p.pid), "-batch", "-ex", "set pagination off",
+                              "-ex", "thread apply all bt 20"], 600))
+            f.flush()
     print(f"dump -> {out}/py-spy-{tag}.txt")
+
+
+def _run(argv: list[str], timeout_s: float) -> str:
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+        return r.stdout + r.stderr + "\n"
+    except (subprocess.TimeoutExpired, OSError) as e:
+        return f"{argv[0]}: {e}\n"
+
+
+def _threads_text(pid: int) -> str:
+    """Each thread: tid, name, state, kernel wait channel and current syscall (/proc)."""
+    rows = []
+    for t in sorted(Path(f"/proc/{pid}/task").iterdir(), key=lambda t: int(t.name)):
+        try:
+            st = (t / "stat").read_text().rsplit(")", 1)[1].split()
+            rows.append(f"  tid {t.name:>7} {(t / 'comm').read_text().strip():<20} state {st[0]} "
+                        f"wchan {(t / 'wchan').read_text().strip() or '-':<24} syscall {(t / 'syscall').read_text().strip()[:60]}")
+        except OSError:
+            continue
+    return "\n".join(rows) + "\n"
 
 
 def thread_cpu(pgids: list[int], out: Path, tag: str, window_s: float = 3.0) -> None:
