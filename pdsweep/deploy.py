@@ -210,8 +210,10 @@ def first_request(dep: Deployment, model: str, timeout_s: float) -> None:
             "ready", _with_culprits(f"first request failed: {type(e).__name__}: {e}", dep.handles),
             _tails(dep)) from None
     if r.status_code != 200:
-        raise CellFailed("ready", _with_culprits(f"first request: HTTP {r.status_code}: {r.text[:500]}", dep.handles),
-                         _tails(dep))
+        # the PD proxy's own timeout (same request_timeout_s) can fire first: 504 "... timed out ..."
+        hang = r.status_code == 504 and "timed out" in r.text and not culprits(dep.handles)
+        raise (ReadyHang if hang else CellFailed)(
+            "ready", _with_culprits(f"first request: HTTP {r.status_code}: {r.text[:500]}", dep.handles), _tails(dep))
     usage = r.json().get("usage") or {}
     if not usage.get("completion_tokens"):
         raise CellFailed("ready", f"first request returned no tokens: {r.text[:300]}", _tails(dep))

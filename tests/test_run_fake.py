@@ -293,18 +293,18 @@ def test_a_first_request_hang_is_redeployed_only_as_often_as_asked(tmp_path, tok
     sweep = make_sweep(tmp_path, tok, env=f"  base: {{}}\n  once: {{FAKE_HANG_ONCE_FILE: '{tmp_path}/hung'}}",
                        matrix="  model: [fake-gqa]\n  tp: [p1d1]\n  env: [once]\n", extra="  reference: false\n")
     sweep.write_text(sweep.read_text().replace("  request_timeout_s: 10\n",
-                                               f"  request_timeout_s: 3\n  ready_retries: {retries}\n"))
+                                               f"  request_timeout_s: 6\n  ready_retries: {retries}\n"))
     run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True))
     cid = "fake-gqa.p1d1.b16-16.fixed.env-once"
     st = status(run, cid)
     if retries:  # the second deployment answers: ok, with the first attempt's hang on record
         assert st["status"] == "ok", st
-        assert [r["reason"].split(":")[0] for r in st["retries"]] == ["first request failed"], st["retries"]
-        assert "ReadTimeout" in st["retries"][0]["reason"]
+        # the client's or the PD proxy's timeout (HTTP 504), whichever fires first
+        assert len(st["retries"]) == 1 and "ReadTimeout" in st["retries"][0]["reason"], st["retries"]
         assert (run / cid / "logs-attempt1" / "prefill-0.log").is_file() and (run / cid / "logs" / "prefill-0.log").is_file()
     else:
         assert (st["status"], st["phase"]) == ("failed", "ready") and "ReadTimeout" in st["reason"], st
-        assert st["retries"] == [] and not (run / cid / "logs-attempt1").exists()
+        assert st.get("retries") == [] and not (run / cid / "logs-attempt1").exists()
     assert not ours(tmp_path)
 
 
