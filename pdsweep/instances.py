@@ -128,6 +128,7 @@ class Live:
     instance_id: str
     cells: list[str] = field(default_factory=list)
     busy: bool = False
+    log_start: int = 0  # bytes already in the log when this process started (a restart appends)
 
 
 class InstancePool:
@@ -170,13 +171,14 @@ class InstancePool:
             base = self._free_block()
         s, iid = relocate(spec, base), instance_id(spec)
         self.dir.mkdir(parents=True, exist_ok=True)
+        log_start = _size(self.dir / f"{iid}.log")
         try:
             h = _start(self.launcher, s, self.dir / f"{iid}.log")
         except BaseException:
             with self.lock:
                 self.blocks.discard(base)
             raise
-        live = Live(s, h, iid)
+        live = Live(s, h, iid, log_start=log_start)
         with self.lock:
             self.live[key] = live
             self.starts[iid] = self.starts.get(iid, 0) + 1
@@ -232,8 +234,9 @@ class InstancePool:
                 self._event("use", live.instance_id, cell_id, reused=reused)
                 live.cells.append(cell_id)
                 live.busy = True
+                # a cell's share of the log: from its reset on (reused), else from this process's start
                 uses.append(Use(replace(live.spec, name=s.name), replace(live.handle, name=s.name),
-                                live.instance_id, reused, offset if reused else 0))
+                                live.instance_id, reused, offset if reused else live.log_start))
         except BaseException:
             self.release(cell_id, uses, True, log_dir)
             raise

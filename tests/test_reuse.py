@@ -202,8 +202,11 @@ def test_a_shared_instance_that_died_is_restarted_for_the_next_cell(tmp_path, to
 
         os.killpg(b.handle.pid, signal.SIGKILL)  # the shared instance dies between cells
         b.handle.proc.wait(timeout=10)
+        before = (tmp_path / "instances" / f"{b.instance_id}.log").stat().st_size
         (c,) = pool.acquire("cell-c", [spec], tmp_path / "c")
         assert not c.reused and c.handle.pid != a.handle.pid and pool.starts[c.instance_id] == 2
+        # the restart appends to the instance log: cell-c's share starts after the dead process's lines
+        assert c.log_offset == before > 0, c.log_offset
         assert [e["event"] for e in pool.events if e["cell"] == "cell-c"][:4] == ["died", "restart", "stop", "start"]
         _wait_up(c.handle.url)
         pool.release("cell-c", [c], True, tmp_path / "c")  # a failed cell stops what it used
