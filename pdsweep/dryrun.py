@@ -100,18 +100,14 @@ def plan_dict(sweep: str, gpus: int | None, cells_glob: str | None = None, clust
 
 
 def reuse_plan(cells, specs_of: dict) -> dict:
-    """What ``run`` (reuse on) does with ``cells``: the run order (:func:`pdsweep.schedule.reuse_order`),
-    each start and stop of an instance (:func:`pdsweep.schedule.lifecycle`), distinct instances
-    vs uses; the shape of plan.json ``reuse``. Ports do not define an instance, so the dry
-    run's slots give the same identities as the run's."""
-    from .instances import instance_id, instance_key
-    from .schedule import lifecycle, reuse_order
+    """What ``run`` (reuse on) does with ``cells``: its run order
+    (:func:`pdsweep.schedule.reuse_order`), then :func:`pdsweep.instances.reuse_record`,
+    the shape of plan.json ``reuse``."""
+    from .instances import instance_key, reuse_record
+    from .schedule import reuse_order
 
-    keys = {cid: [instance_key(s) for s in sp] for cid, sp in specs_of.items()}
-    ids = {instance_key(s): instance_id(s) for sp in specs_of.values() for s in sp}
-    todo = reuse_order(cells, {cid: set(k) for cid, k in keys.items()})
-    return {"order": [c.id for c in todo], "instances": lifecycle(todo, keys, ids),
-            "distinct": len(ids), "per_cell": sum(len(k) for k in keys.values())}
+    todo = reuse_order(cells, {cid: {instance_key(s) for s in sp} for cid, sp in specs_of.items()})
+    return reuse_record(todo, specs_of)
 
 
 def _cell_blocks(cell, ls) -> dict:

@@ -375,3 +375,18 @@ class AltBlocks:
 
 
 ALT_BLOCKS_FROM = 64  # alternates start past any lane a run can use
+
+
+def reuse_record(cells: list, specs_of: dict[str, list[InstanceSpec]], prestart: bool = True) -> dict[str, Any]:
+    """plan.json ``reuse`` (and ``pdsweep plan``'s): for ``cells`` in run order, which
+    instance each uses, each start and stop (:func:`pdsweep.schedule.lifecycle`), and
+    distinct instances vs uses. ``specs_of``: cell id -> its instance specs (ports do not
+    define an instance, so any slot gives the same identities)."""
+    from .schedule import lifecycle
+
+    keys = {cid: [instance_key(s) for s in sp] for cid, sp in specs_of.items()}
+    ids = {instance_key(s): instance_id(s) for sp in specs_of.values() for s in sp}
+    return {"order": [c.id for c in cells],
+            "cell_instances": {cid: {s.name: instance_id(s) for s in sp} for cid, sp in specs_of.items()},
+            "instances": lifecycle(cells, keys, ids, prestart),
+            "distinct": len(ids), "per_cell": sum(len(k) for k in keys.values())}

@@ -28,7 +28,7 @@ from . import __version__, layout
 from .builds import REPO, build_info
 from .deploy import CellFailed, Deployment, Faults, ReadyHang, Timeouts, deploy
 from .errors import UserError
-from .instances import AltBlocks, Fresh, InstancePool, instance_id, instance_key
+from .instances import AltBlocks, Fresh, InstancePool, instance_id, instance_key, reuse_record
 from .launchers import Launcher, LocalLauncher, tail
 from .logscan import first_exception
 from .measure import measure_cell
@@ -47,7 +47,7 @@ from .plan import (
 )
 from .progress import Progress
 from .provenance import config_hash, git_sha, host_facts, now
-from .schedule import GpuPool, detect_gpus, lifecycle, order, pack, reuse_order
+from .schedule import GpuPool, detect_gpus, order, pack, reuse_order
 from .spec import LoadedSweep, load_sweep
 
 log = logging.getLogger(__name__)
@@ -367,13 +367,7 @@ def _write_plan(ctx: RunContext, cells: list[Cell], pool: Any, todo: list[Cell],
         "rejected": [{"cell": r.cell.to_dict(), "rule": r.rule, "reason": r.reason} for r in plan.rejected],
         "schedule": pack(cells, pool.num_gpus, ls.sweep.defaults.port_base, pool=fresh_pool(pool)).to_dict()}
     if keys:
-        ks = {cid: [instance_key(s) for s in sp] for cid, sp in keys.items()}
-        ids = {instance_key(s): instance_id(s) for sp in keys.values() for s in sp}
-        body["reuse"] = {
-            "order": [c.id for c in todo],
-            "cell_instances": {cid: {s.name: instance_id(s) for s in sp} for cid, sp in keys.items()},
-            "instances": lifecycle(todo, ks, ids, ctx.opts.prestart),
-            "distinct": len(ids), "per_cell": sum(len(v) for v in ks.values())}
+        body["reuse"] = reuse_record(todo, keys, ctx.opts.prestart)
     layout.write_json(ctx.run_dir / layout.PLAN_FILE, body)
 
 
