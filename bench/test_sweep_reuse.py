@@ -1,9 +1,9 @@
-"""Sweep wall time with instance reuse (pdsweep.instances) vs one deployment per cell.
+"""Sweep wall time with instance reuse (pdsweep.deploy.instances) vs one deployment per cell.
 
 1. On paper: the mission sweep (``sweeps/hybrid-mla-mamba.yaml``) on one 8-GPU node,
-   makespan with packing + reuse (:func:`pdsweep.schedule.reuse_makespan_s`) vs upstream's
+   makespan with packing + reuse (:func:`pdsweep.plan.schedule.reuse_makespan_s`) vs upstream's
    sequential one-pair-per-config (``config_sweep_accuracy_test.sh``:
-   :func:`pdsweep.schedule.sequential_s` over the PD cells that fit), both from the plan's
+   :func:`pdsweep.plan.schedule.sequential_s` over the PD cells that fit), both from the plan's
    own duration model. Goal <= 0.35x.
 2. On this CPU host (only with ``PDSWEEP_BENCH_SWEEP=1``: two real sweeps, ~40 min on 2
    cores): ``sweeps/cpu-smoke.yaml`` (a copy with ``port_base`` 24000) with reuse, then
@@ -23,12 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from pdsweep import layout
-from pdsweep.instances import instance_key
-from pdsweep.plan import Slot, expand, instances
-from pdsweep.run import RunOptions, run_sweep
-from pdsweep.schedule import GpuPool, reuse_makespan_s, sequential_s
-from pdsweep.spec import load_sweep
+from pdsweep.deploy.instances import instance_key
+from pdsweep.plan.expand import Slot, expand, instances
+from pdsweep.plan.schedule import GpuPool, reuse_makespan_s, sequential_s
+from pdsweep.results import layout
+from pdsweep.run.sweep import RunOptions, run_sweep
+from pdsweep.spec.sweep import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 SUMMARY = REPO / "results" / "bench" / "summary.md"
@@ -59,12 +59,16 @@ def test_mission_makespan_on_paper(benchmark):
     upstream = sequential_s([c for c in fits if c.kind == "pd"])
     ratio = ours / upstream
     benchmark.extra_info.update(makespan_s=ours, upstream_s=upstream, ratio=ratio, cells=len(fits))
-    write_section("Mission sweep makespan on 8 GPUs (plan duration model)", [
-        f"- cells that fit 8 GPUs: {len(fits)} of {len(plan.cells)} "
-        f"({sum(c.kind == 'pd' for c in fits)} PD, {sum(c.kind == 'ref' for c in fits)} references)",
-        f"- upstream, sequential one pair per PD config: {upstream / 3600:.2f} h",
-        f"- pdsweep, packing + reuse (references included): {ours / 3600:.2f} h",
-        f"- ratio: **{ratio:.2f}x** (goal <= 0.35x: {'met' if ratio <= 0.35 else 'missed'})"])
+    write_section(
+        "Mission sweep makespan on 8 GPUs (plan duration model)",
+        [
+            f"- cells that fit 8 GPUs: {len(fits)} of {len(plan.cells)} "
+            f"({sum(c.kind == 'pd' for c in fits)} PD, {sum(c.kind == 'ref' for c in fits)} references)",
+            f"- upstream, sequential one pair per PD config: {upstream / 3600:.2f} h",
+            f"- pdsweep, packing + reuse (references included): {ours / 3600:.2f} h",
+            f"- ratio: **{ratio:.2f}x** (goal <= 0.35x: {'met' if ratio <= 0.35 else 'missed'})",
+        ],
+    )
     assert ratio < 1.0  # the goal is recorded above, not asserted: a benchmark reports
 
 
@@ -84,12 +88,21 @@ def facts(run: Path, gate_s: float) -> dict:
     idx = layout.read_json(run / "run.json")
     cells = [layout.read_json(run / c / "status.json") for c in idx["cells"] if (run / c / "status.json").exists()]
     t = idx["timings"]
-    harness = sum(sum(c.get("timings", {}).get(k, 0.0) for k in ("scrape_s", "read_back_s", "transfer_s"))
-                  for c in cells) + t["judge_s"] + gate_s
+    harness = (
+        sum(sum(c.get("timings", {}).get(k, 0.0) for k in ("scrape_s", "read_back_s", "transfer_s")) for c in cells)
+        + t["judge_s"]
+        + gate_s
+    )
     starts = [v["starts"] for v in idx["instances"]["by_id"].values()]
-    return {"wall_s": t["wall_s"], "starts": sum(starts), "distinct": len(starts), "max_starts": max(starts),
-            "harness_s": harness, "harness_share": harness / (t["wall_s"] + gate_s),
-            "statuses": {c["cell_id"]: c["status"] for c in cells}}
+    return {
+        "wall_s": t["wall_s"],
+        "starts": sum(starts),
+        "distinct": len(starts),
+        "max_starts": max(starts),
+        "harness_s": harness,
+        "harness_share": harness / (t["wall_s"] + gate_s),
+        "statuses": {c["cell_id"]: c["status"] for c in cells},
+    }
 
 
 def _gate_and_report(run: Path) -> tuple[int, float]:
@@ -101,8 +114,9 @@ def _gate_and_report(run: Path) -> tuple[int, float]:
     return rc, time.monotonic() - t
 
 
-@pytest.mark.skipif(os.environ.get("PDSWEEP_BENCH_SWEEP") != "1", reason="two real CPU sweeps (~40 min): "
-                    "PDSWEEP_BENCH_SWEEP=1")
+@pytest.mark.skipif(
+    os.environ.get("PDSWEEP_BENCH_SWEEP") != "1", reason="two real CPU sweeps (~40 min): PDSWEEP_BENCH_SWEEP=1"
+)
 def test_cpu_smoke_reuse_vs_no_reuse(benchmark, tmp_path):
     sweep = _copy(tmp_path)
     out = Path(os.environ.get("PDSWEEP_BENCH_OUT", tmp_path))
@@ -118,11 +132,19 @@ def test_cpu_smoke_reuse_vs_no_reuse(benchmark, tmp_path):
     r, n = runs["reuse"], runs["no-reuse"]
     ratio = r["wall_s"] / n["wall_s"]
     benchmark.extra_info.update(ratio=ratio, reuse=r, no_reuse=n)
-    write_section("cpu-smoke wall time, reuse vs --no-reuse (2 CPU cores, one run)", [
-        "| | wall | instance starts | distinct instances | gate exit | harness share |",
-        "|---|---:|---:|---:|---:|---:|",
-        *(f"| {k} | {v['wall_s']:.0f} s | {v['starts']} | {v['distinct']} | {v['gate_rc']} | "
-          f"{100 * v['harness_share']:.1f} % |" for k, v in runs.items()),
-        "", f"- ratio reuse / no-reuse: **{ratio:.2f}x** (goal <= 0.6x: {'met' if ratio <= 0.6 else 'missed'})",
-        f"- runs: {r['dir']}, {n['dir']}"])
+    write_section(
+        "cpu-smoke wall time, reuse vs --no-reuse (2 CPU cores, one run)",
+        [
+            "| | wall | instance starts | distinct instances | gate exit | harness share |",
+            "|---|---:|---:|---:|---:|---:|",
+            *(
+                f"| {k} | {v['wall_s']:.0f} s | {v['starts']} | {v['distinct']} | {v['gate_rc']} | "
+                f"{100 * v['harness_share']:.1f} % |"
+                for k, v in runs.items()
+            ),
+            "",
+            f"- ratio reuse / no-reuse: **{ratio:.2f}x** (goal <= 0.6x: {'met' if ratio <= 0.6 else 'missed'})",
+            f"- runs: {r['dir']}, {n['dir']}",
+        ],
+    )
     assert r["max_starts"] == 1 and r["gate_rc"] == n["gate_rc"] == 0

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from pdsweep.spec import load_catalogue
+from pdsweep.plan.geometry import kv_geometry
+from pdsweep.plan.readplan import handshake_ranks
+from pdsweep.spec.sweep import load_catalogue
 from pdsweep.xfer import bench as xb
 from pdsweep.xfer.memory import make_requests
-from pdsweep.xfer.geometry import kv_geometry
-from pdsweep.xfer.readplan import handshake_ranks
 from pdsweep.xfer.session import TransferSession
 
 pytest.importorskip("nixl_cu13._api", reason="nixl_cu13 (NIXL Python bindings) is not installed")
@@ -38,21 +38,32 @@ def _run(benchmark, name: str, P: int, D: int, block_size: int, blocks: int, pla
     reqs = make_requests(1, blocks)
     runs: list = []
     with TransferSession(geometry, P, D, plans, reqs) as s:
-        benchmark.pedantic(lambda: runs.append(s.iterate()), setup=s.reset, rounds=ROUNDS, warmup_rounds=1, iterations=1)
+        benchmark.pedantic(
+            lambda: runs.append(s.iterate()), setup=s.reset, rounds=ROUNDS, warmup_rounds=1, iterations=1
+        )
         memcpy_s = s.memcpy(xb.bytes_per_rank(plans, geometry, blocks, 1))
         verification = xb.summarise_verification(s.verify())
     stats = xb.transfer_stats(plans, geometry, blocks, 1, runs[1:], memcpy_s)
-    benchmark.extra_info.update({
-        "model": name, "prefill_tp": P, "decode_tp": D, "block_size": block_size, "blocks": blocks, "plan": plan,
-        "bytes_per_iteration": stats["bytes_per_iteration"],
-        "gbps": round(stats["gbps"], 3), "memcpy_gbps": round(stats["memcpy_gbps"], 3), "ratio": round(stats["ratio"], 3),
-        "transfers_per_request": [r["transfers_per_request"] for r in stats["ranks"]],
-        "descriptors_per_request": [r["descriptors_per_request"] for r in stats["ranks"]],
-        "nixl_descriptors_per_request": [r["nixl_descriptors_per_request"] for r in stats["ranks"]],
-        "us_per_descriptor": [round(r["us_per_descriptor"], 3) for r in stats["ranks"]],
-        "transport": s.transport,
-        "verified": verification["ok"],
-    })
+    benchmark.extra_info.update(
+        {
+            "model": name,
+            "prefill_tp": P,
+            "decode_tp": D,
+            "block_size": block_size,
+            "blocks": blocks,
+            "plan": plan,
+            "bytes_per_iteration": stats["bytes_per_iteration"],
+            "gbps": round(stats["gbps"], 3),
+            "memcpy_gbps": round(stats["memcpy_gbps"], 3),
+            "ratio": round(stats["ratio"], 3),
+            "transfers_per_request": [r["transfers_per_request"] for r in stats["ranks"]],
+            "descriptors_per_request": [r["descriptors_per_request"] for r in stats["ranks"]],
+            "nixl_descriptors_per_request": [r["nixl_descriptors_per_request"] for r in stats["ranks"]],
+            "us_per_descriptor": [round(r["us_per_descriptor"], 3) for r in stats["ranks"]],
+            "transport": s.transport,
+            "verified": verification["ok"],
+        }
+    )
     return {"geometry": geometry, "plans": plans, "verification": verification}
 
 
@@ -71,7 +82,9 @@ def test_transfer(benchmark, P, D, block_size, plan):
     ssm = [r for r in out["geometry"].regions if r.is_ssm]
     expected = {
         (d, reg.layer, reg.kind, r, reg.page_bytes(P))
-        for d in range(D) for r in handshake_ranks(D, P, d)[1:] for reg in ssm
+        for d in range(D)
+        for r in handshake_ranks(D, P, d)[1:]
+        for reg in ssm
     }
     got = {(m["decode_rank"], m["layer"], m["kind"], m["prefill_rank"], m["bytes"]) for m in v["missing"]}
     assert got == expected

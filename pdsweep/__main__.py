@@ -1,3 +1,5 @@
-from .cli import main
 import sys
+
+from pdsweep.cli import main
+
 sys.exit(main())

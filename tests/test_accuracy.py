@@ -9,18 +9,18 @@ import os
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import json  # noqa: E402
-import math  # noqa: E402
-import re  # noqa: E402
-from pathlib import Path  # noqa: E402
+import json
+import math
+import re
+from pathlib import Path
 
-import pytest  # noqa: E402
-import yaml  # noqa: E402
-from fastapi import FastAPI, Request  # noqa: E402
+import pytest
+import yaml
+from _fakes import block_non_loopback, completion, serve
+from fastapi import FastAPI, Request
 
-from _fakes import block_non_loopback, completion, serve  # noqa: E402
-from pdsweep import arith  # noqa: E402
-from pdsweep.accuracy import (  # noqa: E402
+from pdsweep.core.errors import UserError
+from pdsweep.measure.accuracy import (
     api_extra_missing,
     completions_url,
     judge,
@@ -29,9 +29,9 @@ from pdsweep.accuracy import (  # noqa: E402
     task_result,
     two_proportion_p,
 )
-from pdsweep.errors import UserError  # noqa: E402
-from pdsweep.layout import read_json, write_json  # noqa: E402
-from pdsweep.spec import EvalSpec  # noqa: E402
+from pdsweep.results.layout import read_json, write_json
+from pdsweep.spec.sweep import EvalSpec
+from pdsweep.tiny import arith
 
 UPSTREAM = "vllm tests/v1/kv_connector/nixl_integration/test_accuracy.py"
 needs_lm_eval_api = pytest.mark.skipif(
@@ -137,9 +137,13 @@ def test_lm_eval_chat_endpoint_and_single_sample_stderr_na(tokenizer, tmp_path):
         body = await req.json()
         seen.append(body)
         ans = _solve(body["messages"][-1]["content"])
-        return {"id": "c", "object": "chat.completion", "created": 0, "model": body["model"],
-                "choices": [{"index": 0, "finish_reason": "stop",
-                             "message": {"role": "assistant", "content": f"{ans}"}}]}
+        return {
+            "id": "c",
+            "object": "chat.completion",
+            "created": 0,
+            "model": body["model"],
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": f"{ans}"}}],
+        }
 
     spec = EvalSpec(tasks=["pdsweep_arith"], limit=1, num_concurrent=1, max_retries=1, timeout_s=30)
     with block_non_loopback(), serve(app) as url:
@@ -164,11 +168,22 @@ def test_unknown_task_is_a_user_error(tokenizer, tmp_path):
 
 # ---------------------------------------------------------------- lm-eval result parsing
 def test_task_result_stderr_na_and_missing_values():
-    res = {"results": {"pdsweep_arith": {"alias": "pdsweep_arith", "exact_match,strict-match": 1.0,
-                                         "exact_match_stderr,strict-match": "N/A"}},
-           "n-samples": {"pdsweep_arith": {"original": 200, "effective": 1}}}
-    assert task_result(res, "pdsweep_arith") == {"metric": "exact_match,strict-match", "value": 1.0,
-                                                 "stderr": "N/A", "n": 1}
+    res = {
+        "results": {
+            "pdsweep_arith": {
+                "alias": "pdsweep_arith",
+                "exact_match,strict-match": 1.0,
+                "exact_match_stderr,strict-match": "N/A",
+            }
+        },
+        "n-samples": {"pdsweep_arith": {"original": 200, "effective": 1}},
+    }
+    assert task_result(res, "pdsweep_arith") == {
+        "metric": "exact_match,strict-match",
+        "value": 1.0,
+        "stderr": "N/A",
+        "n": 1,
+    }
     res["results"]["pdsweep_arith"]["exact_match,strict-match"] = float("nan")
     assert task_result(res, "pdsweep_arith")["value"] is None
     assert task_result({}, "gsm8k") == {"metric": "exact_match,strict-match", "value": None, "stderr": None, "n": None}
@@ -179,20 +194,31 @@ def test_task_result_stderr_na_and_missing_values():
 # ---------------------------------------------------------------- expected values
 def test_expected_file_has_upstream_values():
     exp = load_expected()
-    want = {"qwen3-0.6b": 0.41, "deepseek-vl2-tiny": 0.19, "deepseek-v2-lite-chat": 0.65, "gemma-3-4b-it": 0.74,
-            "granite-4.0-h-tiny": 0.77, "qwen3.5-0.8b": 0.33, "gemma-4-e2b-it": 0.485, "jamba2-3b": 0.74}
+    want = {
+        "qwen3-0.6b": 0.41,
+        "deepseek-vl2-tiny": 0.19,
+        "deepseek-v2-lite-chat": 0.65,
+        "gemma-3-4b-it": 0.74,
+        "granite-4.0-h-tiny": 0.77,
+        "qwen3.5-0.8b": 0.33,
+        "gemma-4-e2b-it": 0.485,
+        "jamba2-3b": 0.74,
+    }
     for model, value in want.items():
         assert exp[model]["gsm8k"] == {"value": value, "tolerance": 0.05, "source": UPSTREAM}
     assert not [m for m in exp if "kimi" in m]
 
 
-@pytest.mark.parametrize("text, match", [
-    ("m:\n  gsm8k: {value: 0.4, tolerance: -1, source: s}\n", r"m\.gsm8k\.tolerance"),
-    ("m:\n  gsm8k: {value: 0.4, tolerance: 0.05}\n", r"m\.gsm8k\.source"),
-    ("m:\n  gsm8k: {value: 0.4, tolerance: 0.05, source: s, rtol: 1}\n", r"m\.gsm8k\.rtol"),
-    ("m:\n  gsm8k: {value: 1.5, tolerance: 0.05, source: s}\n", r"m\.gsm8k\.value"),
-    ("m: [1, 2\n", "malformed YAML"),
-])
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("m:\n  gsm8k: {value: 0.4, tolerance: -1, source: s}\n", r"m\.gsm8k\.tolerance"),
+        ("m:\n  gsm8k: {value: 0.4, tolerance: 0.05}\n", r"m\.gsm8k\.source"),
+        ("m:\n  gsm8k: {value: 0.4, tolerance: 0.05, source: s, rtol: 1}\n", r"m\.gsm8k\.rtol"),
+        ("m:\n  gsm8k: {value: 1.5, tolerance: 0.05, source: s}\n", r"m\.gsm8k\.value"),
+        ("m: [1, 2\n", "malformed YAML"),
+    ],
+)
 def test_bad_expected_file_names_file_and_field(tmp_path, text, match):
     p = tmp_path / "expected.yaml"
     p.write_text(text)
@@ -296,7 +322,9 @@ def test_judge_nothing_to_gate_against_fails_closed():
 
 def test_judge_reference_problems_fail_closed():
     assert "has no score" in judge("pd", _res(0.4), None, _ref(None), 0.05)["tasks"]["gsm8k"]["reasons"][0]
-    assert "sample count unknown" in judge("pd", _res(0.4, n=None), None, _ref(0.4), 0.05)["tasks"]["gsm8k"]["reasons"][0]
+    assert (
+        "sample count unknown" in judge("pd", _res(0.4, n=None), None, _ref(0.4), 0.05)["tasks"]["gsm8k"]["reasons"][0]
+    )
     assert judge("pd", {}, EXP, None, 0.05)["verdict"] == "fail"  # no tasks at all
 
 
@@ -315,5 +343,14 @@ def test_judge_body_round_trips_through_write_json(tmp_path):
     back = read_json(write_json(tmp_path / "accuracy.json", body))
     assert back["schema"] == 1 and back["verdict"] == "fail"
     assert back["tasks"]["gsm8k"]["verdict"] == "pass" and back["tasks"]["pdsweep_arith"]["value"] is None
-    assert set(back["tasks"]["gsm8k"]) == {"metric", "value", "stderr", "n", "expected", "reference", "p_value",
-                                           "verdict", "reasons"}
+    assert set(back["tasks"]["gsm8k"]) == {
+        "metric",
+        "value",
+        "stderr",
+        "n",
+        "expected",
+        "reference",
+        "p_value",
+        "verdict",
+        "reasons",
+    }

@@ -1,4 +1,4 @@
-"""Every instance argv parsed with the installed vLLM's own CLI classes (pdsweep.argcheck),
+"""Every instance argv parsed with the installed vLLM's own CLI classes (pdsweep.builds.argcheck),
 and the plan table in non-TTY output (CI logs)."""
 
 from pathlib import Path
@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 
 from pdsweep.cli import main
-from pdsweep.dryrun import check_argv
-from pdsweep.errors import UserError
-from pdsweep.plan import expand
-from pdsweep.spec import load_sweep
+from pdsweep.core.errors import UserError
+from pdsweep.plan.expand import expand
+from pdsweep.run.dryrun import check_argv
+from pdsweep.spec.sweep import load_sweep
 
 pytest.importorskip("vllm.entrypoints.launchers.cli_args")
 
@@ -34,14 +34,21 @@ matrix:
     return p
 
 
-@pytest.mark.parametrize("variant,message", [
-    ("{decode: [--block-sise, '16']}",
-     "qwen3-0.6b.p2d1.b128-128.fixed.bad instance decode-0: vllm serve: error: unrecognized arguments: --block-sise 16"),
-    # (--kv-transfer-config in serve_args is refused earlier, by the spec: tests/test_failclosed.py)
-    ("{prefill: [--enable-auto-tool-choice]}",
-     "qwen3-0.6b.p2d1.b128-128.fixed.bad instance prefill-0: TypeError: Error: --enable-auto-tool-choice "
-     "requires --tool-call-parser"),
-])
+@pytest.mark.parametrize(
+    "variant,message",
+    [
+        (
+            "{decode: [--block-sise, '16']}",
+            "qwen3-0.6b.p2d1.b128-128.fixed.bad instance decode-0: vllm serve: error: unrecognized arguments: --block-sise 16",
+        ),
+        # (--kv-transfer-config in serve_args is refused earlier, by the spec: tests/test_failclosed.py)
+        (
+            "{prefill: [--enable-auto-tool-choice]}",
+            "qwen3-0.6b.p2d1.b128-128.fixed.bad instance prefill-0: TypeError: Error: --enable-auto-tool-choice "
+            "requires --tool-call-parser",
+        ),
+    ],
+)
 def test_validate_refuses_argv_vllm_refuses(tmp_path, capsys, variant, message):
     assert main(["validate", str(_sweep(tmp_path, variant))]) == 2
     err = capsys.readouterr().err
@@ -68,5 +75,6 @@ def test_plan_table_keeps_whole_ids_when_not_a_tty(capsys):
     assert main(["plan", str(SWEEPS / "hybrid-mla-mamba.yaml"), "--gpus", "8", "--no-check-argv"]) == 0
     out = capsys.readouterr().out
     row = next(x for x in out.splitlines() if "deepseek-v2-lite-chat.p1d1.b64-128.fixed " in x)
-    assert "P 64/64 D 128/64" in row  # effective logical/kernel blocks per role, on the cell's row
+    # vLLM's backend (sm90: FLASH_ATTN_MLA) and the effective logical/kernel blocks per role, on the cell's row
+    assert "P FLASH_ATTN_MLA 64/64 D FLASH_ATTN_MLA 128/128" in row
     assert "Local: 30, Remote: 16. Disable prefix caching with --no-enable-prefix-caching." in out  # whole reason

@@ -7,32 +7,62 @@ from pathlib import Path
 
 import pytest
 
-from pdsweep import layout
 from pdsweep.cli import SUBCOMMANDS, RunArgs, build_parser, chosen_path
-from pdsweep.errors import EXIT_GATE_FAILED, EXIT_INTERNAL, EXIT_USER_ERROR, GateFailed, UserError, run_main
+from pdsweep.core.errors import EXIT_GATE_FAILED, EXIT_INTERNAL, EXIT_USER_ERROR, GateFailed, UserError, run_main
+from pdsweep.results import layout
 
 
 def test_command_names_are_unique_and_every_leaf_has_an_entry_point() -> None:
     names = [c.name for c in SUBCOMMANDS]
-    assert names == ["validate", "plan", "run", "gate", "compare", "report", "proxy", "baseline-env", "bench"]
+    assert names == [
+        "validate",
+        "plan",
+        "run",
+        "gate",
+        "compare",
+        "report",
+        "history",
+        "dashboard",
+        "bisect",
+        "proxy",
+        "baseline-env",
+        "bench",
+    ]
     leaves = [c for c in SUBCOMMANDS if not c.children] + [k for c in SUBCOMMANDS for k in c.children]
     assert all((c.args is None) != (c.module is None) for c in leaves)
     assert [k.name for k in SUBCOMMANDS[-1].children] == ["transfer"]
 
 
-@pytest.mark.parametrize("argv, path", [
-    (["-v", "bench", "transfer", "--model", "x"], ["bench", "transfer"]),
-    (["validate", "proxy"], ["validate"]),  # a sweep file named like a command is not a command
-    (["proxy", "--prefill", "http://a"], ["proxy"]),
-    (["--help"], []),
-    (["nosuch"], []),
-])
+def test_every_lazy_command_module_imports_with_its_entry_points() -> None:
+    """A lazy row names its module relative to the package; a moved module breaks its command."""
+    leaves = [c for c in SUBCOMMANDS if not c.children] + [k for c in SUBCOMMANDS for k in c.children]
+    lazy = [c for c in leaves if c.module is not None]
+    assert [c.module for c in lazy] == ["deploy.proxy", "builds.baseline", "xfer.bench"]
+    for c in lazy:
+        mod = c._load()
+        assert callable(mod.add_cli_args) and callable(mod.main), c.module
+    for argv in (["proxy", "--help"], ["baseline-env", "--help"], ["bench", "transfer", "--help"]):
+        with pytest.raises(SystemExit) as e:
+            build_parser(argv).parse_args(argv)
+        assert e.value.code == 0, argv
+
+
+@pytest.mark.parametrize(
+    "argv, path",
+    [
+        (["-v", "bench", "transfer", "--model", "x"], ["bench", "transfer"]),
+        (["validate", "proxy"], ["validate"]),  # a sweep file named like a command is not a command
+        (["proxy", "--prefill", "http://a"], ["proxy"]),
+        (["--help"], []),
+        (["nosuch"], []),
+    ],
+)
 def test_chosen_path_is_the_leading_command_words(argv: list[str], path: list[str]) -> None:
     assert chosen_path(argv) == path
 
 
 def test_run_options_come_from_the_flags_of_the_same_name() -> None:
-    from pdsweep.run import RunOptions
+    from pdsweep.run.sweep import RunOptions
 
     ns = build_parser(["run"]).parse_args(["run", "s.yaml", "--quiet", "--gpus", "2", "--cells", "tiny*"])
     args = RunArgs.from_cli_args(ns)
@@ -44,6 +74,7 @@ def test_run_main_maps_each_error_kind_once(capsys: pytest.CaptureFixture[str]) 
     def boom(exc: BaseException):
         def main() -> int:
             raise exc
+
         return main
 
     assert run_main(lambda: None) == 0

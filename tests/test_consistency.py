@@ -8,11 +8,12 @@ import zlib
 from collections.abc import Callable
 
 import pytest
+from _fakes import block_non_loopback, completion, serve
 from fastapi import FastAPI, HTTPException, Request
 
-from _fakes import block_non_loopback, completion, serve
-from pdsweep.consistency import (
-    MAX_ABS_DLOGPROB as MAX_ABS_DLOGPROB_PD,
+from pdsweep.core.errors import UserError
+from pdsweep.measure.consistency import MAX_ABS_DLOGPROB as MAX_ABS_DLOGPROB_PD
+from pdsweep.measure.consistency import (
     Prompt,
     build_prompts,
     compare,
@@ -22,8 +23,7 @@ from pdsweep.consistency import (
     resolve_lengths,
     thresholds_for,
 )
-from pdsweep.errors import UserError
-from pdsweep.layout import read_json, write_json
+from pdsweep.results.layout import read_json, write_json
 
 MAX_TOKENS = 8
 # (prompt token ids) -> (token ids, top-1 logprobs)
@@ -32,14 +32,17 @@ Behaviour = Callable[[list[int]], tuple[list[int], list[float]]]
 
 @pytest.fixture(scope="module")
 def prompts(tokenizer) -> list[Prompt]:
-    return build_prompts(tokenizer, block_size=16, max_model_len=512, lengths=["short", "blocks", "long", 41],
-                         max_tokens=MAX_TOKENS)
+    return build_prompts(
+        tokenizer, block_size=16, max_model_len=512, lengths=["short", "blocks", "long", 41], max_tokens=MAX_TOKENS
+    )
 
 
 def ref_behaviour(ids: list[int]) -> tuple[list[int], list[float]]:
     """Deterministic per prompt: tokens from the prompt length, logprobs in (-3, -0.1)."""
     n = len(ids)
-    return [(n * 7 + i * 13) % 250 + 2 for i in range(MAX_TOKENS)], [-0.1 - ((n + i) % 29) / 10 for i in range(MAX_TOKENS)]
+    return [(n * 7 + i * 13) % 250 + 2 for i in range(MAX_TOKENS)], [
+        -0.1 - ((n + i) % 29) / 10 for i in range(MAX_TOKENS)
+    ]
 
 
 def _app(behaviour: Behaviour, seen: list[dict] | None = None, fail: bool = False) -> FastAPI:
@@ -53,9 +56,12 @@ def _app(behaviour: Behaviour, seen: list[dict] | None = None, fail: bool = Fals
         if fail:
             raise HTTPException(status_code=500, detail="decode engine died")
         toks, lps = behaviour(body["prompt"])
-        lp = {"tokens": [f"token_id:{t}" for t in toks], "token_logprobs": lps,
-              "top_logprobs": [{f"token_id:{t}": x} for t, x in zip(toks, lps)],
-              "text_offset": list(range(len(toks)))}
+        lp = {
+            "tokens": [f"token_id:{t}" for t in toks],
+            "token_logprobs": lps,
+            "top_logprobs": [{f"token_id:{t}": x} for t, x in zip(toks, lps)],
+            "text_offset": list(range(len(toks))),
+        }
         return completion("".join(f"<{t}>" for t in toks), model=body["model"], logprobs=lp)
 
     return app
@@ -252,25 +258,42 @@ def autoregressive(broken_decode: bool = False) -> Behaviour:
 
 def _triage_run(pd: Behaviour, ref: Behaviour, prompts: list[Prompt]) -> dict:
     """The PD cell's probe, the reference cell's probe + path check, merged as the judge does."""
-    from pdsweep.judge import merge_probes
+    from pdsweep.measure.verdicts import merge_probes
 
     async def ref_probe(url: str) -> dict:
         import httpx
 
-        from pdsweep.consistency import complete, path_check
+        from pdsweep.measure.consistency import complete, path_check
 
         rows = []
         async with httpx.AsyncClient(timeout=30) as client:
             for p in prompts:
                 t, lp = await complete(client, url, "tiny", p, MAX_TOKENS)
-                rows.append({"name": p.name, "prompt_tokens": p.num_tokens, "tokens": t, "token_logprobs": lp,
-                             "path_check": await path_check(client, url, "tiny", p, t, lp)})
+                rows.append(
+                    {
+                        "name": p.name,
+                        "prompt_tokens": p.num_tokens,
+                        "tokens": t,
+                        "token_logprobs": lp,
+                        "path_check": await path_check(client, url, "tiny", p, t, lp),
+                    }
+                )
         return {"max_tokens": MAX_TOKENS, "prompts": rows}
 
     def as_raw(res: dict) -> dict:
-        return {"max_tokens": MAX_TOKENS, "prompts": [
-            {"name": r["name"], "prompt_tokens": r["prompt_tokens"], "tokens": r["pd_tokens"],
-             "token_logprobs": r["pd_logprobs"], "error": r["error"]} for r in res["prompts"]]}
+        return {
+            "max_tokens": MAX_TOKENS,
+            "prompts": [
+                {
+                    "name": r["name"],
+                    "prompt_tokens": r["prompt_tokens"],
+                    "tokens": r["pd_tokens"],
+                    "token_logprobs": r["pd_logprobs"],
+                    "error": r["error"],
+                }
+                for r in res["prompts"]
+            ],
+        }
 
     with block_non_loopback(), serve(_app(pd)) as pd_url, serve(_app(ref)) as ref_url:
         pd_raw = as_raw(asyncio.run(probe(f"{pd_url}/v1/completions", ref_url, "tiny", prompts, MAX_TOKENS, 30)))
@@ -310,18 +333,26 @@ def test_broken_engine_path_is_triaged_engine(prompts):
 
 
 def test_mixed_is_triaged_both_and_missing_check_unknown():
-    from pdsweep.consistency import triage
+    from pdsweep.measure.consistency import triage
 
     tok = {"pd_tokens": [1], "ref_tokens": [2], "error": None}
-    rows = [{"name": "a", "verdict": "fail", "engine_path_ok": True, **tok},
-            {"name": "b", "verdict": "fail", "engine_path_ok": False, **tok},
-            {"name": "c", "verdict": "pass", "engine_path_ok": None, **tok}]
+    rows = [
+        {"name": "a", "verdict": "fail", "engine_path_ok": True, **tok},
+        {"name": "b", "verdict": "fail", "engine_path_ok": False, **tok},
+        {"name": "c", "verdict": "pass", "engine_path_ok": None, **tok},
+    ]
     assert triage(rows)["verdict"] == "both"
     assert triage(rows[:1] + [{"name": "d", "verdict": "fail", "engine_path_ok": None, **tok}])["verdict"] == "unknown"
     assert triage(rows[2:])["verdict"] == "none"
     # a PD request that failed (decode crashed, timed out) has nothing to triage: never 'transfer'
-    crashed = {"name": "e", "verdict": "fail", "engine_path_ok": True, "pd_tokens": [], "ref_tokens": [2],
-               "error": "PD request failed: ReadTimeout"}
+    crashed = {
+        "name": "e",
+        "verdict": "fail",
+        "engine_path_ok": True,
+        "pd_tokens": [],
+        "ref_tokens": [2],
+        "error": "PD request failed: ReadTimeout",
+    }
     assert triage(rows[:1] + [crashed])["verdict"] == "unknown"
     # with different P/D TP the reference does not run the prefill engine's TP: said so
     assert "prefill engine at its own TP" in triage(rows[:1], tp_equal=False)["explanation"]
@@ -330,7 +361,7 @@ def test_mixed_is_triaged_both_and_missing_check_unknown():
 
 
 def test_engine_path_check_is_tighter_than_pd_and_fails_closed():
-    from pdsweep.consistency import ENGINE_PATH_MAX_DLOGPROB, engine_path_ok
+    from pdsweep.measure.consistency import ENGINE_PATH_MAX_DLOGPROB, engine_path_ok
 
     ok = {"plain_tokens": [5, 6], "mismatched_positions": [], "missing_logprob_at": None}
     assert engine_path_ok({**ok, "max_abs_dlogprob": 1e-5}) is True
@@ -346,7 +377,7 @@ def test_plain_path_requests_bypass_the_prefix_cache(prompts):
     prompt + tokens[:k] would otherwise reuse the first request's blocks (decode path again)."""
     import httpx
 
-    from pdsweep.consistency import complete, path_check
+    from pdsweep.measure.consistency import complete, path_check
 
     seen: list[dict] = []
 

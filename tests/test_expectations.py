@@ -8,17 +8,28 @@ from pathlib import Path
 
 import pytest
 
-from pdsweep import fixprobes
-from pdsweep.errors import UserError
-from pdsweep.expectations import applies, resolve
-from pdsweep.fixprobes import FIXES, probe_python, probe_site
-from pdsweep.plan import Cell, expand
-from pdsweep.spec import load_sweep
-from pdsweep.unfix import EDITS, _vllm_site
+from pdsweep.builds import fixprobes
+from pdsweep.builds.fixprobes import FIXES, probe_python, probe_site
+from pdsweep.builds.unfix import EDITS, _vllm_site
+from pdsweep.core.errors import UserError
+from pdsweep.plan.expand import Cell, expand
+from pdsweep.spec.expectations import applies, resolve
+from pdsweep.spec.sweep import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
-CELL = Cell(model="m", prefill_tp=2, decode_tp=1, prefill_block_size=16, decode_block_size=16, num_prefill=1,
-            num_decode=1, kv_buffer_device="cpu", build="unfixed", expect_fail=True, expect_reason="r")
+CELL = Cell(
+    model="m",
+    prefill_tp=2,
+    decode_tp=1,
+    prefill_block_size=16,
+    decode_block_size=16,
+    num_prefill=1,
+    num_decode=1,
+    kv_buffer_device="cpu",
+    build="unfixed",
+    expect_fail=True,
+    expect_reason="r",
+)
 
 
 def test_every_fix_probe_is_found_in_the_installed_vllm():
@@ -43,15 +54,21 @@ def test_unfixed_copy_lacks_49297_only(tmp_path):
 def test_expectation_applies_by_version_range_and_missing_fix():
     c = replace(CELL, expect_vllm="<0.33", expect_without=("vllm#49297", "vllm#49762"))
     assert applies(c, "0.32.0+cpu", {"vllm#49297": False, "vllm#49762": True}) == (
-        True, "vLLM 0.32.0+cpu in <0.33; build unfixed lacks vllm#49297")
+        True,
+        "vLLM 0.32.0+cpu in <0.33; build unfixed lacks vllm#49297",
+    )
     assert applies(c, "0.33.1", {"vllm#49297": False}) == (False, "build unfixed has vLLM 0.33.1, outside <0.33")
     assert applies(c, "0.32.0", {"vllm#49297": True, "vllm#49762": True}) == (
-        False, "build unfixed contains vllm#49297, vllm#49762")
+        False,
+        "build unfixed contains vllm#49297, vllm#49762",
+    )
     assert applies(c, "0.32.0", {"vllm#49297": True, "vllm#49762": None})[0] is None
     assert applies(replace(c, expect_without=()), None, {})[0] is None
     fixed = resolve(c, "0.32.0", {"vllm#49297": True, "vllm#49762": True})
-    assert (fixed.expect_fail, fixed.expect_note) == (False, "does not apply: build unfixed contains vllm#49297, "
-                                                             "vllm#49762")
+    assert (fixed.expect_fail, fixed.expect_note) == (
+        False,
+        "does not apply: build unfixed contains vllm#49297, vllm#49762",
+    )
     assert resolve(CELL, None, {}) is CELL  # an unconditional expectation is left alone
 
 
@@ -99,12 +116,24 @@ def test_mission_sweep_encodes_the_build_aware_expectations():
     assert "kimi-linear.p4d4.b128-128.unfixed" in cells
 
 
-@pytest.mark.parametrize("entry,msg", [
-    ("{build: unfixed, expect: fail, reason: r, without: [vllm#1]}", "unknown fix probe(s) ['vllm#1'] (allowed: vllm#49297"),
-    ("{build: unfixed, expect: fail, reason: r, vllm: 'about 0.32'}", "not a PEP 440 version range"),
-    ("{build: unfixed, without: [vllm#49297]}", "'without' says for which builds a failure is expected: it needs"),
-])
+@pytest.mark.parametrize(
+    "entry,msg",
+    [
+        (
+            "{build: unfixed, expect: fail, reason: r, without: [vllm#1]}",
+            "unknown fix probe(s) ['vllm#1'] (allowed: vllm#49297",
+        ),
+        ("{build: unfixed, expect: fail, reason: r, vllm: 'about 0.32'}", "not a PEP 440 version range"),
+        ("{build: unfixed, without: [vllm#49297]}", "'without' says for which builds a failure is expected: it needs"),
+    ],
+)
 def test_bad_build_conditions_are_user_errors(tmp_path, entry, msg):
     with pytest.raises(UserError) as e:
-        _plan(tmp_path, SWEEP.replace("""{build: unfixed, expect: fail, without: [vllm#49297], match: 'assert len', reason: "PR 49297 undone"}""", entry))
+        _plan(
+            tmp_path,
+            SWEEP.replace(
+                """{build: unfixed, expect: fail, without: [vllm#49297], match: 'assert len', reason: "PR 49297 undone"}""",
+                entry,
+            ),
+        )
     assert msg in str(e.value)

@@ -13,13 +13,13 @@ from fixtures.make_runs import TR, case, pd, totals, write_run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pdsweep.accuracy import load_expected
 from pdsweep.cli import main
-from pdsweep.errors import UserError
-from pdsweep.feasible import cannot_pass, preflight
-from pdsweep.gate import FAIL, PASS, gate_run, impossible_totals
-from pdsweep.plan import expand
-from pdsweep.spec import load_sweep
+from pdsweep.core.errors import UserError
+from pdsweep.judge.gate import FAIL, PASS, gate_run, impossible_totals
+from pdsweep.measure.accuracy import load_expected
+from pdsweep.plan.expand import expand
+from pdsweep.run.feasible import cannot_pass, preflight
+from pdsweep.spec.sweep import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = sorted(p for p in (REPO / "sweeps").glob("*.yaml") if p.name != "models.yaml")
@@ -60,15 +60,18 @@ def gate_totals(root: Path, **t) -> tuple[str, tuple[str, ...]]:
     return r.verdict, r.reasons
 
 
-@pytest.mark.parametrize("field, value, why", [
-    ("failed_transfers", -1, "totals.failed_transfers = -1: negative (allowed: >= 0)"),
-    ("failed_notifications", -3, "totals.failed_notifications = -3: negative (allowed: >= 0)"),
-    ("num_transfers", 2.5, "totals.num_transfers = 2.5: a count must be a whole number"),
-    ("bytes", "300", 'totals.bytes is "300": not a finite number'),
-    ("failed_transfers", True, "totals.failed_transfers is true: not a finite number"),
-    ("num_transfers", 10**400, "not a finite number"),
-    ("gbps_xfer", -0.5, "totals.gbps_xfer = -0.5: negative (allowed: >= 0)"),
-])
+@pytest.mark.parametrize(
+    "field, value, why",
+    [
+        ("failed_transfers", -1, "totals.failed_transfers = -1: negative (allowed: >= 0)"),
+        ("failed_notifications", -3, "totals.failed_notifications = -3: negative (allowed: >= 0)"),
+        ("num_transfers", 2.5, "totals.num_transfers = 2.5: a count must be a whole number"),
+        ("bytes", "300", 'totals.bytes is "300": not a finite number'),
+        ("failed_transfers", True, "totals.failed_transfers is true: not a finite number"),
+        ("num_transfers", 10**400, "not a finite number"),
+        ("gbps_xfer", -0.5, "totals.gbps_xfer = -0.5: negative (allowed: >= 0)"),
+    ],
+)
 def test_impossible_transfer_values_fail_the_cell(tmp_path: Path, field: str, value, why: str) -> None:
     verdict, reasons = gate_totals(tmp_path, **{field: value})
     assert verdict == FAIL
@@ -83,9 +86,14 @@ def test_huge_integer_in_results_is_a_verdict_not_a_traceback(tmp_path: Path) ->
 
 
 COUNTS = st.sampled_from(["num_transfers", "bytes", "failed_transfers", "failed_notifications", "expired_reqs"])
-BAD = st.one_of(st.integers(max_value=-1), st.floats(max_value=-1e-9, allow_nan=False, allow_infinity=False),
-                st.floats(min_value=0.01, max_value=1e6).filter(lambda x: x != int(x)),
-                st.text(max_size=5), st.booleans(), st.integers(min_value=2**1100, max_value=2**1200))
+BAD = st.one_of(
+    st.integers(max_value=-1),
+    st.floats(max_value=-1e-9, allow_nan=False, allow_infinity=False),
+    st.floats(min_value=0.01, max_value=1e6).filter(lambda x: x != int(x)),
+    st.text(max_size=5),
+    st.booleans(),
+    st.integers(min_value=2**1100, max_value=2**1200),
+)
 
 
 @given(COUNTS, BAD)
@@ -123,7 +131,7 @@ def test_every_shipped_sweep_can_pass_in_principle(path: Path) -> None:
 
 def test_upstream_sweep_validates_without_contradiction(capsys) -> None:
     assert main(["validate", str(REPO / "sweeps" / "upstream-config-sweep.yaml")]) == 0
-    assert "valid: 19 PD cells, 0 reference cells" in capsys.readouterr().out
+    assert "valid: 20 PD cells, 0 reference cells" in capsys.readouterr().out  # 20: + run_mamba_prefix_cache_test.sh
 
 
 def test_consistency_without_reference_is_refused(tmp_path: Path, capsys) -> None:
@@ -137,18 +145,24 @@ def test_consistency_required_but_disabled_is_refused(tmp_path: Path, capsys) ->
 
 
 def test_accuracy_without_expected_score_or_reference_is_refused(tmp_path: Path, capsys) -> None:
-    msg = bad(tmp_path, UNSCORED + "eval: {reference: false, consistency: {enabled: false}}\n"
-              "gate: {require_consistency: false}\n", capsys)
+    msg = bad(
+        tmp_path,
+        UNSCORED + "eval: {reference: false, consistency: {enabled: false}}\ngate: {require_consistency: false}\n",
+        capsys,
+    )
     assert "model tiny-nemotron-h: no expected score for task(s) pdsweep_arith" in msg
 
 
 @given(st.booleans(), st.booleans(), st.booleans(), st.booleans(), st.booleans())
 @settings(max_examples=32, deadline=None, suppress_health_check=HC)
-def test_property_validate_refuses_exactly_the_contradictions(tmp_path: Path, reference: bool, probe: bool,
-                                                              req_con: bool, req_acc: bool, tasks: bool) -> None:
-    body = UNSCORED + (f"eval: {{reference: {str(reference).lower()}, tasks: {'[pdsweep_arith]' if tasks else '[]'}, "
-                    f"consistency: {{enabled: {str(probe).lower()}}}}}\n"
-                    f"gate: {{require_consistency: {str(req_con).lower()}, require_accuracy: {str(req_acc).lower()}}}\n")
+def test_property_validate_refuses_exactly_the_contradictions(
+    tmp_path: Path, reference: bool, probe: bool, req_con: bool, req_acc: bool, tasks: bool
+) -> None:
+    body = UNSCORED + (
+        f"eval: {{reference: {str(reference).lower()}, tasks: {'[pdsweep_arith]' if tasks else '[]'}, "
+        f"consistency: {{enabled: {str(probe).lower()}}}}}\n"
+        f"gate: {{require_consistency: {str(req_con).lower()}, require_accuracy: {str(req_acc).lower()}}}\n"
+    )
     root = Path(tempfile.mkdtemp(dir=tmp_path))
     plan = expand(load_sweep(write(root, body)))
     # tiny-nemotron-h has no expected score: accuracy can pass only against a reference
@@ -163,8 +177,9 @@ def test_unknown_lm_eval_task_is_found_at_validate(tmp_path: Path, capsys) -> No
 
 
 def test_unknown_pdsweep_task_needs_no_lm_eval_index(tmp_path: Path, capsys) -> None:
-    assert "unknown lm-eval task(s) ['pdsweep_arithm']" in bad(tmp_path, SMALL + "eval: {tasks: [pdsweep_arithm]}\n",
-                                                               capsys)
+    assert "unknown lm-eval task(s) ['pdsweep_arithm']" in bad(
+        tmp_path, SMALL + "eval: {tasks: [pdsweep_arithm]}\n", capsys
+    )
 
 
 def test_empty_probe_lengths_are_refused(tmp_path: Path, capsys) -> None:
@@ -177,8 +192,10 @@ def test_probe_length_beyond_the_context_is_found_at_validate(tmp_path: Path, ca
 
 
 def test_tiny_geometry_missing_names_the_real_catalogue(tmp_path: Path, capsys) -> None:
-    models = ("models:\n  t:\n    tiny: {kind: llama}\n    architecture: LlamaForCausalLM\n"
-              "    attention: gqa\n    num_layers: 2\n    platforms: {cpu: {}}\n")
+    models = (
+        "models:\n  t:\n    tiny: {kind: llama}\n    architecture: LlamaForCausalLM\n"
+        "    attention: gqa\n    num_layers: 2\n    platforms: {cpu: {}}\n"
+    )
     msg = bad(tmp_path, "name: x\nplatform: cpu\nmatrix: {model: [t], tp: [p1d1], block_size: [32]}\n", capsys, models)
     assert msg.startswith(f"error: {tmp_path / 'models.yaml'}: models.t: tiny checkpoint needs")
 
@@ -202,8 +219,11 @@ def test_duplicate_key_in_a_sweep_names_both_lines(tmp_path: Path, capsys) -> No
 
 
 def test_duplicate_key_in_the_catalogue_names_both_lines(tmp_path: Path, capsys) -> None:
-    models = (REPO / "sweeps" / "models.yaml").read_text().replace(
-        "  tiny-llama:\n", "  tiny-llama:\n    num_layers: 3\n", 1)
+    models = (
+        (REPO / "sweeps" / "models.yaml")
+        .read_text()
+        .replace("  tiny-llama:\n", "  tiny-llama:\n    num_layers: 3\n", 1)
+    )
     msg = bad(tmp_path, SMALL, capsys, models)
     assert f"{tmp_path / 'models.yaml'}:" in msg and "duplicate key 'num_layers' (first at line " in msg
 
@@ -211,8 +231,13 @@ def test_duplicate_key_in_the_catalogue_names_both_lines(tmp_path: Path, capsys)
 @given(st.sampled_from(["name", "platform", "defaults", "eval"]), st.integers(0, 3))
 @settings(max_examples=20, deadline=None, suppress_health_check=HC)
 def test_property_any_repeated_key_is_refused(tmp_path: Path, key: str, pad: int) -> None:
-    lines = ["name: x", "platform: cpu", "defaults: {max_num_seqs: 4}", "eval: {limit: 2}",
-             "matrix: {model: [tiny-llama], tp: [p1d1], block_size: [32]}"]
+    lines = [
+        "name: x",
+        "platform: cpu",
+        "defaults: {max_num_seqs: 4}",
+        "eval: {limit: 2}",
+        "matrix: {model: [tiny-llama], tp: [p1d1], block_size: [32]}",
+    ]
     first = next(i for i, line in enumerate(lines) if line.startswith(key + ":")) + 1
     body = "\n".join(lines + ["# pad"] * pad + [next(x for x in lines if x.startswith(key + ":"))]) + "\n"
     p = write(Path(tempfile.mkdtemp(dir=tmp_path)), body)
@@ -221,7 +246,9 @@ def test_property_any_repeated_key_is_refused(tmp_path: Path, key: str, pad: int
 
 
 # ---------------------------------------------------------------- 5. names, ids and paths
-@pytest.mark.parametrize("name", ["../escape", "a/b", "two\nlines", "trailing\n", "x" * 300, "has.dot", "-dash", "p2d1", "env-x"])
+@pytest.mark.parametrize(
+    "name", ["../escape", "a/b", "two\nlines", "trailing\n", "x" * 300, "has.dot", "-dash", "p2d1", "env-x"]
+)
 def test_unsafe_variant_names_are_refused(tmp_path: Path, capsys, name: str) -> None:
     body = SMALL.replace("matrix:", f"serve_args: {{base: [], {json.dumps(name)}: []}}\nmatrix:")
     assert "serve_args: name " in bad(tmp_path, body, capsys)
@@ -239,7 +266,7 @@ def test_unsafe_model_name_is_refused(tmp_path: Path, capsys) -> None:
 
 
 def test_cell_dir_refuses_ids_outside_the_run(tmp_path: Path) -> None:
-    from pdsweep import layout
+    from pdsweep.results import layout
 
     assert layout.cell_dir(tmp_path, "m.p1d1.b16-16.fixed") == tmp_path / "m.p1d1.b16-16.fixed"
     for cid in ("../x", "a/b", "..", "", "a..b", 7):
@@ -270,7 +297,7 @@ NAMES = st.text(st.characters(codec="utf-8"), min_size=1, max_size=80)
 @given(NAMES)
 @settings(max_examples=200, deadline=None)
 def test_property_accepted_names_are_one_safe_path_component(name: str) -> None:
-    from pdsweep.guards import unsafe_name
+    from pdsweep.spec.guards import unsafe_name
 
     for model in (False, True):
         if unsafe_name(name, model) is None:
@@ -280,36 +307,61 @@ def test_property_accepted_names_are_one_safe_path_component(name: str) -> None:
 
 
 # ---------------------------------------------------------------- 6. flags that define the cell
-@pytest.mark.parametrize("arg, axis", [
-    ("--tensor-parallel-size", "the tp axis"), ("--tensor_parallel_size=2", "the tp axis"), ("-tp", "the tp axis"),
-    ("-tp=2", "the tp axis"), ("--tensor-parallel", "the tp axis"), ("--data-parallel-size", "decode_dp"),
-    ("-dp", "decode_dp"), ("--block-size=32", "the block_size axis"), ("--port", "defaults.port_base"),
-    ("--host", "127.0.0.1"), ("--kv-transfer-config", "kv_buffer_device"),
-    ("--kv-transfer-config.kv_role", "kv_role"), ("--config", "a --config file"),
-])
+@pytest.mark.parametrize(
+    "arg, axis",
+    [
+        ("--tensor-parallel-size", "the tp axis"),
+        ("--tensor_parallel_size=2", "the tp axis"),
+        ("-tp", "the tp axis"),
+        ("-tp=2", "the tp axis"),
+        ("--tensor-parallel", "the tp axis"),
+        ("--data-parallel-size", "decode_dp"),
+        ("-dp", "decode_dp"),
+        ("--block-size=32", "the block_size axis"),
+        ("--port", "defaults.port_base"),
+        ("--host", "127.0.0.1"),
+        ("--kv-transfer-config", "kv_buffer_device"),
+        ("--kv-transfer-config.kv_role", "kv_role"),
+        ("--config", "a --config file"),
+    ],
+)
 def test_cell_defining_flags_are_refused_with_the_axis(tmp_path: Path, capsys, arg: str, axis: str) -> None:
     body = SMALL.replace("matrix:", f"serve_args: {{base: [], x: {{decode: [{json.dumps(arg)}, '2']}}}}\nmatrix:")
     msg = bad(tmp_path, body, capsys)
     assert "serve_args.x.decode[0]: " in msg and "defines the cell" in msg and axis in msg
 
 
-@pytest.mark.parametrize("var", ["VLLM_PORT", "VLLM_NIXL_SIDE_CHANNEL_PORT", "VLLM_NIXL_SIDE_CHANNEL_HOST",
-                                 "VLLM_KV_CACHE_LAYOUT", "CUDA_VISIBLE_DEVICES"])
+@pytest.mark.parametrize(
+    "var",
+    [
+        "VLLM_PORT",
+        "VLLM_NIXL_SIDE_CHANNEL_PORT",
+        "VLLM_NIXL_SIDE_CHANNEL_HOST",
+        "VLLM_KV_CACHE_LAYOUT",
+        "CUDA_VISIBLE_DEVICES",
+    ],
+)
 def test_cell_defining_env_is_refused(tmp_path: Path, capsys, var: str) -> None:
     body = SMALL.replace("matrix:", f"env: {{base: {{}}, x: {{{var}: '1'}}}}\nmatrix:")
     assert f"env.x.{var}: {var} is set by pdsweep and defines the cell: use " in bad(tmp_path, body, capsys)
 
 
 def test_catalogue_serve_args_cannot_set_the_block_size(tmp_path: Path, capsys) -> None:
-    models = (REPO / "sweeps" / "models.yaml").read_text().replace(
-        "  tiny-llama:\n", "  tiny-llama:\n    serve_args: [--block-size, '64']\n", 1)
+    models = (
+        (REPO / "sweeps" / "models.yaml")
+        .read_text()
+        .replace("  tiny-llama:\n", "  tiny-llama:\n    serve_args: [--block-size, '64']\n", 1)
+    )
     assert "models.tiny-llama.serve_args[0]: '--block-size' sets --block-size" in bad(tmp_path, SMALL, capsys, models)
 
 
 def test_flags_models_and_sweeps_legitimately_set_pass(tmp_path: Path, capsys) -> None:
-    body = SMALL.replace("matrix:", "serve_args: {base: [], x: [--attention-backend, CPU_ATTN, "
-                                    "--no-enable-prefix-caching, --num-gpu-blocks-override, '512', "
-                                    "--max-model-len, '512', --speculative-config, '{\"method\": \"mtp\"}']}\nmatrix:")
+    body = SMALL.replace(
+        "matrix:",
+        "serve_args: {base: [], x: [--attention-backend, CPU_ATTN, "
+        "--no-enable-prefix-caching, --num-gpu-blocks-override, '512', "
+        "--max-model-len, '512', --speculative-config, '{\"method\": \"mtp\"}']}\nmatrix:",
+    )
     assert "valid: 1 PD cells" in good(tmp_path, body, capsys)
 
 
@@ -321,26 +373,31 @@ FLAG_CHARS = st.text(st.sampled_from("abcdefghijklmnopqrstuvwxyz-_"), min_size=1
 def test_property_a_flag_vllm_would_read_as_a_reserved_one_is_refused(name: str) -> None:
     """Whatever spelling vLLM's parser maps to a reserved flag (``_`` for ``-``, ``.key``
     suffixes, ``=value``, unique prefixes) is refused; other flags pass."""
-    from pdsweep.guards import RESERVED_FLAGS, reserved_flag
+    from pdsweep.spec.guards import RESERVED_FLAGS, reserved_flag
 
     arg = "--" + name
     canon = "--" + name.replace("_", "-")
-    hits = [f for f in RESERVED_FLAGS if f.startswith("--") and (canon == f or (len(canon) > 3 and f.startswith(canon)))]
+    hits = [
+        f for f in RESERVED_FLAGS if f.startswith("--") and (canon == f or (len(canon) > 3 and f.startswith(canon)))
+    ]
     assert (reserved_flag(arg) is not None) == bool(hits)
     assert (reserved_flag(arg + "=1") is not None) == bool(hits)
     assert (reserved_flag(arg + ".key") is not None) == bool(hits)
 
 
 # ---------------------------------------------------------------- 7. bounds
-@pytest.mark.parametrize("patch, field, why", [
-    ("defaults: {decode_dp: 9}", "defaults.decode_dp", "NIXL side-channel ports"),
-    ("defaults: {port_base: 70000}", "defaults.port_base", "TCP ports end at 65535"),
-    ("defaults: {prefill_tp: true}", "defaults.prefill_tp", "valid integer"),
-    ("defaults: {prefill_block_size: 100000}", "defaults.prefill_block_size", "tokens per KV block"),
-    ("bench: {concurrencies: [0]}", "bench.concurrencies[0]", "greater than or equal to 1"),
-    ("eval: {consistency: {lengths: [-5]}}", "eval.consistency.lengths[0]", "greater than or equal to 1"),
-    ("defaults: {num_decode: 12}", "defaults.num_decode", "at most 12 instances"),
-])
+@pytest.mark.parametrize(
+    "patch, field, why",
+    [
+        ("defaults: {decode_dp: 9}", "defaults.decode_dp", "NIXL side-channel ports"),
+        ("defaults: {port_base: 70000}", "defaults.port_base", "TCP ports end at 65535"),
+        ("defaults: {prefill_tp: true}", "defaults.prefill_tp", "valid integer"),
+        ("defaults: {prefill_block_size: 100000}", "defaults.prefill_block_size", "tokens per KV block"),
+        ("bench: {concurrencies: [0]}", "bench.concurrencies[0]", "greater than or equal to 1"),
+        ("eval: {consistency: {lengths: [-5]}}", "eval.consistency.lengths[0]", "greater than or equal to 1"),
+        ("defaults: {num_decode: 12}", "defaults.num_decode", "at most 12 instances"),
+    ],
+)
 def test_nonsense_numbers_are_refused(tmp_path: Path, capsys, patch: str, field: str, why: str) -> None:
     msg = bad(tmp_path, SMALL + patch + "\n", capsys)
     assert f"s.yaml:{SMALL.count(chr(10)) + 1}: {field}: " in msg and why in msg
@@ -351,12 +408,18 @@ def test_tp_pair_beyond_the_bound_is_refused(tmp_path: Path, capsys) -> None:
 
 
 def test_negative_ssm_layers_is_refused(tmp_path: Path, capsys) -> None:
-    models = (REPO / "sweeps" / "models.yaml").read_text().replace("  tiny-llama:\n", "  tiny-llama:\n    ssm_layers: -3\n", 1)
-    assert "models.tiny-llama.ssm_layers: Input should be greater than or equal to 0" in bad(tmp_path, SMALL, capsys, models)
+    models = (
+        (REPO / "sweeps" / "models.yaml")
+        .read_text()
+        .replace("  tiny-llama:\n", "  tiny-llama:\n    ssm_layers: -3\n", 1)
+    )
+    assert "models.tiny-llama.ssm_layers: Input should be greater than or equal to 0" in bad(
+        tmp_path, SMALL, capsys, models
+    )
 
 
 def test_gpu_count_and_port_range(capsys) -> None:
-    from pdsweep.schedule import GpuPool
+    from pdsweep.plan.schedule import GpuPool
 
     with pytest.raises(SystemExit) as e:
         main(["plan", str(REPO / "sweeps" / "cpu-smoke.yaml"), "--gpus", "-1"])
@@ -366,12 +429,12 @@ def test_gpu_count_and_port_range(capsys) -> None:
     assert GpuPool(8, 60000).port_base == 60000
 
 
-@given(st.integers(-10**6, 10**6))
+@given(st.integers(-(10**6), 10**6))
 @settings(max_examples=100, deadline=None)
 def test_property_decode_dp_bounds(n: int) -> None:
     from pydantic import ValidationError
 
-    from pdsweep.spec import Defaults
+    from pdsweep.spec.sweep import Defaults
 
     if 1 <= n <= 8:
         assert Defaults(decode_dp=n).decode_dp == n
@@ -400,11 +463,12 @@ def test_property_any_bytes_give_exit_0_or_2(tmp_path: Path, blob: bytes) -> Non
 
 
 def test_internal_error_is_exit_3_with_a_traceback(monkeypatch, capsys) -> None:
-    import pdsweep.plan
+    import pdsweep.plan.expand
 
     def boom(*a, **k):
         raise RuntimeError("a bug")
-    monkeypatch.setattr(pdsweep.plan, "expand", boom)
+
+    monkeypatch.setattr(pdsweep.plan.expand, "expand", boom)
     assert main(["validate", str(REPO / "sweeps" / "cpu-smoke.yaml")]) == 3
     err = capsys.readouterr().err
     assert "Traceback" in err and "RuntimeError: a bug" in err and "internal error in pdsweep (exit 3)" in err
@@ -420,16 +484,27 @@ def _leaves(obj, path=()):
     yield path
 
 
-JSON_ODD = st.one_of(st.none(), st.booleans(), st.integers(-10**30, 10**30), st.sampled_from([10**400, -10**400]),
-                     st.floats(allow_nan=False), st.text(max_size=8), st.lists(st.integers(), max_size=2),
-                     st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+JSON_ODD = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**30), 10**30),
+    st.sampled_from([10**400, -(10**400)]),
+    st.floats(allow_nan=False),
+    st.text(max_size=8),
+    st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
 
 
-@given(st.sampled_from(["cell.json", "status.json", "accuracy.json", "consistency.json", "transfer.json", "run.json"]),
-       st.integers(0, 10**6), JSON_ODD)
+@given(
+    st.sampled_from(["cell.json", "status.json", "accuracy.json", "consistency.json", "transfer.json", "run.json"]),
+    st.integers(0, 10**6),
+    JSON_ODD,
+)
 @settings(max_examples=60, deadline=None, suppress_health_check=HC)
-def test_property_odd_results_values_never_crash_gate_or_compare(tmp_path: Path, capsys, name: str, pick: int,
-                                                                  value) -> None:
+def test_property_odd_results_values_never_crash_gate_or_compare(
+    tmp_path: Path, capsys, name: str, pick: int, value
+) -> None:
     """Any leaf of any results file replaced by an odd JSON value: gate and compare give a
     verdict (0/1) or refuse the input (2), never an internal error."""
     root = Path(tempfile.mkdtemp(dir=tmp_path))
@@ -483,30 +558,32 @@ def test_output_below_a_file_is_named_before_gating(run_dir: Path, tmp_path: Pat
 
 
 def test_write_failure_still_prints_the_verdict(run_dir: Path, tmp_path: Path, capsys, monkeypatch) -> None:
-    import pdsweep.layout
+    import pdsweep.results.layout
 
     def fail(*a, **k):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(pdsweep.layout.os, "replace", fail)
+
+    monkeypatch.setattr(pdsweep.results.layout.os, "replace", fail)
     assert main(["gate", str(run_dir), "--junit", str(tmp_path / "j.xml"), "--summary", str(tmp_path / "s.md")]) == 2
     err = capsys.readouterr().err
     assert "gate: PASSED: 2 PASS" in err and "No space left" in err
 
 
 def test_a_failed_report_leaves_nothing_half_written(run_dir: Path, tmp_path: Path, monkeypatch) -> None:
-    import pdsweep.report
+    import pdsweep.judge.report
 
     out = tmp_path / "report"
     out.mkdir()
 
     def fail(*a, **k):
         raise RuntimeError("html failed")
-    monkeypatch.setattr(pdsweep.report, "_html", fail)
+
+    monkeypatch.setattr(pdsweep.judge.report, "_html", fail)
     with pytest.raises(RuntimeError):
-        pdsweep.report.write_report(run_dir, out)
+        pdsweep.judge.report.write_report(run_dir, out)
     assert list(out.iterdir()) == []
     monkeypatch.undo()
-    made = pdsweep.report.write_report(run_dir, out)
+    made = pdsweep.judge.report.write_report(run_dir, out)
     assert made["markdown"] == out / "report.md" and made["html"].exists()
     assert sorted(p.name for p in out.iterdir()) == ["plots", "report.html", "report.md"]
 
@@ -515,12 +592,18 @@ def test_a_failed_report_leaves_nothing_half_written(run_dir: Path, tmp_path: Pa
 MATRIX = "name: x\nplatform: cpu\nmatrix:\n  model: [tiny-llama, tiny-mla]\n  tp: [p1d1]\n  block_size: [32]\n"
 
 
-@pytest.mark.parametrize("entry, why", [
-    ("{model: tiny-llama, tp: p1d1, prefill_tp: 2}", "include[0]: give 'tp' or 'prefill_tp'/'decode_tp', not both"),
-    ("{model: tiny-llama, block_size: 32, decode_block_size: 64}", "include[0]: give 'block_size' or"),
-    ("{model: tiny-llama, reason: flaky}", "include[0]: 'reason' explains an expected failure: it needs 'expect: fail'"),
-    ("{model: tiny-llama, ref: 'vllm#1'}", "include[0]: 'ref' explains an expected failure"),
-])
+@pytest.mark.parametrize(
+    "entry, why",
+    [
+        ("{model: tiny-llama, tp: p1d1, prefill_tp: 2}", "include[0]: give 'tp' or 'prefill_tp'/'decode_tp', not both"),
+        ("{model: tiny-llama, block_size: 32, decode_block_size: 64}", "include[0]: give 'block_size' or"),
+        (
+            "{model: tiny-llama, reason: flaky}",
+            "include[0]: 'reason' explains an expected failure: it needs 'expect: fail'",
+        ),
+        ("{model: tiny-llama, ref: 'vllm#1'}", "include[0]: 'ref' explains an expected failure"),
+    ],
+)
 def test_conflicting_include_entries_are_errors(tmp_path: Path, capsys, entry: str, why: str) -> None:
     assert why in bad(tmp_path, MATRIX + f"  include:\n    - {entry}\n", capsys)
 
@@ -532,8 +615,10 @@ def test_include_that_replaces_axis_cells_is_an_error(tmp_path: Path, capsys) ->
 
 
 def test_include_that_adds_a_cell_or_an_expectation_is_fine(tmp_path: Path, capsys) -> None:
-    body = MATRIX + ("  include:\n    - {model: tiny-mla, tp: p1d1, expect: fail, reason: known, match: x}\n"
-                     "    - {model: tiny-nemotron-h, tp: p1d1, block_size: 64}\n")
+    body = MATRIX + (
+        "  include:\n    - {model: tiny-mla, tp: p1d1, expect: fail, reason: known, match: x}\n"
+        "    - {model: tiny-nemotron-h, tp: p1d1, block_size: 64}\n"
+    )
     assert "valid: 3 PD cells" in good(tmp_path, body, capsys)
 
 
@@ -543,15 +628,18 @@ def test_exclude_matching_nothing_warns(tmp_path: Path, capsys) -> None:
     assert "matrix.exclude[0] {'model': 'tiny-llama', 'tp': 'p2d1'} matches no combination" in capsys.readouterr().err
 
 
-@given(st.sampled_from(["tiny-llama", "tiny-mla", "tiny-qwen3-next"]),
-       st.sampled_from([("num_decode", 2), ("decode_dp", 2), ("kv_buffer_device", "cpu"), ("serve_args", "base"),
-                        ("expect", "fail")]))
+@given(
+    st.sampled_from(["tiny-llama", "tiny-mla", "tiny-qwen3-next"]),
+    st.sampled_from(
+        [("num_decode", 2), ("decode_dp", 2), ("kv_buffer_device", "cpu"), ("serve_args", "base"), ("expect", "fail")]
+    ),
+)
 @settings(max_examples=15, deadline=None, suppress_health_check=HC)
 def test_property_an_include_never_silently_replaces_a_cell(tmp_path: Path, model: str, kv: tuple) -> None:
     """Either the include's cell-defining keys leave every product cell in the plan (added or
     extended with an expectation), or validate refuses it."""
     key, value = kv
-    extra = ", reason: r" if key == "expect" else ""
+    extra = ", reason: r, match: any" if key == "expect" else ""
     body = MATRIX + f"  include:\n    - {{model: {model}, {key}: {value}{extra}}}\n"
     root = Path(tempfile.mkdtemp(dir=tmp_path))
     plan = expand(load_sweep(write(root, body)))

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 from fixtures.make_runs import CON, MIXED, MIXED_REJECTED, OUTSIDE, SSM_LOST, TASK, case, ids, pd, write_run
 
-from pdsweep import layout
-from pdsweep.errors import GateFailed, UserError
-from pdsweep.gate import FAIL, PASS, SKIPPED, XFAIL, XPASS, XPASS_REASON, gate_run
-from pdsweep.render import run_gate, write_junit, write_summary
-from pdsweep.spec import GateSpec
+from pdsweep.cli import main as cli_main
+from pdsweep.core.errors import GateFailed, UserError
+from pdsweep.judge.gate import FAIL, FLAKY, PASS, SKIPPED, XFAIL, XPASS, XPASS_REASON, gate_run
+from pdsweep.judge.render import write_junit, write_summary
+from pdsweep.results import layout
+from pdsweep.spec.sweep import GateSpec
 
 ID = ids(MIXED)
 REJECTED_ID = MIXED_REJECTED[0][0].id
@@ -25,6 +26,7 @@ REJECTED_ID = MIXED_REJECTED[0][0].id
 def copy_of(runs: dict[str, Path], tmp_path: Path):
     def make(name: str) -> Path:
         return Path(shutil.copytree(runs[name], tmp_path / name))
+
     return make
 
 
@@ -40,24 +42,59 @@ GOLDEN = {
     "ref_tp2": (PASS, []),
     "acc_regression": (FAIL, [f"{w('acc_regression', 'accuracy.json')}: {TASK}: {OUTSIDE % 0.62}"]),
     "missing_accuracy": (FAIL, [f"{w('missing_accuracy', 'accuracy.json')}: missing"]),
-    "crashed": (FAIL, [f"{w('crashed', 'status.json')}: failed in phase eval: decode-0 exited with code -11"
-                       " — last log line: Segmentation fault (core dumped)"]),
+    "crashed": (
+        FAIL,
+        [
+            f"{w('crashed', 'status.json')}: failed in phase eval: decode-0 exited with code -11"
+            " — last log line: Segmentation fault (core dumped)"
+        ],
+    ),
     "failed_null": (FAIL, [f"{w('failed_null', 'transfer.json')}: totals.failed_transfers is null (metric missing)"]),
     "failed_positive": (FAIL, [f"{w('failed_positive', 'transfer.json')}: totals.failed_transfers = 3 (allowed: 0)"]),
-    "no_kv": (FAIL, [f"{w('no_kv', 'transfer.json')}: no KV transferred (num_transfers 0, bytes 0): "
-                     "decode did not receive KV from prefill"]),
+    "no_kv": (
+        FAIL,
+        [
+            f"{w('no_kv', 'transfer.json')}: no KV transferred (num_transfers 0, bytes 0): "
+            "decode did not receive KV from prefill"
+        ],
+    ),
     "expired": (FAIL, [f"{w('expired', 'transfer.json')}: totals.expired_reqs = 2 (allowed: 0)"]),
-    "recompute": (FAIL, [f"{w('recompute', 'transfer.json')}: decode did 150 KV transfers for 200 PD requests "
-                         "whose prompt spans >= 1 block: the others were recomputed on decode (silent recompute)"]),
-    "kv_requests_null": (FAIL, [f"{w('kv_requests_null', 'transfer.json')}: totals.kv_requests is null (metric "
-                                "missing: the PD proxy's count of requests spanning >= 1 block)"]),
-    "load_lost": (FAIL, [f"{w('load_lost', 'load.json')}: concurrency 8: 16 load requests failed, completed 0 of "
-                         "num_prompts 16 (vllm bench serve exits 0 regardless)"]),
-    "unreadable": (FAIL, [f"{w('unreadable', 'consistency.json')}: unreadable: Expecting property name enclosed in "
-                          "double quotes: line 1 column 2 (char 1)"]),
+    "recompute": (
+        FAIL,
+        [
+            f"{w('recompute', 'transfer.json')}: decode did 150 KV transfers for 200 PD requests "
+            "whose prompt spans >= 1 block: the others were recomputed on decode (silent recompute)"
+        ],
+    ),
+    "kv_requests_null": (
+        FAIL,
+        [
+            f"{w('kv_requests_null', 'transfer.json')}: totals.kv_requests is null (metric "
+            "missing: the PD proxy's count of requests spanning >= 1 block)"
+        ],
+    ),
+    "load_lost": (
+        FAIL,
+        [
+            f"{w('load_lost', 'load.json')}: concurrency 8: 16 load requests failed, completed 0 of "
+            "num_prompts 16 (vllm bench serve exits 0 regardless)"
+        ],
+    ),
+    "unreadable": (
+        FAIL,
+        [
+            f"{w('unreadable', 'consistency.json')}: unreadable: Expecting property name enclosed in "
+            "double quotes: line 1 column 2 (char 1)"
+        ],
+    ),
     "acc_null": (FAIL, [f"{w('acc_null', 'accuracy.json')}: {TASK}: value is null (metric missing)"]),
-    "xfail": (XFAIL, [f"{w('xfail', 'accuracy.json')}: {TASK}: {OUTSIDE % 0.31}",
-                      f"{w('xfail', 'consistency.json')}: long: diverges at token 0, max |dlogprob| 7.1 > 0.5"]),
+    "xfail": (
+        XFAIL,
+        [
+            f"{w('xfail', 'accuracy.json')}: {TASK}: {OUTSIDE % 0.31}",
+            f"{w('xfail', 'consistency.json')}: long: diverges at token 0, max |dlogprob| 7.1 > 0.5",
+        ],
+    ),
     "xpass": (XPASS, [XPASS_REASON]),
 }
 
@@ -75,8 +112,8 @@ def test_mixed_run_golden(runs: dict[str, Path], name: str) -> None:
 
 def test_mixed_run_fails_on_fail_and_xpass_only(runs: dict[str, Path]) -> None:
     result = gate_run(runs["mixed"])
-    assert not result.passed and result.exit_code == 1
-    assert result.counts == {PASS: 5, FAIL: 12, XFAIL: 1, XPASS: 1, SKIPPED: 1}
+    assert not result.passed
+    assert result.counts == {PASS: 5, FAIL: 12, XFAIL: 1, XPASS: 1, SKIPPED: 1, "NOT-RUNNABLE": 0, FLAKY: 0}
     assert {c.cell_id for c in result.failures} == {ID[k] for k, (v, _) in GOLDEN.items() if v in (FAIL, XPASS)}
     with pytest.raises(GateFailed) as e:
         result.raise_for_verdict()
@@ -89,14 +126,17 @@ def test_every_cell_of_run_json_and_rejected_is_listed(runs: dict[str, Path]) ->
     index = layout.read_json(runs["mixed"] / layout.RUN_FILE)
     assert [c.cell_id for c in result.cells] == [*index["cells"], REJECTED_ID]
     skipped = result.cell(REJECTED_ID)
-    assert (skipped.verdict, skipped.rule, skipped.reasons) == (SKIPPED, "platform-limit",
-                                                                 ("prefill TP > 2 on cuda: fixture limit",))
+    assert (skipped.verdict, skipped.rule, skipped.reasons) == (
+        SKIPPED,
+        "platform-limit",
+        ("prefill TP > 2 on cuda: fixture limit",),
+    )
     assert skipped.ok and skipped.facts.prefill_tp == 4  # placed from plan.json for the heatmaps
 
 
 def test_all_pass_run(runs: dict[str, Path]) -> None:
     result = gate_run(runs["all-pass"])
-    assert result.passed and result.exit_code == 0
+    assert result.passed
     assert result.headline() == "PASSED: 5 PASS, 1 SKIPPED"
     result.raise_for_verdict()
 
@@ -120,15 +160,18 @@ def test_expected_failure_that_fails_is_ok(tmp_path: Path) -> None:
     assert xf.message.endswith(f"[expected: {SSM_LOST} (vllm#49297)]") and xf.message.startswith("xfail: ")
 
 
-@pytest.mark.parametrize("spec, name, verdict", [
-    (GateSpec(require_accuracy=False), "missing_accuracy", PASS),
-    (GateSpec(require_accuracy=False), "acc_regression", PASS),
-    (GateSpec(require_consistency=False), "unreadable", PASS),
-    (GateSpec(max_failed_transfers=3), "failed_positive", PASS),
-    (GateSpec(max_failed_transfers=2), "failed_positive", FAIL),
-    (GateSpec(max_failed_transfers=3), "failed_null", FAIL),  # a missing metric is never within budget
-    (GateSpec(require_accuracy=False, require_consistency=False), "no_kv", FAIL),
-])
+@pytest.mark.parametrize(
+    "spec, name, verdict",
+    [
+        (GateSpec(require_accuracy=False), "missing_accuracy", PASS),
+        (GateSpec(require_accuracy=False), "acc_regression", PASS),
+        (GateSpec(require_consistency=False), "unreadable", PASS),
+        (GateSpec(max_failed_transfers=3), "failed_positive", PASS),
+        (GateSpec(max_failed_transfers=2), "failed_positive", FAIL),
+        (GateSpec(max_failed_transfers=3), "failed_null", FAIL),  # a missing metric is never within budget
+        (GateSpec(require_accuracy=False, require_consistency=False), "no_kv", FAIL),
+    ],
+)
 def test_gate_spec_is_honoured(runs: dict[str, Path], spec: GateSpec, name: str, verdict: str) -> None:
     assert gate_run(runs["mixed"], spec).cell(ID[name]).verdict == verdict
 
@@ -149,8 +192,7 @@ def test_cell_that_never_ran_fails(copy_of) -> None:
     run = copy_of("all-pass")
     victim = ID["pass"]
     shutil.rmtree(run / victim)
-    assert gate_run(run).cell(victim).reasons == (
-        f"{victim}/status.json: missing (no cell directory: never ran?)",)
+    assert gate_run(run).cell(victim).reasons == (f"{victim}/status.json: missing (no cell directory: never ran?)",)
 
 
 def test_planned_cell_missing_from_run_json_fails(copy_of) -> None:
@@ -169,7 +211,8 @@ def test_unfinished_status_fails(copy_of, status: str) -> None:
     path = run / ID["pass"] / layout.STATUS_FILE
     layout.write_json(path, {**layout.read_json(path), "status": status, "phase": "eval", "reason": None})
     assert gate_run(run).cell(ID["pass"]).reasons == (
-        f"{ID['pass']}/status.json: {status} in phase eval: no reason recorded",)
+        f"{ID['pass']}/status.json: {status} in phase eval: no reason recorded",
+    )
 
 
 def test_nan_value_with_pass_verdict_fails(copy_of) -> None:
@@ -178,7 +221,8 @@ def test_nan_value_with_pass_verdict_fails(copy_of) -> None:
     path.write_text(path.read_text().replace('"value": 0.8,', '"value": NaN,', 1))
     assert json.loads(path.read_text())  # Python's json reads NaN; the gate must not trust it
     assert gate_run(run).cell(ID["pass"]).reasons == (
-        f"{ID['pass']}/accuracy.json: {TASK}: value is NaN (metric missing)",)
+        f"{ID['pass']}/accuracy.json: {TASK}: value is NaN (metric missing)",
+    )
 
 
 def test_file_of_another_cell_fails(copy_of) -> None:
@@ -245,11 +289,14 @@ def test_summary_lists_every_cell(runs: dict[str, Path], tmp_path: Path) -> None
     assert "rejected by rule platform-limit" in rows[REJECTED_ID]
 
 
-def test_run_gate_writes_both_files(copy_of) -> None:
+def test_gate_cli_writes_both_files(copy_of, capsys) -> None:
+    """`pdsweep gate RUN`: junit.xml and summary.md default into the run directory."""
     run = copy_of("all-pass")
-    result = run_gate(run)
-    assert result.passed
-    assert (run / "junit.xml").is_file() and (run / "summary.md").is_file()
+    assert cli_main(["gate", str(run)]) == 0
+    assert "gate: PASSED: 5 PASS, 1 SKIPPED" in capsys.readouterr().out
+    suite = ET.parse(run / "junit.xml").getroot().find("testsuite")
+    assert suite is not None and (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("6", "0", "1")
+    assert "PASSED: 5 PASS, 1 SKIPPED" in (run / "summary.md").read_text()
 
 
 # ---------------------------------------------------------------- holes found in review
@@ -269,16 +316,21 @@ def test_expected_failure_must_be_seen_failing(tmp_path):
     cell that never ran proves nothing about the expectation: FAIL."""
     from fixtures.make_runs import crashed
 
-    x = dict(expect_fail=True, expect_reason=SSM_LOST, expect_ref="vllm#49297")
+    x = dict(expect_fail=True, expect_reason=SSM_LOST, expect_ref="vllm#49297", expect_match="any")
     ran = pd("kimi-linear", 2, 1, **x)
     startup = pd("kimi-linear", 4, 1, **x)
     ready = pd("kimi-linear", 8, 1, **x)
     never = pd("kimi-linear", 4, 2, **x)
-    run = write_run(tmp_path, "r", [
-        case(ran, {CON: {"verdict": "fail", "reasons": ["prompt 'long': diverges at 0"]}}),
-        case(startup, crashed("start", "prefill-0 exited with code 1 during startup", ["SIGSEGV"])),
-        case(ready, crashed("ready", "first request: HTTP 500: AssertionError read_specs", ["assert"])),
-        case(never)])
+    run = write_run(
+        tmp_path,
+        "r",
+        [
+            case(ran, {CON: {"verdict": "fail", "reasons": ["prompt 'long': diverges at 0"]}}),
+            case(startup, crashed("start", "prefill-0 exited with code 1 during startup", ["SIGSEGV"])),
+            case(ready, crashed("ready", "first request: HTTP 500: AssertionError read_specs", ["assert"])),
+            case(never),
+        ],
+    )
     shutil.rmtree(run / never.id)
     res = gate_run(run)
     assert res.cell(ran.id).verdict == XFAIL
@@ -288,11 +340,33 @@ def test_expected_failure_must_be_seen_failing(tmp_path):
     assert res.cell(never.id).verdict == FAIL and not res.passed
 
 
-def test_cells_the_host_could_not_place_fail_closed(tmp_path):
+def test_cells_the_host_could_not_place_are_not_runnable_listed_loudly(tmp_path):
+    """One node can be green: a cell needing more GPUs than the host is NOT-RUNNABLE
+    (listed in the headline, summary and JUnit <skipped>, never a pass), FAIL with
+    require_all_cells; a run of only such cells fails (nothing was meant to run)."""
+    import xml.etree.ElementTree as ET
+
+    from pdsweep.judge.gate import NOT_RUNNABLE
+    from pdsweep.judge.render import summary_markdown, write_junit
+
     c, big = pd("kimi-linear", 1, 1), pd("kimi-linear", 8, 4)
     run = write_run(tmp_path, "r", [case(c)], rejected=[(big, "needs-gpus", "needs 12 GPUs, host has 8")])
     res = gate_run(run)
-    assert res.cell(big.id).verdict == FAIL and "not run: needs 12 GPUs" in res.cell(big.id).reasons[0]
+    assert res.cell(big.id).verdict == NOT_RUNNABLE and res.passed
+    assert res.cell(c.id).verdict == PASS
+    assert res.headline() == "PASSED: 1 PASS, 1 NOT-RUNNABLE"
+    assert res.cell(big.id).message == "not runnable here: needs 12 GPUs, host has 8"
+    md = summary_markdown(res)
+    assert "**1 cell(s) NOT RUNNABLE HERE**" in md and f"- {big.id}: needs 12 GPUs, host has 8" in md
+    suite = ET.parse(write_junit(res, tmp_path / "junit.xml")).getroot().find("testsuite")
+    assert (suite.get("failures"), suite.get("skipped")) == ("0", "1")
+    (skip,) = [t.find("skipped") for t in suite.iter("testcase") if t.get("name") == big.id]
+    assert skip.get("message") == "not runnable here: needs 12 GPUs, host has 8"
+    strict = gate_run(run, require_all_cells=True)
+    assert strict.cell(big.id).verdict == FAIL and not strict.passed
+    assert "not run: needs 12 GPUs, host has 8 (gate.require_all_cells)" in strict.cell(big.id).reasons[0]
+    only_big = write_run(tmp_path, "r3", [], rejected=[(big, "needs-gpus", "needs 12 GPUs, host has 8")])
+    assert not gate_run(only_big).passed and "no cell was meant to run" in gate_run(only_big).problems[0]
     run2 = write_run(tmp_path, "r2", [case(c)], rejected=[(big, "platform-limit", "prefill TP > 1 on cpu")])
     assert gate_run(run2).cell(big.id).verdict == SKIPPED and gate_run(run2).passed
 
@@ -319,14 +393,41 @@ def test_expected_failure_must_match_its_signature(tmp_path):
     other = pd("tiny-mla", 2, 1, **x("triage engine"))
     in_log = pd("kimi-linear", 2, 1, **x(r"AssertionError.*len\(read_specs\) == 1"))
     bad_re = pd("kimi-linear", 4, 1, **x("(unclosed"))
-    run = write_run(tmp_path, "r", [
-        case(engine, {CON: {"verdict": "fail", "reasons": ["prompt 'short': diverge at 0"],
-                            "triage": {"verdict": "engine", "explanation": "decode path differs"}}}),
-        case(other, {CON: {"verdict": "fail", "reasons": ["prompt 'short': diverge at 0"],
-                           "triage": {"verdict": "transfer", "explanation": "only P->D differs"}}}),
-        case(in_log, crashed("ready", "first request: HTTP 500", [
-            "(Worker pid=1) ERROR pull_worker.py:212 AssertionError: assert len(read_specs) == 1"])),
-        case(bad_re, crashed("ready", "first request: HTTP 500", ["(unclosed"]))])
+    run = write_run(
+        tmp_path,
+        "r",
+        [
+            case(
+                engine,
+                {
+                    CON: {
+                        "verdict": "fail",
+                        "reasons": ["prompt 'short': diverge at 0"],
+                        "triage": {"verdict": "engine", "explanation": "decode path differs"},
+                    }
+                },
+            ),
+            case(
+                other,
+                {
+                    CON: {
+                        "verdict": "fail",
+                        "reasons": ["prompt 'short': diverge at 0"],
+                        "triage": {"verdict": "transfer", "explanation": "only P->D differs"},
+                    }
+                },
+            ),
+            case(
+                in_log,
+                crashed(
+                    "ready",
+                    "first request: HTTP 500",
+                    ["(Worker pid=1) ERROR pull_worker.py:212 AssertionError: assert len(read_specs) == 1"],
+                ),
+            ),
+            case(bad_re, crashed("ready", "first request: HTTP 500", ["(unclosed"])),
+        ],
+    )
     res = gate_run(run)
     assert res.cell(engine.id).verdict == XFAIL
     assert res.cell(in_log.id).verdict == XFAIL  # found in the failing instance's log tail
@@ -336,11 +437,13 @@ def test_expected_failure_must_match_its_signature(tmp_path):
 
 
 def test_match_needs_expect_and_a_regex(tmp_path):
-    from pdsweep.spec import load_sweep
+    from pdsweep.spec.sweep import load_sweep
 
     base = "name: x\nplatform: cpu\nmatrix:\n  model: [tiny-llama]\n  include:\n"
-    for entry, msg in (("{model: tiny-llama, match: boom}", "needs 'expect: fail'"),
-                       ("{model: tiny-llama, expect: fail, reason: r, match: '(x'}", "not a regular expression")):
+    for entry, msg in (
+        ("{model: tiny-llama, match: boom}", "needs 'expect: fail'"),
+        ("{model: tiny-llama, expect: fail, reason: r, match: '(x'}", "not a regular expression"),
+    ):
         p = tmp_path / "s.yaml"
         p.write_text(base + f"    - {entry}\n")
         (tmp_path / "models.yaml").write_text((Path(__file__).parent.parent / "sweeps/models.yaml").read_text())

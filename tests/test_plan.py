@@ -2,17 +2,18 @@
 
 import json
 import re
-from unittest import mock
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pdsweep import rules
-from pdsweep.errors import UserError
-from pdsweep.plan import Cell, Slot, expand, instances, matrix_combinations
-from pdsweep.spec import Matrix, load_sweep
+from pdsweep.core.errors import UserError
+from pdsweep.deploy.instances import relocate
+from pdsweep.plan import rules
+from pdsweep.plan.expand import Cell, Slot, expand, instances, matrix_combinations, on_slot
+from pdsweep.spec.sweep import Matrix, load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 SWEEPS = REPO / "sweeps"
@@ -35,13 +36,19 @@ def test_tp_ratio_matches_vllm_convention():
 
 
 def test_github_actions_include_exclude_semantics():
-    m = Matrix(model=["a", "b"], prefill_tp=[1, 2], exclude=[{"model": "b", "prefill_tp": 2}],
-               include=[{"model": "a", "expect": "fail", "reason": "r"},  # extends both a-combos
-                        {"model": "c", "prefill_tp": 4}])  # fits none: a new combination
+    m = Matrix(
+        model=["a", "b"],
+        prefill_tp=[1, 2],
+        exclude=[{"model": "b", "prefill_tp": 2}],
+        include=[
+            {"model": "a", "expect": "fail", "reason": "r", "match": "any"},  # extends both a-combos
+            {"model": "c", "prefill_tp": 4},
+        ],
+    )  # fits none: a new combination
     combos = matrix_combinations(m)
     assert combos == [
-        {"model": "a", "prefill_tp": 1, "expect": "fail", "reason": "r"},
-        {"model": "a", "prefill_tp": 2, "expect": "fail", "reason": "r"},
+        {"model": "a", "prefill_tp": 1, "expect": "fail", "reason": "r", "match": "any"},
+        {"model": "a", "prefill_tp": 2, "expect": "fail", "reason": "r", "match": "any"},
         {"model": "b", "prefill_tp": 1},
         {"model": "c", "prefill_tp": 4},
     ]
@@ -69,30 +76,48 @@ matrix:
 
 
 def test_kind_ref_entry_sets_the_expectation_of_matching_references_only(tmp_path):
-    ls = sweep(tmp_path, REF_SWEEP + "    - {kind: ref, model: tiny-llama, env: odd, expect: fail, match: 'outside "
-               "expected', reason: engine fault, ref: notes}\n")
+    ls = sweep(
+        tmp_path,
+        REF_SWEEP + "    - {kind: ref, model: tiny-llama, env: odd, expect: fail, match: 'outside "
+        "expected', reason: engine fault, ref: notes}\n",
+    )
     plan = expand(ls)
     ids = sorted(c.id for c in plan.cells)
     assert ids == sorted(c.id for c in expand(sweep(tmp_path, REF_SWEEP)).cells)  # it adds no cell
     by_id = {c.id: c for c in plan.cells}
     odd = by_id["tiny-llama.ref-tp1.b32.fixed.env-odd"]
-    assert (odd.kind, odd.expect_fail, odd.expect_match, odd.expect_reason, odd.expect_ref) == \
-        ("ref", True, "outside expected", "engine fault", "notes")
+    assert (odd.kind, odd.expect_fail, odd.expect_match, odd.expect_reason, odd.expect_ref) == (
+        "ref",
+        True,
+        "outside expected",
+        "engine fault",
+        "notes",
+    )
     assert not by_id["tiny-llama.ref-tp1.b32.fixed"].expect_fail  # the base reference is untouched
     assert not any(c.expect_fail for c in plan.cells if c.kind == "pd")
 
 
-@pytest.mark.parametrize("entry, why", [
-    ("{kind: ref, model: tiny-llama, env: nope-not-used, expect: fail, reason: r}", "unknown env 'nope-not-used'"),
-    ("{kind: ref, model: tiny-llama, decode_tp: 4, expect: fail, reason: r}",
-     "matrix.include[1] (kind: ref) {'kind': 'ref', 'model': 'tiny-llama', 'decode_tp': 4, 'expect': 'fail', "
-     "'reason': 'r'} matches no reference cell; the references are: tiny-llama.ref-tp1.b32.fixed, "
-     "tiny-llama.ref-tp1.b32.fixed.env-odd"),
-    ("{kind: ref, model: tiny-llama, env: odd}", "'kind: ref' declares the expected failure of reference cells"),
-    ("{kind: ref, model: tiny-llama, tp: p2d1, expect: fail, reason: r}",
-     "unknown key(s) ['tp'] (a 'kind: ref' entry matches reference cells, which have no prefill side)"),
-    ("{kind: pd, model: tiny-llama}", "include[1].kind"),
-])
+@pytest.mark.parametrize(
+    "entry, why",
+    [
+        (
+            "{kind: ref, model: tiny-llama, env: nope-not-used, expect: fail, reason: r, match: any}",
+            "unknown env 'nope-not-used'",
+        ),
+        (
+            "{kind: ref, model: tiny-llama, decode_tp: 4, expect: fail, reason: r, match: any}",
+            "matrix.include[1] (kind: ref) {'kind': 'ref', 'model': 'tiny-llama', 'decode_tp': 4, 'expect': 'fail', "
+            "'reason': 'r', 'match': 'any'} matches no reference cell; the references are: tiny-llama.ref-tp1.b32.fixed, "
+            "tiny-llama.ref-tp1.b32.fixed.env-odd",
+        ),
+        ("{kind: ref, model: tiny-llama, env: odd}", "'kind: ref' declares the expected failure of reference cells"),
+        (
+            "{kind: ref, model: tiny-llama, tp: p2d1, expect: fail, reason: r}",
+            "unknown key(s) ['tp'] (a 'kind: ref' entry matches reference cells, which have no prefill side)",
+        ),
+        ("{kind: pd, model: tiny-llama}", "include[1].kind"),
+    ],
+)
 def test_kind_ref_entry_errors_name_the_entry(tmp_path, entry, why):
     with pytest.raises(UserError) as e:
         expand(sweep(tmp_path, REF_SWEEP + f"    - {entry}\n"))
@@ -114,19 +139,31 @@ def test_hybrid_matrix_lists_kimi_hetero_tp_and_rejections():
     assert rej["ling-2.5.p2d1.b128-128.fixed"].rule == "nixl-support"
     assert "MAMBA1/MAMBA2/GDN_ATTN" in rej["ling-2.5.p2d1.b128-128.fixed"].reason
     assert "deepseek-v2-lite-chat.p1d1.b64-128.fixed" in ids  # pure MLA may use block ratio 2
-    assert len(plan.pd_cells) == 49 and len(plan.rejected) == 19
+    assert len(plan.pd_cells) == 50 and len(plan.rejected) == 19  # 50: run_glm5next_pd_test.sh's cell
 
 
 # Every configuration of upstream config_sweep_accuracy_test.sh (../shared/UPSTREAM.md),
 # as (model, prefill TP, decode TP, decode DP, extra serve-args variant).
 UPSTREAM = [
-    ("qwen3-0.6b", 2, 2, 1), ("qwen3-0.6b", 1, 2, 1), ("qwen3-0.6b", 2, 1, 1),
-    ("deepseek-vl2-tiny", 1, 1, 1), ("deepseek-vl2-tiny", 1, 2, 1), ("deepseek-vl2-tiny", 2, 1, 1),
-    ("deepseek-vl2-tiny", 1, 1, 2), ("deepseek-vl2-tiny", 2, 1, 2),  # DP_EP: decode DP2 (TP1)
-    ("granite-4.0-h-tiny", 1, 1, 1), ("granite-4.0-h-tiny", 2, 2, 1), ("granite-4.0-h-tiny", 2, 1, 1),
-    ("qwen3.5-0.8b", 1, 1, 1), ("qwen3.5-0.8b", 1, 2, 1), ("qwen3.5-0.8b", 1, 1, 1),  # third: MTP
+    ("qwen3-0.6b", 2, 2, 1),
+    ("qwen3-0.6b", 1, 2, 1),
+    ("qwen3-0.6b", 2, 1, 1),
+    ("deepseek-vl2-tiny", 1, 1, 1),
+    ("deepseek-vl2-tiny", 1, 2, 1),
+    ("deepseek-vl2-tiny", 2, 1, 1),
+    ("deepseek-vl2-tiny", 1, 1, 2),
+    ("deepseek-vl2-tiny", 2, 1, 2),  # DP_EP: decode DP2 (TP1)
+    ("granite-4.0-h-tiny", 1, 1, 1),
+    ("granite-4.0-h-tiny", 2, 2, 1),
+    ("granite-4.0-h-tiny", 2, 1, 1),  # expect: fail (rule mamba2-groups)
+    ("granite-4.0-h-tiny", 1, 1, 1),  # run_mamba_prefix_cache_test.sh
+    ("qwen3.5-0.8b", 1, 1, 1),
+    ("qwen3.5-0.8b", 1, 2, 1),
+    ("qwen3.5-0.8b", 1, 1, 1),  # third: MTP
     ("jamba2-3b", 1, 1, 1),
-    ("gemma-3-4b-it", 1, 1, 1), ("gemma-3-4b-it", 1, 2, 1), ("gemma-3-4b-it", 2, 1, 1),
+    ("gemma-3-4b-it", 1, 1, 1),
+    ("gemma-3-4b-it", 1, 2, 1),
+    ("gemma-3-4b-it", 2, 1, 1),
     ("gemma-4-e2b-it", 1, 1, 1),
 ]
 
@@ -145,29 +182,46 @@ def test_upstream_config_sweep_covers_every_upstream_configuration():
 def test_cpu_smoke_plan():
     plan = expand(load_sweep(SWEEPS / "cpu-smoke.yaml"))
     assert [c.id for c in plan.pd_cells] == [
-        "tiny-llama.p1d1.b32-32.fixed", "tiny-mla.p1d1.b32-32.fixed", "tiny-nemotron-h.p1d1.b32-32.fixed",
-        "tiny-qwen3-next.p1d1.b32-32.fixed", "tiny-llama.p1d2.b32-32.fixed",
-        "tiny-mla.p1d1.b32-32.fixed.env-rope-unpatched", "tiny-llama.p1d1.b32-32.unfixed",
-        "tiny-llama.p2d1.b32-32.fixed", "tiny-nemotron-h.p2d1.b32-32.fixed", "tiny-mla.p2d1.b32-32.fixed",
-        "tiny-nemotron-h-g1.p2d1.b32-32.fixed", "tiny-mla-mamba2.p1d1.b128-128.fixed",
-        "tiny-mla-mamba2.p2d1.b128-128.fixed", "tiny-mla-mamba2.p2d1.b128-128.unfixed"]
+        "tiny-llama.p1d1.b32-32.fixed",
+        "tiny-mla.p1d1.b32-32.fixed",
+        "tiny-nemotron-h.p1d1.b32-32.fixed",
+        "tiny-qwen3-next.p1d1.b32-32.fixed",
+        "tiny-llama.p1d2.b32-32.fixed",
+        "tiny-mla.p1d1.b32-32.fixed.env-rope-unpatched",
+        "tiny-llama.p1d1.b32-32.fixed.fault-kill-prefill-during-eval",
+        "tiny-llama.p1d1.b32-32.unfixed",
+        "tiny-llama.p2d1.b32-32.fixed",
+        "tiny-nemotron-h.p2d1.b32-32.fixed",
+        "tiny-mla.p2d1.b32-32.fixed",
+        "tiny-nemotron-h-g1.p2d1.b32-32.fixed",
+        "tiny-mla-mamba2.p1d1.b128-128.fixed",
+        "tiny-mla-mamba2.p2d1.b128-128.fixed",
+        "tiny-mla-mamba2.p2d1.b128-128.unfixed",
+        "tiny-mla-mamba2-rc.p1d1.b128-128.fixed",
+    ]
     assert {r.cell.id: r.rule for r in plan.rejected} == {"tiny-kimi-linear.p2d1.b32-32.fixed": "platform"}
     # expected failures carry the signature they must fail with (match:)
     assert {c.id: c.expect_match for c in plan.cells if c.expect_fail} == {
         "tiny-mla.p1d1.b32-32.fixed.env-rope-unpatched": "triage engine",
+        "tiny-llama.p1d1.b32-32.fixed.fault-kill-prefill-during-eval": (
+            r"prefill-0 \(pid \d+\) killed by signal 9 \(SIGKILL\) during eval; "
+        ),
         "tiny-mla.ref-tp1.b32.fixed.env-rope-unpatched": r"accuracy\.json: pdsweep_arith: .* outside expected",
         "tiny-nemotron-h-g1.p2d1.b32-32.fixed": "triage transfer",
         "tiny-mla-mamba2.p2d1.b128-128.unfixed": r"AssertionError at vllm/distributed/kv_transfer/kv_connector/v1/"
-                                                 r"nixl/pull_worker\.py:\d+ _read_blocks_for_req \(assert len\(read_specs\) == 1\)"}
+        r"nixl/pull_worker\.py:\d+ _read_blocks_for_req \(assert len\(read_specs\) == 1\)",
+    }
     assert {c.tp_ratio for c in plan.pd_cells} == {1, 2, -2}
     assert all(c.num_gpus == 0 for c in plan.cells)
     refs = [c.id for c in plan.cells if c.kind == "ref"]
-    assert "tiny-llama.ref-tp2.b32.fixed" in refs and len(refs) == 8  # one reference serves both builds
+    assert "tiny-llama.ref-tp2.b32.fixed" in refs and len(refs) == 9  # one reference serves both builds
     assert "tiny-mla-mamba2.ref-tp1.b128.fixed" in refs
 
 
 def test_rules_reject_with_reason(tmp_path):
-    ls = sweep(tmp_path, """name: x
+    ls = sweep(
+        tmp_path,
+        """name: x
 matrix:
   model: [tiny-nemotron-h]   # every include below conflicts with it, so each adds a new cell
   include:
@@ -176,9 +230,10 @@ matrix:
     - {model: qwen3-0.6b, prefill_block_size: 64, decode_block_size: 32}
     - {model: qwen3-0.6b, tp: p2d1, prefill_block_size: 16, decode_block_size: 32}
     - {model: qwen3-0.6b, tp: p1d32}
-    - {model: granite-4.0-h-tiny, prefill_block_size: 16, decode_block_size: 32}
+    - {model: jamba2-3b, prefill_block_size: 16, decode_block_size: 32}
     - {model: qwen3-0.6b, kv_buffer_device: xpu}
-""")
+""",
+    )
     plan = expand(ls)
     rej = {r.cell.id: (r.rule, r.reason) for r in plan.rejected}
     assert rej["qwen3-0.6b.p3d2.b16-16.fixed"][0] == "tp-multiple"
@@ -186,20 +241,23 @@ matrix:
     assert rej["qwen3-0.6b.p1d1.b64-32.fixed"][0] == "block-ratio"
     assert rej["qwen3-0.6b.p2d1.b16-32.fixed"][0] == "hetero-tp-blocks"
     assert rej["qwen3-0.6b.p1d32.b16-16.fixed"] == ("heads", "decode TP 32 does not divide num_attention_heads=16")
-    assert rej["granite-4.0-h-tiny.p1d1.b16-32.fixed"][0] == "hybrid-blocks-unknown"  # no geometry: fail closed
+    assert rej["jamba2-3b.p1d1.b16-32.fixed"][0] == "hybrid-blocks-unknown"  # no geometry: fail closed
     assert rej["qwen3-0.6b.p1d1.b16-16.fixed.kvbuf-xpu"][0] == "kv-buffer-device"
     assert rej["tiny-nemotron-h.p1d1.b16-16.fixed"][0] == "platform"  # tiny models are CPU-only
 
 
 def test_duplicate_cell_id_is_an_error(tmp_path):
-    ls = sweep(tmp_path, """name: x
+    ls = sweep(
+        tmp_path,
+        """name: x
 matrix:
   model: [tiny-llama]
   tp: [p1d1]
   include:
     - {model: qwen3-0.6b, tp: p1d1}
     - {model: qwen3-0.6b, prefill_tp: 1, decode_tp: 1}
-""")
+""",
+    )
     with pytest.raises(UserError, match="same cell id"):
         expand(ls)
 
@@ -219,9 +277,30 @@ def test_instances_argv_env_cuda():
     assert kv == {"kv_connector": "NixlConnector", "kv_role": "kv_producer", "kv_buffer_device": "cuda"}
     assert json.loads(d.argv[d.argv.index("--kv-transfer-config") + 1])["kv_role"] == "kv_consumer"
     assert "--trust-remote-code" in a
-    ports = {p.port, d.port, int(p.env["VLLM_NIXL_SIDE_CHANNEL_PORT"]), int(d.env["VLLM_NIXL_SIDE_CHANNEL_PORT"]),
-             int(p.env["VLLM_PORT"]), int(d.env["VLLM_PORT"])}
+    ports = {
+        p.port,
+        d.port,
+        int(p.env["VLLM_NIXL_SIDE_CHANNEL_PORT"]),
+        int(d.env["VLLM_NIXL_SIDE_CHANNEL_PORT"]),
+        int(p.env["VLLM_PORT"]),
+        int(d.env["VLLM_PORT"]),
+    }
     assert len(ports) == 6 and all(20600 < x < 20800 for x in ports)
+
+
+def test_moving_an_instance_to_another_port_block_equals_planning_it_there():
+    # issue 21: one owner of an instance's ports (plan.expand.place). The deploy layer moves planned
+    # instances (a taken lane: AltBlocks, via on_slot; a pooled block: relocate) without planning again.
+    ls = load_sweep(SWEEPS / "hybrid-mla-mamba.yaml")
+    cell = next(c for c in expand(ls).cells if c.id == "kimi-linear.p2d1.b128-128.fixed")
+    here, there = Slot(3, (4, 5, 6), 20600), Slot(3, (4, 5, 6), 33400)
+    planned = instances(cell, here, ls, "/m", "/py")
+    assert on_slot(planned, there) == instances(cell, there, ls, "/m", "/py")
+    moved = relocate(planned[1], 24512)
+    assert moved.port == 24512 and moved.argv[moved.argv.index("--port") + 1] == "24512"
+    assert (moved.env["VLLM_PORT"], moved.env["VLLM_NIXL_SIDE_CHANNEL_PORT"]) == ("24514", "24520")
+    assert moved.side_channel_port == 24520 and moved.env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert list(moved.env) == [*planned[1].env, "VLLM_SERVER_DEV_MODE"]  # same keys, same order
 
 
 def test_instances_cpu_bind_and_hnd():
@@ -241,9 +320,12 @@ def test_instances_cpu_bind_and_hnd():
 
 
 def test_cpu_plugin_env_and_blocks_can_be_overridden(tmp_path):
-    ls = sweep(tmp_path, "name: x\nplatform: cpu\ndefaults: {num_blocks: 64, env: e}\n"
-                         "env: {e: {PDSWEEP_ENGINE_IDLE_STEP_S: '0.05'}}\nmatrix:\n  model: [tiny-llama]\n"
-                         "  block_size: [32]\n")
+    ls = sweep(
+        tmp_path,
+        "name: x\nplatform: cpu\ndefaults: {num_blocks: 64, env: e}\n"
+        "env: {e: {PDSWEEP_ENGINE_IDLE_STEP_S: '0.05'}}\nmatrix:\n  model: [tiny-llama]\n"
+        "  block_size: [32]\n",
+    )
     p, d = instances(expand(ls).pd_cells[0], Slot(0, (), 20000, (0, 1)), ls, "/m", "/py")
     assert p.argv[p.argv.index("--num-gpu-blocks-override") + 1] == "64"
     assert p.env["PDSWEEP_ENGINE_IDLE_STEP_S"] == "0.05" and p.env["PDSWEEP_SHM_BUSY_LOOP_S"] == "0.01"
@@ -277,19 +359,29 @@ bs_vals = st.sampled_from([16, 32, 48, 64, 128])
 
 
 @settings(max_examples=300, deadline=None)
-@given(ptp=tp_vals, dtp=tp_vals, pbs=bs_vals, dbs=bs_vals,
-       model=st.sampled_from(["kimi-linear", "deepseek-v2-lite-chat", "qwen3-0.6b", "granite-4.0-h-tiny"]))
+@given(
+    ptp=tp_vals,
+    dtp=tp_vals,
+    pbs=bs_vals,
+    dbs=bs_vals,
+    model=st.sampled_from(["kimi-linear", "deepseek-v2-lite-chat", "qwen3-0.6b", "granite-4.0-h-tiny"]),
+)
 def test_every_emitted_cell_satisfies_vllm_rules(ptp, dtp, pbs, dbs, model):
-    from pdsweep.spec import Sweep
+    from pdsweep.spec.sweep import Sweep
 
     ls = load_sweep(SWEEPS / "hybrid-mla-mamba.yaml")
     body = ls.sweep.model_dump()
-    body["matrix"] = {"model": [model], "prefill_tp": [ptp], "decode_tp": [dtp], "prefill_block_size": [pbs],
-                      "decode_block_size": [dbs]}
+    body["matrix"] = {
+        "model": [model],
+        "prefill_tp": [ptp],
+        "decode_tp": [dtp],
+        "prefill_block_size": [pbs],
+        "decode_block_size": [dbs],
+    }
     ls2 = ls.model_copy(update={"sweep": Sweep.model_validate(body)})
     plan = expand(ls2)
     m = ls.catalogue.models[model]
-    from pdsweep.blocks import for_cell
+    from pdsweep.plan.blocks import for_cell
 
     for c in plan.pd_cells:
         hi, lo = max(c.prefill_tp, c.decode_tp), min(c.prefill_tp, c.decode_tp)
@@ -311,13 +403,26 @@ def test_every_emitted_cell_satisfies_vllm_rules(ptp, dtp, pbs, dbs, model):
 
 
 def test_variant_flags_replace_pdsweep_flags():
-    from pdsweep.plan import override_flags
+    from pdsweep.plan.expand import override_flags
 
     base = ["serve", "m", "--max-model-len", "512", "--enforce-eager", "--gpu-memory-utilization", "0.8"]
     assert override_flags(base, ["--gpu-memory-utilization", "0.6", "--enforce-eager"]) == [
-        "serve", "m", "--max-model-len", "512", "--gpu-memory-utilization", "0.6", "--enforce-eager"]
+        "serve",
+        "m",
+        "--max-model-len",
+        "512",
+        "--gpu-memory-utilization",
+        "0.6",
+        "--enforce-eager",
+    ]
     assert override_flags(base, ["--max-model-len=8192"]) == [
-        "serve", "m", "--enforce-eager", "--gpu-memory-utilization", "0.8", "--max-model-len=8192"]
+        "serve",
+        "m",
+        "--enforce-eager",
+        "--gpu-memory-utilization",
+        "0.8",
+        "--max-model-len=8192",
+    ]
     ls = load_sweep(SWEEPS / "upstream-config-sweep.yaml")
     cell = next(c for c in expand(ls).cells if c.id == "qwen3-0.6b.p2d1.b128-128.fixed.mem06")
     argv = list(instances(cell, Slot(0, (0, 1, 2), 20000), ls, "Qwen/Qwen3-0.6B", "py")[0].argv)
@@ -325,7 +430,7 @@ def test_variant_flags_replace_pdsweep_flags():
 
 
 def test_cpu_num_blocks_scale_with_context():
-    from pdsweep.plan import CPU_NUM_BLOCKS, cpu_num_blocks
+    from pdsweep.plan.expand import CPU_NUM_BLOCKS, cpu_num_blocks
 
     assert cpu_num_blocks(512, 4) == CPU_NUM_BLOCKS == 256
     assert cpu_num_blocks(8192, 4) == 4 * 512 + 1  # 8192-token sequences still fit
@@ -334,7 +439,7 @@ def test_cpu_num_blocks_scale_with_context():
 
 def test_config_hash_ignores_build_and_expectation():
     """compare lines up an unfixed cell expected to fail with its fixed twin."""
-    from pdsweep.provenance import config_hash
+    from pdsweep.run.provenance import config_hash
 
     ls = load_sweep(SWEEPS / "cpu-smoke.yaml")
     cells = {c.id: c for c in expand(ls).cells}
@@ -348,7 +453,9 @@ def test_unfixed_builds_reject_dcp_and_push(tmp_path):
     """Rule unfixed-scope: the PR #49297 revert leaves DCP and the push connector
     inconsistent (tests/test_unfix_releases.py shows it from the release files)."""
     push = json.dumps({"kv_connector": "NixlPushConnector", "kv_role": "kv_both"})
-    ls = sweep(tmp_path, """name: x
+    ls = sweep(
+        tmp_path,
+        """name: x
 builds:
   fixed: {}
   unfixed: {venv: .venv-unfixed}
@@ -364,7 +471,8 @@ matrix:
   model: [qwen3-0.6b]
   build: [fixed, unfixed, baseline, patched]
   serve_args: [base, dcp2, dcp2-decode, dcp1, dcp-bad]
-""")
+""",
+    )
     plan = expand(ls)
     rej = {r.cell.id: (r.rule, r.reason) for r in plan.rejected}
     ok = {c.id for c in plan.pd_cells}
@@ -372,8 +480,10 @@ matrix:
         for variant, value in (("dcp2", "2"), ("dcp2-decode", "2"), ("dcp-bad", "two")):
             rule, reason = rej[f"qwen3-0.6b.p1d1.b16-16.{build}.{variant}"]
             assert rule == "unfixed-scope"
-            assert reason.startswith(f"build '{build}' is the unfixed baseline and the cell uses DCP "
-                                     f"(--decode-context-parallel-size {value})")
+            assert reason.startswith(
+                f"build '{build}' is the unfixed baseline and the cell uses DCP "
+                f"(--decode-context-parallel-size {value})"
+            )
             assert "_read_blocks_for_req" in reason
         # the push connector cannot reach a cell today (serve_args may not set --kv-transfer-config):
         # the rule's push branch is checked on its own
@@ -389,7 +499,8 @@ matrix:
 
 
 def test_dcp_values_follow_vllm_flag_spellings():
-    assert rules.dcp_values(["-dcp", "2", "--decode-context-parallel-size=4", "--decode_context_parallel_size", "8"]) \
-        == ["2", "4", "8"]
+    assert rules.dcp_values(
+        ["-dcp", "2", "--decode-context-parallel-size=4", "--decode_context_parallel_size", "8"]
+    ) == ["2", "4", "8"]
     assert rules.dcp_values(["--dcp-comm-backend", "x", "--tensor-parallel-size", "2"]) == []
     assert rules.dcp_values(["-dcp"]) == [""]  # a dangling flag is DCP too (fail closed)

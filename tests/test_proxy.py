@@ -24,8 +24,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdsweep.errors import UserError
-from pdsweep.proxy import PREFILL_KV_PARAMS, AppServer, ProxyServer, add_cli_args, create_app, main
+from pdsweep.core.errors import UserError
+from pdsweep.deploy.proxy import PREFILL_KV_PARAMS, AppServer, ProxyServer, add_cli_args, create_app, main
 
 HANG_GUARD_S = 10  # a fake that waits on the test gives up after this long (never a hang)
 N_CHUNKS = 5
@@ -73,18 +73,29 @@ class Fake:
             kvp = body.get("kv_transfer_params") or {}
             n = len(self.requests)
             if kvp.get("do_remote_decode"):  # prefill leg
-                out: dict[str, Any] = {"id": f"{self.name}-{n}", "choices": [{"text": "x"}],
-                                       "usage": {"prompt_tokens": len(str(body.get("prompt", "")).split())}}
+                out: dict[str, Any] = {
+                    "id": f"{self.name}-{n}",
+                    "choices": [{"text": "x"}],
+                    "usage": {"prompt_tokens": len(str(body.get("prompt", "")).split())},
+                }
                 if self.kv:
-                    out["kv_transfer_params"] = {"do_remote_prefill": True, "do_remote_decode": False,
-                                                 "remote_engine_id": self.name, "remote_block_ids": [n, n + 1],
-                                                 "remote_host": "127.0.0.1", "remote_port": 5559,
-                                                 "remote_request_id": request.headers.get("x-request-id")}
+                    out["kv_transfer_params"] = {
+                        "do_remote_prefill": True,
+                        "do_remote_decode": False,
+                        "remote_engine_id": self.name,
+                        "remote_block_ids": [n, n + 1],
+                        "remote_host": "127.0.0.1",
+                        "remote_port": 5559,
+                        "remote_request_id": request.headers.get("x-request-id"),
+                    }
                 return out
             if body.get("stream"):
                 return StreamingResponse(self._sse(n), media_type="text/event-stream")
-            return {"id": f"{self.name}-{n}", "choices": [{"text": f"decoded by {self.name}"}],
-                    "echo_kv": body.get("kv_transfer_params")}
+            return {
+                "id": f"{self.name}-{n}",
+                "choices": [{"text": f"decoded by {self.name}"}],
+                "echo_kv": body.get("kv_transfer_params"),
+            }
 
         app.post("/v1/completions")(handle)
         app.post("/v1/chat/completions")(handle)
@@ -132,8 +143,9 @@ def fakes(_fake_servers: dict[str, Fake]) -> Iterator[dict[str, Fake]]:
         f.release.set()
 
 
-def _proxy(fakes: dict[str, Fake], prefill=("prefill-0", "prefill-1"), decode=("decode-0", "decode-1"),
-           **kw: Any) -> ProxyServer:
+def _proxy(
+    fakes: dict[str, Fake], prefill=("prefill-0", "prefill-1"), decode=("decode-0", "decode-1"), **kw: Any
+) -> ProxyServer:
     return ProxyServer([fakes[n].url for n in prefill], [fakes[n].url for n in decode], **kw)
 
 
@@ -157,22 +169,39 @@ def test_prefill_leg_then_decode_leg_with_prefill_kv(fakes: dict[str, Fake]) -> 
     (pre,) = fakes["prefill-0"].requests
     (dec,) = fakes["decode-0"].requests
     assert pre["body"] == {**body, "max_tokens": 1, "stream": False, "kv_transfer_params": PREFILL_KV_PARAMS}
-    assert pre["body"]["kv_transfer_params"] == {"do_remote_decode": True, "do_remote_prefill": False,
-                                                 "remote_engine_id": None, "remote_block_ids": None,
-                                                 "remote_host": None, "remote_port": None}
+    assert pre["body"]["kv_transfer_params"] == {
+        "do_remote_decode": True,
+        "do_remote_prefill": False,
+        "remote_engine_id": None,
+        "remote_block_ids": None,
+        "remote_host": None,
+        "remote_port": None,
+    }
     assert "max_completion_tokens" not in pre["body"]
     rid = pre["headers"]["x-request-id"]
     assert rid and dec["headers"]["x-request-id"] == rid
-    expected_kv = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": "prefill-0",
-                   "remote_block_ids": [1, 2], "remote_host": "127.0.0.1", "remote_port": 5559,
-                   "remote_request_id": rid}
+    expected_kv = {
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "remote_engine_id": "prefill-0",
+        "remote_block_ids": [1, 2],
+        "remote_host": "127.0.0.1",
+        "remote_port": 5559,
+        "remote_request_id": rid,
+    }
     assert dec["body"] == {**body, "kv_transfer_params": expected_kv}
     assert r.json() == {"id": "decode-0-1", "choices": [{"text": "decoded by decode-0"}], "echo_kv": expected_kv}
 
 
 def test_chat_prefill_caps_completion_tokens_and_drops_stream_options(fakes: dict[str, Fake]) -> None:
-    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 30,
-            "stream": True, "stream_options": {"include_usage": True}, "min_tokens": 5}
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_completion_tokens": 30,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "min_tokens": 5,
+    }
     with _proxy(fakes) as px, _client() as c:
         r = c.post(f"{px.url}/v1/chat/completions", json=body)
     assert r.status_code == 200
@@ -191,8 +220,12 @@ def test_authorization_forwarded_only_with_a_key(fakes: dict[str, Fake]) -> None
         for auth in ("Bearer ", "Bearer sk-1"):  # lm-eval sends "Bearer " when no key is set
             conn = http.client.HTTPConnection("127.0.0.1", px.port, timeout=10)
             try:
-                conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "p", "max_tokens": 2}),
-                             headers={"Content-Type": "application/json", "Authorization": auth})
+                conn.request(
+                    "POST",
+                    "/v1/completions",
+                    body=json.dumps({"prompt": "p", "max_tokens": 2}),
+                    headers={"Content-Type": "application/json", "Authorization": auth},
+                )
                 assert conn.getresponse().status == 200
             finally:
                 conn.close()
@@ -212,22 +245,27 @@ def test_concurrent_requests_keep_their_own_kv(fakes: dict[str, Fake]) -> None:
     """Under concurrency each decode leg carries the KV handle of its own prefill leg."""
     n = 24
     with _proxy(fakes) as px, _client() as c, ThreadPoolExecutor(8) as pool:
-        rs = list(pool.map(lambda i: c.post(f"{px.url}/v1/completions", json={"prompt": f"p{i}", "max_tokens": 2}),
-                           range(n)))
+        rs = list(
+            pool.map(lambda i: c.post(f"{px.url}/v1/completions", json={"prompt": f"p{i}", "max_tokens": 2}), range(n))
+        )
     assert [r.status_code for r in rs] == [200] * n
     decoded = [r for name in ("decode-0", "decode-1") for r in fakes[name].requests]
     assert len(decoded) == n
     for r in decoded:
         assert r["body"]["kv_transfer_params"]["remote_request_id"] == r["headers"]["x-request-id"]
-    prompts = {r["body"]["prompt"]: r["headers"]["x-request-id"]
-               for name in ("prefill-0", "prefill-1") for r in fakes[name].requests}
+    prompts = {
+        r["body"]["prompt"]: r["headers"]["x-request-id"]
+        for name in ("prefill-0", "prefill-1")
+        for r in fakes[name].requests
+    }
     assert {r["body"]["prompt"]: r["headers"]["x-request-id"] for r in decoded} == prompts
 
 
 def test_round_robin_over_two_prefill_and_two_decode(fakes: dict[str, Fake]) -> None:
     with _proxy(fakes) as px, _client() as c:
-        served = [c.post(f"{px.url}/v1/completions", json={"prompt": f"p{i}", "max_tokens": 2}).json()
-                  for i in range(4)]
+        served = [
+            c.post(f"{px.url}/v1/completions", json={"prompt": f"p{i}", "max_tokens": 2}).json() for i in range(4)
+        ]
     assert [s["id"].rsplit("-", 1)[0] for s in served] == ["decode-0", "decode-1", "decode-0", "decode-1"]
     assert [s["echo_kv"]["remote_engine_id"] for s in served] == ["prefill-0", "prefill-1", "prefill-0", "prefill-1"]
     for n in fakes:
@@ -240,8 +278,7 @@ def test_streaming_passes_sse_chunks_through_in_order(fakes: dict[str, Fake]) ->
     dec.wait_after_first_chunk = True  # the rest only comes after the client saw chunk 0
     events = []
     with _proxy(fakes) as px, _client(timeout=HANG_GUARD_S / 2) as c:
-        with c.stream("POST", f"{px.url}/v1/completions",
-                      json={"prompt": "p", "max_tokens": 8, "stream": True}) as r:
+        with c.stream("POST", f"{px.url}/v1/completions", json={"prompt": "p", "max_tokens": 8, "stream": True}) as r:
             assert r.status_code == 200
             assert r.headers["content-type"].startswith("text/event-stream")
             for line in r.iter_lines():
@@ -258,8 +295,7 @@ def test_streaming_passes_sse_chunks_through_in_order(fakes: dict[str, Fake]) ->
 def test_stream_stalling_mid_way_ends_with_an_error_event(fakes: dict[str, Fake]) -> None:
     fakes["decode-0"].wait_after_first_chunk = True  # never released: the decode stream stalls
     with _proxy(fakes, timeout_s=0.3) as px, _client() as c:
-        with c.stream("POST", f"{px.url}/v1/completions",
-                      json={"prompt": "p", "max_tokens": 8, "stream": True}) as r:
+        with c.stream("POST", f"{px.url}/v1/completions", json={"prompt": "p", "max_tokens": 8, "stream": True}) as r:
             events = [line for line in r.iter_lines() if line]
         metrics = _samples(c.get(f"{px.url}/metrics").text)
     assert r.status_code == 200  # headers were already sent when the stream broke
@@ -351,8 +387,11 @@ def test_upstream_timeout_gives_504(fakes: dict[str, Fake], stage: str) -> None:
 
 
 def _samples(text: str) -> dict[tuple[str, tuple], float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
 
 
 def test_metrics_count_requests_errors_and_latency(fakes: dict[str, Fake]) -> None:
@@ -385,8 +424,9 @@ def test_metrics_registry_is_private_per_app() -> None:
 def test_drop_kv_transfer_params_removes_them_from_decode_leg(fakes: dict[str, Fake]) -> None:
     fakes["prefill-0"].kv = False  # not needed either when dropping
     with _proxy(fakes, drop_kv_transfer_params=True) as px, _client() as c:
-        r = c.post(f"{px.url}/v1/completions",
-                   json={"prompt": "p", "max_tokens": 2, "kv_transfer_params": {"from": "client"}})
+        r = c.post(
+            f"{px.url}/v1/completions", json={"prompt": "p", "max_tokens": 2, "kv_transfer_params": {"from": "client"}}
+        )
     assert r.status_code == 200
     assert fakes["prefill-0"].requests[0]["body"]["kv_transfer_params"] == PREFILL_KV_PARAMS
     assert "kv_transfer_params" not in fakes["decode-0"].requests[0]["body"]
@@ -428,7 +468,12 @@ def test_cli_args_and_user_errors() -> None:
     parser = add_cli_args(argparse.ArgumentParser())
     args = parser.parse_args(["--prefill", "http://a:1", "http://b:2", "--decode", "http://c:3"])
     assert (args.prefill, args.decode, args.host, args.port, args.timeout) == (
-        ["http://a:1", "http://b:2"], ["http://c:3"], "127.0.0.1", 8192, 300.0)
+        ["http://a:1", "http://b:2"],
+        ["http://c:3"],
+        "127.0.0.1",
+        8192,
+        300.0,
+    )
     with pytest.raises(UserError, match="must start with http"):
         main(parser.parse_args(["--prefill", "a:1", "--decode", "http://c:3"]))
     with AppServer(FastAPI()) as busy, pytest.raises(UserError, match="pdsweep proxy"):
@@ -436,12 +481,14 @@ def test_cli_args_and_user_errors() -> None:
 
 
 def test_kv_requests_count_prompts_spanning_a_block(fakes: dict[str, Fake]) -> None:
-    from pdsweep.metrics import PROXY_KV_REQUESTS, parse
+    from pdsweep.measure.metrics import PROXY_KV_REQUESTS, parse
 
     with _proxy(fakes, block_size=4) as px, _client() as c:
         for words in (3, 4, 10):  # one word = one prompt token in the fake
-            assert c.post(f"{px.url}/v1/completions", json={"model": "m", "prompt": " ".join(["w"] * words)}
-                          ).status_code == 200
+            assert (
+                c.post(f"{px.url}/v1/completions", json={"model": "m", "prompt": " ".join(["w"] * words)}).status_code
+                == 200
+            )
         fakes["decode-0"].status = fakes["decode-1"].status = 500  # decode fails: no KV was read for it
         assert c.post(f"{px.url}/v1/completions", json={"model": "m", "prompt": "a b c d e"}).status_code == 500
         snap = parse(c.get(f"{px.url}/metrics").text)
@@ -451,3 +498,16 @@ def test_kv_requests_count_prompts_spanning_a_block(fakes: dict[str, Fake]) -> N
 def test_block_size_must_be_positive() -> None:
     with pytest.raises(ValueError, match="block_size must be >= 1"):
         create_app(["http://p:1"], ["http://d:1"], block_size=0)
+
+
+def test_decode_delay_sleeps_before_each_decode_leg(fakes: dict[str, Fake]) -> None:
+    """The perf verdict's injected slowdown (bench/test_perf_teeth.py): the delay lands between
+    the prefill answer and the decode leg, so it shows in the proxy's added latency."""
+    with _proxy(fakes, decode_delay_s=0.3) as px, _client() as c:
+        for _ in range(2):
+            assert c.post(f"{px.url}/v1/completions", json={"prompt": "p", "max_tokens": 2}).status_code == 200
+        added = px.app.state.proxy.metrics.added
+    assert len(fakes["decode-0"].requests) + len(fakes["decode-1"].requests) == 2
+    assert added._sum.get() >= 0.6
+    with pytest.raises(ValueError, match="decode_delay_s must be >= 0"):
+        ProxyServer([fakes["prefill-0"].url], [fakes["decode-0"].url], decode_delay_s=-1)

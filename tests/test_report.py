@@ -10,9 +10,9 @@ from pathlib import Path
 
 import matplotlib.image
 import pytest
-from fixtures.make_runs import MIXED, MIXED_REJECTED, crashed, case, ids, pd, write_run
+from fixtures.make_runs import MIXED, MIXED_REJECTED, case, crashed, ids, pd, write_run
 
-from pdsweep.report import write_report
+from pdsweep.judge.report import write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 DATA_URI = re.compile(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'")
@@ -106,7 +106,7 @@ def test_run_without_scores_still_reports_every_cell(tmp_path: Path) -> None:
 
 
 def test_missing_run_json_is_a_user_error(tmp_path: Path) -> None:
-    from pdsweep.errors import UserError
+    from pdsweep.core.errors import UserError
 
     with pytest.raises(UserError):
         write_report(tmp_path)
@@ -117,14 +117,21 @@ def test_reads_per_prefill_rank_table(tmp_path: Path) -> None:
     from fixtures.make_runs import TR
 
     cell = pd("kimi-linear", 2, 1)
-    split = {TR: {"transfer_plans": [{"tp_ratio": -2, "remote_tp": 2}],
-                  "reads_by_prefill_rank": {"0": {"reads": 31, "bytes": 750, "descriptors": 90, "engines": 1},
-                                            "1": {"reads": 31, "bytes": 250, "descriptors": 40, "engines": 1}}}}
+    split = {
+        TR: {
+            "transfer_plans": [{"tp_ratio": -2, "remote_tp": 2}],
+            "reads_by_prefill_rank": {
+                "0": {"reads": 31, "bytes": 750, "descriptors": 90, "engines": 1},
+                "1": {"reads": 31, "bytes": 250, "descriptors": 40, "engines": 1},
+            },
+        }
+    }
     run = write_run(tmp_path, "r", [case(cell, split), MIXED["ref"]])
     paths = write_report(run)
     md = paths["markdown"].read_text()
     assert "## NIXL READs per prefill rank" in md
     assert f"| {cell.id} | -2 | 0 | 31 | 750 B | 75.0% |" in md and f"| {cell.id} | -2 | 1 | 31 | 250 B | 25.0% |" in md
     assert "NIXL READs per prefill rank" in paths["html"].read_text()
-    plain = write_report(write_run(tmp_path / "b", "r", [MIXED["pass"], MIXED["ref"]]))
+    unrecorded = case(pd("tiny-llama", 1, 1), {TR: {"reads_by_prefill_rank": None}})
+    plain = write_report(write_run(tmp_path / "b", "r", [unrecorded, MIXED["ref"]]))
     assert "READs per prefill rank" not in plain["markdown"].read_text()  # nothing recorded: no empty table

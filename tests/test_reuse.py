@@ -1,4 +1,4 @@
-"""Instance reuse across cells (pdsweep.instances, schedule.reuse_order/lifecycle):
+"""Instance reuse across cells (pdsweep.deploy.instances, schedule.reuse_order/lifecycle):
 identity, the cpu-smoke plan's distinct instances, the prefix-cache reset between
 cells (fake vLLM with vLLM's /reset_prefix_cache and prefix-cache counters), a shared
 instance that died, and --no-reuse."""
@@ -12,27 +12,21 @@ from pathlib import Path
 
 import pytest
 
-from pdsweep import instances as inst
-from pdsweep import layout
-from pdsweep.instances import InstancePool, instance_id, instance_key, relocate
-from pdsweep.launchers import LocalLauncher
-from pdsweep.metrics import parse
-from pdsweep.plan import InstanceSpec, Slot, expand, instances
-from pdsweep.run import RunOptions, run_sweep
-from pdsweep.schedule import (
-    estimate_s,
-    lifecycle,
-    reuse_makespan_s,
-    reuse_order,
-    sequential_s,
-)
-from pdsweep.spec import load_sweep
+from pdsweep.deploy import instances as inst
+from pdsweep.deploy.instances import InstancePool, instance_id, instance_key, relocate
+from pdsweep.deploy.launchers import LocalLauncher
+from pdsweep.measure.metrics import parse
+from pdsweep.plan.expand import InstanceSpec, Slot, expand, instances
+from pdsweep.plan.schedule import estimate_s, lifecycle, reuse_makespan_s, reuse_order, sequential_s
+from pdsweep.results import layout
+from pdsweep.run.sweep import RunOptions, run_sweep
+from pdsweep.spec.sweep import load_sweep
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 from test_run_fake import FAKE_PY, make_sweep, ours, status  # noqa: E402
-from test_run_fake import tok as tok  # noqa: E402,F401  (fixture)
+from test_run_fake import tok as tok  # noqa: E402  (fixture)
 
 
 @pytest.fixture(autouse=True)
@@ -60,7 +54,10 @@ def test_key_ignores_ports_and_dev_mode_but_not_what_defines_the_instance():
     assert instance_key(unfixed) != instance_key(p)  # another build interpreter
     rope = specs["tiny-mla.p1d1.b32-32.fixed.env-rope-unpatched"][1]
     assert instance_key(rope) != instance_key(specs["tiny-mla.p1d1.b32-32.fixed"][1])  # another env
-    assert instance_key(replace(p, gpus=(3,))) != instance_key(p)  # another GPU set
+    # the GPUs it was given are where it runs, not what it is (it keeps them while shared) ...
+    on_gpu = replace(p, gpus=(3,), env={**p.env, "CUDA_VISIBLE_DEVICES": "3"})
+    assert instance_key(on_gpu) == instance_key(p)
+    assert instance_key(replace(p, name="prefill-1")) != instance_key(p)  # ... but a second prefill is another
     assert instance_id(p).startswith("prefill.tiny-llama.tp1.")
 
 
@@ -69,18 +66,23 @@ def test_cpu_smoke_shares_five_instances_and_starts_each_distinct_one_once():
     keys = {cid: [instance_key(s) for s in sp] for cid, sp in specs.items()}
     uses = sum(len(v) for v in keys.values())
     distinct = {k for v in keys.values() for k in v}
-    assert (len(cells), uses, len(distinct)) == (22, 36, 31)
+    assert (len(cells), uses, len(distinct)) == (25, 41, 36)
     # the decode of P TP1 and P TP2 is one instance (decode binds cores from the last one down)
     d11 = specs["tiny-llama.p1d1.b32-32.fixed"][1]
     assert d11.env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
     assert instance_key(d11) == instance_key(specs["tiny-llama.p2d1.b32-32.fixed"][1])
-    assert instance_key(specs["tiny-llama.p1d1.b32-32.fixed"][0]) == instance_key(specs["tiny-llama.p1d2.b32-32.fixed"][0])
+    assert instance_key(specs["tiny-llama.p1d1.b32-32.fixed"][0]) == instance_key(
+        specs["tiny-llama.p1d2.b32-32.fixed"][0]
+    )
     ordered = reuse_order(cells, {c: set(v) for c, v in keys.items()})
     assert sorted(c.id for c in ordered) == sorted(c.id for c in cells)
     assert all(c.kind == "ref" for c in ordered[:8])
     rows = lifecycle(ordered, keys, {k: k for k in distinct})
-    assert len(rows) == 31 and sorted(r["instance_id"] for r in rows) == sorted(distinct)  # each started once
-    llama = [c.id for c in ordered if c.id.startswith("tiny-llama.p") and c.build == "fixed"]
+    assert len(rows) == 36 and sorted(r["instance_id"] for r in rows) == sorted(distinct)  # each started once
+    # the fault drill kills its prefill: its instances are its own (PDSWEEP_FAULT_DRILL in their env)
+    drill = "tiny-llama.p1d1.b32-32.fixed.fault-kill-prefill-during-eval"
+    assert not {k for c, v in keys.items() if c != drill for k in v} & set(keys[drill])
+    llama = [c.id for c in ordered if c.id.startswith("tiny-llama.p") and c.build == "fixed" and c.fault == "none"]
     assert llama == ["tiny-llama.p1d2.b32-32.fixed", "tiny-llama.p1d1.b32-32.fixed", "tiny-llama.p2d1.b32-32.fixed"]
     shared = [r for r in rows if len(r["cells"]) > 1]
     assert len(shared) == 5 and all(r["stop_after"] == r["cells"][-1] for r in rows)
@@ -89,20 +91,21 @@ def test_cpu_smoke_shares_five_instances_and_starts_each_distinct_one_once():
 def test_plan_shows_which_instances_run_shares(capsys):
     SMOKE = REPO / "sweeps" / "cpu-smoke.yaml"
     from pdsweep.cli import main
-    from pdsweep.dryrun import plan_dict
+    from pdsweep.run.dryrun import plan_dict
 
     cells, specs = smoke_specs()
     r = plan_dict(str(SMOKE), 0)["reuse"]
     keys = {cid: [instance_key(s) for s in sp] for cid, sp in specs.items()}
-    assert (r["distinct"], r["per_cell"]) == (31, 36)
+    assert (r["distinct"], r["per_cell"]) == (36, 41)
     assert r["order"] == [c.id for c in reuse_order(cells, {c: set(v) for c, v in keys.items()})]  # run's order
     shared = {x["instance_id"]: x["cells"] for x in r["instances"] if len(x["cells"]) > 1}
     assert len(shared) == 5
     decode = [i for i in shared if i.startswith("decode.tiny-mla-mamba2.tp1.")]  # one decode for both P TPs
-    assert [shared[i] for i in decode] == [["tiny-mla-mamba2.p1d1.b128-128.fixed", "tiny-mla-mamba2.p2d1.b128-128.fixed"]]
-    assert plan_dict(str(SMOKE), 8)["reuse"] is None  # with GPUs each instance owns its GPUs: no reuse
+    assert [shared[i] for i in decode] == [
+        ["tiny-mla-mamba2.p1d1.b128-128.fixed", "tiny-mla-mamba2.p2d1.b128-128.fixed"]
+    ]
     assert main(["plan", str(SMOKE), "--no-check-argv"]) == 0
-    assert "instance reuse: 31 distinct instances for 36 uses (5 shared" in capsys.readouterr().out
+    assert "instance reuse: 36 distinct instances for 41 uses (5 shared" in capsys.readouterr().out
 
 
 def test_gpu_makespan_model_with_packing_and_reuse_beats_sequential():
@@ -120,6 +123,7 @@ def _hits(run: Path, cell: str, inst_name: str, phase: str) -> float:
     def total(tag: str) -> float:
         snap = parse((run / cell / "metrics" / f"{phase}.{inst_name}.{tag}.txt").read_text())
         return snap.counters["vllm:prefix_cache_hits"]
+
     return total("after") - total("before")
 
 
@@ -127,8 +131,7 @@ SHARED_PREFILL = "  model: [fake-gqa]\n  tp: [p1d1, p1d2]\n"
 
 
 @pytest.mark.parametrize("reset", [True, False])
-def test_cell_reusing_a_prefill_sees_no_prefix_cache_hits_from_the_previous_cell(tmp_path, tok, monkeypatch,
-                                                                               reset):
+def test_cell_reusing_a_prefill_sees_no_prefix_cache_hits_from_the_previous_cell(tmp_path, tok, monkeypatch, reset):
     if not reset:  # the control: without the reset the same eval prompts hit the shared prefill's cache
         monkeypatch.setattr(inst, "reset_prefix_cache", lambda url, timeout_s=5.0: True)
     sweep = make_sweep(tmp_path, tok, matrix=SHARED_PREFILL, extra="  reference: false\n")
@@ -169,8 +172,19 @@ def test_no_reuse_starts_one_deployment_per_cell(tmp_path, tok):
 
 
 def fake_spec(tok: Path, name: str = "prefill-0") -> InstanceSpec:
-    argv = (str(FAKE_PY), "-m", "vllm.entrypoints.cli.main", "serve", str(tok), "--served-model-name", "fake",
-            "--port", "1", "--kv-transfer-config", '{"kv_role":"kv_producer"}')
+    argv = (
+        str(FAKE_PY),
+        "-m",
+        "vllm.entrypoints.cli.main",
+        "serve",
+        str(tok),
+        "--served-model-name",
+        "fake",
+        "--port",
+        "1",
+        "--kv-transfer-config",
+        '{"kv_role":"kv_producer"}',
+    )
     return InstanceSpec(name, "prefill", 1, 1, 2, (), argv, {"VLLM_PORT": "3", "FAKE_STARTUP_S": "0.1"})
 
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from _fakes import build_tokenizer
-from pdsweep import layout
+
 from pdsweep.cli import main
-from pdsweep.run import RunOptions, run_sweep
+from pdsweep.results import layout
+from pdsweep.run.sweep import RunOptions, run_sweep
 
 HERE = Path(__file__).resolve().parent
 FAKE_PY = HERE / "fake_build" / "python"
@@ -37,8 +37,9 @@ def tok(tmp_path) -> Path:
 PORT_BASE = 31000 + (os.getpid() % 40) * 200
 
 
-def make_sweep(tmp_path: Path, tok: Path, *, matrix: str, env: str = "  base: {}", port_base: int = PORT_BASE,
-               extra: str = "") -> Path:
+def make_sweep(
+    tmp_path: Path, tok: Path, *, matrix: str, env: str = "  base: {}", port_base: int = PORT_BASE, extra: str = ""
+) -> Path:
     (tmp_path / "models.yaml").write_text(f"""models:
   fake-gqa:
     path: {tok}
@@ -50,7 +51,7 @@ def make_sweep(tmp_path: Path, tok: Path, *, matrix: str, env: str = "  base: {}
     platforms: {{cpu: {{}}}}
 """)
     consistency = "{max_tokens: 4, lengths: [short, 40]}"
-    if "reference: false" in extra:  # no reference: nothing to gate against (pdsweep.feasible)
+    if "reference: false" in extra:  # no reference: nothing to gate against (pdsweep.run.feasible)
         if "gate:" not in extra:
             extra += "gate: {require_consistency: false, require_accuracy: false}\n"
     p = tmp_path / "sweep.yaml"
@@ -101,8 +102,10 @@ def test_happy_path_through_gate(tmp_path, tok):
     sweep = make_sweep(tmp_path, tok, matrix="  model: [fake-gqa]\n  tp: [p1d1]\n")
     run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True))
     idx = layout.read_json(run / "run.json")
-    assert idx["cells"] == {"fake-gqa.ref-tp1.b16.fixed": {"kind": "ref", "status": "ok", "expect_fail": False},
-                            "fake-gqa.p1d1.b16-16.fixed": {"kind": "pd", "status": "ok", "expect_fail": False}}
+    assert idx["cells"] == {
+        "fake-gqa.ref-tp1.b16.fixed": {"kind": "ref", "status": "ok", "expect_fail": False},
+        "fake-gqa.p1d1.b16-16.fixed": {"kind": "pd", "status": "ok", "expect_fail": False},
+    }
     pd = run / "fake-gqa.p1d1.b16-16.fixed"
     cell = layout.read_json(pd / "cell.json")
     assert [i["name"] for i in cell["instances"]] == ["prefill-0", "decode-0"]
@@ -123,9 +126,13 @@ def test_happy_path_through_gate(tmp_path, tok):
 
 
 def test_startup_crash_fails_cell_and_sweep_goes_on(tmp_path, tok):
-    sweep = make_sweep(tmp_path, tok, env="  base: {}\n  crash: {FAKE_EXIT_AT_STARTUP: '3'}",
-                       matrix="  model: [fake-gqa]\n  tp: [p1d1]\n  env: [base]\n  include:\n"
-                              "    - {model: fake-gqa, tp: p1d2, env: crash}\n")
+    sweep = make_sweep(
+        tmp_path,
+        tok,
+        env="  base: {}\n  crash: {FAKE_EXIT_AT_STARTUP: '3'}",
+        matrix="  model: [fake-gqa]\n  tp: [p1d1]\n  env: [base]\n  include:\n"
+        "    - {model: fake-gqa, tp: p1d2, env: crash}\n",
+    )
     run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True))
     st = status(run, "fake-gqa.p1d2.b16-16.fixed.env-crash")
     assert st["status"] == "failed" and st["phase"] == "start"
@@ -141,14 +148,16 @@ def test_taken_port_moves_cell_to_free_block(tmp_path, tok):
     with socket.socket() as s:  # someone else holds the first decode's HTTP port of lane 0
         s.bind(("127.0.0.1", 32002))
         s.listen()
-        run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True,
-                                          cells="fake-gqa.p1d1*", reuse=False))
+        run = run_sweep(
+            sweep, RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True, cells="fake-gqa.p1d1*", reuse=False)
+        )
         s.close()
         s2 = socket.socket()
         s2.bind(("127.0.0.1", 32216))  # with reuse: someone holds a port of the second instance block
         s2.listen()
-        pooled = run_sweep(sweep, RunOptions(out=tmp_path / "pooled", quiet=True, skip_eval=True,
-                                             cells="fake-gqa.p1d1*"))
+        pooled = run_sweep(
+            sweep, RunOptions(out=tmp_path / "pooled", quiet=True, skip_eval=True, cells="fake-gqa.p1d1*")
+        )
         s2.close()
     st = status(run, "fake-gqa.p1d1.b16-16.fixed")
     assert st["status"] == "ok", st
@@ -161,10 +170,14 @@ def test_taken_port_moves_cell_to_free_block(tmp_path, tok):
 
 
 def test_decode_killed_mid_run_fails_cell_without_hanging(tmp_path, tok):
-    sweep = make_sweep(tmp_path, tok, env="  base: {}\n  die: {FAKE_DIE_AFTER: '3'}",
-                       matrix="  model: [fake-gqa]\n  tp: [p1d1]\n  env: [die]\n",
-                       # no reference (faster); then only the status check can judge it (validate)
-                       extra="  reference: false\ngate: {require_consistency: false, require_accuracy: false}\n")
+    sweep = make_sweep(
+        tmp_path,
+        tok,
+        env="  base: {}\n  die: {FAKE_DIE_AFTER: '3'}",
+        matrix="  model: [fake-gqa]\n  tp: [p1d1]\n  env: [die]\n",
+        # no reference (faster); then only the status check can judge it (validate)
+        extra="  reference: false\ngate: {require_consistency: false, require_accuracy: false}\n",
+    )
     t0 = time.monotonic()
     run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True))
     assert time.monotonic() - t0 < 120
@@ -174,8 +187,12 @@ def test_decode_killed_mid_run_fails_cell_without_hanging(tmp_path, tok):
 
 
 def test_failed_transfer_counter_fails_gate(tmp_path, tok):
-    sweep = make_sweep(tmp_path, tok, env="  base: {}\n  bad: {FAKE_FAILED_XFERS: '1'}",
-                       matrix="  model: [fake-gqa]\n  tp: [p1d1]\n  env: [bad]\n")
+    sweep = make_sweep(
+        tmp_path,
+        tok,
+        env="  base: {}\n  bad: {FAKE_FAILED_XFERS: '1'}",
+        matrix="  model: [fake-gqa]\n  tp: [p1d1]\n  env: [bad]\n",
+    )
     run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True))
     tr = layout.read_json(run / "fake-gqa.p1d1.b16-16.fixed.env-bad" / "transfer.json")["totals"]
     assert tr["failed_transfers"] == 2  # one per probe prompt (readiness is not a measured phase)
@@ -183,8 +200,12 @@ def test_failed_transfer_counter_fails_gate(tmp_path, tok):
 
 
 def test_lost_kv_shape_fails_consistency(tmp_path, tok):
-    sweep = make_sweep(tmp_path, tok, env="  base: {}\n  diverge: {FAKE_DIVERGE: '1'}",
-                       matrix="  model: [fake-gqa]\n  tp: [p1d1]\n  env: [diverge]\n")
+    sweep = make_sweep(
+        tmp_path,
+        tok,
+        env="  base: {}\n  diverge: {FAKE_DIVERGE: '1'}",
+        matrix="  model: [fake-gqa]\n  tp: [p1d1]\n  env: [diverge]\n",
+    )
     run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True))
     cons = layout.read_json(run / "fake-gqa.p1d1.b16-16.fixed.env-diverge" / "consistency.json")
     assert cons["verdict"] == "fail"
@@ -193,12 +214,17 @@ def test_lost_kv_shape_fails_consistency(tmp_path, tok):
 
 
 def test_sigint_tears_down_and_resume_finishes(tmp_path, tok):
-    sweep = make_sweep(tmp_path, tok, env="  base: {FAKE_STARTUP_S: '2'}",
-                       matrix="  model: [fake-gqa]\n  tp: [p1d1, p1d2]\n")
+    sweep = make_sweep(
+        tmp_path, tok, env="  base: {FAKE_STARTUP_S: '2'}", matrix="  model: [fake-gqa]\n  tp: [p1d1, p1d2]\n"
+    )
     out = tmp_path / "run"
     env = {**os.environ, "PDSWEEP_REAL_PYTHON": sys.executable}
-    proc = subprocess.Popen([sys.executable, "-m", "pdsweep", "run", str(sweep), "--out", str(out), "--quiet",
-                             "--skip-eval"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pdsweep", "run", str(sweep), "--out", str(out), "--quiet", "--skip-eval"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not ours(tmp_path):
         time.sleep(0.1)
@@ -219,7 +245,7 @@ def test_sigint_tears_down_and_resume_finishes(tmp_path, tok):
 
 
 def test_resume_refuses_a_changed_sweep(tmp_path, tok):
-    from pdsweep.errors import UserError
+    from pdsweep.core.errors import UserError
 
     sweep = make_sweep(tmp_path, tok, matrix="  model: [fake-gqa]\n  tp: [p1d1]\n")
     out = tmp_path / "run"
@@ -231,15 +257,20 @@ def test_resume_refuses_a_changed_sweep(tmp_path, tok):
 
 
 def _gate_reasons(run: Path, cell: str) -> list[str]:
-    from pdsweep.gate import gate_run
+    from pdsweep.judge.gate import gate_run
 
     return list(gate_run(run).cell(cell).reasons)
 
 
 def test_expired_kv_on_prefill_fails_gate(tmp_path, tok):
     """Decode answered 200 but prefill's KV lease expired (vLLM issue 52234): silent recompute."""
-    sweep = make_sweep(tmp_path, tok, env="  base: {}\n  expire: {FAKE_EXPIRED: '1'}",
-                       matrix="  model: [fake-gqa]\n  tp: [p1d1]\n  env: [expire]\n", extra="  reference: false\n")
+    sweep = make_sweep(
+        tmp_path,
+        tok,
+        env="  base: {}\n  expire: {FAKE_EXPIRED: '1'}",
+        matrix="  model: [fake-gqa]\n  tp: [p1d1]\n  env: [expire]\n",
+        extra="  reference: false\n",
+    )
     run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True))
     cid = "fake-gqa.p1d1.b16-16.fixed.env-expire"
     assert status(run, cid)["status"] == "ok"
@@ -250,35 +281,58 @@ def test_expired_kv_on_prefill_fails_gate(tmp_path, tok):
 
 def test_decode_without_transfers_fails_gate_as_silent_recompute(tmp_path, tok):
     """Decode answers every 2nd PD request without reading KV: fewer transfers than PD requests."""
-    sweep = make_sweep(tmp_path, tok, env="  base: {}\n  skip: {FAKE_SKIP_XFER_EVERY: '2'}",
-                       matrix="  model: [fake-gqa]\n  tp: [p1d1]\n  env: [skip]\n", extra="  reference: false\n")
+    sweep = make_sweep(
+        tmp_path,
+        tok,
+        env="  base: {}\n  skip: {FAKE_SKIP_XFER_EVERY: '2'}",
+        matrix="  model: [fake-gqa]\n  tp: [p1d1]\n  env: [skip]\n",
+        extra="  reference: false\n",
+    )
     run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True))
     cid = "fake-gqa.p1d1.b16-16.fixed.env-skip"
     tr = layout.read_json(run / cid / "transfer.json")["totals"]
     # readiness (request 1) transferred; of the 10 measured requests 2, 4, ... 10 did not
     assert (tr["num_transfers"], tr["kv_requests"]) == (5, 9)  # the 4-word "short" probe is under one block
-    assert (f"{cid}/transfer.json: decode did 5 KV transfers for 9 PD requests whose prompt spans >= 1 block: "
-            "the others were recomputed on decode (silent recompute)") in _gate_reasons(run, cid)
+    assert (
+        f"{cid}/transfer.json: decode did 5 KV transfers for 9 PD requests whose prompt spans >= 1 block: "
+        "the others were recomputed on decode (silent recompute)"
+    ) in _gate_reasons(run, cid)
 
 
 def test_load_phase_that_lost_requests_fails_gate(tmp_path, tok, monkeypatch):
     """``vllm bench serve`` exits 0 when requests fail; the gate reads load.json."""
     monkeypatch.setenv("FAKE_BENCH_LOST", "3")
-    sweep = make_sweep(tmp_path, tok, matrix="  model: [fake-gqa]\n  tp: [p1d1]\n",
-                       extra="  reference: false\nbench: {enabled: true, num_prompts: 5, concurrencies: [2]}\n")
+    sweep = make_sweep(
+        tmp_path,
+        tok,
+        matrix="  model: [fake-gqa]\n  tp: [p1d1]\n",
+        extra="  reference: false\nbench: {enabled: true, num_prompts: 5, concurrencies: [2], check: false}\n",
+    )
     run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True))
     cid = "fake-gqa.p1d1.b16-16.fixed"
     assert status(run, cid)["status"] == "ok"
-    (load,) = layout.read_json(run / cid / "load.json")["runs"]
-    assert (load["completed"], load["errors"], load["num_prompts"]) == (2, 3, 5)
-    assert (f"{cid}/load.json: concurrency 2: 3 load requests failed, completed 2 of num_prompts 5 "
-            "(vllm bench serve exits 0 regardless)") in _gate_reasons(run, cid)
+    body = layout.read_json(run / cid / "load.json")
+    # the load phase runs 3 times (bench.repeats default), every repeat's raw figures kept
+    assert [r["repeat"] for r in body["runs"]] == [0, 1, 2] and body["repeat_plan"]["run"] == 3
+    for load in body["runs"]:
+        assert (load["completed"], load["errors"], load["num_prompts"]) == (2, 3, 5)
+        assert (run / cid / load["raw_file"]).is_file()
+    assert body["summary"]["c2"]["ttft_ms.p50"]["n"] == 3
+    assert (
+        f"{cid}/load.json: concurrency 2: 3 load requests failed, completed 2 of num_prompts 5 "
+        "(vllm bench serve exits 0 regardless)"
+    ) in _gate_reasons(run, cid)
     assert main(["gate", str(run)]) == 1
 
 
 def test_hung_streaming_request_fails_readiness(tmp_path, tok):
-    sweep = make_sweep(tmp_path, tok, env="  base: {}\n  hang: {FAKE_STREAM_HANG: '1'}",
-                       matrix="  model: [fake-gqa]\n  tp: [p1d1]\n  env: [hang]\n", extra="  reference: false\n")
+    sweep = make_sweep(
+        tmp_path,
+        tok,
+        env="  base: {}\n  hang: {FAKE_STREAM_HANG: '1'}",
+        matrix="  model: [fake-gqa]\n  tp: [p1d1]\n  env: [hang]\n",
+        extra="  reference: false\n",
+    )
     t0 = time.monotonic()
     run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True))
     assert time.monotonic() - t0 < 60
@@ -290,10 +344,16 @@ def test_hung_streaming_request_fails_readiness(tmp_path, tok):
 
 @pytest.mark.parametrize("retries", [0, 1])
 def test_a_first_request_hang_is_redeployed_only_as_often_as_asked(tmp_path, tok, retries):
-    sweep = make_sweep(tmp_path, tok, env=f"  base: {{}}\n  once: {{FAKE_HANG_ONCE_FILE: '{tmp_path}/hung'}}",
-                       matrix="  model: [fake-gqa]\n  tp: [p1d1]\n  env: [once]\n", extra="  reference: false\n")
-    sweep.write_text(sweep.read_text().replace("  request_timeout_s: 10\n",
-                                               f"  request_timeout_s: 6\n  ready_retries: {retries}\n"))
+    sweep = make_sweep(
+        tmp_path,
+        tok,
+        env=f"  base: {{}}\n  once: {{FAKE_HANG_ONCE_FILE: '{tmp_path}/hung'}}",
+        matrix="  model: [fake-gqa]\n  tp: [p1d1]\n  env: [once]\n",
+        extra="  reference: false\n",
+    )
+    sweep.write_text(
+        sweep.read_text().replace("  request_timeout_s: 10\n", f"  request_timeout_s: 6\n  ready_retries: {retries}\n")
+    )
     run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True))
     cid = "fake-gqa.p1d1.b16-16.fixed.env-once"
     st = status(run, cid)
@@ -301,7 +361,9 @@ def test_a_first_request_hang_is_redeployed_only_as_often_as_asked(tmp_path, tok
         assert st["status"] == "ok", st
         # the client's or the PD proxy's timeout (HTTP 504), whichever fires first
         assert len(st["retries"]) == 1 and "ReadTimeout" in st["retries"][0]["reason"], st["retries"]
-        assert (run / cid / "logs-attempt1" / "prefill-0.log").is_file() and (run / cid / "logs" / "prefill-0.log").is_file()
+        assert (run / cid / "logs-attempt1" / "prefill-0.log").is_file() and (
+            run / cid / "logs" / "prefill-0.log"
+        ).is_file()
     else:
         assert (st["status"], st["phase"]) == ("failed", "ready") and "ReadTimeout" in st["reason"], st
         assert st.get("retries") == [] and not (run / cid / "logs-attempt1").exists()
@@ -310,9 +372,13 @@ def test_a_first_request_hang_is_redeployed_only_as_often_as_asked(tmp_path, tok
 
 def test_hung_eval_fails_the_cell_within_its_budget(tmp_path, tok):
     # completions 1-2 are readiness (plain + streaming); lm-eval's first question never returns
-    sweep = make_sweep(tmp_path, tok, env="  base: {}\n  hang: {FAKE_HANG_AFTER: '2'}",
-                       matrix="  model: [fake-gqa]\n  tp: [p1d1]\n  env: [hang]\n",
-                       extra="  reference: false\n  budget_s: 4\n")
+    sweep = make_sweep(
+        tmp_path,
+        tok,
+        env="  base: {}\n  hang: {FAKE_HANG_AFTER: '2'}",
+        matrix="  model: [fake-gqa]\n  tp: [p1d1]\n  env: [hang]\n",
+        extra="  reference: false\n  budget_s: 4\n",
+    )
     t0 = time.monotonic()
     run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True))
     assert time.monotonic() - t0 < 60
@@ -324,8 +390,12 @@ def test_hung_eval_fails_the_cell_within_its_budget(tmp_path, tok):
 
 def test_hung_bench_fails_the_cell_within_its_budget(tmp_path, tok, monkeypatch):
     monkeypatch.setenv("FAKE_BENCH_HANG", "1")
-    sweep = make_sweep(tmp_path, tok, matrix="  model: [fake-gqa]\n  tp: [p1d1]\n",
-                       extra="  reference: false\nbench: {enabled: true, num_prompts: 2, budget_s: 3}\n")
+    sweep = make_sweep(
+        tmp_path,
+        tok,
+        matrix="  model: [fake-gqa]\n  tp: [p1d1]\n",
+        extra="  reference: false\nbench: {enabled: true, num_prompts: 2, budget_s: 3, check: false}\n",
+    )
     run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True))
     st = status(run, "fake-gqa.p1d1.b16-16.fixed")
     assert (st["status"], st["phase"]) == ("failed", "bench"), st
@@ -335,16 +405,22 @@ def test_hung_bench_fails_the_cell_within_its_budget(tmp_path, tok, monkeypatch)
 def test_run_records_build_fixes_and_resolves_build_conditional_expectations(tmp_path, tok):
     """The fake build's vLLM is the real 0.32.0 (it answers -c probes): it contains #49297,
     so an expectation for builds without it does not apply and the passing cell is PASS."""
-    sweep = make_sweep(tmp_path, tok, matrix="  model: [fake-gqa]\n  tp: [p1d1]\n  include:\n"
-                       "    - {tp: p1d1, expect: fail, without: [vllm#49297], reason: 'lost SSM state'}\n")
+    sweep = make_sweep(
+        tmp_path,
+        tok,
+        matrix="  model: [fake-gqa]\n  tp: [p1d1]\n  include:\n"
+        "    - {tp: p1d1, expect: fail, without: [vllm#49297], reason: 'lost SSM state', match: any}\n",
+    )
     run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True))
     cid = "fake-gqa.p1d1.b16-16.fixed"
     cj = layout.read_json(run / cid / "cell.json")
     assert cj["build"]["fixes"] == {"vllm#49297": True, "vllm#49762": True, "vllm#45357": True, "vllm#48481": True}
-    assert (cj["cell"]["expect_fail"], cj["cell"]["expect_note"]) == (False, "does not apply: build fixed contains "
-                                                                             "vllm#49297")
+    assert (cj["cell"]["expect_fail"], cj["cell"]["expect_note"]) == (
+        False,
+        "does not apply: build fixed contains vllm#49297",
+    )
     assert status(run, cid)["expect_fail"] is False
-    from pdsweep.gate import PASS, gate_run
+    from pdsweep.judge.gate import PASS, gate_run
 
     res = gate_run(run).cell(cid)
     assert res.verdict == PASS, res.reasons

@@ -5,9 +5,9 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pdsweep.plan import PORTS_PER_SLOT, Cell, expand
-from pdsweep.schedule import GpuPool, pack
-from pdsweep.spec import load_sweep
+from pdsweep.plan.expand import PORTS_PER_SLOT, Cell, expand
+from pdsweep.plan.schedule import GpuPool, pack
+from pdsweep.spec.sweep import load_sweep
 
 SWEEPS = Path(__file__).resolve().parent.parent / "sweeps"
 
@@ -30,20 +30,22 @@ def test_cpu_runs_one_cell_at_a_time():
     plan = expand(load_sweep(SWEEPS / "cpu-smoke.yaml"))
     s = pack(plan.cells, 0)
     assert s.ratio == 1.0 and not s.too_big
-    assert all(not overlap(a, b) for i, a in enumerate(s.placements) for b in s.placements[i + 1:])
+    assert all(not overlap(a, b) for i, a in enumerate(s.placements) for b in s.placements[i + 1 :])
     assert [p.cell.kind for p in s.placements[:5]] == ["ref"] * 5  # references first
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 4), st.integers(1, 4), st.integers(1, 2)), min_size=1, max_size=25),
-       st.integers(1, 16))
+@given(
+    st.lists(st.tuples(st.integers(1, 4), st.integers(1, 4), st.integers(1, 2)), min_size=1, max_size=25),
+    st.integers(1, 16),
+)
 def test_concurrent_cells_never_share_gpus_or_ports(shapes, gpus):
     cells = [Cell(f"m{i}", p, d, 16, 16, 1, n, "cuda", "fixed") for i, (p, d, n) in enumerate(shapes)]
     s = pack(cells, gpus)
     assert len(s.placements) + len(s.too_big) == len(cells)
     for i, a in enumerate(s.placements):
         assert len(a.slot.gpus) == a.cell.num_gpus and max(a.slot.gpus) < gpus
-        for b in s.placements[i + 1:]:
+        for b in s.placements[i + 1 :]:
             if overlap(a, b):
                 assert not set(a.slot.gpus) & set(b.slot.gpus)
                 assert abs(a.slot.port_base - b.slot.port_base) >= PORTS_PER_SLOT

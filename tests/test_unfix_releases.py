@@ -1,4 +1,4 @@
-"""pdsweep.unfix against the NIXL files of every official vLLM release it supports
+"""pdsweep.builds.unfix against the NIXL files of every official vLLM release it supports
 (tests/fixtures/vllm_releases/: the files as shipped in the PyPI wheels, hashes in
 SOURCES.json). The expected conditions are read with ``ast`` from the files themselves
 and compared with v0.26.0, the last release before PR #49297."""
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from pdsweep import unfix
-from pdsweep.errors import UserError
+from pdsweep.builds import unfix
+from pdsweep.core.errors import UserError
 
 RELEASES_DIR = Path(__file__).parent / "fixtures" / "vllm_releases"
 SOURCES = json.loads((RELEASES_DIR / "SOURCES.json").read_text())
@@ -67,8 +67,11 @@ def base_split_condition(text: str) -> str:
         return ast.unparse(ret.value)
     except StopIteration:
         pass
-    ifs = [n for n in _ifs(_fn(tree, "add_remote_agent"))
-           if "not in self.src_xfer_handles_by_tp_ratio" in ast.unparse(n.test)]
+    ifs = [
+        n
+        for n in _ifs(_fn(tree, "add_remote_agent"))
+        if "not in self.src_xfer_handles_by_tp_ratio" in ast.unparse(n.test)
+    ]
     assert len(ifs) == 1
     return ast.unparse(ifs[0].test)
 
@@ -81,10 +84,14 @@ PRE = pull_conditions(_read(RELEASES_DIR / PRE_FIX, unfix.PULL_WORKER))
 
 
 def test_prefix_release_conditions_are_what_the_edits_restore() -> None:
-    assert PRE == {"assert": "self.use_mla and tp_ratio < 0", "split": "tp_ratio < 0 and (not self.use_mla)",
-                   "notify": "self.use_mla and tp_ratio < 0 and read_specs"}
+    assert PRE == {
+        "assert": "self.use_mla and tp_ratio < 0",
+        "split": "tp_ratio < 0 and (not self.use_mla)",
+        "notify": "self.use_mla and tp_ratio < 0 and read_specs",
+    }
     assert base_split_condition(_read(RELEASES_DIR / PRE_FIX, unfix.BASE_WORKER)) == (
-        "tp_ratio < 0 and (not self.use_mla) and (tp_ratio not in self.src_xfer_handles_by_tp_ratio)")
+        "tp_ratio < 0 and (not self.use_mla) and (tp_ratio not in self.src_xfer_handles_by_tp_ratio)"
+    )
 
 
 def test_fixtures_are_the_released_files() -> None:
@@ -104,10 +111,12 @@ def test_unfix_restores_prefix_conditions(site: Path, request: pytest.FixtureReq
     before = {rel: _read(site, rel) for rel in unfix.PATCHED_FILES}
     fixed = pull_conditions(before[unfix.PULL_WORKER])
     dcp = "dcp_active" in before[unfix.PULL_WORKER]  # v0.29.0 on: DCP kept out of the assert
-    assert fixed == {"assert": "self.use_mla and tp_ratio < 0 and (not self._has_mamba)"  # the fix is present
-                               + (" and (not dcp_active)" if dcp else ""),
-                     "split": "tp_ratio < 0 and (not self.use_mla or len(read_specs) > 1)",
-                     "notify": "self.use_mla and tp_ratio < 0 and (len(read_specs) == 1)"}
+    assert fixed == {
+        "assert": "self.use_mla and tp_ratio < 0 and (not self._has_mamba)"  # the fix is present
+        + (" and (not dcp_active)" if dcp else ""),
+        "split": "tp_ratio < 0 and (not self.use_mla or len(read_specs) > 1)",
+        "notify": "self.use_mla and tp_ratio < 0 and (len(read_specs) == 1)",
+    }
     assert "len(plan.all_source_ranks) > 1" in base_split_condition(before[unfix.BASE_WORKER])
 
     shas = unfix.apply_unfix(site, version)
@@ -121,8 +130,10 @@ def test_unfix_restores_prefix_conditions(site: Path, request: pytest.FixtureReq
     for rel, text in after.items():
         compile(text, rel, "exec")
     # Exactly the edited lines changed, each inside the function it belongs to.
-    changed = {rel: [d for d in difflib.ndiff(before[rel].splitlines(), after[rel].splitlines()) if d[0] in "+-"]
-               for rel in unfix.PATCHED_FILES}
+    changed = {
+        rel: [d for d in difflib.ndiff(before[rel].splitlines(), after[rel].splitlines()) if d[0] in "+-"]
+        for rel in unfix.PATCHED_FILES
+    }
     assert len(changed[unfix.PULL_WORKER]) == 6 and len(changed[unfix.BASE_WORKER]) == 2
 
 
@@ -131,13 +142,17 @@ def test_edits_land_in_the_intended_functions(site: Path, request: pytest.Fixtur
     version = request.node.callspec.params["site"]
     before = {rel: _read(site, rel).splitlines() for rel in unfix.PATCHED_FILES}
     unfix.apply_unfix(site, version)
-    for rel, where in ((unfix.PULL_WORKER, {"_read_blocks_for_req"}),
-                       (unfix.BASE_WORKER, {"add_remote_agent", "_needs_split_local_xfer_handles"})):
+    for rel, where in (
+        (unfix.PULL_WORKER, {"_read_blocks_for_req"}),
+        (unfix.BASE_WORKER, {"add_remote_agent", "_needs_split_local_xfer_handles"}),
+    ):
         after = _read(site, rel)
         lines = [i + 1 for i, (a, b) in enumerate(zip(before[rel], after.splitlines())) if a != b]
         fns = [n for n in ast.walk(ast.parse(after)) if isinstance(n, ast.FunctionDef)]
-        owners = {min((f for f in fns if f.lineno <= ln <= f.end_lineno), key=lambda f: f.end_lineno - f.lineno).name
-                  for ln in lines}
+        owners = {
+            min((f for f in fns if f.lineno <= ln <= f.end_lineno), key=lambda f: f.end_lineno - f.lineno).name
+            for ln in lines
+        }
         assert lines and owners <= where, (rel, owners)
 
 
@@ -232,3 +247,35 @@ def test_dcp_pull_paths_postdate_the_fix(version: str) -> None:
     assert ("dcp_active" in pull) == (unfix.RELEASES[version] == "fix-dcp")
     assert "dcp_active" not in _read(RELEASES_DIR / PRE_FIX, unfix.PULL_WORKER)
     assert "dcp" not in _read(RELEASES_DIR / PRE_FIX, unfix.BASE_WORKER)
+
+
+def test_gpu_constraints_pin_a_release_the_unfix_table_knows() -> None:
+    """constraints/gpu.txt (what `make install` installs on a GPU node) pins a vLLM release
+    with an entry in unfix.RELEASES, NIXL files in the fixtures and a place in the gpu
+    extra's range; bumping vLLM is that line plus a release here."""
+    import re
+
+    from packaging.specifiers import SpecifierSet
+
+    repo = RELEASES_DIR.parents[2]
+    pins = dict(re.findall(r"^([a-z0-9-]+)==(\S+)", (repo / "constraints" / "gpu.txt").read_text(), re.M))
+    vllm = pins["vllm"]
+    assert vllm in unfix.RELEASES and (RELEASES_DIR / vllm / unfix.NIXL_DIR).is_dir()
+    spec = SpecifierSet(re.search(r'^gpu = \["vllm([^"]+)"', (repo / "pyproject.toml").read_text(), re.M)[1])
+    assert vllm in spec and all(v in spec for v in unfix.RELEASES) and "0.34.0" not in spec
+    assert pins["nixl-cu13"] == pins["nixl-cu12"]  # one NIXL version, the backend by CUDA major
+    assert "nixl" not in pins  # the meta package: 1.5.2 needs backends PyPI lacks
+
+
+@pytest.mark.parametrize("site", ["0.32.0"], indirect=True, ids=["0.32.0"])
+def test_undo_of_one_edit_changes_only_its_condition(site: Path) -> None:
+    """``--undo N`` (partially unfixed builds for ``pdsweep bisect``): only edit N's lines move."""
+    before = pull_conditions(_read(site, unfix.PULL_WORKER))
+    shas = unfix.apply_unfix(site, "0.32.0", undo=(2,))
+    after = pull_conditions(_read(site, unfix.PULL_WORKER))
+    assert set(shas) == {unfix.PULL_WORKER}  # base_worker (edit 4) untouched
+    assert after == {**before, "split": PRE["split"]}
+    with pytest.raises(unfix.UserError, match=r"--undo 5: allowed edit numbers 1..4, each once"):
+        unfix.select_edits(unfix.shape_for("0.32.0"), (5,))
+    with pytest.raises(unfix.UserError, match="predates PR #49297"):
+        unfix.select_edits(unfix.SHAPES["pre-fix"], (1,))

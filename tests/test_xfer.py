@@ -9,12 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pdsweep.spec import ModelSpec, load_catalogue
-from pdsweep.metrics import parse_ucx_proto_info
-from pdsweep.xfer import memory, rank
-from pdsweep.xfer.bench import BenchConfig, run_transfer_bench
-from pdsweep.xfer.geometry import kv_geometry, layer_positions
-from pdsweep.xfer.readplan import (
+from pdsweep.measure.metrics import parse_ucx_proto_info
+from pdsweep.plan.geometry import kv_geometry, layer_positions
+from pdsweep.plan.readplan import (
     build_read_plan,
     builtin_tp_mapping,
     handshake_ranks,
@@ -22,6 +19,9 @@ from pdsweep.xfer.readplan import (
     vllm_available,
     vllm_tp_mapping,
 )
+from pdsweep.spec.sweep import ModelSpec, load_catalogue
+from pdsweep.xfer import memory, rank
+from pdsweep.xfer.bench import BenchConfig, run_transfer_bench
 from pdsweep.xfer.session import TransferSession
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,7 +72,7 @@ def test_gqa_heads_per_rank_at_least_one():
 
 @pytest.mark.parametrize(
     ("name", "field"),
-    [("granite-4.0-h-tiny", "ssm_state"), ("deepseek-vl2-tiny", "attn"), ("glm-5.3-flash-4l", "ssm_state")],
+    [("jamba2-3b", "ssm_state"), ("deepseek-vl2-tiny", "attn"), ("glm-5.3-flash-4l", "ssm_state")],
 )
 def test_missing_geometry_names_the_field(name, field):
     with pytest.raises(ValueError, match=f"'{field}' is missing"):
@@ -127,7 +127,7 @@ def test_fixed_p2d1_reads_mla_once_and_ssm_from_both_ranks():
 
 
 def test_unfixed_refuses_mla_ssm_at_negative_tp_ratio_with_its_assert():
-    from pdsweep.xfer.readplan import UNFIXED_ASSERT, UnfixedPlanAsserts
+    from pdsweep.plan.readplan import UNFIXED_ASSERT, UnfixedPlanAsserts
 
     g = geom("kimi-linear", 16, (2, 1))
     with pytest.raises(UnfixedPlanAsserts, match=r"assert len\(read_specs\) == 1.*source ranks \[0, 1\]"):
@@ -157,7 +157,9 @@ def test_p1d1_identical_in_both_plans(name):
     unfixed = build_read_plan(g, 1, 1, 0, "unfixed", mapping="builtin")
     assert fixed.reads == unfixed.reads and fixed.transfers == unfixed.transfers == (0,)
     assert fixed.notify_ranks == unfixed.notify_ranks == ()
-    assert all(r.local_offset == r.remote_offset == 0 and r.nbytes == g.regions[r.region].page_bytes(1) for r in fixed.reads)
+    assert all(
+        r.local_offset == r.remote_offset == 0 and r.nbytes == g.regions[r.region].page_bytes(1) for r in fixed.reads
+    )
 
 
 def test_non_mla_p2d1_reads_attention_from_both_ranks():
@@ -190,7 +192,10 @@ def _check_exact_cover(g, p, P, D, d):
         assert (cover == 1).all(), (reg.layer, reg.kind, np.unique(cover))
 
 
-@pytest.mark.parametrize("name", ["kimi-linear", "tiny-kimi-linear", "tiny-nemotron-h", "tiny-qwen3-next", "qwen3-0.6b", "deepseek-v2-lite-chat"])
+@pytest.mark.parametrize(
+    "name",
+    ["kimi-linear", "tiny-kimi-linear", "tiny-nemotron-h", "tiny-qwen3-next", "qwen3-0.6b", "deepseek-v2-lite-chat"],
+)
 @pytest.mark.parametrize(("P", "D"), TP_PAIRS)
 def test_fixed_plan_covers_every_byte_from_the_right_rank(name, P, D):
     g = geom(name, 16, (P, D))
@@ -204,7 +209,9 @@ def test_exact_cover_check_fails_for_unfixed():
         _check_exact_cover(g, build_read_plan(g, 2, 1, 0, "unfixed-asserts-off", mapping="builtin"), 2, 1, 0)
 
 
-@pytest.mark.parametrize("name", ["kimi-linear", "tiny-nemotron-h", "qwen3-0.6b", "tiny-llama", "deepseek-v2-lite-chat"])
+@pytest.mark.parametrize(
+    "name", ["kimi-linear", "tiny-nemotron-h", "qwen3-0.6b", "tiny-llama", "deepseek-v2-lite-chat"]
+)
 def test_builtin_mapping_equals_vllm_compute_tp_mapping(name):
     if not vllm_available():  # checked here, not at collection: importing vLLM takes ~10 s
         pytest.skip("vLLM's compute_tp_mapping is not importable")
@@ -213,9 +220,15 @@ def test_builtin_mapping_equals_vllm_compute_tp_mapping(name):
         for d in range(D):
             ours, theirs = builtin_tp_mapping(g, P, D, d), vllm_tp_mapping(g, P, D, d)
             assert (ours.attention_ranks, ours.ssm_ranks, ours.all_source_ranks) == (
-                theirs.attention_ranks, theirs.ssm_ranks, theirs.all_source_ranks), (P, D, d)
+                theirs.attention_ranks,
+                theirs.ssm_ranks,
+                theirs.all_source_ranks,
+            ), (P, D, d)
             assert ours.rank_to_attention_slot == theirs.rank_to_attention_slot
-            assert (ours.rank_offset_factor, ours.local_consumers) == (theirs.rank_offset_factor, theirs.local_consumers)
+            assert (ours.rank_offset_factor, ours.local_consumers) == (
+                theirs.rank_offset_factor,
+                theirs.local_consumers,
+            )
 
 
 # ---------------------------------------------------------------- pattern, attribution, UCX parsing
@@ -271,27 +284,32 @@ def _nixl():
 def test_nixl_fixed_verifies_and_unfixed_reports_missing_ssm_shards():
     _nixl()
     model = CAT.models["tiny-kimi-linear"]
-    ok = run_transfer_bench(BenchConfig("tiny-kimi-linear", model, 2, 1, blocks=4, plan="fixed", iters=1,
-                                        mapping="builtin"))
+    ok = run_transfer_bench(
+        BenchConfig("tiny-kimi-linear", model, 2, 1, blocks=4, plan="fixed", iters=1, mapping="builtin")
+    )
     v = ok["verification"]
     assert v["ok"] is True and v["missing"] == [] and v["wrong"] == [] and v["stray_bytes"] == 0
     assert v["checked_bytes"] > 0 and ok["gbps"] > 0 and ok["memcpy_gbps"] > 0
     assert ok["ranks"][0]["transfers_per_request"] == 2
     assert ok["notified_without_read"] == []
 
-    from pdsweep.xfer.readplan import UnfixedPlanAsserts
+    from pdsweep.plan.readplan import UnfixedPlanAsserts
 
     with pytest.raises(UnfixedPlanAsserts):  # what the unfixed build does: no read at all
-        run_transfer_bench(BenchConfig("tiny-kimi-linear", model, 2, 1, blocks=4, plan="unfixed", iters=1,
-                                       mapping="builtin"))
-    bad = run_transfer_bench(BenchConfig("tiny-kimi-linear", model, 2, 1, blocks=4, plan="unfixed-asserts-off",
-                                         iters=1, mapping="builtin"))
+        run_transfer_bench(
+            BenchConfig("tiny-kimi-linear", model, 2, 1, blocks=4, plan="unfixed", iters=1, mapping="builtin")
+        )
+    bad = run_transfer_bench(
+        BenchConfig("tiny-kimi-linear", model, 2, 1, blocks=4, plan="unfixed-asserts-off", iters=1, mapping="builtin")
+    )
     v = bad["verification"]
     assert v["ok"] is False and v["wrong"] == []
     # 3 KDA layers; per layer rank 1 holds half of conv (384*3*4 B) and recurrent (4*32*32*4 B)
     got = sorted((m["layer"], m["kind"], m["prefill_rank"], m["bytes"]) for m in v["missing"])
     ssm_layers = layer_positions(4, 1, 3)[1]
-    assert got == sorted([(layer, "conv", 1, 2304) for layer in ssm_layers] + [(layer, "recurrent", 1, 8192) for layer in ssm_layers])
+    assert got == sorted(
+        [(layer, "conv", 1, 2304) for layer in ssm_layers] + [(layer, "recurrent", 1, 8192) for layer in ssm_layers]
+    )
     assert bad["notified_without_read"] == [1]
     assert bad["notifications"]["1"]["received"] == 2  # warmup + 1 iteration, no read
 
@@ -352,21 +370,45 @@ def test_nixl_session_stops_every_rank_on_errors():
 @nixl
 def test_nixl_cli_exit_codes(tmp_path):
     _nixl()
-    base = [sys.executable, "-m", "pdsweep.xfer.bench", "--model", "tiny-kimi-linear", "--prefill-tp", "2",
-            "--decode-tp", "1", "--blocks", "2", "--iters", "1", "--mapping", "builtin"]
+    base = [
+        sys.executable,
+        "-m",
+        "pdsweep.xfer.bench",
+        "--model",
+        "tiny-kimi-linear",
+        "--prefill-tp",
+        "2",
+        "--decode-tp",
+        "1",
+        "--blocks",
+        "2",
+        "--iters",
+        "1",
+        "--mapping",
+        "builtin",
+    ]
     out = tmp_path / "r.json"
-    ok = subprocess.run(base + ["--plan", "fixed", "--json", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    ok = subprocess.run(
+        base + ["--plan", "fixed", "--json", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=300
+    )
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "verification: OK" in ok.stdout and out.exists()
     refused = subprocess.run(base + ["--plan", "unfixed"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert "refused before reading" in refused.stdout and "assert len(read_specs) == 1" in refused.stdout
-    bad = subprocess.run(base + ["--plan", "unfixed-asserts-off"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    bad = subprocess.run(
+        base + ["--plan", "unfixed-asserts-off"], capture_output=True, text=True, cwd=ROOT, timeout=300
+    )
     assert bad.returncode == 1, bad.stdout + bad.stderr
     assert "missing from prefill rank 1" in bad.stdout and "(recurrent) from prefill rank 1: 8192 bytes" in bad.stdout
 
 
 def test_cli_bad_model_is_a_user_error():
-    r = subprocess.run([sys.executable, "-m", "pdsweep.xfer.bench", "--model", "no-such-model"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "pdsweep.xfer.bench", "--model", "no-such-model"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert r.returncode == 2 and "unknown model 'no-such-model'" in r.stderr

@@ -32,22 +32,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..spec import ModelSpec
-from .geometry import KVGeometry, kv_geometry
-from .memory import check_device, make_requests
-from .rank import DEFAULT_PROGRESS_DELAY_US
-from .readplan import PLANS, ReadPlan, UnfixedPlanAsserts, build_read_plan
-from .session import TransferSession
+    from pdsweep.spec.sweep import ModelSpec
+from pdsweep.plan.geometry import KVGeometry, kv_geometry
+from pdsweep.plan.readplan import PLANS, MappingImpl, PlanKind, ReadPlan, UnfixedPlanAsserts, plans_for
+from pdsweep.xfer.memory import check_device, make_requests
+from pdsweep.xfer.rank import DEFAULT_PROGRESS_DELAY_US
+from pdsweep.xfer.session import TransferSession
 
 
 # ---------------------------------------------------------------- public API
-def plans_for(
-    geometry: KVGeometry, prefill_tp: int, decode_tp: int, plan: str = "fixed", mapping: str = "auto"
-) -> list[ReadPlan]:
-    """One :class:`ReadPlan` per decode rank."""
-    return [build_read_plan(geometry, prefill_tp, decode_tp, d, plan, mapping) for d in range(decode_tp)]  # type: ignore[arg-type]
-
-
 def _plan_summary(plan: ReadPlan, geometry: KVGeometry, blocks: int) -> dict[str, Any]:
     return {
         "decode_rank": plan.decode_rank,
@@ -79,7 +72,7 @@ class BenchConfig:
     decode_tp: int
     block_size: int = 16
     blocks: int = 64
-    plan: str = "fixed"
+    plan: PlanKind = "fixed"
     device: str = "cpu"
     verify: bool = True
     requests: int = 1
@@ -87,7 +80,7 @@ class BenchConfig:
     warmup: int = 1
     seed: int = 0
     progress_delay_us: int = DEFAULT_PROGRESS_DELAY_US
-    mapping: str = "auto"
+    mapping: MappingImpl = "auto"
     timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
@@ -100,21 +93,43 @@ class BenchConfig:
     def from_cli_args(cls, args: argparse.Namespace) -> BenchConfig:
         """The config of :func:`add_cli_args`' flags; raises ``UserError`` for an unknown
         model or a bad value."""
-        from ..errors import UserError
+        from pdsweep.core.errors import UserError
 
         model = _find_model(args.models, args.model)
         try:
-            return cls(args.model, model, args.prefill_tp, args.decode_tp, args.block_size, args.blocks, args.plan,
-                       args.device, args.verify, requests=args.requests, iters=args.iters,
-                       progress_delay_us=args.progress_delay_us, mapping=args.mapping)
+            return cls(
+                args.model,
+                model,
+                args.prefill_tp,
+                args.decode_tp,
+                args.block_size,
+                args.blocks,
+                args.plan,
+                args.device,
+                args.verify,
+                requests=args.requests,
+                iters=args.iters,
+                progress_delay_us=args.progress_delay_us,
+                mapping=args.mapping,
+            )
         except ValueError as e:
             raise UserError(str(e)) from None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model_name, "prefill_tp": self.prefill_tp, "decode_tp": self.decode_tp,
-                "block_size": self.block_size, "blocks": self.blocks, "requests": self.requests, "plan": self.plan,
-                "device": self.device, "iters": self.iters, "warmup": self.warmup, "seed": self.seed,
-                "progress_delay_us": self.progress_delay_us}
+        return {
+            "model": self.model_name,
+            "prefill_tp": self.prefill_tp,
+            "decode_tp": self.decode_tp,
+            "block_size": self.block_size,
+            "blocks": self.blocks,
+            "requests": self.requests,
+            "plan": self.plan,
+            "device": self.device,
+            "iters": self.iters,
+            "warmup": self.warmup,
+            "seed": self.seed,
+            "progress_delay_us": self.progress_delay_us,
+        }
 
 
 def run_transfer_bench(cfg: BenchConfig) -> dict[str, Any]:
@@ -132,8 +147,7 @@ def run_transfer_bench(cfg: BenchConfig) -> dict[str, Any]:
     reqs = make_requests(cfg.requests, cfg.blocks, cfg.seed)
     nbytes = bytes_per_rank(plans, geometry, cfg.blocks, cfg.requests)
     runs: list[list[dict[str, Any]]] = []
-    with TransferSession(geometry, P, D, plans, reqs, cfg.device, cfg.progress_delay_us, cfg.timeout_s,
-                         cfg.seed) as s:
+    with TransferSession(geometry, P, D, plans, reqs, cfg.device, cfg.progress_delay_us, cfg.timeout_s, cfg.seed) as s:
         for i in range(cfg.warmup + cfg.iters):
             s.reset()
             out = s.iterate()
@@ -144,8 +158,12 @@ def run_transfer_bench(cfg: BenchConfig) -> dict[str, Any]:
         notifs = s.notifications()
     notifications = notification_stats(plans, P, notifs)
     return {
-        "config": {**cfg.to_dict(), "mapping": plans[0].mapping.impl, "tp_ratio": plans[0].tp_ratio,
-                   "bytes_per_rank": {"prefill": geometry.rank_bytes(P), "decode": geometry.rank_bytes(D)}},
+        "config": {
+            **cfg.to_dict(),
+            "mapping": plans[0].mapping.impl,
+            "tp_ratio": plans[0].tp_ratio,
+            "bytes_per_rank": {"prefill": geometry.rank_bytes(P), "decode": geometry.rank_bytes(D)},
+        },
         "plans": [_plan_summary(p, geometry, cfg.blocks) for p in plans],
         **transfer_stats(plans, geometry, cfg.blocks, cfg.requests, runs, memcpy_s),
         "transport": s.transport,
@@ -155,8 +173,9 @@ def run_transfer_bench(cfg: BenchConfig) -> dict[str, Any]:
     }
 
 
-def notification_stats(plans: list[ReadPlan], prefill_tp: int, notifs: dict[int, dict[str, Any]]
-                       ) -> dict[str, dict[str, Any]]:
+def notification_stats(
+    plans: list[ReadPlan], prefill_tp: int, notifs: dict[int, dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
     """Per prefill rank (``"0"``, ...): notifications ``received``, whether any plan
     ``read`` from it, and ``cpu_fraction`` (CPU seconds per wall second while serving: a
     busy-spinning progress thread is ~1.0), from :meth:`TransferSession.notifications`."""
@@ -198,18 +217,20 @@ def transfer_stats(
     for d, p in enumerate(plans):
         w = statistics.median(run[d]["wall_s"] for run in runs)
         ndesc = p.descriptors_per_request(geometry, blocks)
-        ranks.append({
-            "decode_rank": d,
-            "bytes_per_iteration": nbytes[d],
-            "transfers_per_request": len(p.transfers),
-            "descriptors_per_request": ndesc,
-            "nixl_descriptors_per_request": runs[-1][d]["nixl_descs"] / requests,
-            "wall_s": [run[d]["wall_s"] for run in runs],
-            "post_s_median": statistics.median(run[d]["post_s"] for run in runs),
-            "gbps": nbytes[d] / w / 1e9 if w > 0 else float("nan"),
-            "us_per_descriptor": w / (ndesc * requests) * 1e6 if ndesc else float("nan"),
-            "memcpy_gbps": nbytes[d] / memcpy_s[d] / 1e9 if memcpy_s[d] > 0 else float("nan"),
-        })
+        ranks.append(
+            {
+                "decode_rank": d,
+                "bytes_per_iteration": nbytes[d],
+                "transfers_per_request": len(p.transfers),
+                "descriptors_per_request": ndesc,
+                "nixl_descriptors_per_request": runs[-1][d]["nixl_descs"] / requests,
+                "wall_s": [run[d]["wall_s"] for run in runs],
+                "post_s_median": statistics.median(run[d]["post_s"] for run in runs),
+                "gbps": nbytes[d] / w / 1e9 if w > 0 else float("nan"),
+                "us_per_descriptor": w / (ndesc * requests) * 1e6 if ndesc else float("nan"),
+                "memcpy_gbps": nbytes[d] / memcpy_s[d] / 1e9 if memcpy_s[d] > 0 else float("nan"),
+            }
+        )
     return {
         "ranks": ranks,
         "bytes_per_iteration": total,
@@ -229,11 +250,13 @@ def summarise_verification(checks: list[dict[str, Any]] | None) -> dict[str, Any
     issues = [i for c in checks for i in c["issues"]]
     missing = [
         {k: i[k] for k in ("decode_rank", "layer", "kind", "prefill_rank", "pages")} | {"bytes": i["missing_bytes"]}
-        for i in issues if i["missing_bytes"]
+        for i in issues
+        if i["missing_bytes"]
     ]
     wrong = [
         {k: i[k] for k in ("decode_rank", "layer", "kind", "prefill_rank", "pages")} | {"bytes": i["wrong_bytes"]}
-        for i in issues if i["wrong_bytes"]
+        for i in issues
+        if i["wrong_bytes"]
     ]
     stray = sum(c["stray_bytes"] for c in checks)
     return {
@@ -255,25 +278,46 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--blocks", type=int, default=64, help="attention blocks per request (default 64)")
     parser.add_argument("--requests", type=int, default=1, help="requests per iteration (default 1)")
     parser.add_argument("--iters", type=int, default=5, help="timed iterations (default 5)")
-    parser.add_argument("--plan", choices=PLANS, default="fixed",
-                        help="vLLM read plan: fixed (PR #49297), unfixed (its parent: refuses MLA+SSM at tp_ratio < 0 "
-                             "with its assert), unfixed-asserts-off (hypothetical single read)")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                        help="cache memory: cpu (DRAM) or cuda (VRAM via torch)")
-    parser.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
-                        help="check every destination byte")
-    parser.add_argument("--mapping", choices=("auto", "vllm", "builtin"), default="auto",
-                        help="source-rank rule: vLLM's compute_tp_mapping (auto: when importable) or pdsweep's copy")
-    parser.add_argument("--progress-delay-us", type=int, default=DEFAULT_PROGRESS_DELAY_US,
-                        help="NIXL progress-thread delay in microseconds (>= 1)")
+    parser.add_argument(
+        "--plan",
+        choices=PLANS,
+        default="fixed",
+        help="vLLM read plan: fixed (PR #49297), unfixed (its parent: refuses MLA+SSM at tp_ratio < 0 "
+        "with its assert), unfixed-asserts-off (hypothetical single read)",
+    )
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="cache memory: cpu (DRAM) or cuda (VRAM via torch)"
+    )
+    parser.add_argument(
+        "--verify", action=argparse.BooleanOptionalAction, default=True, help="check every destination byte"
+    )
+    parser.add_argument(
+        "--mapping",
+        choices=("auto", "vllm", "builtin"),
+        default="auto",
+        help="source-rank rule: vLLM's compute_tp_mapping (auto: when importable) or pdsweep's copy",
+    )
+    parser.add_argument(
+        "--progress-delay-us",
+        type=int,
+        default=DEFAULT_PROGRESS_DELAY_US,
+        help="NIXL progress-thread delay in microseconds (>= 1)",
+    )
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the result as JSON")
-    parser.add_argument("--models", "--sweep", dest="models", type=Path, metavar="FILE", default=None,
-                        help="model catalogue, or a sweep file naming one (default sweeps/models.yaml)")
+    parser.add_argument(
+        "--models",
+        "--sweep",
+        dest="models",
+        type=Path,
+        metavar="FILE",
+        default=None,
+        help="model catalogue, or a sweep file naming one (default sweeps/models.yaml)",
+    )
 
 
 def _find_model(path: Path | None, name: str) -> ModelSpec:
-    from ..errors import UserError
-    from ..spec import load_catalogue, load_sweep
+    from pdsweep.core.errors import UserError
+    from pdsweep.spec.sweep import load_catalogue, load_sweep
 
     if path is None:
         path = Path("sweeps/models.yaml")
@@ -299,9 +343,9 @@ def main(args: argparse.Namespace) -> int:
     """Run the benchmark, print a summary; returns 0 when verification passes (or is
     off). Raises ``GateFailed`` when it fails or the unfixed plan refuses (exit 1),
     ``UserError`` on bad input (exit 2); a rank process that fails raises
-    ``RuntimeError`` (exit 3, with its traceback). Codes: :func:`pdsweep.errors.run_main`."""
-    from ..errors import GateFailed, UserError
-    from ..layout import write_json
+    ``RuntimeError`` (exit 3, with its traceback). Codes: :func:`pdsweep.core.errors.run_main`."""
+    from pdsweep.core.errors import GateFailed, UserError
+    from pdsweep.results.layout import write_json
 
     cfg = BenchConfig.from_cli_args(args)
     check_device(cfg.device)
@@ -330,25 +374,35 @@ def main(args: argparse.Namespace) -> int:
 def print_summary(res: dict[str, Any]) -> None:
     """Config, plans, per-rank figures, throughput and notifications of a result."""
     c = res["config"]
-    print(f"{c['model']} prefill TP {c['prefill_tp']} -> decode TP {c['decode_tp']} (tp_ratio {c['tp_ratio']}), "
-          f"plan {c['plan']}, block_size {c['block_size']}, {c['blocks']} blocks x {c['requests']} request(s), "
-          f"device {c['device']}, mapping {c['mapping']}")
+    print(
+        f"{c['model']} prefill TP {c['prefill_tp']} -> decode TP {c['decode_tp']} (tp_ratio {c['tp_ratio']}), "
+        f"plan {c['plan']}, block_size {c['block_size']}, {c['blocks']} blocks x {c['requests']} request(s), "
+        f"device {c['device']}, mapping {c['mapping']}"
+    )
     for p in res["plans"]:
-        print(f"  decode rank {p['decode_rank']}: reads ranks {p['read_ranks']} "
-              f"(attention {p['attention_source_ranks']}, SSM {p['ssm_source_ranks']}), notifies {p['notify_ranks']}")
+        print(
+            f"  decode rank {p['decode_rank']}: reads ranks {p['read_ranks']} "
+            f"(attention {p['attention_source_ranks']}, SSM {p['ssm_source_ranks']}), notifies {p['notify_ranks']}"
+        )
         for note in p["upstream_notes"]:
             print(f"    note: {note}")
     for r in res["ranks"]:
-        print(f"  decode rank {r['decode_rank']}: {r['bytes_per_iteration'] / 2**20:.2f} MiB/iter, "
-              f"{r['transfers_per_request']} transfers and {r['descriptors_per_request']} descriptors per request "
-              f"({r['nixl_descriptors_per_request']:.0f} after NIXL merging), "
-              f"{r['us_per_descriptor']:.2f} us/descriptor, "
-              f"{_fmt_gbps(r['gbps'])} GB/s")
-    print(f"transfer: {_fmt_gbps(res['gbps'])} GB/s, host memcpy {_fmt_gbps(res['memcpy_gbps'])} GB/s, "
-          f"ratio {res['ratio']:.2f}x memcpy, UCX transport: {res['transport']}")
+        print(
+            f"  decode rank {r['decode_rank']}: {r['bytes_per_iteration'] / 2**20:.2f} MiB/iter, "
+            f"{r['transfers_per_request']} transfers and {r['descriptors_per_request']} descriptors per request "
+            f"({r['nixl_descriptors_per_request']:.0f} after NIXL merging), "
+            f"{r['us_per_descriptor']:.2f} us/descriptor, "
+            f"{_fmt_gbps(r['gbps'])} GB/s"
+        )
+    print(
+        f"transfer: {_fmt_gbps(res['gbps'])} GB/s, host memcpy {_fmt_gbps(res['memcpy_gbps'])} GB/s, "
+        f"ratio {res['ratio']:.2f}x memcpy, UCX transport: {res['transport']}"
+    )
     cpu = {r: n["cpu_fraction"] for r, n in res["notifications"].items()}
-    print(f"prefill ranks: notifications received {[n['received'] for n in res['notifications'].values()]}, "
-          f"CPU fraction (progress delay {c['progress_delay_us']} us) {cpu}")
+    print(
+        f"prefill ranks: notifications received {[n['received'] for n in res['notifications'].values()]}, "
+        f"CPU fraction (progress delay {c['progress_delay_us']} us) {cpu}"
+    )
     if res["notified_without_read"]:
         print(f"prefill ranks notified without being read: {res['notified_without_read']}")
 
@@ -362,16 +416,20 @@ def print_verification_failures(v: dict[str, Any]) -> None:
             by_rank.setdefault(i["prefill_rank"], []).append(i)
         for r, items in sorted(by_rank.items()):
             kinds = sorted({i["kind"] for i in items})
-            print(f"  {what} from prefill rank {r}: {sum(i['bytes'] for i in items)} bytes in "
-                  f"{len({(i['decode_rank'], i['layer']) for i in items})} layer(s) ({', '.join(kinds)})")
+            print(
+                f"  {what} from prefill rank {r}: {sum(i['bytes'] for i in items)} bytes in "
+                f"{len({(i['decode_rank'], i['layer']) for i in items})} layer(s) ({', '.join(kinds)})"
+            )
     for what in ("missing", "wrong"):
         for i in v[what]:
-            print(f"  {what.upper()}: decode rank {i['decode_rank']} layer {i['layer']} ({i['kind']}) "
-                  f"from prefill rank {i['prefill_rank']}: {i['bytes']} bytes in {i['pages']} page(s)")
+            print(
+                f"  {what.upper()}: decode rank {i['decode_rank']} layer {i['layer']} ({i['kind']}) "
+                f"from prefill rank {i['prefill_rank']}: {i['bytes']} bytes in {i['pages']} page(s)"
+            )
 
 
 def _cli(argv: list[str] | None = None) -> int:
-    from ..errors import run_main
+    from pdsweep.core.errors import run_main
 
     parser = argparse.ArgumentParser(prog="python -m pdsweep.xfer.bench", description=__doc__.splitlines()[0])
     add_cli_args(parser)

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
-from .geometry import KVGeometry, Region
-from .memory import SENTINEL, Buffer, RankLayout, Requests, pattern
-from .readplan import ReadPlan, handshake_ranks
+from pdsweep.plan.geometry import KVGeometry, Region
+from pdsweep.plan.readplan import ReadPlan, handshake_ranks
+from pdsweep.xfer.memory import SENTINEL, Buffer, RankLayout, Requests, pattern
 
 DEFAULT_PROGRESS_DELAY_US = 1000
 
@@ -113,8 +114,9 @@ def prefill_main(conn: Any, cfg: PrefillRankConfig) -> None:
             u0, n = reg.shard(lay.tp, lay.rank)
             i = reg.index
             view = buf.host[lay.offsets[i] : lay.offsets[i] + lay.pool[i] * lay.page_bytes[i]]
-            view.reshape(lay.pool[i], -1)[:] = pattern(i, np.arange(lay.pool[i]), u0 * reg.unit_bytes,
-                                                       (u0 + n) * reg.unit_bytes, cfg.seed)
+            view.reshape(lay.pool[i], -1)[:] = pattern(
+                i, np.arange(lay.pool[i]), u0 * reg.unit_bytes, (u0 + n) * reg.unit_bytes, cfg.seed
+            )
         buf.push()
         agent = make_agent(cfg.name, cfg.delay_us)
         reg_descs = agent.register_memory([(buf.addr, buf.nbytes, buf.dev, "")], buf.mem)
@@ -136,8 +138,12 @@ def prefill_main(conn: Any, cfg: PrefillRankConfig) -> None:
                 drain()
                 time.sleep(0.005)
             drain()
-            conn.send(("notifs", {"notifs": notifs, "cpu_s": time.process_time() - cpu0,
-                                  "serving_s": time.monotonic() - serving}))
+            conn.send(
+                (
+                    "notifs",
+                    {"notifs": notifs, "cpu_s": time.process_time() - cpu0, "serving_s": time.monotonic() - serving},
+                )
+            )
         finally:
             agent.deregister_memory(reg_descs)
 
@@ -184,7 +190,8 @@ class DecodeRank:
             rh = self.agent.prep_xfer_dlist(self.names[rank], np.concatenate(rem), self.cfg.remote_mem)
             self.handles[rank] = (lh, rh)
             for q in range(len(self.reqs.decode_slots)):
-                li, ri = [], []
+                li: list[npt.ArrayLike] = []
+                ri: list[npt.ArrayLike] = []
                 for b, reg in bases:
                     if reg.per_request:
                         li.append([b + self.reqs.decode_slots[q]])
@@ -283,11 +290,19 @@ class DecodeRank:
                 sel = owner == r
                 miss, wrong = int(missing_cols[sel].sum()), int(bad_cols[sel].sum() - missing_cols[sel].sum())
                 if miss or wrong:
-                    issues.append({
-                        "decode_rank": d, "layer": reg.layer, "kind": reg.kind, "region": i, "prefill_rank": int(r),
-                        "missing_bytes": miss, "wrong_bytes": wrong, "expected_bytes": int(sel.sum()) * len(local),
-                        "pages": int(bad[:, sel].any(axis=1).sum()),
-                    })
+                    issues.append(
+                        {
+                            "decode_rank": d,
+                            "layer": reg.layer,
+                            "kind": reg.kind,
+                            "region": i,
+                            "prefill_rank": int(r),
+                            "missing_bytes": miss,
+                            "wrong_bytes": wrong,
+                            "expected_bytes": int(sel.sum()) * len(local),
+                            "pages": int(bad[:, sel].any(axis=1).sum()),
+                        }
+                    )
         return {"issues": issues, "stray_bytes": stray, "checked_bytes": checked}
 
     def close(self) -> None:

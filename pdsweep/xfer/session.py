@@ -13,11 +13,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..metrics import parse_ucx_proto_info
-from .geometry import KVGeometry
-from .memory import Requests, check_device, rank_layout
-from .rank import DEFAULT_PROGRESS_DELAY_US, DecodeRankConfig, PrefillRankConfig, decode_main, prefill_main
-from .readplan import ReadPlan, handshake_ranks
+from pdsweep.measure.metrics import parse_ucx_proto_info
+from pdsweep.plan.geometry import KVGeometry
+from pdsweep.plan.readplan import ReadPlan, handshake_ranks
+from pdsweep.xfer.memory import Requests, check_device, rank_layout
+from pdsweep.xfer.rank import DEFAULT_PROGRESS_DELAY_US, DecodeRankConfig, PrefillRankConfig, decode_main, prefill_main
 
 
 class TransferSession:
@@ -47,8 +47,9 @@ class TransferSession:
             bad = [r for r in (*p.transfers, *p.notify_ranks) if not 0 <= r < prefill_tp]
             fits = (p.prefill_tp, p.decode_tp, p.decode_rank) == (prefill_tp, decode_tp, d)
             if not fits or bad or len(plans) != decode_tp:
-                raise ValueError(f"plan {d} does not fit prefill TP {prefill_tp} / decode TP {decode_tp} "
-                                 f"(bad ranks: {bad})")
+                raise ValueError(
+                    f"plan {d} does not fit prefill TP {prefill_tp} / decode TP {decode_tp} (bad ranks: {bad})"
+                )
         self.procs: list[mp.process.BaseProcess] = []
         self.pconns: list[Any] = []
         self.dconns: list[Any] = []
@@ -92,16 +93,26 @@ class TransferSession:
         p_lays = {r: rank_layout(self.geometry, self.P, r, *pool) for r in range(self.P)}
         tag = f"{os.getpid()}-{id(self) & 0xFFFF:x}"
         for r in range(self.P):
-            pcfg = PrefillRankConfig(f"pdsweep-p{r}-{tag}", self.geometry, p_lays[r], self.device, self._gpu(r),
-                                     self.delay_us, self.seed)
+            pcfg = PrefillRankConfig(
+                f"pdsweep-p{r}-{tag}", self.geometry, p_lays[r], self.device, self._gpu(r), self.delay_us, self.seed
+            )
             self.pconns.append(self._spawn(prefill_main, pcfg))
         for d, plan in enumerate(self.plans):
             dcfg = DecodeRankConfig(
-                f"pdsweep-d{d}-{tag}", self.geometry, rank_layout(self.geometry, self.D, d, *pool), self.device,
-                self._gpu(self.P + d), self.delay_us, self.seed,
-                rank=d, plan=plan, requests=self.requests, remote_layouts=p_lays,
+                f"pdsweep-d{d}-{tag}",
+                self.geometry,
+                rank_layout(self.geometry, self.D, d, *pool),
+                self.device,
+                self._gpu(self.P + d),
+                self.delay_us,
+                self.seed,
+                rank=d,
+                plan=plan,
+                requests=self.requests,
+                remote_layouts=p_lays,
                 remote_dev={r: self._gpu(r) for r in range(self.P)},
-                remote_mem="VRAM" if self.device == "cuda" else "DRAM", ucx_log_dir=self.ucx_dir,
+                remote_mem="VRAM" if self.device == "cuda" else "DRAM",
+                ucx_log_dir=self.ucx_dir,
             )
             self.dconns.append(self._spawn(decode_main, dcfg))
         peers = {r: self._recv(self.pconns[r], r, "prefill")[1] for r in range(self.P)}

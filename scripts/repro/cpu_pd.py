@@ -9,6 +9,7 @@ pdsweep plans it, one direct P->D request (toy_proxy_server.py flow), and on a s
 Platform limits are bypassed on purpose (this is how a limit is re-checked). Logs and
 dumps go to --out (default /tmp/pdsweep-repro). Exits 0 when the PD answer arrived.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,18 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from pdsweep import plan as P  # noqa: E402
-from pdsweep.spec import load_sweep  # noqa: E402
+from pdsweep.plan import expand as P  # noqa: E402
+from pdsweep.spec.sweep import load_sweep  # noqa: E402
+
+
+def sockets(out: Path, tag: str) -> None:
+    """Every TCP socket of the host with its state, queues and process (``ss -tanpe``): a stalled
+    NIXL handshake shows as a SYN-SENT connect or a LISTEN socket whose accept queue is full."""
+    try:
+        text = subprocess.run(["ss", "-tanpe"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        text = f"ss: {e}\n"
+    (out / f"sockets-{tag}.txt").write_text(text)
 
 
 def dump_all(pgids: list[int], out: Path, tag: str) -> None:
@@ -45,10 +56,37 @@ def dump_all(pgids: list[int], out: Path, tag: str) -> None:
             # --nonblocking: a process stuck in a native call can make a pausing py-spy wait forever
             f.write(_run([str(py_spy), "dump", "--nonblocking", "--pid", str(p.pid)], 30))
             if "Worker" in Path(f"/proc/{p.pid}/comm").read_text():  # native stacks of the TP workers
-                f.write(_run(["gdb", "-p", str(p.pid), "-batch", "-ex", "set pagination off",
-                              "-ex", "thread apply all bt 20"], 600))
+                f.write(
+                    _run(
+                        [
+                            "gdb",
+                            "-p",
+                            str(p.pid),
+                            "-batch",
+                            "-ex",
+                            "set pagination off",
+                            "-ex",
+                            "thread apply all bt 20",
+                        ],
+                        60,  # bounded: a gdb on a zombie worker once never returned
+                    )
+                )
             f.flush()
     print(f"dump -> {out}/py-spy-{tag}.txt")
+
+
+def mq_dump(pgids: list[int], out: Path) -> None:
+    """SIGUSR2 to every process of our groups (each has pdsweep's handler: --mq-dump), then the
+    PDSWEEP_MQ lines they logged (within vLLM's 5 s shm poll)."""
+    for g in pgids:
+        try:
+            os.killpg(g, signal.SIGUSR2)
+        except ProcessLookupError:
+            pass
+    time.sleep(12)
+    for log in sorted(out.glob("*.log")):
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if "PDSWEEP_MQ" in ln]
+        print(f"== {log.name}\n" + "\n".join(lines))
 
 
 def _run(argv: list[str], timeout_s: float) -> str:
@@ -65,8 +103,10 @@ def _threads_text(pid: int) -> str:
     for t in sorted(Path(f"/proc/{pid}/task").iterdir(), key=lambda t: int(t.name)):
         try:
             st = (t / "stat").read_text().rsplit(")", 1)[1].split()
-            rows.append(f"  tid {t.name:>7} {(t / 'comm').read_text().strip():<20} state {st[0]} "
-                        f"wchan {(t / 'wchan').read_text().strip() or '-':<24} syscall {(t / 'syscall').read_text().strip()[:60]}")
+            rows.append(
+                f"  tid {t.name:>7} {(t / 'comm').read_text().strip():<20} state {st[0]} "
+                f"wchan {(t / 'wchan').read_text().strip() or '-':<24} syscall {(t / 'syscall').read_text().strip()[:60]}"
+            )
         except OSError:
             continue
     return "\n".join(rows) + "\n"
@@ -87,7 +127,11 @@ def thread_cpu(pgids: list[int], out: Path, tag: str, window_s: float = 3.0) -> 
                 for t in Path(f"/proc/{p.pid}/task").iterdir():
                     st = (t / "stat").read_text().rsplit(")", 1)[1].split()
                     comm = (t / "comm").read_text().strip()
-                    res[(p.pid, int(t.name))] = (f"{pname}/{comm}", (int(st[11]) + int(st[12])) / os.sysconf("SC_CLK_TCK"), st[36])
+                    res[(p.pid, int(t.name))] = (
+                        f"{pname}/{comm}",
+                        (int(st[11]) + int(st[12])) / os.sysconf("SC_CLK_TCK"),
+                        st[36],
+                    )
             except (OSError, IndexError):
                 continue
         return res
@@ -119,30 +163,53 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=120)
     ap.add_argument("--sample-after", type=float, default=10, help="per-thread CPU sample when decode takes longer")
     ap.add_argument("--port-base", type=int, default=21000)
+    ap.add_argument(
+        "--mq-dump",
+        action="store_true",
+        help="PDSWEEP_DEBUG_MQ_DUMP=1 in every instance; on a stall, SIGUSR2 makes each process log its "
+        "shm RPC rings (PDSWEEP_MQ lines: role, current_idx, chunk flags)",
+    )
     ap.add_argument("--out", default="/tmp/pdsweep-repro")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     ls = load_sweep(a.sweep)
     model = ls.catalogue.models[a.model]
-    cell = P.Cell(model=a.model, prefill_tp=a.prefill_tp, decode_tp=a.decode_tp, prefill_block_size=a.block_size,
-                  decode_block_size=a.block_size, num_prefill=1, num_decode=1, kv_buffer_device="cpu",
-                  build="fixed", platform="cpu")
+    cell = P.Cell(
+        model=a.model,
+        prefill_tp=a.prefill_tp,
+        decode_tp=a.decode_tp,
+        prefill_block_size=a.block_size,
+        decode_block_size=a.block_size,
+        num_prefill=1,
+        num_decode=1,
+        kv_buffer_device="cpu",
+        build="fixed",
+        platform="cpu",
+    )
     mpath = P.model_path(model, a.model)
     specs = P.instances(cell, P.Slot(0, (), a.port_base, tuple(range(os.cpu_count() or 1))), ls, mpath, sys.executable)
     extra_env = dict(kv.split("=", 1) for kv in a.env)
+    if a.mq_dump:
+        extra_env["PDSWEEP_DEBUG_MQ_DUMP"] = "1"
     procs = []
     for s in specs:
         argv = list(s.argv) + a.extra_both + (a.extra_prefill if s.role == "prefill" else a.extra_decode)
         env = {**os.environ, **s.env, **extra_env, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
         (out / f"{s.name}.cmd").write_text(json.dumps({"argv": argv, "env": {**s.env, **extra_env}}, indent=1))
         log = open(out / f"{s.name}.log", "w")
-        procs.append((s, subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True)))
-        print(f"{s.name}: pid {procs[-1][1].pid} port {s.port} side channel {s.side_channel_port} "
-              f"bind {s.env.get('VLLM_CPU_OMP_THREADS_BIND')}")
+        procs.append((s, subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)))
+        print(
+            f"{s.name}: pid {procs[-1][1].pid} port {s.port} side channel {s.side_channel_port} "
+            f"bind {s.env.get('VLLM_CPU_OMP_THREADS_BIND')}"
+        )
     pgids = [p.pid for _, p in procs]
     rc = 1
+
+    def interrupted(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)  # SIGTERM tears down like Ctrl-C
     try:
         t0 = time.monotonic()
         for s, p in procs:
@@ -165,11 +232,26 @@ def main() -> int:
         for i in range(a.requests):
             req = {"model": a.model, "prompt": ids[i:], "max_tokens": 8, "temperature": 0, "ignore_eos": True}
             t1 = time.monotonic()
-            pj = httpx.post(f"http://127.0.0.1:{pre.port}/v1/completions", timeout=a.timeout, json={
-                **req, "max_tokens": 1, "stream": False, "kv_transfer_params": {
-                    "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
-                    "remote_block_ids": None, "remote_host": None, "remote_port": None}}).json()
-            print(f"request {i}: prefill {time.monotonic() - t1:.2f} s kv_transfer_params={pj.get('kv_transfer_params')}")
+            pj = httpx.post(
+                f"http://127.0.0.1:{pre.port}/v1/completions",
+                timeout=a.timeout,
+                json={
+                    **req,
+                    "max_tokens": 1,
+                    "stream": False,
+                    "kv_transfer_params": {
+                        "do_remote_decode": True,
+                        "do_remote_prefill": False,
+                        "remote_engine_id": None,
+                        "remote_block_ids": None,
+                        "remote_host": None,
+                        "remote_port": None,
+                    },
+                },
+            ).json()
+            print(
+                f"request {i}: prefill {time.monotonic() - t1:.2f} s kv_transfer_params={pj.get('kv_transfer_params')}"
+            )
             if dec.role == "single":
                 rc = 0
                 continue
@@ -177,12 +259,17 @@ def main() -> int:
             import concurrent.futures as cf
 
             with cf.ThreadPoolExecutor(1) as ex:
-                fut = ex.submit(httpx.post, f"http://127.0.0.1:{dec.port}/v1/completions", timeout=a.timeout,
-                                json={**req, "kv_transfer_params": pj["kv_transfer_params"]})
+                fut = ex.submit(
+                    httpx.post,
+                    f"http://127.0.0.1:{dec.port}/v1/completions",
+                    timeout=a.timeout,
+                    json={**req, "kv_transfer_params": pj["kv_transfer_params"]},
+                )
                 try:
                     fut.result(timeout=a.sample_after)
                 except cf.TimeoutError:
                     thread_cpu(pgids, out, f"req{i}")
+                    sockets(out, f"req{i}")
                 try:
                     dj = fut.result().json()
                 except httpx.TimeoutException:
@@ -192,13 +279,19 @@ def main() -> int:
                 rc = 0
             else:
                 print(f"request {i}: decode timed out after {a.timeout} s")
-                dump_all(pgids, out, f"stall{i}")
+                sockets(out, f"stall{i}")
+                dump_all(pgids, out, f"stall{i}")  # first: the state as the stall left it
+                if a.mq_dump:
+                    mq_dump(pgids[-1:], out)  # decode only: SIGUSR2 ends a process without the handler
                 rc = 1
                 break
         m = httpx.get(f"http://127.0.0.1:{dec.port}/metrics", timeout=5).text
         print("\n".join(line for line in m.splitlines() if line.startswith("vllm:nixl_") and "_count" in line))
         return rc
     finally:
+        # a second Ctrl-C or SIGTERM must not cut the teardown short (it once left a prefill running)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         for _, p in procs:
             try:
                 os.killpg(p.pid, signal.SIGTERM)

@@ -1,0 +1,254 @@
+"""Ask a build's own vLLM which attention backend a CUDA instance gets on a target GPU
+architecture, and that backend's kernel block sizes, without a GPU.
+
+What runs, in a subprocess of the build's interpreter (one per interpreter, kept for the
+process; importing vLLM costs ~10 s on a 2-core box), is vLLM's own selection
+(``vllm/platforms/cuda.py``): ``_get_backend_priorities(use_mla, DeviceCapability, ...)``
+then, per backend in that order, ``AttentionBackendEnum.X.get_class()``
+``.validate_configuration(device_capability=..., **AttentionSelectorConfig)`` as
+``CudaPlatform.get_valid_backends`` / ``get_attn_backend_cls`` do, and the chosen class's
+``get_supported_kernel_block_sizes()``.
+
+A CPU build lacks the CUDA kernels, so two things are sandboxed: ``vllm._C_stable_libtorch``
+(imported by ``cuda.py`` to register ops) and the kernel modules a backend imports
+(``vllm_flash_attn``'s functions, ``flashinfer``) are stubbed; a backend's own
+``supports_combination`` verdict and any import error are therefore *unverified here*
+(reported, not used to skip it). The reasons of vLLM's generic checks
+(``AttentionBackend.validate_configuration``: head size, dtype, KV cache dtype, block size,
+MLA, sparse, compute capability, KV connector, ...) are pure functions of the
+configuration and decide, except "kv_cache_dtype not supported" for a quantized KV dtype
+(``fp8``...), which backends check against their compiled kernels
+(``flash_attn_supports_kv_cache_dtype``): unverified here.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import subprocess
+import sys
+import threading
+from functools import lru_cache
+from typing import Any
+
+from pdsweep.core.errors import UserError
+
+# Run with `python -c`: needs nothing of pdsweep (an unfixed venv may lack it).
+_SCRIPT = r"""
+import importlib.abc, importlib.machinery, json, re, sys, types
+sys.modules.setdefault("vllm._C_stable_libtorch", types.ModuleType("vllm._C_stable_libtorch"))
+import torch
+from vllm.platforms.interface import DeviceCapability
+from vllm.platforms.cuda import _get_backend_priorities
+from vllm.v1.attention.backend import MultipleOf
+from vllm.v1.attention.backends.registry import AttentionBackendEnum
+# AttentionBackend.validate_configuration's own checks: pure functions of the configuration
+GENERIC = re.compile(r"^(head_size|dtype|kv_cache_dtype|block_size) not supported$|^(non-)?(MLA|sparse) not supported$"
+    r"|^compute capability not supported$|^attention type .* not supported$|^(KV connector|sliding window|R-SWA"
+    r"|attention sinks|non-causal attention|batch invariance|PCP|DCP) not supported$")
+
+class _Any(type):
+    def __getattr__(cls, name): return _Anything
+    def __call__(cls, *a, **k): return _Anything
+    def __bool__(cls): return False
+_Anything = _Any("_Anything", (), {})
+
+class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    tops = set()
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in self.tops:
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+    def create_module(self, spec):
+        m = types.ModuleType(spec.name); m.__path__ = []; m.__getattr__ = lambda n: _Anything; return m
+    def exec_module(self, m): pass
+_finder = _StubFinder(); sys.meta_path.insert(0, _finder)
+STUBBED = []
+
+def _stub(e):
+    if isinstance(e, ModuleNotFoundError) and e.name and not e.name.startswith("vllm"):
+        top = e.name.split(".")[0]
+        if top in _finder.tops: return False
+        _finder.tops.add(top); STUBBED.append(top); return True
+    m = re.match(r"cannot import name '(\w+)' from '([\w.]+)'", str(e))
+    if m and m.group(2) in sys.modules and not hasattr(sys.modules[m.group(2)], m.group(1)):
+        setattr(sys.modules[m.group(2)], m.group(1), _Anything); STUBBED.append(".".join(m.groups()[::-1])); return True
+    return False
+
+def load(b):
+    for _ in range(16):
+        try: return b.get_class(), None
+        except ImportError as e:
+            if not _stub(e): return None, f"{type(e).__name__}: {e}"
+        except Exception as e: return None, f"{type(e).__name__}: {e}"
+    return None, "too many missing kernel modules"
+
+def sizes(cls):
+    out = {"exact": [], "multiple_of": None}
+    for s in cls.get_supported_kernel_block_sizes():
+        if isinstance(s, MultipleOf): out["multiple_of"] = s.base
+        else: out["exact"].append(int(s))
+    return out
+
+def info(b, q, cap):
+    cls, err = load(b)
+    if cls is None: return {"name": b.name, "reasons": [], "unverified": [err], "sizes": None}
+    try:
+        r = cls.validate_configuration(head_size=q["head_size"], dtype=getattr(torch, q["dtype"]),
+            kv_cache_dtype=q["kv_cache_dtype"], block_size=q["block_size"], use_mla=q["use_mla"], has_sink=False,
+            use_sparse=q.get("use_sparse", False), use_mm_prefix=False, use_per_head_quant_scales=False,
+            device_capability=cap, attn_type="decoder", use_kv_connector=q["use_kv_connector"])
+    except Exception as e:
+        r = [f"{type(e).__name__}: {e}"]
+    try: sz = sizes(cls)
+    except Exception as e: sz = None; r = [*r, f"get_supported_kernel_block_sizes: {type(e).__name__}: {e}"]
+    # a quantized KV dtype is checked against the compiled kernels (flash_attn_supports_kv_cache_dtype)
+    quant = q["kv_cache_dtype"] not in ("auto", "bfloat16", "float16", "float")
+    sure = lambda x: GENERIC.match(x) and not (quant and x == "kv_cache_dtype not supported")
+    return {"name": b.name, "reasons": [x for x in r if sure(x)], "unverified": [x for x in r if not sure(x)],
+            "sizes": sz}
+
+def answer(q):
+    cap = DeviceCapability(*q["capability"])
+    if q.get("selected"):
+        b = AttentionBackendEnum[q["selected"]]
+        return {"priorities": [b.name], "backends": [info(b, q, cap)]}
+    pr = _get_backend_priorities(q["use_mla"], cap, num_heads=q.get("num_heads"), kv_cache_dtype=q["kv_cache_dtype"],
+        head_size=q["head_size"])
+    return {"priorities": [b.name for b in pr], "backends": [info(b, q, cap) for b in pr]}
+
+import vllm
+print(json.dumps({"ready": vllm.__version__}), flush=True)
+for line in sys.stdin:
+    try: out = answer(json.loads(line)); out["stubbed"] = sorted(set(STUBBED))
+    except Exception as e: out = {"error": f"{type(e).__name__}: {e}"}
+    print(json.dumps(out), flush=True)
+"""
+
+
+class _Probe:
+    """One long-lived ``python -c _SCRIPT`` answering one JSON query per line."""
+
+    def __init__(self, python: str) -> None:
+        self.python = python
+        self.lock = threading.Lock()
+        self.proc = subprocess.Popen(
+            [python, "-c", _SCRIPT],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=_env(),
+        )
+        first = self.proc.stdout.readline() if self.proc.stdout else ""
+        if not first.startswith('{"ready"'):
+            self.proc.kill()
+            raise UserError(f"{python}: cannot import vLLM's CUDA backend selection (vllm/platforms/cuda.py)")
+        self.version = json.loads(first)["ready"]
+
+    def ask(self, query: dict[str, Any]) -> dict[str, Any]:
+        with self.lock:
+            assert self.proc.stdin and self.proc.stdout
+            self.proc.stdin.write(json.dumps(query) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        if not line:
+            raise UserError(f"{self.python}: the vLLM backend probe died (query {query})")
+        return json.loads(line)
+
+    def close(self) -> None:
+        """End the probe: EOF on its stdin ends its loop; killed if it has not exited in 5 s."""
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout:
+            self.proc.stdout.close()
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    # no GPU is touched; keep vLLM quiet and off the network
+    return {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR", "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+
+
+_PROBES: dict[str, _Probe] = {}
+_PROBES_LOCK = threading.Lock()
+
+
+def _probe(python: str) -> _Probe:
+    with _PROBES_LOCK:
+        if python not in _PROBES:
+            _PROBES[python] = _Probe(python)
+        return _PROBES[python]
+
+
+def close_probes() -> None:
+    """End every probe process (each has imported vLLM: hundreds of MB). Called once planning
+    is done (:func:`pdsweep.run.sweep.run_sweep`) and at exit; a later query starts a new one,
+    and answers already given stay cached."""
+    with _PROBES_LOCK:
+        probes = list(_PROBES.values())
+        _PROBES.clear()
+    for p in probes:
+        p.close()
+
+
+atexit.register(close_probes)
+
+
+@lru_cache(maxsize=1024)
+def _ask(python: str, key: str) -> dict[str, Any]:
+    return _probe(python).ask(json.loads(key))
+
+
+def vllm_version(python: str | None = None) -> str:
+    """The probed interpreter's ``vllm.__version__``."""
+    return _version(python or sys.executable)
+
+
+@lru_cache(maxsize=16)
+def _version(python: str) -> str:
+    return _probe(python).version
+
+
+def select(
+    capability: tuple[int, int],
+    *,
+    use_mla: bool,
+    head_size: int,
+    dtype: str,
+    kv_cache_dtype: str = "auto",
+    block_size: int | None = None,
+    selected: str | None = None,
+    num_heads: int | None = None,
+    use_kv_connector: bool = True,
+    python: str | None = None,
+) -> dict[str, Any]:
+    """vLLM's backend choice for one attention layer kind on ``capability`` (e.g. ``(9, 0)``).
+
+    ``dtype`` is a torch dtype name (``bfloat16``); ``block_size`` the user's
+    ``--block-size`` (vLLM passes it to the selector only when the user set it);
+    ``selected`` the ``--attention-backend``. Returns ``{"priorities": [names],
+    "backends": [{"name", "reasons", "unverified", "sizes": {"exact": [...],
+    "multiple_of": n}}], "stubbed": [...]}``, one entry per backend in vLLM's priority order
+    (only ``selected`` when given). Raises ``UserError`` when the interpreter cannot import
+    vLLM's selection code, ``ValueError`` when vLLM's probe raised."""
+    q = dict(
+        capability=list(capability),
+        use_mla=use_mla,
+        head_size=head_size,
+        dtype=dtype,
+        kv_cache_dtype=kv_cache_dtype,
+        block_size=block_size,
+        selected=selected,
+        num_heads=num_heads,
+        use_kv_connector=use_kv_connector,
+    )
+    out = _ask(python or sys.executable, json.dumps(q, sort_keys=True))
+    if "error" in out:
+        raise ValueError(f"vLLM backend probe: {out['error']}")
+    return out

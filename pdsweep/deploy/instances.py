@@ -1,0 +1,497 @@
+"""Instances shared across cells: identity, ports, prefix-cache reset, restart.
+
+An instance is defined by what it runs: its role, TP, node and the exact argv and
+environment of its ``vllm serve`` (model, build interpreter, block size, DP, serve args,
+env), minus the ports it listens on and the GPUs it was given (``CUDA_VISIBLE_DEVICES``):
+an instance keeps the GPUs it started on for every cell that shares it
+(:mod:`pdsweep.run.gpureuse`). Two cells that need instances with the
+same :func:`instance_key` share one process (:class:`InstancePool`); ``--no-reuse`` gives
+every cell its own (:class:`Fresh`, the sequential approach).
+
+Between two cells a shared instance's prefix cache is emptied with vLLM's
+``POST /reset_prefix_cache`` (vllm/entrypoints/serve/dev/cache/api_router.py
+``reset_prefix_cache``, registered by vllm/entrypoints/launchers/api_server/routers.py
+only when ``VLLM_SERVER_DEV_MODE=1``, vllm/envs.py), so every pooled instance is started
+with that variable. A reset that does not answer ``{"success": true}`` (vLLM refuses while
+blocks are held, e.g. by a KV lease for a request decode never read) restarts the
+instance instead. A shared instance that exited or stopped answering ``/health`` is
+restarted for the next cell that needs it; a cell that failed stops the instances it used
+(they are not trusted by the next cell).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from pdsweep.deploy.deployment import CellFailed, Use, check_ports
+from pdsweep.deploy.launchers import Handle, Launcher, port_free
+from pdsweep.plan.expand import PORTS_PER_SLOT, InstanceSpec, Slot, on_slot, place
+
+log = logging.getLogger(__name__)
+
+DEV_MODE_ENV = {"VLLM_SERVER_DEV_MODE": "1"}  # vllm/envs.py: registers /reset_prefix_cache
+PORT_ENV = ("VLLM_PORT", "VLLM_NIXL_SIDE_CHANNEL_PORT")  # where it listens: not what it is
+GPU_ENV = "CUDA_VISIBLE_DEVICES"  # which GPUs it got: not what it is (it keeps them while shared)
+BLOCK_PORTS = 16  # per pooled instance: http, spare, VLLM_PORT..+5, side channel..+7
+VLLM_PORT_OFFSET, SIDE_CHANNEL_OFFSET = 2, 8
+MAX_BLOCKS = 256
+RESET_TRIES, RESET_WAIT_S = 5, 0.5
+
+
+def instance_key(spec: InstanceSpec) -> str:
+    """Hex digest (16) of what defines ``spec``: role and its index in the cell, TP, node, argv with the ``--port``
+    value blanked, env without :data:`PORT_ENV`, :data:`GPU_ENV` and :data:`DEV_MODE_ENV`
+    (the GPU ids are where it runs, not what it is)."""
+    argv = list(spec.argv)
+    for i, a in enumerate(argv[:-1]):
+        if a == "--port":
+            argv[i + 1] = "<port>"
+    env = {k: v for k, v in spec.env.items() if k not in PORT_ENV and k not in DEV_MODE_ENV and k != GPU_ENV}
+    d = {
+        "role": spec.role,
+        "index": spec.name.rsplit("-", 1)[-1],  # two identical prefills of one cell are two instances
+        "tp": spec.tp,
+        "node": spec.node,
+        "host": spec.host,
+        "argv": argv,
+        "env": env,
+    }
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def served_name(spec: InstanceSpec) -> str:
+    argv = list(spec.argv)
+    return argv[argv.index("--served-model-name") + 1] if "--served-model-name" in argv else "model"
+
+
+def instance_id(spec: InstanceSpec) -> str:
+    """Stable, readable id: ``<role>.<served model>.tp<TP>.<key>`` (same in every run of
+    the same configuration)."""
+    return f"{spec.role}.{served_name(spec)}.tp{spec.tp}.{instance_key(spec)[:10]}"
+
+
+def relocate(spec: InstanceSpec, base: int) -> InstanceSpec:
+    """``spec`` listening on the port block at ``base`` (:data:`BLOCK_PORTS` ports: HTTP at
+    ``base``, ``VLLM_PORT`` at +2, the NIXL side channel at +8), with
+    ``VLLM_SERVER_DEV_MODE=1``; its :func:`instance_key` is unchanged. Ports are written by
+    :func:`pdsweep.plan.expand.place`, as for every instance."""
+    side = None if spec.side_channel_port is None else base + SIDE_CHANNEL_OFFSET
+    moved = place(spec, base, base + VLLM_PORT_OFFSET, side)
+    return replace(moved, env={**moved.env, **DEV_MODE_ENV})
+
+
+class PortBlocks:
+    """pdsweep's port allocator: blocks of ports, each held by one user (a pooled instance, a
+    cell on an alternate lane) until released, and claimed only when the caller's check finds
+    its ports free on the host. Thread-safe; one per run (no module state)."""
+
+    def __init__(self) -> None:
+        self.claimed: set[int] = set()
+        self.lock = threading.Lock()
+
+    def claim(self, bases: Iterable[int], free: Callable[[int], bool]) -> int | None:
+        """The first base in ``bases`` not held and for which ``free(base)``, now held; None
+        if there is none."""
+        with self.lock:
+            for base in bases:
+                if base not in self.claimed and free(base):
+                    self.claimed.add(base)
+                    return base
+        return None
+
+    def release(self, base: int) -> None:
+        with self.lock:
+            self.claimed.discard(base)
+
+
+def _start(launcher: Launcher, spec: InstanceSpec, log_path: Path) -> Handle:
+    ports = tuple(p for p in (spec.port, spec.side_channel_port) if p)
+    try:
+        return launcher.start(
+            spec.name, list(spec.argv), spec.env, spec.port, log_path, ports, host=spec.host, node=spec.node or None
+        )
+    except (OSError, ValueError) as e:
+        raise CellFailed("start", f"{spec.name}: cannot start {spec.argv[0]}: {e}") from None
+
+
+class Fresh:
+    """One deployment per cell (``--no-reuse``): start every instance into the cell's
+    ``logs/``, stop them all (in reverse order, one by one) when the cell ends."""
+
+    def __init__(self, launcher: Launcher) -> None:
+        self.launcher = launcher
+        self.starts: dict[str, int] = {}
+        self.launched: dict[int, float] = {}  # id(handle) -> monotonic launch time
+        self.startups: list[dict[str, Any]] = []
+
+    def acquire(self, cell_id: str, specs: list[InstanceSpec], log_dir: Path) -> list[Use]:
+        uses: list[Use] = []
+        try:
+            for s in specs:
+                h = _start(self.launcher, s, log_dir / f"{s.name}.log")
+                self.launched[id(h)] = time.monotonic()
+                iid = instance_id(s)
+                self.starts[iid] = self.starts.get(iid, 0) + 1
+                uses.append(Use(s, h, iid, False))
+        except BaseException:
+            self.release(cell_id, uses, True, log_dir)
+            raise
+        return uses
+
+    def ready(self, cell_id: str, uses: list[Use], since_healthy_s: float = 0.0) -> None:
+        """The cell found ``uses`` healthy ``since_healthy_s`` ago: record each one's startup."""
+        now = time.monotonic() - since_healthy_s
+        for u in uses:
+            t = self.launched.pop(id(u.handle), None)
+            if t is not None:
+                self.startups.append(_startup(u.spec, u.instance_id, cell_id, now - t))
+
+    def release(self, cell_id: str, uses: list[Use], failed: bool, log_dir: Path) -> None:
+        for u in reversed(uses):
+            self.launcher.stop(u.handle)
+
+    def record(self) -> dict[str, Any]:
+        return {"by_id": {i: {"starts": n} for i, n in self.starts.items()}, "events": [], "startups": self.startups}
+
+
+def _startup(spec: InstanceSpec, iid: str, cell: str, seconds: float) -> dict[str, Any]:
+    """run.json ``instances.startups`` row: launch to healthy as the cell waiting for it saw
+    it (an upper bound by up to one /health poll; for a prestarted instance, since its launch)."""
+    return {
+        "instance_id": iid,
+        "model": served_name(spec),
+        "role": spec.role,
+        "tp": spec.tp,
+        "gpus": list(spec.gpus),
+        "cell": cell,
+        "startup_s": round(seconds, 2),
+    }
+
+
+@dataclass
+class Live:
+    spec: InstanceSpec
+    handle: Handle
+    instance_id: str
+    cells: list[str] = field(default_factory=list)
+    busy: bool = False
+    log_start: int = 0  # bytes already in the log when this process started (a restart appends)
+    launched: float = field(default_factory=time.monotonic)
+    healthy: bool = False  # a cell found it healthy (its startup is recorded)
+
+
+class InstancePool:
+    """Instances kept across cells, by :func:`instance_key`. Each pooled instance owns a
+    block of :data:`BLOCK_PORTS` ports from ``port_base`` on (free blocks only; held until
+    it has stopped) and logs to ``<instances_dir>/<instance id>.log``; each cell gets the
+    bytes written while it used the instance in its own ``logs/<name>.log``.
+    Thread-safe; stops run in background threads (:meth:`close` joins them)."""
+
+    def __init__(self, launcher: Launcher, instances_dir: Path, port_base: int) -> None:
+        self.launcher, self.dir, self.port_base = launcher, instances_dir, port_base
+        self.live: dict[str, Live] = {}
+        self.blocks = PortBlocks()  # this pool's port blocks (held until the instance has stopped)
+        self.starts: dict[str, int] = {}
+        self.resets: dict[str, int] = {}
+        self.events: list[dict[str, Any]] = []  # start / use / reset / restart / died / stop, with times
+        self.startups: list[dict[str, Any]] = []  # measured, per start (:meth:`ready`)
+        self.lock = threading.Lock()
+        self.stopper = cf.ThreadPoolExecutor(max_workers=4, thread_name_prefix="stop")
+        self.t0 = time.monotonic()
+
+    # ------------------------------------------------------------ starting
+    def _event(self, kind: str, iid: str, cell: str | None, **kw: Any) -> None:
+        with self.lock:
+            self.events.append(
+                {"event": kind, "instance_id": iid, "cell": cell, "t_s": round(time.monotonic() - self.t0, 2), **kw}
+            )
+
+    def _free_block(self) -> int:
+        bases = (self.port_base + j * BLOCK_PORTS for j in range(MAX_BLOCKS))
+        base = self.blocks.claim(
+            (b for b in bases if b + BLOCK_PORTS <= 65535),
+            lambda b: all(port_free(p) for p in range(b, b + BLOCK_PORTS)),
+        )
+        if base is None:
+            raise CellFailed("start", f"no free block of {BLOCK_PORTS} ports from {self.port_base} on")
+        return base
+
+    def _launch(self, spec: InstanceSpec, cell: str | None) -> Live:
+        key = instance_key(spec)
+        with self.lock:
+            base = self._free_block()
+        s, iid = relocate(spec, base), instance_id(spec)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        log_start = _size(self.dir / f"{iid}.log")
+        t = time.monotonic()
+        try:
+            h = _start(self.launcher, s, self.dir / f"{iid}.log")
+        except BaseException:
+            with self.lock:
+                self.blocks.release(base)
+            raise
+        live = Live(s, h, iid, log_start=log_start, launched=t)
+        with self.lock:
+            self.live[key] = live
+            self.starts[iid] = self.starts.get(iid, 0) + 1
+        self._event("start", iid, cell, port=base)
+        return live
+
+    def prestart(self, specs: list[InstanceSpec], cell: str) -> None:
+        """Start the instances of ``specs`` (cell ``cell``'s) that are not up yet, without
+        waiting for them (while the current cell measures). A failure is left to that
+        cell, which starts the instance again and records why it fails."""
+        for s in specs:
+            if instance_key(s) not in self.live:
+                try:
+                    self._launch(s, cell)
+                except Exception as e:  # noqa: BLE001 -- recorded; the instance is started again when its cell comes
+                    log.warning("%s: prestart of %s failed: %s", cell, s.name, e)
+
+    def _usable(self, live: Live, cell: str, timeout_s: float = 5.0) -> bool:
+        """True when ``live`` runs and, if an earlier cell used it, answers /health and
+        had its prefix cache reset (:func:`reset_prefix_cache`)."""
+        if not live.handle.alive():
+            self._event("died", live.instance_id, cell, returncode=live.handle.returncode())
+            return False
+        if not live.cells:  # prestarted for this cell, maybe still starting: deploy waits for it
+            return True
+        try:
+            if httpx.get(f"{live.handle.url}/health", timeout=timeout_s).status_code != 200:
+                return False
+        except httpx.HTTPError:
+            return False
+        ok = reset_prefix_cache(live.handle.url, timeout_s)
+        self.resets[live.instance_id] = self.resets.get(live.instance_id, 0) + ok
+        self._event("reset" if ok else "reset-failed", live.instance_id, cell)
+        return ok
+
+    def acquire(self, cell_id: str, specs: list[InstanceSpec], log_dir: Path) -> list[Use]:
+        """The cell's instances: each a live instance with the same key (alive, healthy,
+        prefix cache reset), else a new start (a live one that fails the check is
+        stopped first); handles carry the cell's names (``prefill-0``). Raises
+        ``CellFailed('start')`` when one cannot be started (the cell's others are stopped)."""
+        uses: list[Use] = []
+        try:
+            for s in specs:
+                key = instance_key(s)
+                live = self.live.get(key)
+                offset = _size(live.handle.log_path) if live is not None else 0  # the reset is this cell's
+                if live is not None and not self._usable(live, cell_id):
+                    self._event("restart", live.instance_id, cell_id)
+                    self._stop(key, wait=True, cell=cell_id)
+                    live = None
+                reused = live is not None and bool(live.cells)
+                live = live or self._launch(s, cell_id)
+                self._event("use", live.instance_id, cell_id, reused=reused)
+                live.cells.append(cell_id)
+                live.busy = True
+                # a cell's share of the log: from its reset on (reused), else from this process's start
+                uses.append(
+                    Use(
+                        replace(live.spec, name=s.name),
+                        replace(live.handle, name=s.name),
+                        live.instance_id,
+                        reused,
+                        offset if reused else live.log_start,
+                    )
+                )
+        except BaseException:
+            self.release(cell_id, uses, True, log_dir)
+            raise
+        return uses
+
+    def ready(self, cell_id: str, uses: list[Use], since_healthy_s: float = 0.0) -> None:
+        """The cell found ``uses`` healthy ``since_healthy_s`` ago: record the measured
+        startup of each instance started since (run.json ``instances.startups``)."""
+        now = time.monotonic() - since_healthy_s
+        for u in uses:
+            live = self.live.get(instance_key(u.spec))
+            if live is not None and not live.healthy:
+                live.healthy = True
+                with self.lock:
+                    self.startups.append(_startup(live.spec, live.instance_id, cell_id, now - live.launched))
+
+    def gpus_held(self, keys: set[str] | None = None) -> dict[int, str]:
+        """GPU id -> instance key of every live instance (of ``keys`` only, when given)."""
+        with self.lock:
+            return {g: k for k, v in self.live.items() if keys is None or k in keys for g in v.spec.gpus}
+
+    # ------------------------------------------------------------ stopping
+    def release(self, cell_id: str, uses: list[Use], failed: bool, log_dir: Path) -> None:
+        """The cell is done with ``uses``: copy each instance's log bytes of this cell to
+        ``log_dir/<name>.log``; a failed cell stops them all (and waits)."""
+        for u in uses:
+            _copy_slice(u.handle.log_path, u.log_offset, log_dir / f"{u.spec.name}.log")
+            live = self.live.get(instance_key(u.spec))
+            if live is not None:
+                live.busy = False
+        if failed:
+            for u in uses:
+                self._stop(instance_key(u.spec), wait=True, cell=cell_id)
+
+    def keep_only(
+        self, specs: list[InstanceSpec], cell: str | None = None, among: set[str] | None = None, wait: bool = False
+    ) -> None:
+        """Stop every idle instance that ``specs`` do not need (only those whose key is in
+        ``among``, when given: one chain's); in the background, or until each has exited
+        with ``wait`` (on GPUs: its memory is free before another instance takes the GPU)."""
+        want = {instance_key(s) for s in specs}
+        for key, live in list(self.live.items()):
+            if key not in want and not live.busy and (among is None or key in among):
+                self._stop(key, wait=wait, cell=cell)
+
+    def stop(self, keys: set[str], cell: str | None = None) -> None:
+        """Stop the idle instances of ``keys`` and wait until each has exited."""
+        for key in [k for k, v in list(self.live.items()) if k in keys and not v.busy]:
+            self._stop(key, wait=True, cell=cell)
+
+    def _stop(self, key: str, wait: bool, cell: str | None = None) -> None:
+        with self.lock:
+            live = self.live.pop(key, None)
+        if live is None:
+            return
+        self._event("stop", live.instance_id, cell)
+
+        def stop() -> None:
+            try:
+                self.launcher.stop(live.handle)
+            finally:
+                with self.lock:
+                    self.blocks.release(live.spec.port)
+
+        fut = self.stopper.submit(stop)
+        if wait:
+            fut.result()
+
+    def close(self) -> None:
+        """Stop every instance and wait until all have stopped."""
+        for key in list(self.live):
+            self._stop(key, wait=False)
+        self.stopper.shutdown(wait=True)
+
+    def record(self) -> dict[str, Any]:
+        """run.json ``instances``: per instance id its starts, prefix-cache resets, the cells
+        that used it (in order) and its log; plus every event with its time."""
+        out: dict[str, Any] = {}
+        for e in self.events:
+            row = out.setdefault(
+                e["instance_id"],
+                {
+                    "starts": self.starts.get(e["instance_id"], 0),
+                    "resets": self.resets.get(e["instance_id"], 0),
+                    "cells": [],
+                    "log": str(self.dir / f"{e['instance_id']}.log"),
+                },
+            )
+            if e["event"] == "use":
+                row["cells"].append(e["cell"])
+        return {"by_id": out, "events": list(self.events), "startups": list(self.startups)}
+
+
+def reset_prefix_cache(url: str, timeout_s: float = 5.0) -> bool:
+    """``POST {url}/reset_prefix_cache`` until it answers ``{"success": true}``
+    (:data:`RESET_TRIES` tries, :data:`RESET_WAIT_S` apart: vLLM refuses while blocks are
+    held). False when it never does or the route is absent (no ``VLLM_SERVER_DEV_MODE``)."""
+    for i in range(RESET_TRIES):
+        try:
+            r = httpx.post(f"{url}/reset_prefix_cache", timeout=timeout_s)
+            if r.status_code == 200 and r.json().get("success") is True:
+                return True
+            if r.status_code == 404:
+                return False
+        except (httpx.HTTPError, ValueError):
+            pass
+        if i + 1 < RESET_TRIES:
+            time.sleep(RESET_WAIT_S)
+    return False
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _copy_slice(src: Path, offset: int, dst: Path) -> None:
+    """Append the bytes of ``src`` from ``offset`` on to ``dst`` (a cell's share of a
+    shared instance's log); nothing when ``src`` is ``dst``."""
+    if src == dst:
+        return
+    try:
+        with open(src, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except OSError:
+        return
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with open(dst, "ab") as out:
+        out.write(data)
+
+
+class AltBlocks:
+    """Alternate port blocks for a lane whose ports another process on the host holds:
+    blocks of ``PORTS_PER_SLOT`` from lane :data:`ALT_BLOCKS_FROM` on, each held by one
+    running cell (a :class:`PortBlocks`; one per run, no module state)."""
+
+    def __init__(self) -> None:
+        self.blocks = PortBlocks()
+
+    def free_slot(
+        self, slot: Slot, specs: list[InstanceSpec], proxy_only: bool = False
+    ) -> tuple[Slot, list[InstanceSpec]]:
+        """``slot`` and ``specs`` (planned on it) if none of their ports is taken
+        (``proxy_only``: its proxy port, when the instances get their ports elsewhere,
+        :class:`InstancePool`), else the same slot on the first free alternate block with
+        ``specs`` moved there (:func:`pdsweep.plan.expand.on_slot`). Raises
+        ``CellFailed('start')`` when no block is free."""
+        if not check_ports([] if proxy_only else specs, slot):
+            return slot, specs
+        first = slot.port_base - slot.index * PORTS_PER_SLOT
+        bases = (first + j * PORTS_PER_SLOT for j in range(ALT_BLOCKS_FROM, ALT_BLOCKS_FROM + 64))
+
+        def free(base: int) -> bool:
+            alt = replace(slot, port_base=base)
+            return not check_ports([] if proxy_only else on_slot(specs, alt), alt)
+
+        base = self.blocks.claim((b for b in bases if b + PORTS_PER_SLOT <= 65535), free)
+        if base is None:
+            raise CellFailed("start", f"no free block of {PORTS_PER_SLOT} ports found near {slot.port_base}")
+        alt = replace(slot, port_base=base)
+        return alt, on_slot(specs, alt)
+
+    def release(self, slot: Slot) -> None:
+        self.blocks.release(slot.port_base)
+
+
+ALT_BLOCKS_FROM = 64  # alternates start past any lane a run can use
+
+
+def reuse_record(cells: list, specs_of: dict[str, list[InstanceSpec]], prestart: bool = True) -> dict[str, Any]:
+    """plan.json ``reuse`` (and ``pdsweep plan``'s): for ``cells`` in run order, which
+    instance each uses, each start and stop (:func:`pdsweep.plan.schedule.lifecycle`), and
+    distinct instances vs uses. ``specs_of``: cell id -> its instance specs (ports do not
+    define an instance, so any slot gives the same identities)."""
+    from pdsweep.plan.schedule import lifecycle
+
+    keys = {cid: [instance_key(s) for s in sp] for cid, sp in specs_of.items()}
+    ids = {instance_key(s): instance_id(s) for sp in specs_of.values() for s in sp}
+    return {
+        "order": [c.id for c in cells],
+        "cell_instances": {cid: {s.name: instance_id(s) for s in sp} for cid, sp in specs_of.items()},
+        "instances": lifecycle(cells, keys, ids, prestart),
+        "distinct": len(ids),
+        "per_cell": sum(len(k) for k in keys.values()),
+    }

@@ -1,0 +1,122 @@
+"""The local launcher: every instance a child process in its own session and process
+group (``start_new_session=True``). It only ever signals process groups it created
+itself: it never matches processes by name (upstream's ``pkill -f "vllm serve"`` kills
+every vLLM on the host).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from pdsweep.deploy.launchers.base import LOOPBACK, Handle, group_members, port_free, wait_gpus_released
+
+log = logging.getLogger(__name__)
+
+
+class LocalLauncher:
+    """Instances as local child processes, each leading its own process group."""
+
+    def __init__(self) -> None:
+        self._groups: set[int] = set()
+        self._lock = threading.Lock()
+
+    def start(
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str],
+        port: int,
+        log_path: Path,
+        ports: tuple[int, ...] = (),
+        host: str = LOOPBACK,
+        node: str | None = None,
+    ) -> Handle:
+        """Start ``argv`` (a list, never a shell string) with ``os.environ | env``,
+        stdout+stderr to ``log_path``. Raises ``OSError`` if the program cannot start,
+        ``ValueError`` for a ``host`` other than loopback or a ``node`` (use the slurm launcher)."""
+        if host not in (LOOPBACK, "localhost") or node:
+            raise ValueError(f"{name}: the local launcher runs on this host only, not on {node or host!r}")
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as out:
+            proc = subprocess.Popen(
+                argv,
+                env={**os.environ, **env},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        with self._lock:
+            self._groups.add(proc.pid)  # session leader: pgid == pid
+        log.info("started %s pid=%d port=%d", name, proc.pid, port)
+        return Handle(name, proc.pid, port, log_path, ports or (port,), proc)
+
+    def stop(self, handle: Handle, grace_s: float = 20.0) -> None:
+        """SIGTERM the instance's process group, wait ``grace_s``, SIGKILL what is left,
+        reap, then wait (bounded) until its ports are free."""
+        pgid = handle.pid
+        with self._lock:
+            if pgid not in self._groups:
+                return  # not ours, or already stopped: never signal it
+        try:  # descendants that left our group (setsid) are still ours: they descend from our child
+            strays = [c for c in psutil.Process(pgid).children(recursive=True)]
+        except psutil.Error:
+            strays = []
+        pids = {pgid} | {p.pid for p in strays} | {p.pid for p in group_members(pgid)}
+        self._signal(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and group_members(pgid):
+            if handle.proc:
+                try:
+                    handle.proc.wait(timeout=0.2)
+                except subprocess.TimeoutExpired:
+                    pass
+            else:
+                time.sleep(0.2)
+        if group_members(pgid):
+            log.warning("%s: process group %d still alive after %.0f s, SIGKILL", handle.name, pgid, grace_s)
+            self._signal(pgid, signal.SIGKILL)
+            psutil.wait_procs(group_members(pgid), timeout=10)
+        for p in strays:
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    p.kill()
+            except psutil.Error:
+                pass
+        if handle.proc:
+            try:
+                handle.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        with self._lock:
+            self._groups.discard(pgid)
+        wait_gpus_released(pids)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not all(port_free(p) for p in handle.ports):
+            time.sleep(0.1)
+
+    def kill_all(self) -> None:
+        """SIGKILL every process group this launcher started (signal handlers, atexit)."""
+        with self._lock:
+            groups = list(self._groups)
+        for pgid in groups:
+            self._signal(pgid, signal.SIGKILL)
+        for pgid in groups:
+            psutil.wait_procs(group_members(pgid), timeout=10)
+        with self._lock:
+            self._groups.clear()
+
+    @staticmethod
+    def _signal(pgid: int, sig: int) -> None:
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass

@@ -1,0 +1,100 @@
+"""In vLLM's decode workers: one log line per completed NIXL READ, naming the prefill rank
+it read from, so a run records the bytes read from each prefill rank (transfer.json
+``reads_by_prefill_rank``). vLLM's ``vllm:nixl_bytes_transferred`` sums over every rank;
+with prefill TP > decode TP on a hybrid MLA + SSM model (vLLM PR #49297) the split is the
+point: the MLA latent comes from one rank, the SSM shards from all of them.
+
+Installed by pdsweep's vLLM plugin when ``PDSWEEP_NIXL_READ_LOG=1`` (pdsweep sets it on
+decode instances). It wraps two methods and changes no value:
+
+- ``NixlPullConnectorWorker._read_blocks`` (vLLM ``kv_connector/v1/nixl/pull_worker.py``):
+  the handles it appends to ``_recving_transfers[request_id]`` are mapped to
+  ``read_spec.remote_rank`` and the remote engine;
+- ``NixlWrapper.get_xfer_telemetry`` (NIXL ``nixl_agent``; vLLM ``distributed/nixl_utils.py``),
+  which vLLM calls once per READ that is DONE (``base_worker.py``): the mapped handle is
+  logged with NIXL's ``totalBytes`` and ``descCount`` as
+
+      PDSWEEP_NIXL_READ remote_engine=<id> remote_rank=<r> bytes=<n> descs=<k> req=<request id>
+      t0=<s> t1=<s> xfer_us=<us>
+
+``t0``: ``time.monotonic()`` (CLOCK_MONOTONIC, one clock for every process of the host) when
+the READ was posted, ``t1`` when vLLM saw it DONE; ``xfer_us``: NIXL's ``xferDuration`` (-1 when
+NIXL has none). Parsed by :func:`pdsweep.core.logscan.nixl_reads_by_rank` and
+:func:`pdsweep.core.logscan.nixl_read_records` (the transfer intervals of a load repeat).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable
+
+from pdsweep.core.logscan import NIXL_READ_TAG
+
+logger = logging.getLogger("vllm.pdsweep.engine.readlog")
+
+
+def wrap_read_blocks(orig: Callable[..., Any], posted: dict[Any, tuple[Any, ...]]) -> Callable[..., Any]:
+    """``_read_blocks`` that records, for each handle it posts, ``(remote engine, remote rank,
+    request id, monotonic post time)`` in ``posted`` (vLLM passes every argument by keyword)."""
+
+    def _read_blocks(self: Any, *args: Any, **kw: Any) -> Any:
+        spec = kw.get("read_spec", args[0] if args else None)
+        req = kw.get("request_id")
+        before = len(self._recving_transfers.get(req, ()))
+        t0 = time.monotonic()
+        ok = orig(self, *args, **kw)
+        assert spec is not None, "vLLM's _read_blocks got no read_spec"
+        for handle in self._recving_transfers.get(req, [])[before:]:
+            posted[handle] = (str(kw.get("dst_engine_id")), int(spec.remote_rank), str(req), t0)
+        return ok
+
+    return _read_blocks
+
+
+def wrap_telemetry(orig: Callable[..., Any], posted: dict[Any, tuple[Any, ...]]) -> Callable[..., Any]:
+    """``get_xfer_telemetry`` that logs one :data:`~pdsweep.core.logscan.NIXL_READ_TAG` line for a
+    handle ``posted`` names (and forgets it); other handles pass through silently."""
+
+    def get_xfer_telemetry(self: Any, handle: Any) -> Any:
+        res = orig(self, handle)
+        where = posted.pop(handle, None)
+        if where is not None and res is not None:
+            xfer = getattr(res, "xferDuration", None)
+            logger.info(
+                "%s remote_engine=%s remote_rank=%d bytes=%d descs=%d req=%s t0=%.6f t1=%.6f xfer_us=%d",
+                NIXL_READ_TAG,
+                where[0],
+                where[1],
+                int(res.totalBytes),
+                int(res.descCount),
+                where[2].replace(" ", "_") or "-",
+                where[3],
+                time.monotonic(),
+                int(xfer) if isinstance(xfer, (int, float)) else -1,
+            )
+        return res
+
+    return get_xfer_telemetry
+
+
+def install_nixl_read_log() -> bool:
+    """Install both wrappers once; False when vLLM's pull worker or NIXL is absent."""
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlPullConnectorWorker
+        from vllm.distributed.nixl_utils import NixlWrapper
+    except Exception:  # noqa: BLE001 - another vLLM layout: the plugin warns
+        return False
+    if NixlWrapper is None or not hasattr(NixlPullConnectorWorker, "_read_blocks"):
+        return False
+    if getattr(NixlPullConnectorWorker._read_blocks, "_pdsweep", False):
+        return True
+    posted: dict[Any, tuple[Any, ...]] = {}
+    read, tele = (
+        wrap_read_blocks(NixlPullConnectorWorker._read_blocks, posted),
+        wrap_telemetry(NixlWrapper.get_xfer_telemetry, posted),
+    )
+    read._pdsweep = tele._pdsweep = True  # type: ignore[attr-defined]
+    NixlPullConnectorWorker._read_blocks = read
+    NixlWrapper.get_xfer_telemetry = tele
+    return True

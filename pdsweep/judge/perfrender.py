@@ -1,0 +1,92 @@
+"""Rendering of the performance verdicts of a comparison (:mod:`pdsweep.judge.perf`): the
+markdown table (a section of compare.md) and a JUnit file with one testcase per cell and
+metric (``regression`` a failure, ``noisy`` a skip -- or a failure with
+``gate.perf_noisy_fails`` -- so CI counts it)."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from pdsweep.judge.compare import CompareResult
+from pdsweep.judge.perf import NOISY, PERF_VERDICTS, REGRESSION
+from pdsweep.results import layout
+
+COMPARE_JUNIT = "compare-junit.xml"
+PERF_COLUMNS = ("cell", "metric", "A", "B", "B/A", "interval", "threshold", "n A/B", "p (MWU)", "verdict")
+
+
+def _v(x: float | None, fmt: str = ".4g") -> str:
+    return "—" if x is None else format(x, fmt)
+
+
+def perf_rows(result: CompareResult) -> list[tuple[str, ...]]:
+    """One row per judged metric of every compared cell, in :data:`PERF_COLUMNS` order."""
+    return [
+        (
+            c.label,
+            d.name,
+            _v(d.a),
+            _v(d.b),
+            "—" if d.ratio is None else f"{d.ratio:.3f}x",
+            "—" if d.lo is None else f"[{d.lo:.3f}, {d.hi:.3f}]",
+            f"{d.threshold:.0%}",
+            f"{d.n_a}/{d.n_b}",
+            _v(d.p_mw, ".2g"),
+            f"**{d.verdict}**" if d.verdict in (REGRESSION, NOISY) else d.verdict,
+        )
+        for c in result.cells
+        for d in c.perf
+    ]
+
+
+def perf_counts(result: CompareResult) -> dict[str, int]:
+    return {v: sum(d.verdict == v for c in result.cells for d in c.perf) for v in PERF_VERDICTS}
+
+
+def perf_headline(result: CompareResult) -> str:
+    """One loud line: metric verdict counts and whether ``noisy`` fails (``gate.perf_noisy_fails``)."""
+    n = perf_counts(result)
+    if not any(n.values()):
+        return "performance: no load repeats to judge"
+    fails = "fails the comparison" if result.noisy_fails else "does not fail it (gate.perf_noisy_fails: false)"
+    return (
+        f"performance: {n[REGRESSION]} regression, {n['improvement']} improvement, {n['same']} same, "
+        f"{n[NOISY]} noisy metric(s) -- noisy is undecided at the threshold and {fails}"
+    )
+
+
+PERF_LEGEND = (
+    "B/A of the means over repeats with its confidence interval (Welch t on logs; bootstrap from 8 "
+    "repeats a side). Regression / improvement: the whole interval beyond the metric's threshold; "
+    "same: the whole interval within it; noisy: it straddles a bound. Latencies are worse higher, "
+    "rates worse lower."
+)
+
+
+def write_compare_junit(result: CompareResult, path: Path) -> Path:
+    """JUnit XML of the performance verdicts: ``<testcase classname="pdsweep.compare.<cell>"
+    name="<series> <metric>">``; returns ``path``."""
+    cases = [(c, d) for c in result.cells for d in c.perf]
+    n = perf_counts(result)
+    failures = n[REGRESSION] + (n[NOISY] if result.noisy_fails else 0)
+    suite = ET.Element(
+        "testsuite",
+        name=f"pdsweep.compare.{result.b_name}",
+        tests=str(len(cases)),
+        failures=str(failures),
+        errors="0",
+        skipped=str(0 if result.noisy_fails else n[NOISY]),
+    )
+    for c, d in cases:
+        case = ET.SubElement(suite, "testcase", classname=f"pdsweep.compare.{c.key}", name=d.name)
+        if d.verdict == REGRESSION or (d.verdict == NOISY and result.noisy_fails):
+            ET.SubElement(case, "failure", message=d.describe(), type=d.verdict)
+        elif d.verdict == NOISY:
+            ET.SubElement(case, "skipped", message=d.describe())
+    root = ET.Element("testsuites")
+    root.append(suite)
+    ET.indent(root)
+    return layout.write_text(
+        path, '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+    )

@@ -1,0 +1,133 @@
+"""The performance part of ``pdsweep report``: per cell the load phase's figures with their
+confidence intervals over repeats (load.json ``summary``, :mod:`pdsweep.measure.repeats`), the
+KV transfer (GB/s over the union of READ intervals, vLLM's sum-of-durations figure beside it,
+time / READs / descriptors per request, READs per request per prefill rank) and the UCX
+transport; and ``perf.png``, the headline metrics per cell as bars with their intervals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from pdsweep.judge.gate import CellResult, GateResult
+
+PERF_CELL_COLUMNS = (
+    "cell",
+    "repeats",
+    "UCX transport",
+    "TTFT p50/p90/p99 ms",
+    "TPOT p50 ms",
+    "ITL p50 ms",
+    "E2E p50 ms",
+    "output tok/s",
+    "req/s",
+    "KV GB/s (union)",
+    "KV GB/s (vLLM: sum)",
+    "KV ms/request p50",
+    "READs / descs per request",
+    "READs per request by prefill rank",
+)
+# (series, metric, title) of perf.png's panels; series "c*" is the first concurrency
+PLOT_METRICS = (
+    ("c*", "ttft_ms.p50", "TTFT p50 (ms)"),
+    ("c*", "tpot_ms.p50", "TPOT p50 (ms)"),
+    ("c*", "output_tok_s", "output tokens/s"),
+    ("kv", "kv_gbps.union", "KV GB/s (union of READs)"),
+)
+PERF_NOTE = (
+    "Mean over the load phase's repeats with its 95 % Student-t interval (mean ±half-width). KV GB/s "
+    "(union): bytes / wall-clock of the union of the READ intervals, what pdsweep reports; vLLM's "
+    "figure divides by the sum of the READ durations and understates by the READs in flight "
+    "(vllm issue 48224)."
+)
+
+
+def _stat(summary: dict[str, Any], series: str, metric: str) -> dict[str, Any] | None:
+    if series == "c*":
+        series = next((k for k in summary if k.startswith("c")), "")
+    x = (summary.get(series) or {}).get(metric)
+    return x if isinstance(x, dict) and x.get("mean") is not None else None
+
+
+def fmt_ci(x: dict[str, Any] | None, fmt: str = ".3g") -> str:
+    """``mean ±half-width`` (``mean (n=1)`` without an interval; ``—`` without a value)."""
+    if x is None:
+        return "—"
+    if x.get("lo") is None:
+        return f"{x['mean']:{fmt}} (n={x.get('n', 1)})"
+    return f"{x['mean']:{fmt}} ±{(x['hi'] - x['lo']) / 2:{fmt}}"
+
+
+def _by_rank(load: dict[str, Any]) -> str:
+    """READs per request per prefill rank, averaged over repeats: ``r0 1.0, r1 2.0``."""
+    acc: dict[str, list[float]] = {}
+    for rep in load.get("repeats") or []:
+        kv = rep.get("kv") if isinstance(rep, dict) else None
+        for rank, x in ((kv or {}).get("by_prefill_rank") or {}).items():
+            acc.setdefault(rank, []).append(x.get("reads_per_request") or 0.0)
+    return ", ".join(f"r{k} {sum(v) / len(v):.2g}" for k, v in sorted(acc.items(), key=lambda kv: int(kv[0]))) or "—"
+
+
+def perf_cells(result: GateResult) -> list[CellResult]:
+    return [c for c in result.cells if isinstance(c.facts.load.get("summary"), dict)]
+
+
+def perf_cell_rows(result: GateResult) -> list[tuple[str, ...]]:
+    """One row per cell with load repeats, in :data:`PERF_CELL_COLUMNS` order."""
+    rows: list[tuple[str, ...]] = []
+    for c in perf_cells(result):
+        load = c.facts.load
+        s = load["summary"]
+        plan = load.get("repeat_plan") or {}
+        ttft = "/".join(fmt_ci(_stat(s, "c*", f"ttft_ms.{p}")) for p in ("p50", "p90", "p99"))
+        rows.append(
+            (
+                c.cell_id,
+                f"{plan.get('run', '?')} ({plan.get('stop_reason', '?')})",
+                ", ".join(c.facts.ucx_transports)
+                if c.facts.ucx_transports
+                else ("—" if c.kind == "ref" else "unknown"),
+                ttft,
+                fmt_ci(_stat(s, "c*", "tpot_ms.p50")),
+                fmt_ci(_stat(s, "c*", "itl_ms.p50")),
+                fmt_ci(_stat(s, "c*", "e2el_ms.p50")),
+                fmt_ci(_stat(s, "c*", "output_tok_s")),
+                fmt_ci(_stat(s, "c*", "req_s")),
+                fmt_ci(_stat(s, "kv", "kv_gbps.union")),
+                fmt_ci(_stat(s, "kv", "kv_gbps.sum")),
+                fmt_ci(_stat(s, "kv", "kv_xfer_ms.p50")),
+                f"{fmt_ci(_stat(s, 'kv', 'kv_reads.per_request'))} / {fmt_ci(_stat(s, 'kv', 'kv_descs.per_request'))}",
+                _by_rank(load),
+            )
+        )
+    return rows
+
+
+def plot_perf(result: GateResult, path: Path) -> Path | None:
+    """``perf.png``: one panel per :data:`PLOT_METRICS`, a bar per cell at its mean with the
+    interval as error bar; None when no cell has load repeats."""
+    cells = perf_cells(result)
+    if not cells:
+        return None
+    fig = Figure(figsize=(max(6.0, 0.6 * len(cells) + 3), 2.6 * len(PLOT_METRICS)), layout="constrained")
+    axes = fig.subplots(len(PLOT_METRICS), 1, sharex=True)
+    xs = range(len(cells))
+    for ax, (series, metric, title) in zip(axes, PLOT_METRICS):
+        stats = [_stat(c.facts.load["summary"], series, metric) for c in cells]
+        means = [x["mean"] if x else 0.0 for x in stats]
+        err = [
+            [(x["mean"] - x["lo"]) if x and x.get("lo") is not None else 0.0 for x in stats],
+            [(x["hi"] - x["mean"]) if x and x.get("hi") is not None else 0.0 for x in stats],
+        ]
+        ax.bar(xs, means, yerr=err, capsize=4, color="#4c72b0")
+        for i, x in enumerate(stats):
+            if x is None:
+                ax.text(i, 0, "n/a", ha="center", va="bottom", fontsize=7)
+        ax.set_title(title, fontsize=9)
+        ax.tick_params(labelsize=7)
+    axes[-1].set_xticks(list(xs), [c.cell_id for c in cells], rotation=60, ha="right", fontsize=7)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path

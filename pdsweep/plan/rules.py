@@ -1,0 +1,379 @@
+"""vLLM / NIXL validity rules for one PD cell. Each rule returns a reason or None.
+
+Every rule names the vLLM code it mirrors (vLLM 0.32 layout, module paths under
+``vllm/distributed/kv_transfer/kv_connector/``). A rejected cell is never dropped:
+``plan.expand`` lists it with the rule id and the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from pdsweep.plan import blocks
+from pdsweep.plan.topology import tp_ratio
+
+if TYPE_CHECKING:
+    from pdsweep.plan.cell import Cell
+    from pdsweep.spec.sweep import LoadedSweep, ModelSpec
+
+# kv_buffer_device accepted per platform: nixl/utils.py, _NIXL_SUPPORTED_DEVICE.
+KV_BUFFER_DEVICES = {"cuda": ("cuda", "cpu"), "cpu": ("cpu",), "xpu": ("cpu", "xpu")}
+
+
+def _tp_multiple(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
+    """``TransferTopology.tp_ratio`` (kv_connector/utils.py) asserts divisibility."""
+    try:
+        tp_ratio(c.prefill_tp, c.decode_tp)
+    except ValueError as e:
+        return f"{e}: vLLM TransferTopology.tp_ratio asserts the larger TP is a multiple of the smaller"
+    return None
+
+
+def _kernels(c: Cell, m: ModelSpec, ls: LoadedSweep) -> tuple[int, int, dict[str, blocks.EffectiveBlocks] | None]:
+    """(prefill kernel block, decode kernel block, effective blocks or None when vLLM would
+    find no kernel block). Falls back to the configured sizes where geometry is unknown."""
+    try:
+        eff = blocks.for_cell(c, ls)
+    except ValueError:
+        return c.prefill_block_size, c.decode_block_size, None
+    p, d = eff["prefill"], eff["decode"]
+    return p.kernel or c.prefill_block_size, d.kernel or c.decode_block_size, eff
+
+
+def _describe(eff: dict[str, blocks.EffectiveBlocks]) -> str:
+    arch = next((e.arch for e in eff.values() if e.arch), None)
+    text = ", ".join(f"{r} logical {e.logical} / kernel {e.kernel} ({e.backend})" for r, e in eff.items())
+    return text + (f" on {arch}" if arch else "")
+
+
+def _attention_backend(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
+    """vLLM refuses the cell's ``--attention-backend`` on the target GPU architecture, or
+    finds no valid backend (``CudaPlatform.get_attn_backend_cls``, vllm/platforms/cuda.py):
+    the engine dies at startup."""
+    try:
+        blocks.for_cell(c, ls)
+    except blocks.BackendError as e:
+        return str(e)
+    except ValueError:
+        return None
+    return None
+
+
+def _kernel_block(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
+    """``select_common_block_size`` (vllm/v1/worker/utils.py) raises when the backend takes
+    no divisor of the (aligned) logical block: the engine dies at startup."""
+    try:
+        blocks.for_cell(c, ls)
+    except ValueError as e:
+        return f"{e} (vLLM vllm/v1/worker/utils.py select_common_block_size, at startup)"
+    return None
+
+
+def _block_ratio(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
+    """``TransferTopology.block_size_ratio`` (kv_connector/utils.py), on the KERNEL blocks
+    NIXL exchanges (``_sync_block_size_with_kernel``): decode's must be a multiple of
+    prefill's."""
+    p, d, eff = _kernels(c, m, ls)
+    if d % p:
+        return (
+            f"decode kernel block {d} is not a multiple of prefill kernel block {p}"
+            + (f" ({_describe(eff)})" if eff else "")
+            + f": vLLM TransferTopology.block_size_ratio (kv_connector/utils.py) asserts "
+            f"'Local block size {d} is not divisible by remote block size {p} or vice versa.'"
+        )
+    return None
+
+
+def _hybrid_blocks_unknown(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
+    """Fail closed: a hybrid whose effective blocks cannot be computed (catalogue geometry
+    missing) and whose configured P/D blocks differ cannot be checked against vLLM's rules."""
+    if not m.is_hybrid or c.prefill_block_size == c.decode_block_size:
+        return None
+    eff = _kernels(c, m, ls)[2]
+    if eff is None or any(e.unknown for e in eff.values()):
+        why = next((e.unknown for e in (eff or {}).values() if e.unknown), "no kernel block")
+        return (
+            f"{m.ssm} hybrid with different configured blocks {c.prefill_block_size}/{c.decode_block_size} "
+            f"and unknown effective blocks ({why}): vLLM raises them per TP "
+            "(vllm/platforms/interface.py Platform._align_hybrid_block_size); add the geometry to the catalogue"
+        )
+    return None
+
+
+def _host_buffer_blocks(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
+    """``_validate_remote_agent_handshake`` (nixl/base_worker.py): block_size_ratio != 1
+    asserts "Heterogeneous block sizes are not supported with host buffer" (a cpu
+    kv_buffer_device on a GPU platform)."""
+    p, d, _ = _kernels(c, m, ls)
+    if p != d and c.kv_buffer_device == "cpu" and ls.sweep.platform != "cpu":
+        return (
+            f"kernel blocks {p}/{d} differ with kv_buffer_device cpu: vLLM nixl/base_worker.py "
+            "_validate_remote_agent_handshake asserts 'Heterogeneous block sizes are not supported with host "
+            "buffer'"
+        )
+    return None
+
+
+def _attn_source_ranks(m: ModelSpec, prefill_tp: int, decode_tp: int) -> int:
+    """Prefill ranks one decode rank reads attention from at tp_ratio < 0, replicated GQA
+    heads deduplicated (nixl/tp_mapping.py ``compute_tp_mapping``)."""
+    k = m.num_kv_heads or prefill_tp  # unknown heads: assume one per rank (fail closed)
+    n = prefill_tp // decode_tp
+    return len({r * k // prefill_tp for r in range(n)})
+
+
+def _hetero_tp_blocks(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
+    """prefill TP > decode TP with different kernel blocks, head-sharded attention
+    (nixl/base_worker.py): without SSM ``_validate_remote_agent_handshake`` asserts
+    "Different local/remote block sizes are not supported when P TP > D TP." (unless the
+    prefill side replicates KV heads); past it (SSM hybrids, replicated heads)
+    ``_build_local_splits_from_plan`` asserts "Head-sharded attention reads with P_TP > D_TP
+    and heterogeneous block sizes are not supported" when one decode rank reads attention
+    from several prefill ranks. MLA is replicated: no constraint."""
+    p, d, eff = _kernels(c, m, ls)
+    if c.prefill_tp <= c.decode_tp or p == d or m.attention == "mla":
+        return None
+    where = f"prefill TP {c.prefill_tp} > decode TP {c.decode_tp}, kernel blocks {p}/{d}" + (
+        f" ({_describe(eff)})" if eff else ""
+    )
+    replicated = m.num_kv_heads is not None and c.prefill_tp > m.num_kv_heads
+    if not m.is_hybrid and not replicated:
+        return (
+            f"{where}: vLLM nixl/base_worker.py _validate_remote_agent_handshake asserts "
+            "'Different local/remote block sizes are not supported when P TP > D TP.'"
+        )
+    if _attn_source_ranks(m, c.prefill_tp, c.decode_tp) > 1:
+        return (
+            f"{where}: vLLM nixl/base_worker.py _build_local_splits_from_plan asserts 'Head-sharded "
+            "attention reads with P_TP > D_TP and heterogeneous block sizes are not supported'"
+        )
+    return None
+
+
+def _hybrid_prefix_caching(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
+    """``_validate_remote_agent_handshake`` (nixl/base_worker.py, vLLM 0.32.0): a Mamba
+    hybrid whose decode side has prefix caching on raises when prefill and decode split
+    their logical blocks into different numbers of kernel blocks (heterogeneous TP raises
+    the hybrid block differently per side). Prefix caching is on by default for hybrid
+    models (``ModelConfig.is_prefix_caching_supported``)."""
+    if not m.is_hybrid:
+        return None
+    eff = _kernels(c, m, ls)[2]
+    if eff is None:
+        return None
+    p, d = eff["prefill"], eff["decode"]
+    if not d.prefix_caching or None in (p.physical_per_logical, d.physical_per_logical):
+        return None
+    if p.physical_per_logical != d.physical_per_logical:
+        return (
+            f"{_describe(eff)}: vLLM nixl/base_worker.py _validate_remote_agent_handshake raises "
+            "'Prefix caching with heterogeneous physical_blocks_per_logical is not supported for Mamba "
+            f"hybrid models. Local: {d.physical_per_logical}, Remote: {p.physical_per_logical}. "
+            "Disable prefix caching with --no-enable-prefix-caching.'"
+        )
+    return None
+
+
+def _heads(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
+    """TP must divide the attention heads (vLLM ``ModelConfig.verify_with_parallel_config``)
+    and the SSM heads (mamba mixers shard heads by TP)."""
+    for side, tp in (("prefill", c.prefill_tp), ("decode", c.decode_tp)):
+        if m.num_attention_heads and m.num_attention_heads % tp:
+            return f"{side} TP {tp} does not divide num_attention_heads={m.num_attention_heads}"
+        if m.num_kv_heads and m.attention != "mla":
+            k = m.num_kv_heads
+            if (tp <= k and k % tp) or (tp > k and tp % k):
+                return f"{side} TP {tp} and num_kv_heads={k}: one must divide the other"
+        if m.ssm_state and m.ssm_state.num_heads % tp:
+            return f"{side} TP {tp} does not divide the {m.ssm} heads ({m.ssm_state.num_heads})"
+    return None
+
+
+# (flag, vLLM's default) of the compatibility-hash factors a serve flag sets per role
+_COMPAT_FLAGS = (("--kv-cache-dtype", "auto"), ("--dtype", "auto"), ("--speculative-config", None))
+
+
+def _handshake_compat(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
+    """Prefill and decode must agree on what ``compute_nixl_compatibility_hash``
+    (nixl/metadata.py) hashes and a role can set: ``dtype``, ``cache_dtype``
+    (``--kv-cache-dtype``), ``attn_backend_name`` and ``speculative_config``; the decode
+    side's handshake (nixl/base_worker.py ``_nixl_handshake``) raises "NIXL compatibility
+    hash mismatch" otherwise, unless ``kv_connector_extra_config.enforce_handshake_compat``
+    is false."""
+    extra = ls.sweep.serve_variant(c.serve_args).kv_transfer_extra.get("kv_connector_extra_config") or {}
+    if extra.get("enforce_handshake_compat") is False:
+        return None
+    p, d = blocks.role_flags(c, "prefill", ls), blocks.role_flags(c, "decode", ls)
+    diffs = [
+        f"{name} {a} on prefill vs {b} on decode"
+        for name, default in _COMPAT_FLAGS
+        if (a := blocks.flag(p, name) or default) != (b := blocks.flag(d, name) or default)
+    ]
+    eff = _kernels(c, m, ls)[2]
+    if eff and eff["prefill"].backend != eff["decode"].backend:
+        diffs.append(f"attention backend {eff['prefill'].backend} on prefill vs {eff['decode'].backend} on decode")
+    if not diffs:
+        return None
+    return (
+        f"{'; '.join(diffs)}: vLLM's NIXL compatibility hash (nixl/metadata.py compute_nixl_compatibility_hash: "
+        "dtype, cache_dtype, attn_backend_name, speculative_config) differs and the handshake "
+        "(nixl/base_worker.py) raises 'NIXL compatibility hash mismatch. ... Prefill and decode instances have "
+        "incompatible configurations.'"
+    )
+
+
+def _mamba2_groups(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
+    """Mamba2 with ``n_groups % prefill TP != 0`` at tp_ratio < 0: ``MambaMixer2`` replicates
+    B/C on every prefill rank, but NIXL's conv-state split (``ssm_conv_transfer_utils.py``
+    ``MambaConvSplitInfo.remote_conv_offsets``, tp_ratio < 0) reads x, B and C at sharded
+    offsets, so decode's conv state is wrong (pdsweep's finding with tiny-nemotron-h-g1,
+    tests/fixtures/vllm_cpu/NOTES.md). Such a cell runs only when declared ``expect: fail``
+    (a witness of the bug); unknown ``n_groups`` fails closed."""
+    if m.ssm != "mamba2" or c.prefill_tp <= c.decode_tp or c.expect_fail:
+        return None
+    if m.ssm_state is None:
+        return (
+            f"Mamba2 model at prefill TP {c.prefill_tp} > decode TP {c.decode_tp} without ssm_state.n_groups in "
+            "the catalogue: cannot tell whether NIXL's conv-state split reads it correctly (add the geometry)"
+        )
+    g = m.ssm_state.n_groups
+    if g % c.prefill_tp:
+        return (
+            f"Mamba2 n_groups={g} is not a multiple of prefill TP {c.prefill_tp} (tp_ratio "
+            f"{c.tp_ratio}): MambaMixer2 replicates B/C on each prefill rank while vLLM's NIXL conv-state split "
+            "(ssm_conv_transfer_utils.py MambaConvSplitInfo.remote_conv_offsets) reads them at sharded offsets; "
+            "decode's conv state is wrong (seen on CPU with tiny-nemotron-h-g1). Declare expect: fail to keep the "
+            "cell as a witness"
+        )
+    return None
+
+
+def _kv_buffer_device(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
+    """``kv_buffer_device`` must be one NIXL accepts on the platform (nixl/utils.py)."""
+    allowed = KV_BUFFER_DEVICES[ls.sweep.platform]
+    if c.kv_buffer_device not in allowed:
+        return (
+            f"kv_buffer_device '{c.kv_buffer_device}' not supported on {ls.sweep.platform} "
+            f"(allowed: {', '.join(allowed)})"
+        )
+    return None
+
+
+def _nixl_support(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
+    if not m.nixl.supported:
+        ref = f" [{m.nixl.ref}]" if m.nixl.ref else ""
+        return f"NIXL KV transfer unsupported for {c.model}: {m.nixl.reason}{ref}"
+    return None
+
+
+def _platform(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
+    sup = m.platforms.get(ls.sweep.platform)
+    if sup is None:
+        return f"{c.model} does not run on {ls.sweep.platform} (platforms: {', '.join(m.platforms)})"
+    if not sup.supported:
+        return f"{c.model} unsupported on {ls.sweep.platform}: {sup.reason}" + (f" [{sup.ref}]" if sup.ref else "")
+    return None
+
+
+def _min_gpus(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
+    if ls.sweep.platform == "cuda":
+        tp = min(c.prefill_tp, c.decode_tp)
+        if tp < m.min_gpus:
+            return f"{c.model} needs at least {m.min_gpus} GPUs per instance (TP >= {m.min_gpus}), got TP {tp}"
+    return None
+
+
+def _platform_limit(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
+    """Runtime limits recorded in the catalogue (``platform_limits``), with evidence."""
+    for lim in ls.catalogue.platform_limits:
+        if lim.platform == ls.sweep.platform and lim.applies(c, m):
+            return f"{lim.describe()}: {lim.reason}" + (f" [{lim.ref}]" if lim.ref else "")
+    return None
+
+
+def _serve_args(c: Cell, m: ModelSpec, ls: LoadedSweep) -> list[str]:
+    """Every extra ``vllm serve`` arg of the cell's prefill and decode instances."""
+    v = ls.sweep.serve_variant(c.serve_args)
+    return [*m.serve_args, *v.both, *v.prefill, *v.decode]
+
+
+def dcp_values(args: list[str]) -> list[str]:
+    """Values given to ``--decode-context-parallel-size`` / ``-dcp`` in ``args`` (vLLM
+    ``EngineArgs.add_cli_args``, engine/arg_utils.py; ``--flag=value`` and ``_`` spellings too)."""
+    out = []
+    for i, a in enumerate(args):
+        flag, eq, val = a.partition("=")
+        if flag.replace("_", "-") in ("--decode-context-parallel-size", "-dcp"):
+            out.append(val if eq else (args[i + 1] if i + 1 < len(args) else ""))
+    return out
+
+
+def _unfixed_scope(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
+    """The unfixed build (``pdsweep.builds.unfix``) reverts PR #49297 only in the pull worker's
+    ``_read_blocks_for_req`` and base_worker's split-handle condition. Two paths that
+    build on the fixed conditions are left inconsistent, so such cells are rejected:
+
+    - DCP (``-dcp`` > 1): NIXL's DCP pull paths (``dcp_active`` in nixl/pull_worker.py,
+      v0.29.0 on) came after the fix. With DCP, pure MLA reads a slice from several
+      prefill ranks (``compute_tp_mapping`` -> ``dcp_source_ranks``), and the restored
+      ``if self.use_mla and tp_ratio < 0 and read_specs:`` then also notifies the ranks
+      it just read, beyond ``dcp_consumer_count``: neither pre-fix nor fixed behaviour.
+    - the push connector (``"kv_connector": "NixlPushConnector"`` in
+      ``--kv-transfer-config``, kv_connector/factory.py): nixl/push_worker.py
+      ``_xfer_blocks_for_req`` (not edited) still takes
+      ``src_xfer_handles_by_tp_ratio[split_key][i]`` when ``tp_ratio < 0 and (not
+      self.use_mla or len(plan.all_source_ranks) > 1)``, handles the edited base_worker
+      no longer builds for MLA (a KeyError, not the bug).
+    """
+    build = ls.sweep.builds.get(c.build)
+    if build is None or not build.is_unfixed(c.build):
+        return None
+    args = _serve_args(c, m, ls)
+    dcp = [v for v in dcp_values(args) if v.strip() != "1"]  # any other value: DCP (fail closed)
+    if dcp:
+        return (
+            f"build '{c.build}' is the unfixed baseline and the cell uses DCP "
+            f"(--decode-context-parallel-size {dcp[0]}): the PR #49297 revert leaves DCP's NIXL pull "
+            "path inconsistent (the restored notify-all after an MLA read also notifies the ranks DCP "
+            "just read, nixl/pull_worker.py _read_blocks_for_req); run DCP on fixed builds only"
+        )
+    if any("NixlPushConnector" in a for a in args):
+        return (
+            f"build '{c.build}' is the unfixed baseline and the cell uses the push connector "
+            "(NixlPushConnector): the PR #49297 revert edits only the pull path, and the push worker still "
+            "indexes the split handles the edited base_worker no longer builds for MLA "
+            "(nixl/push_worker.py _xfer_blocks_for_req); run push on fixed builds only"
+        )
+    return None
+
+
+RULES: dict[str, Callable[[Cell, ModelSpec, LoadedSweep], str | None]] = {
+    "platform": _platform,
+    "nixl-support": _nixl_support,
+    "tp-multiple": _tp_multiple,
+    "heads": _heads,
+    "min-gpus": _min_gpus,
+    "attention-backend": _attention_backend,
+    # vLLM checks the compatibility hash before the block sizes (nixl/base_worker.py _nixl_handshake)
+    "handshake-compat": _handshake_compat,
+    "block-ratio": _block_ratio,
+    "hybrid-blocks-unknown": _hybrid_blocks_unknown,
+    "host-buffer-blocks": _host_buffer_blocks,
+    "hetero-tp-blocks": _hetero_tp_blocks,
+    "hybrid-prefix-caching": _hybrid_prefix_caching,
+    "mamba2-groups": _mamba2_groups,
+    "kv-buffer-device": _kv_buffer_device,
+    "platform-limit": _platform_limit,
+    "kernel-block": _kernel_block,
+    "unfixed-scope": _unfixed_scope,
+}
+
+
+def check(cell: Cell, model: ModelSpec, ls: LoadedSweep) -> tuple[str, str] | None:
+    """First failing rule as ``(rule_id, reason)``, or None when the cell is valid."""
+    for rule_id, rule in RULES.items():
+        reason = rule(cell, model, ls)
+        if reason:
+            return rule_id, reason
+    return None

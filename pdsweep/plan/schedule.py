@@ -1,0 +1,314 @@
+"""Pack cells onto disjoint GPU sets so independent cells run at the same time.
+
+List scheduling (longest first, first fit) over a :class:`GpuPool`; the same pool is
+used by ``run`` at run time with real durations. Each concurrently running cell gets a
+*lane*: a private block of ``PORTS_PER_SLOT`` ports, so no two concurrent cells can
+collide on HTTP, ``VLLM_PORT`` or NIXL side-channel ports.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from pdsweep.core.errors import UserError
+from pdsweep.plan.expand import PORTS_PER_SLOT, Cell, Slot
+from pdsweep.plan.gpus import free_gpu_ids, inventory
+from pdsweep.plan.placement import LanePool
+
+# Rough per-cell durations for the makespan estimate (seconds); real runs log real ones.
+STARTUP_S = {"cuda": 300.0, "cpu": 90.0}
+EVAL_S = 120.0
+
+
+def detect_gpus() -> int:
+    """Number of GPUs ``nvidia-smi`` lists that no other process holds (busy ones are
+    logged and left out: :func:`detect_gpu_ids`); 0 when it is absent or fails."""
+    return len(detect_gpu_ids())
+
+
+def detect_gpu_ids() -> tuple[int, ...]:
+    """Indices of this host's free GPUs (:func:`pdsweep.plan.gpus.free_gpu_ids`), the ids
+    :class:`GpuPool` hands out; a GPU another user's process holds is never among them."""
+    return free_gpu_ids(inventory())
+
+
+def estimate_s(cell: Cell) -> float:
+    """Estimated wall time of one cell: startup (longer for more instances) + eval."""
+    instances = 1 if cell.kind == "ref" else cell.num_prefill + cell.num_decode
+    return STARTUP_S[cell.platform] * (1 + 0.1 * (instances - 1)) + EVAL_S
+
+
+MAX_PORT = 65535  # the largest TCP port
+
+
+def check_ports(num_gpus: int, port_base: int) -> None:
+    """Raise ``UserError`` unless every lane's port block fits below :data:`MAX_PORT`: up to
+    ``max(1, num_gpus)`` concurrent cells, ``PORTS_PER_SLOT`` ports each from ``port_base``."""
+    if num_gpus < 0:
+        raise UserError(f"--gpus {num_gpus}: a GPU count is >= 0")
+    lanes = max(1, num_gpus)
+    last = port_base + lanes * PORTS_PER_SLOT - 1
+    if last > MAX_PORT:
+        raise UserError(
+            f"defaults.port_base {port_base} with {num_gpus} GPUs: up to {lanes} concurrent cells of "
+            f"{PORTS_PER_SLOT} ports reach port {last}, past {MAX_PORT} (lower port_base)"
+        )
+
+
+class HasGpus(Protocol):
+    """What :class:`GpuPool` reads of a cell: its GPU count (a :class:`Cell`, or a chain's need)."""
+
+    @property
+    def num_gpus(self) -> int: ...
+
+
+class GpuPool(LanePool):
+    """Thread-safe pool of GPU ids and port lanes on one host. On CPU (``num_gpus == 0``)
+    one cell runs at a time and holds every core. ``ids``: the GPU indices to hand out
+    (default ``0..num_gpus-1``; :func:`detect_gpu_ids` leaves busy GPUs out)."""
+
+    def __init__(
+        self, num_gpus: int, port_base: int, cpus: tuple[int, ...] = (), ids: tuple[int, ...] | None = None
+    ) -> None:
+        check_ports(num_gpus, port_base)
+        super().__init__(port_base, cpus)
+        self.ids = tuple(range(num_gpus)) if ids is None else tuple(ids)[:num_gpus]
+        self.free = set(self.ids)
+        self.num_gpus = num_gpus
+
+    def fits(self, cell: HasGpus) -> bool:
+        return cell.num_gpus <= self.num_gpus if cell.num_gpus else True
+
+    def needs(self, cell: Cell) -> str:
+        """Why ``cell`` does not fit (the run.json / plan reason)."""
+        return f"needs {cell.num_gpus} GPUs, host has {self.num_gpus}"
+
+    def try_acquire(self, cell: HasGpus) -> Slot | None:
+        """Take GPUs and a lane for ``cell``, or None when they are not free now."""
+        with self.lock:
+            if cell.num_gpus == 0:
+                if not self._take_cpu():
+                    return None
+                gpus: tuple[int, ...] = ()
+            else:
+                if len(self.free) < cell.num_gpus:
+                    return None
+                gpus = tuple(sorted(self.free)[: cell.num_gpus])
+                self.free -= set(gpus)
+            lane = self._take_lane()
+            return Slot(lane, gpus, self.port_base + lane * PORTS_PER_SLOT, self.cpus)
+
+    def release(self, slot: Slot) -> None:
+        with self.lock:
+            self.free |= set(slot.gpus)
+            self._free_lane(slot)
+
+
+@dataclass(frozen=True)
+class Placement:
+    cell: Cell
+    slot: Slot
+    start_s: float
+    end_s: float
+
+
+@dataclass
+class Schedule:
+    placements: list[Placement]
+    too_big: list[Cell]  # need more GPUs than the host has: listed as "needs N GPUs"
+    reasons: dict[str, str] = field(default_factory=dict)  # too_big cell id -> why
+
+    @property
+    def makespan_s(self) -> float:
+        return max((p.end_s for p in self.placements), default=0.0)
+
+    @property
+    def serial_s(self) -> float:
+        return sum(p.end_s - p.start_s for p in self.placements)
+
+    @property
+    def ratio(self) -> float:
+        """Makespan over one-by-one time (1.0 = no overlap; lower is better)."""
+        return self.makespan_s / self.serial_s if self.serial_s else 1.0
+
+    def to_dict(self) -> dict:
+        return {
+            "makespan_s": self.makespan_s,
+            "serial_s": self.serial_s,
+            "ratio": self.ratio,
+            "placements": [
+                {
+                    "cell": p.cell.id,
+                    "gpus": list(p.slot.gpus),
+                    "instances": instance_placement(p),
+                    "lane": p.slot.index,
+                    "port_base": p.slot.port_base,
+                    "start_s": p.start_s,
+                    "end_s": p.end_s,
+                }
+                for p in self.placements
+            ],
+            "needs_more_gpus": [
+                {"cell": c.id, "needs": c.num_gpus, "reason": self.reasons.get(c.id)} for c in self.too_big
+            ],
+        }
+
+
+def instance_placement(p: Placement) -> list[dict]:
+    """Node and GPU ids of each instance of a placement (``prefill-0``, ``decode-0``, ...),
+    in the order :func:`pdsweep.plan.expand.instances` hands out ``slot.gpus``."""
+    from pdsweep.plan.placement import groups
+
+    c, slot, out, i = p.cell, p.slot, [], 0
+    names = (
+        ["single-0"]
+        if c.kind == "ref"
+        else [f"prefill-{k}" for k in range(c.num_prefill)] + [f"decode-{k}" for k in range(c.num_decode)]
+    )
+    for k, (name, size) in enumerate(zip(names, groups(c))):
+        gpus = list(slot.gpus[i : i + size]) if slot.gpus else []
+        i += size if slot.gpus else 0
+        out.append({"name": name, "node": slot.node(k) or slot.host(k), "host": slot.host(k), "gpus": gpus})
+    return out
+
+
+def order(cells: list[Cell]) -> list[Cell]:
+    """Run order: references first (PD cells are judged against them), then the
+    largest cells first (LPT), stable otherwise."""
+    return sorted(cells, key=lambda c: (c.kind != "ref", -c.num_gpus, -estimate_s(c)))
+
+
+def pack(cells: list[Cell], num_gpus: int, port_base: int = 20000, pool=None, estimate=None) -> Schedule:
+    """Simulate the run-time scheduler with estimated durations (``estimate``: cell ->
+    seconds, default :func:`estimate_s`; :func:`pdsweep.plan.startup.estimator` by model size),
+    on ``pool`` (default a :class:`GpuPool` of ``num_gpus``; a :class:`pdsweep.plan.placement.ClusterPool`
+    places over nodes). Returns placements whose concurrent cells hold disjoint GPUs and distinct lanes.
+    """
+    estimate = estimate or estimate_s
+    pool = pool or GpuPool(num_gpus, port_base)
+    runnable = [c for c in order(cells) if pool.fits(c)]
+    too_big = [c for c in cells if not pool.fits(c)]
+    running: list[tuple[float, int, Slot]] = []  # heap of (end, start order, slot)
+    out: list[Placement] = []
+    t, pending = 0.0, list(runnable)
+    while pending or running:
+        started = True
+        while started:
+            started = False
+            for c in pending:
+                slot = pool.try_acquire(c)
+                if slot:
+                    end = t + estimate(c)
+                    heapq.heappush(running, (end, len(out), slot))
+                    out.append(Placement(c, slot, t, end))
+                    pending.remove(c)
+                    started = True
+                    break
+        if running:
+            t, _, slot = heapq.heappop(running)
+            pool.release(slot)
+    return Schedule(out, too_big, {c.id: pool.needs(c) for c in too_big})
+
+
+# ---------------------------------------------------------------- reuse: order and lifecycle
+def reuse_order(cells: list[Cell], keys: dict[str, set[str]]) -> list[Cell]:
+    """Run order with instance reuse (``keys``: cell id -> :func:`pdsweep.deploy.instances.instance_key`
+    of each instance it needs). References first, then the PD cells as paths through the
+    sharing graph (two cells adjacent when they share an instance): each connected group
+    in :func:`order`, starting at a cell with the fewest sharing neighbours, each next cell
+    the one sharing most with the current one (ties: fewest neighbours, then order). So
+    consecutive cells share what they can and a shared instance stays up between them."""
+    base = order(cells)
+    refs, pd = [c for c in base if c.kind == "ref"], [c for c in base if c.kind != "ref"]
+    rank = {c.id: i for i, c in enumerate(pd)}
+    nbrs = {c.id: {d.id for d in pd if d.id != c.id and keys.get(c.id, set()) & keys.get(d.id, set())} for c in pd}
+    left, out = {c.id: c for c in pd}, []
+    while left:
+        first = next(iter(sorted(left, key=rank.__getitem__)))
+        group, todo = set[str](), [first]
+        while todo:
+            x = todo.pop()
+            if x in group:
+                continue
+            group.add(x)
+            todo += [y for y in nbrs[x] if y in left]
+        cur: str | None = min(group, key=lambda x: (len(nbrs[x] & group), rank[x]))
+        while cur is not None:
+            out.append(left.pop(cur))
+            group.discard(cur)
+            share = {x: len(keys.get(cur, set()) & keys.get(x, set())) for x in group}
+            cur = min(group, key=lambda x: (-share[x], len(nbrs[x] & group), rank[x])) if group else None
+    return refs + out
+
+
+def lifecycle(cells: list[Cell], keys: dict[str, list[str]], ids: dict[str, str], prestart: bool = True) -> list[dict]:
+    """When each instance starts and stops when ``cells`` run in this order, one at a time,
+    keeping an instance up only while the next cell needs it (:meth:`InstancePool.keep_only`):
+    one row per start, ``{instance_id, cells, start_before, start_during, stop_after}``
+    (``start_during``: the cell whose measurement overlaps the start, with ``prestart``).
+    ``keys``: cell id -> instance keys in instance order; ``ids``: key -> instance id."""
+    rows: list[dict] = []
+    live: dict[str, dict] = {}
+    for i, c in enumerate(cells):
+        for k in keys.get(c.id, []):
+            if k not in live:
+                live[k] = {
+                    "instance_id": ids[k],
+                    "cells": [],
+                    "start_before": c.id,
+                    "start_during": cells[i - 1].id if prestart and i else None,
+                    "stop_after": None,
+                }
+                rows.append(live[k])
+            live[k]["cells"].append(c.id)
+        nxt = set(keys.get(cells[i + 1].id, [])) if i + 1 < len(cells) else set()
+        for k in [k for k in live if k not in nxt]:
+            live.pop(k)["stop_after"] = c.id
+    return rows
+
+
+def sequential_s(cells: list[Cell]) -> float:
+    """Upstream's approach in the duration model: every cell one after the other, each
+    starting its own instances (``config_sweep_accuracy_test.sh``: a fresh pair per config)."""
+    return sum(estimate_s(c) for c in cells)
+
+
+def reuse_makespan_s(cells: list[Cell], keys: dict[str, list[str]], num_gpus: int, port_base: int = 20000) -> float:
+    """Makespan in the duration model with packing and reuse: :func:`reuse_order` chains
+    (consecutive cells sharing an instance) run on one GPU set each, the chain holding
+    its largest cell's GPUs; in a chain a cell whose instances are all up already pays no
+    startup (:data:`STARTUP_S`), only the eval (:data:`EVAL_S`); chains are packed like
+    cells (:func:`pack`'s first fit, longest first)."""
+    sets = {c.id: set(keys.get(c.id, [])) for c in cells}
+    chains: list[list[Cell]] = []
+    for c in reuse_order(cells, sets):
+        if chains and chains[-1][-1].kind == c.kind == "pd" and sets[chains[-1][-1].id] & sets[c.id]:
+            chains[-1].append(c)
+        else:
+            chains.append([c])
+
+    def dur(chain: list[Cell]) -> float:
+        t, prev = 0.0, set[str]()
+        for c in chain:
+            t += EVAL_S if sets[c.id] <= prev else estimate_s(c)
+            prev = sets[c.id]
+        return t
+
+    pool = GpuPool(num_gpus, port_base)
+    jobs = sorted(((dur(ch), max(ch, key=lambda c: c.num_gpus)) for ch in chains), key=lambda j: -j[0])
+    running: list[tuple[float, int, Slot]] = []  # heap of (end, id, slot)
+    t, pending = 0.0, [j for j in jobs if pool.fits(j[1])]
+    while pending or running:
+        for j in list(pending):
+            slot = pool.try_acquire(j[1])
+            if slot:
+                heapq.heappush(running, (t + j[0], id(slot), slot))
+                pending.remove(j)
+        if running:
+            t, _, slot = heapq.heappop(running)
+            pool.release(slot)
+        elif pending:
+            break
+    return t

@@ -1,0 +1,320 @@
+"""The dry run (``pdsweep plan``, and the argv check of ``validate``): the cells of a
+sweep with every instance's exact ``vllm serve`` argv/env, the rejected cells with their
+rule, and the schedule over one host or a cluster, as a dict (``--format json``) or as
+tables. Starts nothing and writes nothing (tiny checkpoints are named, not built)."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from typing import TYPE_CHECKING
+
+from pdsweep.core.errors import UserError
+
+if TYPE_CHECKING:
+    from pdsweep.plan.placement import ClusterPool
+    from pdsweep.plan.schedule import GpuPool
+
+
+def check_argv(ls, cells) -> None:
+    """Parse every instance argv of ``cells`` with the installed vLLM (:mod:`pdsweep.builds.argcheck`);
+    raises ``UserError`` naming cell, instance and vLLM's message."""
+    from pdsweep.builds.argcheck import check_instances
+    from pdsweep.plan.expand import Slot, instances, model_path
+
+    items = []
+    for c in cells:
+        m = ls.catalogue.models[c.model]
+        slot = Slot(0, tuple(range(c.num_gpus)), ls.sweep.defaults.port_base)
+        specs = instances(c, slot, ls, model_path(m, c.model, create=False), "python")
+        items += [(c.id, i.name, i.argv) for i in specs]
+    bad = check_instances(items)
+    if bad:
+        raise UserError(f"{ls.path}: vLLM refuses {len(bad)} instance argv(s):\n" + "\n".join(bad))
+
+
+MAX_NODES = 4096  # a plan over more nodes is a typo, not a cluster
+MAX_GPUS_PER_NODE = 64
+
+
+def _check_slot_ports(slots: dict, port_base: int) -> None:
+    """Raise ``UserError`` when a lane the schedule placed (one host or a cluster) has ports
+    past :data:`pdsweep.plan.schedule.MAX_PORT`: lanes counted as the schedule uses them."""
+    from pdsweep.plan.schedule import MAX_PORT, PORTS_PER_SLOT
+
+    if not slots:
+        return
+    last = max(s.port_base for s in slots.values()) + PORTS_PER_SLOT - 1
+    if last > MAX_PORT:
+        lanes = len({s.port_base for s in slots.values()})
+        raise UserError(
+            f"defaults.port_base {port_base}: the schedule runs {lanes} lanes of {PORTS_PER_SLOT} ports, "
+            f"reaching port {last}, past {MAX_PORT} (lower port_base, or fewer nodes/GPUs)"
+        )
+
+
+def plan_cluster(nodes: int | None, gpus_per_node: int | None, launcher: str = "local"):
+    """The :class:`pdsweep.plan.placement.Cluster` to place over, or None (one host). Raises
+    ``UserError`` for ``--nodes`` without ``--gpus-per-node`` or non-positive counts."""
+    from pdsweep.plan.placement import Cluster
+
+    if nodes is None and launcher != "slurm":
+        if gpus_per_node is not None:
+            raise UserError("--gpus-per-node needs --nodes N (or --launcher slurm inside an allocation)")
+        return None
+    if gpus_per_node is not None and not 0 <= gpus_per_node <= MAX_GPUS_PER_NODE:
+        raise UserError(f"--gpus-per-node {gpus_per_node}: allowed 0..{MAX_GPUS_PER_NODE}")
+    if nodes is not None:
+        if gpus_per_node is None or not 1 <= nodes <= MAX_NODES:
+            raise UserError(f"--nodes {nodes}: give --gpus-per-node G as well (nodes 1..{MAX_NODES}, G >= 0)")
+        if launcher == "slurm":
+            raise UserError("--nodes places over a synthetic cluster; --launcher slurm over the allocation: give one")
+        return Cluster.synthetic(nodes, gpus_per_node)
+    from pdsweep.deploy.launchers.slurm import allocation, node_addrs
+
+    _, names, gpn = allocation()
+    addrs = node_addrs(names)
+    return Cluster(tuple(names), gpn if gpus_per_node is None else gpus_per_node, tuple(addrs[n] for n in names))
+
+
+def plan_dict(
+    sweep: str, gpus: int | None, cells_glob: str | None = None, cluster=None, check: bool = False, gpu_check=False
+) -> dict:
+    """The dry run: cells with per-instance argv/env (and node), rejected cells, and the
+    schedule; over ``cluster`` (nodes x GPUs) when given, else over one host's ``gpus``.
+    ``gpu_check``: run :func:`pdsweep.run.preflight.preflight` first (``UserError`` on a problem;
+    busy GPUs are left out of the schedule)."""
+    from pdsweep.plan.builds import build_python
+    from pdsweep.plan.expand import expand, instances, model_path, planned_blocks, reference_of, select
+    from pdsweep.plan.schedule import detect_gpus, pack
+    from pdsweep.run.feasible import preflight
+    from pdsweep.spec.sweep import load_sweep
+
+    ls = load_sweep(sweep)
+    plan = expand(ls)
+    preflight(plan, tasks=False)  # validate also asks lm-eval for the task names
+    n = gpus if gpus is not None else (detect_gpus() if ls.sweep.platform == "cuda" else 0)
+    cells = select(plan, cells_glob)
+    if cells_glob and not cells:
+        raise UserError(f"--cells {cells_glob!r} selects no cell of {ls.path} ({len(plan.cells)} cells)")
+    if check:
+        check_argv(ls, cells)
+    pool: GpuPool | ClusterPool | None = None
+    if gpu_check and cluster is None:
+        from pdsweep.plan.schedule import GpuPool
+        from pdsweep.run.preflight import preflight as gpu_preflight
+
+        checked = gpu_preflight(ls, cells, gpus)
+        for w in checked.warnings:
+            print(f"warning: {w}", file=sys.stderr)
+        if ls.sweep.platform == "cuda" and checked.gpu_ids:
+            n = len(checked.gpu_ids)
+            pool = GpuPool(n, ls.sweep.defaults.port_base, ids=checked.gpu_ids)
+    if cluster is not None:
+        from dataclasses import replace
+
+        from pdsweep.plan.placement import ClusterPool
+
+        if ls.sweep.platform != "cuda":
+            cluster = replace(cluster, gpus_per_node=0)
+        pool = ClusterPool(cluster, ls.sweep.defaults.port_base)
+        n = cluster.num_gpus
+    from pdsweep.plan.startup import estimator
+
+    sched = pack(cells, n, ls.sweep.defaults.port_base, pool=pool, estimate=estimator(ls))
+    slots = {p.cell.id: p.slot for p in sched.placements}
+    _check_slot_ports(slots, ls.sweep.defaults.port_base)
+    out_cells, specs_of = [], {}
+    for c in cells:
+        d = {
+            **c.to_dict(),
+            "tp_ratio": c.tp_ratio,
+            "num_gpus": c.num_gpus,
+            "blocks": _cell_blocks(c, ls),
+            "reference_cell": reference_of(c, ls).id if c.kind == "pd" and ls.sweep.eval.reference else None,
+        }
+        if c.id in slots:
+            m = ls.catalogue.models[c.model]
+            try:
+                python = build_python(ls, c.build)  # the interpreter `run` will use
+            except UserError:  # e.g. .venv-unfixed not built yet: a dry run still shows the argv
+                python = f"{ls.sweep.builds[c.build].venv}/bin/python"
+            specs = specs_of[c.id] = instances(c, slots[c.id], ls, model_path(m, c.model, create=False), python)
+            d["instances"] = [{**s.to_dict(), "blocks": planned_blocks(m, ls.sweep.platform, s)} for s in specs]
+        out_cells.append(d)
+    # `run` shares identical instances across cells on one host (pdsweep.deploy.instances); on
+    # GPUs as chains, each instance keeping its GPUs (pdsweep.run.gpureuse)
+    reuse = reuse_plan([c for c in cells if c.id in specs_of], specs_of) if cluster is None else None
+    if reuse is not None and n:
+        from pdsweep.run.gpureuse import chain_schedule
+
+        order = {c.id: c for c in cells}
+        todo = [order[cid] for cid in reuse["order"]]
+        reuse["schedule"] = chain_schedule(todo, specs_of, n, ls.sweep.defaults.port_base, estimator(ls))
+    return {
+        "sweep": str(ls.path),
+        "platform": ls.sweep.platform,
+        "gpu_arch": _gpu_arch(ls.sweep.platform),
+        "gpus": n,
+        "nodes": list(cluster.nodes) if cluster else None,
+        "cells": out_cells,
+        "rejected": [r.to_dict() for r in plan.rejected],
+        "schedule": sched.to_dict(),
+        "reuse": reuse,
+    }
+
+
+def reuse_plan(cells, specs_of: dict) -> dict:
+    """What ``run`` (reuse on) does with ``cells``: its run order
+    (:func:`pdsweep.plan.schedule.reuse_order`), then :func:`pdsweep.deploy.instances.reuse_record`,
+    the shape of plan.json ``reuse``."""
+    from pdsweep.deploy.instances import instance_key, reuse_record
+    from pdsweep.plan.schedule import reuse_order
+
+    todo = reuse_order(cells, {cid: {instance_key(s) for s in sp} for cid, sp in specs_of.items()})
+    return reuse_record(todo, specs_of)
+
+
+def _cell_blocks(cell, ls) -> dict:
+    """Effective blocks per role (:func:`pdsweep.plan.blocks.for_cell`), or ``{"error": msg}``."""
+    from pdsweep.plan.blocks import for_cell
+
+    try:
+        return {role: e.to_dict() for role, e in for_cell(cell, ls).items()}
+    except ValueError as e:
+        return {"error": str(e)}
+
+
+def _gpu_arch(platform: str) -> dict | None:
+    """``{"arch": "sm90", "source": "--gpu-arch" | "nvidia-smi" | "assumed ..."}`` on CUDA, else None."""
+    from pdsweep.plan.blocks import target_arch
+
+    if platform != "cuda":
+        return None
+    arch, source = target_arch()
+    return {"arch": arch, "source": source}
+
+
+def _blocks_text(blocks: dict) -> str:
+    """``P FLASHMLA 1024/64 D FLASHMLA 1920/64``: attention backend and effective
+    logical/kernel block per role (``?``: unknown)."""
+    if "error" in blocks:
+        return "error"
+    return " ".join(
+        f"{role[0].upper()} {b.get('backend')}{_table_mark(b)} {b.get('logical') or '?'}/{b.get('kernel') or '?'}"
+        for role, b in blocks.items()
+    )
+
+
+def _table_mark(b: dict) -> str:
+    """``(table)`` on CUDA where vLLM could not be asked (no head geometry in the catalogue)."""
+    return "(table)" if b.get("arch") and b.get("backend_source") == "pdsweep table" else ""
+
+
+def instance_blocks_text(b: dict | None) -> str:
+    """``backend FLASHMLA, logical 1920 / kernel 64 (vLLM 0.32.0, sm90)`` for one instance."""
+    if not b:
+        return ""
+    if "error" in b:
+        return f"blocks: {b['error']}"
+    where = ", ".join(x for x in (b.get("backend_source"), b.get("arch")) if x)
+    return f"backend {b['backend']}, logical {b.get('logical') or '?'} / kernel {b.get('kernel') or '?'} ({where})"
+
+
+def print_plan(d: dict) -> None:
+    """:func:`plan_dict` as tables for a terminal (cells, rejected cells, instance argv,
+    schedule); whole lines when stdout is not a terminal (CI logs)."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    # not a terminal (CI logs): no 80-column cut, whole cell ids and reasons
+    con = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 100_000)
+    where = f"{len(d['nodes'])} nodes, {d['gpus']} GPUs" if d["nodes"] else f"{d['gpus']} GPUs"
+    if d.get("gpu_arch"):
+        where += f", {d['gpu_arch']['arch']} ({d['gpu_arch']['source']})"
+    t = Table(title=f"{d['sweep']}: {len(d['cells'])} cells ({d['platform']}, {where})")
+    for col in ("cell", "tp_ratio", "GPUs", "instances", "backend logical/kernel", "expect", "reference"):
+        t.add_column(col, overflow="fold")
+    for c in d["cells"]:
+        t.add_row(
+            c["id"],
+            str(c["tp_ratio"]) if c["kind"] == "pd" else "-",
+            str(c["num_gpus"]),
+            str(len(c.get("instances", []))) or "-",
+            _blocks_text(c["blocks"]),
+            ("fail" if c["expect_fail"] else "") + (f" ({c['expect_note']})" if c.get("expect_note") else ""),
+            c.get("reference_cell") or "-",
+        )
+    con.print(t)
+    if d["rejected"]:
+        r = Table(title=f"rejected: {len(d['rejected'])} cells")
+        r.add_column("cell")
+        r.add_column("rule")
+        r.add_column("reason")
+        for x in d["rejected"]:
+            r.add_row(x["cell_id"], x["rule"], x["reason"])
+        con.print(r)
+    s = d["schedule"]
+    for x in s["needs_more_gpus"]:
+        why = x.get("reason") or f"needs {x['needs']} GPUs (host has {d['gpus']})"
+        con.print(f"not scheduled: {x['cell']} {why}")
+    con.print("\n[bold]instances (dry run)[/bold]")
+    for c in d["cells"]:
+        for i in c.get("instances", []):
+            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in i["env"].items())
+            on = f" on {i['node']}" if d["nodes"] else ""
+            con.print(escape(f"[{c['id']}] {i['name']}{on}: {env} {shlex.join(i['argv'])}"))
+            if i.get("blocks"):
+                con.print(escape(f"    {i['name']}: {instance_blocks_text(i['blocks'])}"))
+    con.print("\n[bold]schedule[/bold]")
+    for p in s["placements"]:
+        gp = placement_text(p) if d["nodes"] else ",".join(map(str, p["gpus"])) or "cpu"
+        con.print(
+            f"  t={p['start_s']:7.0f}s..{p['end_s']:7.0f}s  lane {p['lane']} ports {p['port_base']}+  "
+            f"GPUs {gp:12} {p['cell']}"
+        )
+    con.print(
+        f"estimated makespan {s['makespan_s']:.0f} s vs {s['serial_s']:.0f} s one by one (ratio {s['ratio']:.2f})"
+    )
+    if d.get("reuse"):
+        _print_reuse(con, d["reuse"])
+
+
+def _print_reuse(con, reuse: dict) -> None:
+    """The instances ``run`` shares across cells (started once, reset between cells)."""
+    from rich.table import Table
+
+    shared = [r for r in reuse["instances"] if len(r["cells"]) > 1]
+    t = Table(
+        title=f"instance reuse: {reuse['distinct']} distinct instances for {reuse['per_cell']} uses "
+        f"({len(shared)} shared; `run --no-reuse` starts one per use)"
+    )
+    for col in ("instance", "cells (in run order)", "stops after"):
+        t.add_column(col, overflow="fold")
+    for r in shared:
+        t.add_row(r["instance_id"], ", ".join(r["cells"]), r["stop_after"] or "-")
+    con.print(t)
+    s = reuse.get("schedule")
+    if s:
+        con.print(
+            f"with reuse on GPUs: {len(s['chains'])} chains (cells sharing instances run in turn on one GPU set), "
+            f"estimated makespan {s['makespan_s']:.0f} s vs {s['sequential_s']:.0f} s one cell at a time"
+        )
+
+
+def placement_text(p: dict) -> str:
+    """``prefill-0@node0:0-7 decode-0@node1:0-3`` from a schedule placement's
+    ``instances`` (``@node0:cpu`` on CPU)."""
+    return " ".join(f"{i['name']}@{i['node']}:{_ranges(i['gpus']) if i['gpus'] else 'cpu'}" for i in p["instances"])
+
+
+def _ranges(ids: list[int]) -> str:
+    ids = sorted(set(ids))
+    out: list[str] = []
+    start: int | None = ids[0]
+    for a, b in zip(ids, ids[1:] + [None]):
+        if b != a + 1:
+            out.append(f"{start}" if start == a else f"{start}-{a}")
+            start = b
+    return ",".join(out)

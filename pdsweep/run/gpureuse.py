@@ -1,0 +1,146 @@
+"""``pdsweep run`` with instance reuse on GPUs (local launcher).
+
+The cells run as chains (:mod:`pdsweep.plan.reusepack`): each chain on its own GPU set and
+port lane, chains concurrently, the cells of a chain one after the other on the shared
+:class:`pdsweep.deploy.instances.InstancePool`. GPUs are handed out per instance, not per
+cell: an instance that is still up keeps the GPUs it started on, a new one takes GPUs of
+the chain's set that no live instance holds. After each cell, every instance of the chain
+the next cell does not need is stopped and waited for (its GPU memory is free before
+another instance takes the GPU). The next cell's new instances start early (``prestart``)
+only on GPUs no live instance holds. So no two live instances ever share a GPU, each
+instance starts once per chain stretch that needs it, and ports stay disjoint (lanes per
+chain, port blocks per instance).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from pdsweep.deploy.instances import InstancePool, instance_key
+from pdsweep.plan.expand import Cell, InstanceSpec, Slot, instances, model_path
+from pdsweep.plan.reusepack import Chain, chain_s, chains
+from pdsweep.plan.schedule import GpuPool
+from pdsweep.plan.startup import estimator
+
+log = logging.getLogger(__name__)
+
+
+def run_chains(
+    ctx: Any, todo: list[Cell], pool: GpuPool, specs: dict[str, list[InstanceSpec]], run_cell: Callable
+) -> None:
+    """Run ``todo`` as chains on ``pool``'s GPUs (longest chain first, first fit), each chain
+    in a worker thread holding its :attr:`~pdsweep.plan.reusepack.Chain.need` GPUs and a lane. ``specs``: cell id -> its
+    planned instances (identity only); ``run_cell(ctx, cell, slot, on_ready)`` runs one cell."""
+    keys, sizes = identities(specs)
+    est = estimator(ctx.ls)
+    pending = sorted(chains(todo, keys, sizes, pool.num_gpus), key=lambda ch: -chain_s(ch, keys, est))
+    with cf.ThreadPoolExecutor(max_workers=max(1, pool.num_gpus), thread_name_prefix="chain") as ex:
+        running: dict[cf.Future, Slot] = {}
+        while pending or running:
+            if ctx.stop.is_set():
+                break
+            for ch in list(pending):
+                slot = pool.try_acquire(ch.need)
+                if slot is None:
+                    continue
+                pending.remove(ch)
+                running[ex.submit(run_chain, ctx, ch, slot, specs, run_cell)] = slot
+            if not running:
+                break
+            done, _ = cf.wait(list(running), timeout=0.5, return_when=cf.FIRST_COMPLETED)
+            for fut in done:
+                pool.release(running.pop(fut))
+                fut.result()
+
+
+def identities(specs: dict[str, list[InstanceSpec]]) -> tuple[dict[str, list[str]], dict[str, int]]:
+    """(cell id -> instance keys, instance key -> its GPU count) of planned ``specs``."""
+    keys = {cid: [instance_key(s) for s in sp] for cid, sp in specs.items()}
+    return keys, {instance_key(s): len(s.gpus) for sp in specs.values() for s in sp}
+
+
+def run_chain(ctx: Any, chain: Chain, slot: Slot, specs: dict[str, list[InstanceSpec]], run_cell: Callable) -> None:
+    """The cells of ``chain`` one by one on ``slot``'s GPUs, stopping after each cell the
+    instances its plan says (``chain.stops``: not needed again, or room for the next cell's)."""
+    provider: InstancePool = ctx.provider
+    mine = {instance_key(s) for c in chain.cells for s in specs.get(c.id, [])}
+    try:
+        for i, cell in enumerate(chain.cells):
+            if ctx.stop.is_set():
+                break
+            nxt = chain.cells[i + 1] if i + 1 < len(chain.cells) else None
+            hook = None
+            if nxt is not None and ctx.opts.prestart and specs.get(nxt.id):
+                hook = functools.partial(prestart, ctx, nxt, slot, specs[nxt.id], mine)
+            run_cell(ctx, cell, cell_slot(provider, slot, specs.get(cell.id, []), mine), on_ready=hook)
+            provider.stop(set(chain.stops[i]) if chain.stops else mine, cell.id)
+    finally:
+        provider.keep_only([], None, among=mine, wait=True)
+
+
+def assign(held: dict[int, str], gpus: tuple[int, ...], planned: list[InstanceSpec]) -> tuple[int, ...] | None:
+    """GPU ids for ``planned`` in instance order (as :func:`pdsweep.plan.expand.instances`
+    hands out ``slot.gpus``): a live instance's own (``held``: GPU -> instance key), a new
+    one the next ``len(spec.gpus)`` of ``gpus`` that no live instance holds; None when those
+    do not suffice."""
+    live: dict[str, list[int]] = {}
+    for g, k in sorted(held.items()):
+        live.setdefault(k, []).append(g)
+    free = [g for g in gpus if g not in held]
+    out: list[int] = []
+    for s in planned:
+        k = instance_key(s)
+        if k in live:
+            out += live[k]
+        elif len(free) >= len(s.gpus):
+            out += free[: len(s.gpus)]
+            free = free[len(s.gpus) :]
+        else:
+            return None
+    return tuple(out)
+
+
+def cell_slot(provider: InstancePool, slot: Slot, planned: list[InstanceSpec], mine: set[str]) -> Slot:
+    """``slot`` with the GPUs :func:`assign` gives the cell's instances. Raises
+    ``RuntimeError`` when they do not fit (the chain holds its largest cell's GPUs and stops
+    what the next cell does not need first: a pdsweep bug)."""
+    if not slot.gpus or not planned:
+        return slot
+    gpus = assign(provider.gpus_held(mine), slot.gpus, planned)
+    if gpus is None:
+        raise RuntimeError(f"GPUs {list(slot.gpus)}: no room for {[s.name for s in planned]} beside live instances")
+    return replace(slot, gpus=gpus)
+
+
+def prestart(ctx: Any, cell: Cell, slot: Slot, planned: list[InstanceSpec], mine: set[str]) -> None:
+    """Start ``cell``'s instances that are not up, if they fit on GPUs no live instance
+    holds (else they start when the cell comes, after the previous cell's are stopped)."""
+    provider: InstancePool = ctx.provider
+    gpus = assign(provider.gpus_held(mine), slot.gpus, planned)
+    build = ctx.builds.get(cell.build) or {}
+    if gpus is None or not build.get("python") or build.get("error"):
+        return
+    model = ctx.ls.catalogue.models[cell.model]
+    try:
+        real = instances(cell, replace(slot, gpus=gpus), ctx.ls, model_path(model, cell.model), build["python"])
+    except Exception as e:  # noqa: BLE001 -- the cell itself reports it when it comes
+        log.warning("%s: no prestart: %s", cell.id, e)
+        return
+    provider.prestart(real, cell.id)
+
+
+def chain_schedule(
+    todo: list[Cell], specs: dict[str, list[InstanceSpec]], num_gpus: int, port_base: int, estimate: Callable
+) -> dict[str, Any]:
+    """plan.json ``reuse.schedule`` (and ``pdsweep plan``'s): the chains of ``todo`` packed
+    on ``num_gpus`` GPUs (:func:`pdsweep.plan.reusepack.pack_chains`)."""
+    from pdsweep.plan.reusepack import pack_chains, record
+
+    keys, sizes = identities(specs)
+    chs = chains(todo, keys, sizes, num_gpus)
+    return record(pack_chains(chs, keys, num_gpus, port_base, estimate), keys, estimate)

@@ -1,0 +1,209 @@
+"""The GPU check behind scripts/device-check.sh (run that, not this): nvidia-smi facts,
+``detect_gpus`` and busy-GPU detection against a torch process it starts, and
+``pdsweep bench transfer`` with Kimi-Linear geometry (p2d1, p4d1, p1d2 byte-verified; the
+unfixed plan refused), with the UCX transports used. Writes ``OUT/device-check.json``;
+exit 0 when every check passed, 1 otherwise.
+
+``--device cpu`` is the dry run for machines without a GPU (CI): a fake ``nvidia-smi``
+(tests/_fakes.py) lists the holder process on GPU 0, and the bench uses host memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PAIRS = ((2, 1), (4, 1), (1, 2))
+HOLD_GPU = (
+    "import sys, time, torch\n"
+    "dev = sys.argv[1]\n"
+    "x = torch.ones(256 << 20, dtype=torch.uint8, device=dev)  # 256 MiB: a CUDA context on GPU 0\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+def run(cmd: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def smi_facts() -> dict:
+    """nvidia-smi's GPU rows and compute apps (pdsweep.plan.gpus.inventory), or why not."""
+    from pdsweep.plan.gpus import inventory
+
+    inv = inventory()
+    exe = shutil.which("nvidia-smi")
+    head = run([exe], 30).stdout.splitlines()[:12] if exe else []
+    return {
+        "nvidia_smi": exe,
+        "error": inv.error,
+        "driver": inv.driver,
+        "gpus": [{k: v for k, v in g.__dict__.items() if k != "apps"} for g in inv.gpus],
+        "compute_apps": [a.__dict__ for g in inv.gpus for a in g.apps],
+        "header": head,
+    }
+
+
+def torch_facts() -> dict:
+    try:
+        import torch
+    except ImportError as e:
+        return {"error": str(e)}
+    out = {"torch": torch.__version__, "cuda": torch.version.cuda, "available": torch.cuda.is_available()}
+    if out["available"]:
+        out["devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        out["capability"] = [
+            ".".join(map(str, torch.cuda.get_device_capability(i))) for i in range(torch.cuda.device_count())
+        ]
+    return out
+
+
+@contextlib.contextmanager
+def fake_smi_with(pid: int):
+    """CPU dry run: a fake 2-GPU nvidia-smi (tests/_fakes.py) first on PATH, GPU 0 held by ``pid``."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from _fakes import fake_nvidia_smi
+
+    with tempfile.TemporaryDirectory(prefix="pdsweep-fake-smi-") as d:
+        fake_nvidia_smi(Path(d), 2, busy={0: (pid, "python3", 256)})
+        old = os.environ["PATH"]
+        os.environ["PATH"] = f"{d}:{old}"
+        try:
+            yield
+        finally:
+            os.environ["PATH"] = old
+
+
+def busy_check(device: str) -> dict:
+    """Start a torch process holding GPU 0; ``detect_gpu_ids`` must leave GPU 0 out while it
+    lives (a warning naming its pid) and give it back after it exits."""
+    from pdsweep.plan.gpus import inventory
+    from pdsweep.plan.schedule import detect_gpu_ids, detect_gpus
+
+    before = list(detect_gpu_ids())
+    dev = "cuda:0" if device == "cuda" else "cpu"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_GPU, dev], stdout=subprocess.PIPE, text=True)
+    out: dict = {"before": before, "holder_pid": holder.pid}
+    try:
+        line = holder.stdout.readline().strip()  # type: ignore[union-attr]
+        out["holder_ready"] = line == "ready"
+        ctx = fake_smi_with(holder.pid) if device == "cpu" else contextlib.nullcontext()
+        with ctx:
+            seen = None
+            for _ in range(40):  # the context shows up in nvidia-smi within a second or two
+                inv = inventory()
+                seen = next((g for g in inv.gpus if any(a.pid == holder.pid for a in g.apps)), None)
+                if seen:
+                    break
+                time.sleep(0.5)
+            out["seen_on_gpu"] = seen.index if seen else None
+            out["busy_text"] = seen.busy_text() if seen else None
+            out["during"] = list(detect_gpu_ids())  # what the scheduler hands out now
+            out["detect_gpus_during"] = detect_gpus()
+            if device == "cpu":
+                out["fake_nvidia_smi"] = True
+    finally:
+        holder.kill()
+        holder.wait()
+    for _ in range(40):
+        after = list(detect_gpu_ids())
+        if device == "cpu" or 0 in after or 0 not in before:
+            break
+        time.sleep(0.5)
+    out["after"] = after
+    if seen is None and device == "cuda":
+        out["note"] = (
+            "nvidia-smi listed no compute process for the holder pid (a container's PID namespace hides "
+            "host pids): busy detection by process cannot work here; pdsweep.plan.gpus sees busy GPUs only "
+            "through --query-compute-apps"
+        )
+    out["ok"] = bool(
+        out["holder_ready"]
+        and seen is not None
+        and seen.index == 0
+        and 0 not in out["during"]
+        and str(holder.pid) in (out["busy_text"] or "")
+    )
+    return out
+
+
+def bench(device: str, out_dir: Path, blocks: int, iters: int, p: int, d: int, plan: str, mapping: str) -> dict:
+    """One ``pdsweep bench transfer`` run (a subprocess, as a user runs it)."""
+    js = out_dir / f"bench-p{p}d{d}-{plan}.json"
+    cmd = [sys.executable, "-m", "pdsweep", "bench", "transfer", "--model", "kimi-linear", "--prefill-tp", str(p)]
+    cmd += ["--decode-tp", str(d), "--block-size", "128", "--blocks", str(blocks), "--iters", str(iters)]
+    cmd += ["--device", device, "--plan", plan, "--json", str(js), "--models", str(REPO / "sweeps" / "models.yaml")]
+    cmd += ["--mapping", mapping]
+    t = time.monotonic()
+    r = run(cmd, 240, cwd=REPO)
+    res = {"cmd": " ".join(cmd[1:]), "rc": r.returncode, "wall_s": round(time.monotonic() - t, 1)}
+    res["stdout_tail"] = r.stdout.splitlines()[-6:] + r.stderr.splitlines()[-4:]
+    if plan == "unfixed":
+        res["refused"] = r.returncode == 1 and "refused before reading" in r.stdout
+        res["ok"] = res["refused"]
+        return res
+    data = json.loads(js.read_text()) if js.exists() else {}
+    v = data.get("verification") or {}
+    res.update(
+        gbps=data.get("gbps"),
+        memcpy_gbps=data.get("memcpy_gbps"),
+        bytes_per_iteration=data.get("bytes_per_iteration"),
+        transport=data.get("transport"),
+        verified_bytes=v.get("checked_bytes"),
+        ok=r.returncode == 0 and v.get("ok") is True,
+    )
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--out", type=Path, default=REPO / "results" / "device-check")
+    ap.add_argument("--blocks", type=int, default=64, help="attention blocks per request (cpu dry run: 2)")
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument(
+        "--mapping", default="auto", help="bench --mapping: auto (vLLM's compute_tp_mapping) or builtin (cpu dry run)"
+    )
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    report: dict = {"device": args.device, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    report["nvidia_smi"] = smi_facts()
+    report["torch"] = torch_facts()
+    report["busy_gpu"] = busy_check(args.device)
+    report["bench"] = {
+        f"p{p}d{d}": bench(args.device, args.out, args.blocks, args.iters, p, d, "fixed", args.mapping)
+        for p, d in PAIRS
+    }
+    report["bench"]["p2d1-unfixed"] = bench(args.device, args.out, args.blocks, 1, 2, 1, "unfixed", args.mapping)
+    report["ucx_transports"] = sorted({b["transport"] for b in report["bench"].values() if b.get("transport")})
+    checks = {"busy_gpu": report["busy_gpu"]["ok"], **{f"bench {k}": b["ok"] for k, b in report["bench"].items()}}
+    if args.device == "cuda":
+        checks["nvidia_smi"] = bool(report["nvidia_smi"]["gpus"]) and not report["nvidia_smi"]["error"]
+    report["checks"] = checks
+    report["ok"] = all(checks.values())
+    report["wall_s"] = round(time.monotonic() - t0, 1)
+    path = args.out / "device-check.json"
+    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    for name, ok in checks.items():
+        print(f"{'ok  ' if ok else 'FAIL'} {name}")
+    for k, b in report["bench"].items():
+        if "gbps" in b:
+            print(
+                f"     {k}: {b['gbps'] or float('nan'):.2f} GB/s ({b['transport']}), {b['verified_bytes']} bytes verified"
+            )
+    print(f"device-check: {'OK' if report['ok'] else 'FAILED'} in {report['wall_s']} s; wrote {path}")
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

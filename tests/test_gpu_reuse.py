@@ -1,0 +1,236 @@
+"""Instance reuse on GPUs (pdsweep.run.gpureuse, pdsweep.plan.reusepack, docs/gpu-reuse.md):
+the mission plan (sweeps/hybrid-mla-mamba.yaml) run end to end on a fake 8-GPU node (a fake
+``nvidia-smi`` on PATH, tests/fake_vllm.py as vLLM): each distinct instance starts once, no
+two live instances share a GPU or a port (seen by the fake servers themselves), measured
+startups land in run.json; plus the chain planner, GPU assignment and startup estimate."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pdsweep.deploy.instances import instance_key
+from pdsweep.judge.gate import gate_run
+from pdsweep.plan.expand import InstanceSpec, expand
+from pdsweep.plan.reusepack import simulate
+from pdsweep.plan.startup import startup_s
+from pdsweep.results import layout
+from pdsweep.run.gpureuse import assign
+from pdsweep.run.sweep import RunOptions, run_sweep
+from pdsweep.spec.sweep import load_catalogue, load_sweep
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+MISSION = REPO / "sweeps" / "hybrid-mla-mamba.yaml"
+sys.path.insert(0, str(HERE))
+from test_run_fake import FAKE_PY  # noqa: E402
+from test_run_fake import tok as tok  # noqa: E402  (fixture)
+
+GPUS = 8
+# 8 lanes of 200 ports, then 51 instance blocks of 16 (2416 ports): a range of its own per test
+# process, below the kernel's ephemeral ports (32768-60999: a client connection can hold a lane's
+# proxy port between two cells) and above cpu-smoke's (20000 on)
+PORT_BASE = 24400 + (os.getpid() % 3) * 2700
+EXPECT_KEYS = ("expect", "match", "reason", "ref", "without")  # fake vLLM reproduces no bug
+
+FAKE_SMI = """#!{python}
+# fake nvidia-smi: {n} H100 80GB (SM90), idle, no compute processes
+import sys
+args = " ".join(sys.argv[1:])
+if "--query-compute-apps" in args:
+    sys.exit(0)
+if "--query-gpu=" not in args:
+    print("NVIDIA-SMI 580.65.06  Driver Version: 580.65.06  CUDA Version: 13.0")
+    sys.exit(0)
+fields = args.split("--query-gpu=")[1].split()[0].split(",")
+val = {{"index": None, "compute_cap": "9.0", "name": "NVIDIA H100 80GB HBM3", "memory.total": "81559",
+       "memory.used": "0", "memory.free": "81559", "driver_version": "580.65.06", "utilization.gpu": "0"}}
+for i in range({n}):
+    print(", ".join(str(i) if f == "index" else val.get(f, f"GPU-fake-{{i}}") for f in fields))
+"""
+
+
+@pytest.fixture(autouse=True)
+def _real_python(monkeypatch):
+    monkeypatch.setenv("PDSWEEP_REAL_PYTHON", sys.executable)
+
+
+def fake_node(tmp_path: Path, monkeypatch) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(FAKE_SMI.format(python=sys.executable, n=GPUS))
+    smi.chmod(smi.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+def mission_on_fakes(tmp_path: Path, tok: Path, life: Path) -> Path:
+    """The mission sweep with both builds on the fake interpreter, every model served from the
+    fake tokenizer dir (same catalogue geometry, so the same cells and rejections), expectations
+    dropped, a short pdsweep_arith eval skipped at run time, the probe kept."""
+    sweep = yaml.safe_load(MISSION.read_text())
+    cat0 = yaml.safe_load((REPO / "sweeps" / "models.yaml").read_text())
+    shutil.copy(HERE / "fake_vllm.py", tmp_path / "fake_vllm.py")
+    for b in sweep["builds"]:  # one fake interpreter per build: fixed and unfixed are other instances
+        (tmp_path / b).mkdir()
+        shutil.copy(FAKE_PY, tmp_path / b / "python")
+    sweep["builds"] = {b: {"python": str(tmp_path / b / "python")} for b in sweep["builds"]}
+    sweep["defaults"].update(startup_timeout_s=60, request_timeout_s=10, port_base=PORT_BASE)
+    sweep["matrix"]["include"] = [
+        {k: v for k, v in e.items() if k not in EXPECT_KEYS} for e in sweep["matrix"]["include"]
+    ]
+    kinds = {n: [m["attention"], m.get("ssm", "none") != "none"] for n, m in cat0["models"].items() if "attention" in m}
+    sweep["env"] = {"base": {"FAKE_LIFE_LOG": str(life), "FAKE_MODEL_KINDS": json.dumps(kinds)}}
+    sweep["matrix"]["env"] = ["base"]
+    sweep["eval"] = {
+        "tasks": ["pdsweep_arith"],
+        "limit": 4,
+        "max_retries": 0,
+        "timeout_s": 10,
+        "max_gen_toks": 8,
+        "consistency": {"max_tokens": 4, "lengths": ["short", 40]},
+    }
+    sweep["gate"] = {**sweep.get("gate", {}), "require_accuracy": False}
+    sweep["bench"] = {"enabled": False}
+    cat = yaml.safe_load((REPO / "sweeps" / "models.yaml").read_text())
+    for m in cat["models"].values():
+        if "hf_id" in m:
+            m.pop("hf_id")
+            m["path"] = str(tok)
+    (tmp_path / "models.yaml").write_text(yaml.safe_dump(cat))
+    p = tmp_path / "mission.yaml"
+    p.write_text(yaml.safe_dump(sweep, sort_keys=False))
+    return p
+
+
+def lifetimes(life: Path) -> list[dict]:
+    rows = [json.loads(x) for x in life.read_text().splitlines()]
+    out: dict[int, dict] = {}
+    for r in rows:
+        d = out.setdefault(r["pid"], {"pid": r["pid"], "model": r["model"], "ports": r["ports"], "gpus": r["gpus"]})
+        d[r["event"]] = r["t"]
+    return list(out.values())
+
+
+def test_mission_plan_on_a_fake_8_gpu_node_reuses_each_instance_once(tmp_path, tok, monkeypatch):
+    fake_node(tmp_path, monkeypatch)
+    life = tmp_path / "life.jsonl"
+    path = mission_on_fakes(tmp_path, tok, life)
+    real, fake = expand(load_sweep(MISSION)), expand(load_sweep(path))
+    # the mission's cells, but for granite's n_groups-1 cells at prefill TP > decode TP: they run only as
+    # declared expected failures (rule mamba2-groups), and the fake copy drops every expectation
+    missing = {c.id for c in real.cells} - {c.id for c in fake.cells}
+    assert {c.id for c in fake.cells} <= {c.id for c in real.cells}
+    assert missing and all(c.startswith("granite-4.0-h-tiny.") for c in missing), missing
+    assert {r.cell.id for r in fake.rejected if r.rule == "mamba2-groups"} == {c for c in missing if ".ref-" not in c}
+
+    # no preflight: the fake node runs CPU torch and fake weights (tests/test_preflight.py covers it)
+    run = run_sweep(path, RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True, preflight=False))
+    # vLLM's backend probe (it imported vLLM) ended with the planning, not at process exit
+    from pdsweep.builds import attnprobe
+
+    assert not attnprobe._PROBES
+    index = layout.read_json(run / layout.RUN_FILE)
+    plan = layout.read_json(run / layout.PLAN_FILE)
+    assert index["reuse"] is True
+    ran = [cid for cid, c in index["cells"].items() if c["status"] != "pending"]
+    too_big = [r["cell_id"] for r in index["rejected"] if r["rule"] == layout.NEEDS_GPUS]
+    assert len(ran) == len(fake.cells) - len(too_big) and len(too_big) == 12 and all(".p8d" in c for c in too_big)
+    bad = {cid: c["status"] for cid, c in index["cells"].items() if cid in ran and c["status"] != "ok"}
+    assert not bad, bad
+    res = gate_run(run)
+    # every cell that ran passes; the 12 cells this node cannot hold are NOT-RUNNABLE (listed, not
+    # a pass, not a failure) and the rejected ones are SKIPPED
+    verdicts = {c.cell_id: c.verdict for c in res.cells}
+    why = {c.cell_id: c.message[:300] for c in res.cells if c.cell_id in ran and c.verdict != "PASS"}
+    assert all(verdicts[c] == "PASS" for c in ran), why
+    assert {c.cell_id for c in res.cells if c.verdict == "NOT-RUNNABLE"} == set(too_big)
+    assert "FAIL" not in verdicts.values() and res.passed
+    assert not res.problems and sum(v == "SKIPPED" for v in verdicts.values()) == len(fake.rejected) > 0
+
+    # each distinct instance started once, as planned
+    by_id = index["instances"]["by_id"]
+    distinct = plan["reuse"]["distinct"]
+    assert len(by_id) == distinct >= 40
+    assert {i: r["starts"] for i, r in by_id.items() if r["starts"] != 1} == {}
+    assert sum(c["instance_starts"] for c in plan["reuse"]["schedule"]["chains"]) == distinct
+    shared = [r for r in by_id.values() if len(r["cells"]) > 1]
+    assert len(shared) >= 20 and sum(len(r["cells"]) for r in by_id.values()) == plan["reuse"]["per_cell"] > distinct
+
+    # as the fake servers saw it: every one exited; no two alive at once on one GPU or port
+    procs = lifetimes(life)
+    assert len(procs) == distinct and all("end" in p for p in procs), [p for p in procs if "end" not in p]
+    for i, a in enumerate(procs):
+        gpus_a = set(a["gpus"].split(","))
+        for b in procs[i + 1 :]:
+            if a["start"] < b["end"] and b["start"] < a["end"]:
+                assert not gpus_a & set(b["gpus"].split(",")), (a, b)
+                assert not set(a["ports"]) & set(b["ports"]), (a, b)
+    assert max(len(p["gpus"].split(",")) for p in procs) == 4
+    # measured startups, one per start, each at least the fake's 0.3 s
+    ups = index["instances"]["startups"]
+    assert len(ups) == distinct and {u["instance_id"] for u in ups} == set(by_id)
+    assert all(0.3 <= u["startup_s"] < 60 for u in ups), ups[:3]
+
+
+def _spec(name: str, tp: int, argv: str) -> InstanceSpec:
+    return InstanceSpec(name, name.split("-")[0], tp, 1, None, tuple(range(tp)), (argv,), {})
+
+
+def test_assign_keeps_live_gpus_and_never_doubles_one():
+    p4, d2, d1 = _spec("prefill-0", 4, "p4"), _spec("decode-0", 2, "d2"), _spec("decode-0", 1, "d1")
+    held = {4: instance_key(p4), 5: instance_key(p4), 6: instance_key(p4), 7: instance_key(p4)}
+    assert assign(held, tuple(range(8)), [p4, d2]) == (4, 5, 6, 7, 0, 1)  # P4 keeps 4-7
+    assert assign({**held, 0: instance_key(d1)}, tuple(range(8)), [p4, d2]) == (4, 5, 6, 7, 1, 2)
+    assert assign({**held, 0: "x", 1: "y", 2: "z"}, tuple(range(8)), [p4, d2]) is None  # only GPU 3 free
+
+
+def test_chain_plan_starts_each_mission_instance_once():
+    from pdsweep.run.dryrun import plan_dict
+
+    d = plan_dict(str(MISSION), GPUS)
+    r = d["reuse"]
+    sched = r["schedule"]
+    assert (r["distinct"], r["per_cell"]) == (51, 86)
+    assert sum(c["instance_starts"] for c in sched["chains"]) == sum(c["distinct_instances"] for c in sched["chains"])
+    assert sum(c["distinct_instances"] for c in sched["chains"]) == 51
+    for i, a in enumerate(sched["chains"]):  # concurrent chains hold disjoint GPUs and lanes
+        for b in sched["chains"][i + 1 :]:
+            if a["start_s"] < b["end_s"] and b["start_s"] < a["end_s"]:
+                assert not set(a["gpus"]) & set(b["gpus"]) and a["lane"] != b["lane"], (a, b)
+    kimi = next(c for c in sched["chains"] if "kimi-linear.p4d4.b128-128.fixed" in c["cells"])
+    assert len(kimi["cells"]) == 8 and kimi["instance_starts"] == 7 and len(kimi["gpus"]) == 8
+    assert sched["makespan_s"] < sched["sequential_s"]
+
+
+def test_simulate_keeps_an_instance_needed_later_while_gpus_allow():
+    order = [type("C", (), {"id": c})() for c in ("a", "b", "c")]
+    keys = {"a": ["P4", "D1"], "b": ["P4", "D2"], "c": ["P1", "D1"]}
+    sizes = {"P4": 4, "D1": 1, "D2": 2, "P1": 1}
+    n, stops, fresh = simulate(order, keys, sizes, capacity=7)  # P4 + D1 + D2 = 7: D1 stays up
+    assert n == 4 and stops[0] == set() and stops[1] == {"P4", "D2"} and fresh == [True, True, True]
+    n, stops, _ = simulate(order, keys, sizes, capacity=6)  # no room: D1 (used again) goes, restarts
+    assert n == 5 and stops[0] == {"D1"}
+    # two candidates: the one needed again furthest ahead stops (Belady)
+    order = [type("C", (), {"id": c})() for c in ("a", "b", "c", "d")]
+    keys = {"a": ["A", "B"], "b": ["C"], "c": ["A"], "d": ["B"]}
+    n, stops, _ = simulate(order, keys, {"A": 2, "B": 2, "C": 3}, capacity=5)
+    assert stops[0] == {"B"} and n == 4
+
+
+def test_startup_estimated_from_weights():
+    cat = load_catalogue(REPO / "sweeps" / "models.yaml")
+    kimi = cat.models["kimi-linear"]
+    assert kimi.weights_gb == 98
+    assert startup_s(kimi, "cuda", 1) == pytest.approx(120 + 98 / 2)
+    assert startup_s(kimi, "cuda", 4) == pytest.approx(120 + 98 / 8)
+    assert startup_s(cat.models["glm-5.3-flash-4l"], "cuda", 1) == 300.0  # no size: the flat default
+    with pytest.raises(ValueError, match="tp 0"):
+        startup_s(kimi, "cuda", 0)

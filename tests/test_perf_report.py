@@ -1,0 +1,61 @@
+"""pdsweep report's performance part: per-cell figures with intervals, the UCX transport,
+READs per request per prefill rank, perf.png, and the fixed-vs-unfixed perf verdicts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fixtures.make_runs import case, pd, write_run
+
+from pdsweep.judge.report import write_report
+from pdsweep.measure.repeats import summarize
+from pdsweep.results import layout
+
+
+def _load(cell_id: str, ttfts: list[float], reads_r1: float) -> dict:
+    runs = [
+        {
+            "concurrency": 2,
+            "num_prompts": 8,
+            "completed": 8,
+            "errors": 0,
+            "repeat": i,
+            "ttft_ms": {"p50": t, "p90": t, "p99": t},
+            "tpot_ms": {"p50": 5.0, "p90": 5.0, "p99": 5.0},
+            "output_tok_s": 100.0 + i,
+            "req_s": 1.0,
+        }
+        for i, t in enumerate(ttfts)
+    ]
+    kv = {
+        "reads": 3,
+        "gbps_union": 2.0,
+        "gbps_sum": 1.0,
+        "reads_per_request": 1 + reads_r1,
+        "by_prefill_rank": {"0": {"reads_per_request": 1.0}, "1": {"reads_per_request": reads_r1}},
+    }
+    body = {"cell_id": cell_id, "runs": runs, "repeats": [{"repeat": i, "kv": kv} for i in range(len(ttfts))]}
+    body["repeat_plan"] = {"run": len(ttfts), "stop_reason": "planned repeats done", "confidence": 0.95}
+    body["summary"] = summarize(body, 0.95)
+    return body
+
+
+def test_report_shows_intervals_transport_reads_per_rank_and_the_fixed_vs_unfixed_verdict(tmp_path: Path) -> None:
+    fixed, unfixed = pd("tiny-mla-mamba2", 2, 1, "fixed"), pd("tiny-mla-mamba2", 2, 1, "unfixed")
+    cases = [
+        case(c, {layout.LOAD_FILE: _load(c.id, t, r), layout.TRANSFER_FILE: {"ucx_transports": ["cma/memory"]}})
+        for c, t, r in ((unfixed, [100, 110, 90], 0.0), (fixed, [200, 210, 190], 1.0))
+    ]
+    run = write_run(tmp_path, "r", cases)
+    made = write_report(run)
+    md = made["markdown"].read_text()
+    assert "## Performance" in md and made["perf"].name == "perf.png" and made["perf"].stat().st_size > 1000
+    row = next(line for line in md.splitlines() if line.startswith(f"| {fixed.id} | 3 (planned"))
+    # TTFT 200 +- t_{.975,2} x 10 / sqrt(3) = 24.8; the transport; the fixed build's extra READ from rank 1
+    assert "| 200 ±24.8/200 ±24.8/200 ±24.8 |" in row and "| cma/memory |" in row and "| r0 1, r1 1 |" in row
+    assert next(line for line in md.splitlines() if line.startswith(f"| {unfixed.id} | 3")).endswith("| r0 1, r1 0 |")
+    # unfixed (A) vs fixed (B): TTFT twice as long -> regression with its interval
+    perf = next(line for line in md.splitlines() if "| c2 ttft_ms.p50 |" in line)
+    assert "| 2.000x | [" in perf and perf.endswith("| **regression** |")
+    assert "**performance: 1 regression" in md  # TTFT p50; p90/p99 of 8 requests are not judged
+    assert "Performance per cell" in made["html"].read_text()

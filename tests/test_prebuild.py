@@ -1,0 +1,52 @@
+"""pdsweep.run.prebuild: every tiny checkpoint a run serves is built once, in cell order, before
+any instance starts; one that cannot be built is reported, not raised (its cells fail with it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pdsweep.core.errors import UserError
+from pdsweep.plan.expand import expand
+from pdsweep.run import prebuild
+from pdsweep.run import sweep as run_sweep_mod
+from pdsweep.spec.sweep import load_sweep
+
+SMOKE = load_sweep(Path(__file__).resolve().parent.parent / "sweeps" / "cpu-smoke.yaml")
+
+
+def test_each_tiny_model_is_built_once_in_cell_order(monkeypatch, capsys):
+    cells = expand(SMOKE).cells
+    calls = []
+
+    def fake_model_path(model, name, cache_dir=None, create=True):
+        calls.append((name, create))
+        if name == "tiny-mla":
+            raise UserError("models.yaml: tiny-mla: cannot train")
+        return f"/cache/{name}"
+
+    monkeypatch.setattr(prebuild, "model_path", fake_model_path)
+    built, failed = prebuild.prebuild_checkpoints(SMOKE, cells)
+    tiny = [m for m in dict.fromkeys(c.model for c in cells) if SMOKE.catalogue.models[m].tiny is not None]
+    assert calls == [(m, True) for m in tiny] and len(tiny) >= 3  # built (create=True), each once
+    assert failed == {"tiny-mla": "models.yaml: tiny-mla: cannot train"}
+    assert built == {m: f"/cache/{m}" for m in tiny if m != "tiny-mla"}
+    err = capsys.readouterr().err
+    assert "checkpoint tiny-mla: cannot be built: models.yaml: tiny-mla: cannot train" in err
+    assert f"checkpoint {tiny[0]}: /cache/{tiny[0]} (" in err
+
+
+def test_run_sweep_builds_checkpoints_before_any_instance(monkeypatch):
+    """run_sweep calls the prebuild before it plans instances or starts any cell."""
+    order = []
+    monkeypatch.setattr(run_sweep_mod, "prebuild_checkpoints", lambda ls, cells: order.append("prebuild") or ({}, {}))
+    monkeypatch.setattr(run_sweep_mod, "planned_specs", lambda *a: order.append("plan") or [])
+    monkeypatch.setattr(run_sweep_mod, "_sequential", lambda *a: order.append("cells"))
+    monkeypatch.setattr(run_sweep_mod, "_dispatch", lambda *a: order.append("cells"))
+    monkeypatch.setattr(run_sweep_mod, "build_info", lambda ls, b: {})
+    monkeypatch.setattr("pdsweep.measure.verdicts.judge_run", lambda *a: None)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        opts = run_sweep_mod.RunOptions(out=Path(d) / "run", quiet=True)
+        run_sweep_mod.run_sweep(SMOKE.path, opts)
+    assert order[0] == "prebuild" and order[-1] == "cells" and "plan" in order
