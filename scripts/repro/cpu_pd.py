@@ -169,6 +169,11 @@ def main() -> int:
         help="PDSWEEP_DEBUG_MQ_DUMP=1 in every instance; on a stall, SIGUSR2 makes each process log its "
         "shm RPC rings (PDSWEEP_MQ lines: role, current_idx, chunk flags)",
     )
+    ap.add_argument(
+        "--dump-on-stall",
+        action="store_true",
+        help="also take the py-spy + gdb dump at --sample-after (during the stall, not only at the timeout)",
+    )
     ap.add_argument("--out", default="/tmp/pdsweep-repro")
     a = ap.parse_args()
     out = Path(a.out)
@@ -270,6 +275,8 @@ def main() -> int:
                 except cf.TimeoutError:
                     thread_cpu(pgids, out, f"req{i}")
                     sockets(out, f"req{i}")
+                    if a.dump_on_stall:
+                        dump_all(pgids, out, f"req{i}")
                 try:
                     dj = fut.result().json()
                 except httpx.TimeoutException:
