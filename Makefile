@@ -84,10 +84,11 @@ baseline-env: install
 # one PD pair end to end and the mission's core case, fixed vs the unfixed baseline (which
 # is why baseline-env). `make test-all` (the nightly): the same plus every `nightly` real-vLLM
 # test (scramble, P TP 2 -> D TP 1 for llama and nemotron-h, blocks, kill, load, remote code,
-# reuse, Slurm). pytest's exit 5 (nothing collected) fails either.
+# reuse, Slurm). pytest's exit 5 (nothing collected) fails either. Property tests draw fixed examples
+# in `make test` (tests/conftest.py, profile per-commit) and new ones in `make test-all`.
 TEST_WORKERS ?= auto
 test: install baseline-env
-	$(PY) -m pytest -m "not integration" -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+	PDSWEEP_HYPOTHESIS_PROFILE=per-commit $(PY) -m pytest -m "not integration" -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 	$(PY) -m pytest -m "integration and not nightly" $(PYTEST_ARGS)
 
 test-all: install baseline-env

@@ -15,16 +15,16 @@ import json
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import ConfigDict, ValidationError, create_model
+from pydantic import ConfigDict, Field, ValidationError, create_model
 
 from pdsweep.core.errors import UserError
 from pdsweep.core.stats import num, obj
 from pdsweep.plan.cell import Cell
 from pdsweep.results import layout
 from pdsweep.results.schema import type_problem
-from pdsweep.spec.sweep import GateSpec
+from pdsweep.spec.sweep import MAX_ROLE_INSTANCES, Block, Dp, GateSpec, Instances, Tp
 
 CELL_FILES = (
     layout.CELL_FILE,
@@ -147,19 +147,47 @@ class CellFacts:
 
 def cell_from_dict(d: Any) -> Cell | None:
     """A :class:`~pdsweep.plan.expand.Cell` from ``Cell.to_dict()`` output, or None if it does not fit."""
+    return _cell_or_problem(d)[0]
+
+
+def cell_problem(d: Any) -> str | None:
+    """Why ``d`` (cell.json's ``cell``) is no :class:`Cell` record: the first field and what it
+    allows, e.g. ``prefill_tp: Input should be greater than or equal to 1 (got 0)``; None if it is one."""
+    return _cell_or_problem(d)[1]
+
+
+def _cell_or_problem(d: Any) -> tuple[Cell | None, str | None]:
     if not isinstance(d, dict):
-        return None
-    try:  # typed as the dataclass says (a corrupt file's true/10**400/"x" is no cell)
+        return None, f"not an object (got {show(d)[:40]})"
+    try:  # typed as the dataclass says (a corrupt file's true/10**400/"x"/0 TP is no cell)
         kw = {f.name: d[f.name] for f in dataclasses.fields(Cell) if f.name in d}
         if isinstance(kw.get("expect_without"), list):  # JSON has no tuples
             kw["expect_without"] = tuple(kw["expect_without"])
-        return Cell(**_CELL.model_validate(kw).model_dump(exclude_unset=True))
-    except (TypeError, ValidationError):
-        return None
+        return Cell(**_CELL.model_validate(kw).model_dump(exclude_unset=True)), None
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"]) or "cell"
+        return None, f"{where}: {err['msg']} (got {show(err.get('input'))[:40]})"
+    except TypeError as e:
+        return None, str(e)
 
 
+# the counts a Cell divides by or ranges over (tp_ratio, read plans), bounded as the sweep spec
+# bounds them: a 0 or 10**30 TP in a corrupt cell.json is no cell; a reference has num_prefill 0
+_BOUNDED: dict[str, Any] = {
+    "prefill_tp": Tp,
+    "decode_tp": Tp,
+    "prefill_block_size": Block,
+    "decode_block_size": Block,
+    "num_prefill": Annotated[int, Field(ge=0, le=MAX_ROLE_INSTANCES)],
+    "num_decode": Instances,
+    "decode_dp": Dp,
+}
 _FIELDS: dict[str, Any] = {  # Any: a str-keyed ** could name create_model's own __config__ etc.
-    f.name: (typing.get_type_hints(Cell)[f.name], f.default if f.default is not dataclasses.MISSING else ...)
+    f.name: (
+        _BOUNDED.get(f.name, typing.get_type_hints(Cell)[f.name]),
+        f.default if f.default is not dataclasses.MISSING else ...,
+    )
     for f in dataclasses.fields(Cell)
 }
 _CELL = create_model("CellFields", __config__=ConfigDict(strict=True), **_FIELDS)

@@ -33,6 +33,7 @@ from pdsweep.judge.facts import (
     CellFiles,
     cell_facts,
     cell_from_dict,
+    cell_problem,
     load_files,
     read_index,
     run_gate_spec,
@@ -105,9 +106,9 @@ class CellFileCheck:
         cj = files.get(layout.CELL_FILE)
         if cj is None:
             return [files.problem(layout.CELL_FILE)]
-        if cell_from_dict(cj.get("cell")) is None:  # the checks below read the cell's TP, kind, build
-            got = show(cj.get("cell"))[:80]
-            return [f"{files.where(layout.CELL_FILE)}: cell is not a complete cell record (got {got})"]
+        problem = cell_problem(cj.get("cell"))  # the checks below read the cell's TP, kind, build
+        if problem is not None:
+            return [f"{files.where(layout.CELL_FILE)}: cell is not a complete cell record: {problem}"]
         return []
 
 
