@@ -39,6 +39,40 @@ def sockets(out: Path, tag: str) -> None:
     (out / f"sockets-{tag}.txt").write_text(text)
 
 
+def epolls(pgids: list[int], out: Path, tag: str) -> None:
+    """Every epoll set of our processes: which fds it watches and for which events
+    (``/proc/PID/fdinfo``: ``tfd`` and the ``events`` mask, 0x1 EPOLLIN, 0x4 EPOLLOUT, 0x80000000
+    EPOLLET), with what each fd is (socket inode, pipe, eventfd): a connected socket watched
+    for EPOLLOUT with nothing to send keeps a progress thread's poll() returning at once."""
+    import psutil
+
+    with open(out / f"epoll-{tag}.txt", "w") as f:
+        for p in psutil.process_iter(["pid"]):
+            try:
+                if os.getpgid(p.pid) not in pgids:
+                    continue
+                fds = {}
+                for e in Path(f"/proc/{p.pid}/fd").iterdir():
+                    try:
+                        fds[e.name] = os.readlink(e)
+                    except OSError:
+                        continue
+                f.write(f"===== pid {p.pid} {Path(f'/proc/{p.pid}/comm').read_text().strip()}\n")
+                for fd, target in sorted(fds.items(), key=lambda kv: int(kv[0])):
+                    if "eventpoll" not in target:
+                        continue
+                    info = Path(f"/proc/{p.pid}/fdinfo/{fd}").read_text()
+                    rows = [ln for ln in info.splitlines() if ln.startswith("tfd:")]
+                    f.write(f"  epfd {fd}: {len(rows)} watched\n")
+                    for ln in rows:
+                        parts = ln.split()
+                        tfd = parts[1]
+                        f.write(f"    {ln.strip()}  -> {fds.get(tfd, '?')}\n")
+            except OSError:
+                continue
+    print(f"epoll sets -> {out}/epoll-{tag}.txt")
+
+
 def dump_all(pgids: list[int], out: Path, tag: str) -> None:
     import psutil
 
@@ -276,6 +310,7 @@ def main() -> int:
                     thread_cpu(pgids, out, f"req{i}")
                     sockets(out, f"req{i}")
                     if a.dump_on_stall:
+                        epolls(pgids, out, f"req{i}")
                         dump_all(pgids, out, f"req{i}")
                 try:
                     dj = fut.result().json()
