@@ -39,29 +39,37 @@ def sockets(out: Path, tag: str) -> None:
     (out / f"sockets-{tag}.txt").write_text(text)
 
 
+def _group_pids(pgids: list[int]) -> list[int]:
+    """Every live process whose process group is one of ``pgids`` (our instances' groups)."""
+    pids = []
+    for e in Path("/proc").iterdir():
+        try:
+            if e.name.isdigit() and os.getpgid(int(e.name)) in pgids:
+                pids.append(int(e.name))
+        except OSError:
+            continue
+    return sorted(pids)
+
+
 def epolls(pgids: list[int], out: Path, tag: str) -> None:
     """Every epoll set of our processes: which fds it watches and for which events
     (``/proc/PID/fdinfo``: ``tfd`` and the ``events`` mask, 0x1 EPOLLIN, 0x4 EPOLLOUT, 0x80000000
     EPOLLET), with what each fd is (socket inode, pipe, eventfd): a connected socket watched
     for EPOLLOUT with nothing to send keeps a progress thread's poll() returning at once."""
-    import psutil
-
     with open(out / f"epoll-{tag}.txt", "w") as f:
-        for p in psutil.process_iter(["pid"]):
+        for pid in _group_pids(pgids):
             try:
-                if os.getpgid(p.pid) not in pgids:
-                    continue
                 fds = {}
-                for e in Path(f"/proc/{p.pid}/fd").iterdir():
+                for e in Path(f"/proc/{pid}/fd").iterdir():
                     try:
                         fds[e.name] = os.readlink(e)
                     except OSError:
                         continue
-                f.write(f"===== pid {p.pid} {Path(f'/proc/{p.pid}/comm').read_text().strip()}\n")
+                f.write(f"===== pid {pid} {Path(f'/proc/{pid}/comm').read_text().strip()}\n")
                 for fd, target in sorted(fds.items(), key=lambda kv: int(kv[0])):
                     if "eventpoll" not in target:
                         continue
-                    info = Path(f"/proc/{p.pid}/fdinfo/{fd}").read_text()
+                    info = Path(f"/proc/{pid}/fdinfo/{fd}").read_text()
                     rows = [ln for ln in info.splitlines() if ln.startswith("tfd:")]
                     f.write(f"  epfd {fd}: {len(rows)} watched\n")
                     for ln in rows:
@@ -74,28 +82,25 @@ def epolls(pgids: list[int], out: Path, tag: str) -> None:
 
 
 def dump_all(pgids: list[int], out: Path, tag: str) -> None:
-    import psutil
-
     py_spy = Path(sys.executable).parent / "py-spy"
     with open(out / f"py-spy-{tag}.txt", "w") as f:
-        for p in psutil.process_iter(["pid", "cmdline"]):
+        for pid in _group_pids(pgids):
             try:
-                if os.getpgid(p.pid) not in pgids:
-                    continue
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                f.write(f"===== pid {pid} pgid {os.getpgid(pid)} {cmdline.strip()[:150]}\n")
             except OSError:
                 continue
-            f.write(f"===== pid {p.pid} pgid {os.getpgid(p.pid)} {' '.join(p.info['cmdline'] or [])[:150]}\n")
-            f.write(_threads_text(p.pid))
+            f.write(_threads_text(pid))
             f.flush()
             # --nonblocking: a process stuck in a native call can make a pausing py-spy wait forever
-            f.write(_run([str(py_spy), "dump", "--nonblocking", "--pid", str(p.pid)], 30))
-            if "Worker" in Path(f"/proc/{p.pid}/comm").read_text():  # native stacks of the TP workers
+            f.write(_run([str(py_spy), "dump", "--nonblocking", "--pid", str(pid)], 30))
+            if "Worker" in Path(f"/proc/{pid}/comm").read_text():  # native stacks of the TP workers
                 f.write(
                     _run(
                         [
                             "gdb",
                             "-p",
-                            str(p.pid),
+                            str(pid),
                             "-batch",
                             "-ex",
                             "set pagination off",
@@ -149,19 +154,16 @@ def _threads_text(pid: int) -> str:
 def thread_cpu(pgids: list[int], out: Path, tag: str, window_s: float = 3.0) -> None:
     """CPU seconds each thread of our process groups used over ``window_s`` (utime+stime
     from /proc/PID/task/TID/stat), with the core it last ran on: who starves whom."""
-    import psutil
 
     def sample() -> dict[tuple[int, int], tuple[str, float, str]]:
         res = {}
-        for p in psutil.process_iter(["pid"]):
+        for pid in _group_pids(pgids):
             try:
-                if os.getpgid(p.pid) not in pgids:
-                    continue
-                pname = Path(f"/proc/{p.pid}/comm").read_text().strip()
-                for t in Path(f"/proc/{p.pid}/task").iterdir():
+                pname = Path(f"/proc/{pid}/comm").read_text().strip()
+                for t in Path(f"/proc/{pid}/task").iterdir():
                     st = (t / "stat").read_text().rsplit(")", 1)[1].split()
                     comm = (t / "comm").read_text().strip()
-                    res[(p.pid, int(t.name))] = (
+                    res[(pid, int(t.name))] = (
                         f"{pname}/{comm}",
                         (int(st[11]) + int(st[12])) / os.sysconf("SC_CLK_TCK"),
                         st[36],
