@@ -272,7 +272,12 @@ class RunArgs:
         from pdsweep.run.sweep import RunOptions
 
         given = {f.name: getattr(ns, f.name) for f in dataclasses.fields(RunOptions) if hasattr(ns, f.name)}
-        return cls(ns.sweep, RunOptions(**given), None if ns.no_history else (ns.history or default_history()))
+        opts = RunOptions(**given)
+        try:
+            opts.faults  # noqa: B018 -- validates the test-only fault options before anything runs
+        except ValueError as e:
+            raise UserError(f"pdsweep run: {e}") from None
+        return cls(ns.sweep, opts, None if ns.no_history else (ns.history or default_history()))
 
     def main(self) -> int:
         from pdsweep.run.sweep import run_sweep

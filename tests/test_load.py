@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 from test_run_fake import PORT_BASE, make_sweep, status
@@ -16,6 +17,8 @@ from pdsweep.measure.loadcheck import judge_load
 from pdsweep.measure.workloads import SHIPPED_TRACE, build, make_trace, read_trace
 from pdsweep.results import layout
 from pdsweep.spec.sweep import BenchSpec, WorkloadSpec
+
+REPO = Path(__file__).resolve().parent.parent
 
 B = BenchSpec(input_len=40, output_len=4, num_prompts=3)
 
@@ -126,18 +129,35 @@ def test_judge_counts_wrong_stale_and_first_example():
 
 
 def test_proxy_scrambles_only_under_load_and_hands_stale_params():
+    from pdsweep.deploy.faults import Faults
     from pdsweep.deploy.proxy import _Proxy
 
-    p = _Proxy(["http://p"], ["http://d"], 10, False, scramble_every=2)
+    p = _Proxy(["http://p"], ["http://d"], 10, faults=Faults(scramble_every=2))
     kv = {"remote_block_ids": [1, 2]}
     p._inflight = 1  # alone: never scrambled (the sequential probe sees clean KV)
     assert [p.decode_kv(kv)["remote_block_ids"] for _ in range(4)] == [[1, 2]] * 4
     p._inflight = 3  # under load: 1 in 2
     assert [p.decode_kv(kv)["remote_block_ids"] for _ in range(4)] == [[1, 2], [2, 1], [1, 2], [2, 1]]
-    s = _Proxy(["http://p"], ["http://d"], 10, False, stale_kv_transfer_params=True)
+    s = _Proxy(["http://p"], ["http://d"], 10, faults=Faults(stale_kv_transfer_params=True))
     assert [s.decode_kv({"n": i})["n"] for i in range(3)] == [0, 0, 1]  # each gets the previous request's
     with pytest.raises(ValueError, match="scramble_every"):
-        _Proxy(["http://p"], ["http://d"], 10, False, scramble_every=-1)
+        Faults(scramble_every=-1)
+
+
+@pytest.mark.parametrize(
+    "flag,value,message",
+    [
+        ("--scramble-every", "-1", "scramble_every must be >= 0, got -1"),
+        ("--decode-delay-s", "-0.5", "decode_delay_s must be >= 0, got -0.5"),
+    ],
+)
+def test_run_refuses_a_negative_fault_option_before_anything_runs(tmp_path, capsys, flag, value, message):
+    from pdsweep.cli import main
+
+    out = tmp_path / "run"
+    assert main(["run", str(REPO / "sweeps" / "cpu-smoke.yaml"), "--out", str(out), "--no-history", flag, value]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
 
 
 # ---------------------------------------------------------------- end to end (fake vLLM)

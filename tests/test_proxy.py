@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdsweep.core.errors import UserError
+from pdsweep.deploy.faults import Faults
 from pdsweep.deploy.proxy import PREFILL_KV_PARAMS, AppServer, ProxyServer, add_cli_args, create_app, main
 
 HANG_GUARD_S = 10  # a fake that waits on the test gives up after this long (never a hang)
@@ -423,7 +424,7 @@ def test_metrics_registry_is_private_per_app() -> None:
 
 def test_drop_kv_transfer_params_removes_them_from_decode_leg(fakes: dict[str, Fake]) -> None:
     fakes["prefill-0"].kv = False  # not needed either when dropping
-    with _proxy(fakes, drop_kv_transfer_params=True) as px, _client() as c:
+    with _proxy(fakes, faults=Faults(drop_kv_transfer_params=True)) as px, _client() as c:
         r = c.post(
             f"{px.url}/v1/completions", json={"prompt": "p", "max_tokens": 2, "kv_transfer_params": {"from": "client"}}
         )
@@ -503,11 +504,11 @@ def test_block_size_must_be_positive() -> None:
 def test_decode_delay_sleeps_before_each_decode_leg(fakes: dict[str, Fake]) -> None:
     """The perf verdict's injected slowdown (bench/test_perf_teeth.py): the delay lands between
     the prefill answer and the decode leg, so it shows in the proxy's added latency."""
-    with _proxy(fakes, decode_delay_s=0.3) as px, _client() as c:
+    with _proxy(fakes, faults=Faults(decode_delay_s=0.3)) as px, _client() as c:
         for _ in range(2):
             assert c.post(f"{px.url}/v1/completions", json={"prompt": "p", "max_tokens": 2}).status_code == 200
         added = px.app.state.proxy.metrics.added
     assert len(fakes["decode-0"].requests) + len(fakes["decode-1"].requests) == 2
     assert added._sum.get() >= 0.6
     with pytest.raises(ValueError, match="decode_delay_s must be >= 0"):
-        ProxyServer([fakes["prefill-0"].url], [fakes["decode-0"].url], decode_delay_s=-1)
+        Faults(decode_delay_s=-1)

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import httpx
 
 from pdsweep.core.logscan import first_exception
+from pdsweep.deploy.faults import NO_FAULTS, Faults
 from pdsweep.deploy.launchers import Handle, port_free, tail
 from pdsweep.plan.expand import Cell, InstanceSpec, Slot
 
@@ -310,26 +311,13 @@ def check_ports(specs: list[InstanceSpec], slot: Slot) -> list[int]:
     return [p for p in ports if not port_free(p)]
 
 
-@dataclass(frozen=True)
-class Faults:
-    """Test-only faults the PD proxy injects (:class:`pdsweep.deploy.proxy.ProxyServer`): drop
-    ``kv_transfer_params`` from the decode leg (decode recomputes: the transfer gate must
-    catch it), scramble the KV block ids (KV arrives wrong: the consistency probe must)."""
-
-    drop_kv_transfer_params: bool = False
-    scramble_kv_block_ids: bool = False
-    scramble_every: int = 0  # 1 in k requests arriving under concurrency (the load check must catch it)
-    stale_kv_transfer_params: bool = False  # decode gets the previous request's (the `stale` check must)
-    decode_delay_s: float = 0.0  # sleep before each decode leg (the perf verdict's proof)
-
-
 @contextlib.contextmanager
 def _vllm_router(cell: Cell, dep: Deployment, slot: Slot, timeouts: Timeouts, faults: Faults) -> Iterator[Any]:
     """:class:`pdsweep.deploy.router.VllmRouterServer` for ``router: vllm-router``; raises
     ``CellFailed('ready')`` when it cannot start, or a fault switch is on (pdsweep's proxy only)."""
     from pdsweep.deploy.router import VllmRouterServer
 
-    if faults != Faults():
+    if faults != NO_FAULTS:
         raise CellFailed("ready", f"router vllm-router: the test-only faults {faults} exist only in pdsweep's proxy")
     srv = VllmRouterServer(
         [h.url for h in dep.role("prefill")],
@@ -363,7 +351,7 @@ def deploy(
     provider: Provider,
     log_dir: Path,
     timeouts: Timeouts,
-    faults: Faults = Faults(),
+    faults: Faults = NO_FAULTS,
     on_phase: Callable[[str], None] = lambda p: None,
     stop: Callable[[], bool] = lambda: False,
     on_uses: Callable[[list[Use]], None] = lambda u: None,
@@ -402,12 +390,8 @@ def deploy(
                     port=slot.proxy_port(),
                     timeout_s=timeouts.request_s,
                     log_path=dep.proxy_log,
-                    drop_kv_transfer_params=faults.drop_kv_transfer_params,
-                    scramble_kv_block_ids=faults.scramble_kv_block_ids,
-                    scramble_every=faults.scramble_every,
-                    stale_kv_transfer_params=faults.stale_kv_transfer_params,
                     block_size=cell.decode_block_size,
-                    decode_delay_s=faults.decode_delay_s,
+                    faults=faults,
                 )
             )
         t1 = time.monotonic()

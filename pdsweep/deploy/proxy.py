@@ -38,6 +38,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
+from pdsweep.deploy.faults import NO_FAULTS, Faults
+
 log = logging.getLogger(__name__)
 
 # What the prefill leg asks for: compute the prompt's KV, keep it for a remote decode.
@@ -149,16 +151,9 @@ class _Proxy:
         prefill_urls: list[str],
         decode_urls: list[str],
         timeout_s: float,
-        drop_kv_transfer_params: bool,
-        scramble_kv_block_ids: bool = False,
         block_size: int = 16,
-        scramble_every: int = 0,
-        stale_kv_transfer_params: bool = False,
-        decode_delay_s: float = 0.0,
+        faults: Faults = NO_FAULTS,
     ) -> None:
-        if not decode_delay_s >= 0:
-            raise ValueError(f"decode_delay_s must be >= 0, got {decode_delay_s}")
-        self.decode_delay_s = float(decode_delay_s)
         self.prefill_urls = _check_urls("prefill", list(prefill_urls))
         self.decode_urls = _check_urls("decode", list(decode_urls))
         if not timeout_s > 0:
@@ -167,11 +162,7 @@ class _Proxy:
         if not block_size >= 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = int(block_size)
-        self.drop_kv = drop_kv_transfer_params
-        self.scramble = scramble_kv_block_ids
-        if not scramble_every >= 0:
-            raise ValueError(f"scramble_every must be >= 0, got {scramble_every}")
-        self.scramble_every, self.stale = int(scramble_every), stale_kv_transfer_params
+        self.faults = faults
         self._inflight = self._under_load = 0
         self._last_kv: Any = None
         self.metrics = _Metrics()
@@ -248,7 +239,7 @@ class _Proxy:
         except ValueError:
             raise UpstreamError(502, "prefill", f"prefill {base}: response is not JSON: {_body_text(r)}") from None
         kv = data.get("kv_transfer_params") if isinstance(data, dict) else None
-        if kv is None and not self.drop_kv:
+        if kv is None and not self.faults.drop_kv_transfer_params:
             raise UpstreamError(502, "prefill", f"prefill {base}: prefill returned no kv_transfer_params")
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
         n = usage.get("prompt_tokens")
@@ -261,17 +252,18 @@ class _Proxy:
         (:func:`scrambled`), ``scramble_every`` k scrambles 1 in k of the requests that arrive
         while another is in flight (corruption only under concurrency: the sequential probe
         never sees it). One event loop: the counters need no lock."""
-        if self.stale:
+        f = self.faults
+        if f.stale_kv_transfer_params:
             prev, self._last_kv = self._last_kv, kv
             if prev is not None:
                 kv = prev
                 self.metrics.faults.labels("stale").inc()
-        if self.scramble:
+        if f.scramble_kv_block_ids:
             self.metrics.faults.labels("scramble").inc()
             return scrambled(kv)
-        if self.scramble_every and self._inflight > 1:
+        if f.scramble_every and self._inflight > 1:
             self._under_load += 1
-            if self._under_load % self.scramble_every == 0:
+            if self._under_load % f.scramble_every == 0:
                 self.metrics.faults.labels("scramble_under_load").inc()
                 return scrambled(kv)
         return kv
@@ -305,14 +297,14 @@ class _Proxy:
             t_prefill = time.perf_counter()
             m.prefill.observe(t_prefill - t0)
             body.pop("kv_transfer_params", None)
-            if not self.drop_kv:
+            if not self.faults.drop_kv_transfer_params:
                 body["kv_transfer_params"] = self.decode_kv(kv)
             base = self.pick("decode")
             client = self._client()
             upstream = client.build_request("POST", base + endpoint, json=body, headers=headers)
             stream = bool(body.get("stream"))
-            if self.decode_delay_s:  # test-only slowdown (bench/test_perf_teeth.py): before the decode leg
-                await asyncio.sleep(self.decode_delay_s)
+            if self.faults.decode_delay_s:  # test-only slowdown (bench/test_perf_teeth.py): before the decode leg
+                await asyncio.sleep(self.faults.decode_delay_s)
             t_decode = time.perf_counter()
             r = await self.send("decode", base, upstream, stream=stream)
         except UpstreamError as e:
@@ -377,21 +369,14 @@ def create_app(
     prefill_urls: list[str],
     decode_urls: list[str],
     timeout_s: float = 300,
-    drop_kv_transfer_params: bool = False,
-    scramble_kv_block_ids: bool = False,
     block_size: int = 16,
-    scramble_every: int = 0,
-    stale_kv_transfer_params: bool = False,
-    decode_delay_s: float = 0.0,
+    faults: Faults = NO_FAULTS,
 ) -> FastAPI:
     """The PD proxy as a FastAPI app (flow: vLLM ``toy_proxy_server.py``, see module doc).
 
     ``prefill_urls`` / ``decode_urls``: instance base URLs (``http://host:port``), used
     round-robin. ``timeout_s``: httpx timeout (connect, read, write, pool) of each upstream
-    call. ``drop_kv_transfer_params`` (tests only): the decode leg goes without the
-    prefill's ``kv_transfer_params``, so decode recomputes the prompt;
-    ``scramble_kv_block_ids``, ``scramble_every``, ``stale_kv_transfer_params`` (tests only):
-    see :meth:`_Proxy.decode_kv`; each injected fault counts in ``pdsweep_proxy_faults_total{fault}``.
+    call. ``faults`` (tests only): :class:`Faults`.
     ``block_size``: the decode block size in tokens; a request answered by decode whose prefill ``usage.prompt_tokens``
     is >= it counts in ``pdsweep_proxy_kv_requests_total`` (vLLM's NIXL decode reads every
     such prompt's blocks: ``get_num_new_matched_tokens`` in nixl/pull_scheduler.py).
@@ -405,23 +390,9 @@ def create_app(
     4xx/5xx, 502 for a connection error or a prefill answer without ``kv_transfer_params``,
     504 for a timeout, 400 for a body that is not a JSON object.
 
-    ``decode_delay_s`` (tests only): sleep this long before each decode leg, a controlled
-    slowdown of TTFT and E2E (not TPOT/ITL) for the performance verdict's proof.
-
-    Raises ValueError for an empty or non-http(s) URL list, ``timeout_s <= 0``, ``block_size < 1``,
-    ``scramble_every < 0`` or ``decode_delay_s < 0``.
+    Raises ValueError for an empty or non-http(s) URL list, ``timeout_s <= 0`` or ``block_size < 1``.
     """
-    proxy = _Proxy(
-        prefill_urls,
-        decode_urls,
-        timeout_s,
-        drop_kv_transfer_params,
-        scramble_kv_block_ids,
-        block_size,
-        scramble_every,
-        stale_kv_transfer_params,
-        decode_delay_s,
-    )
+    proxy = _Proxy(prefill_urls, decode_urls, timeout_s, block_size, faults)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -558,26 +529,12 @@ class ProxyServer(AppServer):
         host: str = "127.0.0.1",
         port: int = 0,
         timeout_s: float = 300,
-        drop_kv_transfer_params: bool = False,
         log_path: Path | None = None,
-        scramble_kv_block_ids: bool = False,
         block_size: int = 16,
-        scramble_every: int = 0,
-        stale_kv_transfer_params: bool = False,
-        decode_delay_s: float = 0.0,
+        faults: Faults = NO_FAULTS,
     ) -> None:
         super().__init__(
-            create_app(
-                prefill_urls,
-                decode_urls,
-                timeout_s,
-                drop_kv_transfer_params,
-                scramble_kv_block_ids,
-                block_size,
-                scramble_every,
-                stale_kv_transfer_params,
-                decode_delay_s,
-            ),
+            create_app(prefill_urls, decode_urls, timeout_s, block_size, faults),
             host,
             port,
         )
@@ -601,6 +558,7 @@ class ProxyServer(AppServer):
             self._detach_log()
             raise
         proxy = self.app.state.proxy
+        f = proxy.faults
         log.info(
             "PD proxy on %s: prefill %s, decode %s, timeout %g s%s",
             self.url,
@@ -608,13 +566,13 @@ class ProxyServer(AppServer):
             proxy.decode_urls,
             proxy.timeout_s,
             ", DROPPING kv_transfer_params"
-            if proxy.drop_kv
+            if f.drop_kv_transfer_params
             else ", SCRAMBLING remote_block_ids"
-            if proxy.scramble
-            else f", SCRAMBLING 1 in {proxy.scramble_every} requests under load"
-            if proxy.scramble_every
+            if f.scramble_kv_block_ids
+            else f", SCRAMBLING 1 in {f.scramble_every} requests under load"
+            if f.scramble_every
             else ", STALE kv_transfer_params (the previous request's)"
-            if proxy.stale
+            if f.stale_kv_transfer_params
             else "",
         )
         return self

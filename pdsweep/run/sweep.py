@@ -29,7 +29,8 @@ from pdsweep.builds import attnprobe
 from pdsweep.core.errors import UserError
 from pdsweep.core.logscan import first_exception
 from pdsweep.core.paths import REPO
-from pdsweep.deploy.deployment import CellFailed, Deployment, Faults, ReadyHang, Timeouts, blame, deploy
+from pdsweep.deploy.deployment import CellFailed, Deployment, ReadyHang, Timeouts, blame, deploy
+from pdsweep.deploy.faults import Faults
 from pdsweep.deploy.instances import AltBlocks, Fresh, InstancePool, instance_id, instance_key, reuse_record
 from pdsweep.deploy.launchers import Launcher, LocalLauncher, tail
 from pdsweep.measure.phases import measure_cell
