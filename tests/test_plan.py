@@ -189,6 +189,7 @@ def test_cpu_smoke_plan():
         "tiny-llama.p1d2.b32-32.fixed",
         "tiny-mla.p1d1.b32-32.fixed.env-rope-unpatched",
         "tiny-llama.p1d1.b32-32.fixed.fault-kill-prefill-during-eval",
+        "tiny-llama.p1d1.b32-32.fixed.env-ucx-tcp",
         "tiny-llama.p1d1.b32-32.unfixed",
         "tiny-llama.p2d1.b32-32.fixed",
         "tiny-nemotron-h.p2d1.b32-32.fixed",
@@ -206,6 +207,8 @@ def test_cpu_smoke_plan():
         "tiny-llama.p1d1.b32-32.fixed.fault-kill-prefill-during-eval": (
             r"prefill-0 \(pid \d+\) killed by signal 9 \(SIGKILL\) during eval; "
         ),
+        "tiny-llama.p1d1.b32-32.fixed.env-ucx-tcp": r"KV READ over UCX transport\(s\) tcp/.* \(fell back to tcp\); "
+        "expected: cma",
         "tiny-mla.ref-tp1.b32.fixed.env-rope-unpatched": r"accuracy\.json: pdsweep_arith: .* outside expected",
         "tiny-nemotron-h-g1.p2d1.b32-32.fixed": "triage transfer",
         "tiny-mla-mamba2.p2d1.b128-128.unfixed": r"AssertionError at vllm/distributed/kv_transfer/kv_connector/v1/"
@@ -214,7 +217,7 @@ def test_cpu_smoke_plan():
     assert {c.tp_ratio for c in plan.pd_cells} == {1, 2, -2}
     assert all(c.num_gpus == 0 for c in plan.cells)
     refs = [c.id for c in plan.cells if c.kind == "ref"]
-    assert "tiny-llama.ref-tp2.b32.fixed" in refs and len(refs) == 9  # one reference serves both builds
+    assert "tiny-llama.ref-tp2.b32.fixed" in refs and len(refs) == 10  # one reference serves both builds
     assert "tiny-mla-mamba2.ref-tp1.b128.fixed" in refs
 
 
