@@ -139,7 +139,11 @@ def test_proxy_scrambles_only_under_load_and_hands_stale_params():
     p._inflight = 3  # under load: 1 in 2
     assert [p.decode_kv(kv)["remote_block_ids"] for _ in range(4)] == [[1, 2], [2, 1], [1, 2], [2, 1]]
     s = _Proxy(["http://p"], ["http://d"], 10, faults=Faults(stale_kv_transfer_params=True))
-    assert [s.decode_kv({"n": i})["n"] for i in range(3)] == [0, 0, 1]  # each gets the previous request's
+    kvs = [{"n": i, "remote_block_ids": [[1, 2]]} for i in range(3)]
+    assert [s.decode_kv(k)["n"] for k in kvs] == [0, 0, 1]  # each gets the previous request's
+    # ... only when it covers the new request's blocks (else vLLM's decode worker asserts and dies)
+    longer = {"n": 9, "remote_block_ids": [[1, 2, 3]]}
+    assert s.decode_kv(longer)["n"] == 9 and s.decode_kv({"n": 10, "remote_block_ids": [[4]]})["n"] == 9
     with pytest.raises(ValueError, match="scramble_every"):
         Faults(scramble_every=-1)
 
