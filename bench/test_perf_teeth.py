@@ -115,7 +115,7 @@ defaults: {{prefill_block_size: 32, decode_block_size: 32, max_num_seqs: 4, star
   request_timeout_s: 300, port_base: 14000}}
 matrix: {{model: [{model}], tp: [p1d1]}}
 eval: {{tasks: [], reference: false, consistency: {{enabled: false}}}}
-bench: {{enabled: true, concurrencies: [2], num_prompts: 8, input_len: 64, output_len: 8, repeats: {repeats}}}
+bench: {{enabled: true, check: false, concurrencies: [2], num_prompts: 8, input_len: 64, output_len: 8, repeats: {repeats}}}
 gate: {{require_accuracy: false, require_consistency: false, perf_default: {THRESHOLD}}}
 """
     path = tmp / "perf-teeth.yaml"

@@ -139,7 +139,11 @@ def test_proxy_scrambles_only_under_load_and_hands_stale_params():
     p._inflight = 3  # under load: 1 in 2
     assert [p.decode_kv(kv)["remote_block_ids"] for _ in range(4)] == [[1, 2], [2, 1], [1, 2], [2, 1]]
     s = _Proxy(["http://p"], ["http://d"], 10, faults=Faults(stale_kv_transfer_params=True))
-    assert [s.decode_kv({"n": i})["n"] for i in range(3)] == [0, 0, 1]  # each gets the previous request's
+    kvs = [{"n": i, "remote_block_ids": [[1, 2]]} for i in range(3)]
+    assert [s.decode_kv(k)["n"] for k in kvs] == [0, 0, 1]  # each gets the previous request's
+    # ... only when it covers the new request's blocks (else vLLM's decode worker asserts and dies)
+    longer = {"n": 9, "remote_block_ids": [[1, 2, 3]]}
+    assert s.decode_kv(longer)["n"] == 9 and s.decode_kv({"n": 10, "remote_block_ids": [[4]]})["n"] == 9
     with pytest.raises(ValueError, match="scramble_every"):
         Faults(scramble_every=-1)
 
@@ -268,6 +272,80 @@ def test_prefix_reuse_byte_check():
     load["workloads"][0]["kv_bytes_by_pass"] = [1000, 100]
     body = judge_load("c", "ref", load, ref, th, prefix_caching=True)
     assert body["verdict"] == "pass" and body["workloads"][0]["prefix_reuse"]["verdict"] == "fewer"
+
+
+def test_prefix_reuse_needs_a_full_decode_block():
+    """tiny-qwen3-next on CPU: vLLM raises the hybrid's block to 288 tokens, the shared-prefix prompts
+    are 80: no full block can be cached, so equal bytes per pass are expected, not a failure."""
+    th = thresholds_for("gqa", "gdn", True)
+    load = {"workloads": [{"workload": "shared-prefix", "concurrency": 2, "requests": [_row("shared-prefix/p0.0", "k", [1])],
+                           "kv_bytes_by_pass": [1000, 1000]}]}  # fmt: skip
+    ref = {"workloads": [{"workload": "shared-prefix", "requests": [_row("shared-prefix/p0.0", "k", [1])]}]}
+    body = judge_load("c", "ref", load, ref, th, prefix_caching=True, block_tokens=288)
+    pr = body["workloads"][0]["prefix_reuse"]
+    assert (pr["verdict"], body["verdict"]) == ("not expected", "pass")
+    assert pr["explanation"] == (
+        "the repeated prompts (at most 40 tokens) are shorter than one decode KV block (288 tokens): no full block to reuse"
+    )
+    body = judge_load("c", "ref", load, ref, th, prefix_caching=True, block_tokens=32)  # one full block: must reuse
+    assert (body["workloads"][0]["prefix_reuse"]["verdict"], body["verdict"]) == ("not fewer", "fail")
+
+
+def _tops(*pos):
+    return [{str(t): lp for t, lp in d.items()} for d in pos]
+
+
+def test_a_near_tie_flip_is_counted_and_shown_not_wrong():
+    """Measured on tiny-qwen3-next p1d1 (random weights, GDN hybrid): 5 of 48 answers flipped between
+    tokens whose top-1 logprobs were -2.0 to -2.8 nats, after matching positions within 0.04 nats."""
+    from pdsweep.measure.loadcheck import TIE_NATS
+
+    th = thresholds_for("gqa", "gdn", True)
+    ref_row = {**_row("random/0", "k", [1, 2, 3]), "top_logprobs": _tops({1: -1.0}, {2: -2.79, 7: -2.82}, {3: -1.0})}
+    pd_row = {**_row("random/0", "k", [1, 7, 9]), "top_logprobs": _tops({1: -1.0}, {7: -2.70, 2: -2.74}, {9: -1.0})}
+
+    def judge(pd_row, ref_row):
+        ref = {"workloads": [{"workload": "random", "concurrency": 2, "requests": [ref_row]}]}
+        return judge_load("c", "ref", {"workloads": [{"workload": "random", "concurrency": 2, "requests": [pd_row]}]},
+                          ref, th)["workloads"][0]  # fmt: skip
+
+    w = judge(pd_row, ref_row)
+    assert (w["wrong"], w["near_ties"]) == (0, 1)
+    assert w["first_near_tie"] == {"prompt": "random/0", "concurrency": 2, "position": 1, "pd_token": 7, "ref_token": 2,
+                                   "pd_logprobs": [-2.70, -2.74], "ref_logprobs": [-2.82, -2.79], "tie_nats": TIE_NATS}  # fmt: skip
+    confident = {**ref_row, "top_logprobs": _tops({1: -1.0}, {2: -0.01, 7: -5.0}, {3: -1.0})}  # a wrong KV: nats apart
+    assert (judge(pd_row, confident)["wrong"], judge(pd_row, confident)["near_ties"]) == (1, 0)
+    assert (
+        judge({k: v for k, v in pd_row.items() if k != "top_logprobs"}, ref_row)["wrong"] == 1
+    )  # no top-k: fail closed
+    drifted = {**pd_row, "token_logprobs": [-1.0 - 2 * TIE_NATS, -2.70, -1.0]}  # the prefix already disagrees
+    assert judge(drifted, {**ref_row, "token_logprobs": [-1.0, -2.79, -1.0]})["wrong"] == 1
+
+
+def test_complete_collects_top_logprobs_when_asked():
+    import asyncio
+
+    import httpx
+
+    from pdsweep.measure.consistency import TOP_K, Prompt, complete
+
+    seen = {}
+
+    def answer(request):
+        seen.update(json.loads(request.content))
+        lp = {"tokens": ["token_id:5", "token_id:6"], "token_logprobs": [-0.5, -1.5],
+              "top_logprobs": [{"token_id:5": -0.5, "token_id:9": -1.0}, {"token_id:6": -1.5}]}  # fmt: skip
+        return httpx.Response(200, json={"choices": [{"logprobs": lp}]})
+
+    async def go(top):
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as c:
+            return await complete(c, "http://x/v1/completions", "m", Prompt("p", [1, 2], ""), 2, top=top)
+
+    top: list = []
+    assert asyncio.run(go(top)) == ([5, 6], [-0.5, -1.5]) and seen["logprobs"] == TOP_K
+    assert top == [{"5": -0.5, "9": -1.0}, {"6": -1.5}]
+    asyncio.run(go(None))
+    assert seen["logprobs"] == 1  # the sequential probe keeps upstream's logprobs=1
 
 
 def test_vllm_router_axis_runs_the_same_checks(tmp_path, tok):

@@ -248,14 +248,15 @@ class _Proxy:
     def decode_kv(self, kv: Any) -> Any:
         """The ``kv_transfer_params`` the decode leg gets: the prefill's own, unless a test-only
         fault is on: ``stale`` hands decode the *previous* request's (vllm 52234's stale-reference
-        case; the first request keeps its own), ``scramble`` scrambles every one
+        case) when it holds at least as many blocks per KV group (:func:`covers`; else, and for
+        the first request, its own), ``scramble`` scrambles every one
         (:func:`scrambled`), ``scramble_every`` k scrambles 1 in k of the requests that arrive
         while another is in flight (corruption only under concurrency: the sequential probe
         never sees it). One event loop: the counters need no lock."""
         f = self.faults
         if f.stale_kv_transfer_params:
             prev, self._last_kv = self._last_kv, kv
-            if prev is not None:
+            if prev is not None and covers(prev, kv):
                 kv = prev
                 self.metrics.faults.labels("stale").inc()
         if f.scramble_kv_block_ids:
@@ -349,6 +350,22 @@ class _Proxy:
         return Response(
             content=r.content, status_code=r.status_code, media_type=r.headers.get("content-type", "application/json")
         )
+
+
+def covers(old: Any, new: Any) -> bool:
+    """Whether handle ``old`` lists at least as many ``remote_block_ids`` as ``new`` in every KV
+    group (flat lists: one group). vLLM asserts it (``base_worker.py`` ``_apply_prefix_caching``,
+    ``assert num_decode_blocks <= len(prefill_group)``) and the decode worker dies otherwise, so
+    a stale handle that decode can actually read must cover the new request."""
+
+    def groups(kv: Any) -> list[int] | None:
+        ids = kv.get("remote_block_ids") if isinstance(kv, dict) else None
+        if not isinstance(ids, list):
+            return None
+        return [len(g) for g in ids] if ids and isinstance(ids[0], list) else [len(ids)]
+
+    a, b = groups(old), groups(new)
+    return a is not None and b is not None and len(a) == len(b) and all(x >= y for x, y in zip(a, b))
 
 
 def scrambled(kv: dict[str, Any] | None) -> dict[str, Any] | None:

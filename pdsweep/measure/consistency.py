@@ -31,6 +31,7 @@ from pdsweep.measure.endpoints import completions_url
 log = logging.getLogger(__name__)
 
 MAX_ABS_DLOGPROB = 1.5  # nats; upstream test_hybrid_pd_consistency.py MAX_LOGPROB_DELTA
+TOP_K = 5  # top logprobs the load phase asks for (near-tie check, pdsweep.measure.loadcheck)
 DIFF_TP_MIN_MATCH_FRAC = 0.5  # different P/D TP: tokens may drift from half of max_tokens on
 BLOCKS_FACTOR = 3.5  # "blocks" prompt: several full blocks plus a partial one
 _WORDS = (
@@ -196,14 +197,22 @@ def _token(t: Any) -> int | str:
 
 
 async def complete(
-    client: Any, url: str, model: str, prompt: Prompt, max_tokens: int, cache_salt: str | None = None
+    client: Any,
+    url: str,
+    model: str,
+    prompt: Prompt,
+    max_tokens: int,
+    cache_salt: str | None = None,
+    top: list[dict[str, float]] | None = None,
 ) -> tuple[list[int | str], list[float | None]]:
     """One greedy completion of ``prompt`` (token ids) at ``url`` (the full
     ``/v1/completions`` URL) with an ``httpx.AsyncClient``: ``temperature=0, seed=0,
     logprobs=1``, plus the vLLM extensions ``ignore_eos`` (always ``max_tokens`` tokens)
     and ``return_tokens_as_token_ids``; ``cache_salt`` (vLLM) keeps the request off blocks
     cached for other salts. Returns ``(tokens, top-1 logprobs)``, tokens as
-    ints where the server sent ``"token_id:N"``. Raises ``httpx.HTTPError`` on a failed
+    ints where the server sent ``"token_id:N"``. ``top`` (a list, filled in place): ask for
+    ``logprobs=TOP_K`` and append, per position, ``{str(token id): logprob}`` of the top
+    ``TOP_K`` tokens (vLLM ``logprobs.top_logprobs``). Raises ``httpx.HTTPError`` on a failed
     request and ``ValueError``/``KeyError``/``IndexError`` on a malformed body."""
     body = {
         "model": model,
@@ -211,7 +220,7 @@ async def complete(
         "max_tokens": max_tokens,
         "temperature": 0,
         "seed": 0,
-        "logprobs": 1,
+        "logprobs": 1 if top is None else TOP_K,
         "stream": False,
         "ignore_eos": True,
         "return_tokens_as_token_ids": True,
@@ -224,6 +233,9 @@ async def complete(
     tokens, lps = lp.get("tokens"), lp.get("token_logprobs")
     if not isinstance(tokens, list) or not isinstance(lps, list) or len(tokens) != len(lps):
         raise ValueError("response has no logprobs.tokens/token_logprobs of equal length")
+    if top is not None:
+        for d in lp.get("top_logprobs") or []:
+            top.append({str(_token(k)): float(v) for k, v in (d or {}).items() if isinstance(v, (int, float))})
     return [_token(t) for t in tokens], [float(x) if isinstance(x, (int, float)) else None for x in lps]
 
 
