@@ -361,9 +361,9 @@ def judge_cell_load(run_dir: Path, cell_id: str, meta: dict[str, Any], ls: Any) 
     decodes = [i for i in cj.get("instances") or [] if str(i.get("name", "")).startswith("decode")]
     dec = [i.get("blocks") or {} for i in decodes]
     caching = all(b.get("prefix_caching") is True for b in dec) if dec else None
-    seen = cj.get("blocks") if isinstance(cj.get("blocks"), dict) else {}
-    sizes = {_block_tokens(i.get("blocks") or {}, seen.get(str(i.get("name"))) or {}) for i in decodes} - {None}
-    block = min(sizes) if sizes else None
+    seen: dict[str, Any] = cj["blocks"] if isinstance(cj.get("blocks"), dict) else {}
+    sizes = [_block_tokens(i.get("blocks") or {}, seen.get(str(i.get("name"))) or {}) for i in decodes]
+    block = min((n for n in sizes if n is not None), default=None)
     tri = (cons.get("triage") or {}).get("verdict")
     body = judge_load(cell_id, ref_id if ref else None, pd, ref, th, tri, caching, block)
     layout.write_json(cdir.file(layout.LOAD_CHECK_FILE), body)
