@@ -193,10 +193,33 @@ def test_a_timeout_is_a_hang_unless_an_instance_ended_or_logged_a_non_nixl_error
 
     def handle(name: str, lines: list[str], rc: int | None = None) -> SimpleNamespace:
         (tmp_path / f"{name}.log").write_text("\n".join(lines) + "\n")
-        return SimpleNamespace(returncode=lambda: rc, log_path=tmp_path / f"{name}.log")
+        return SimpleNamespace(returncode=lambda: rc, log_path=tmp_path / f"{name}.log", log_start=0)
 
     clean = handle("prefill-0", ["(APIServer pid=1) INFO started"])
     assert hung([clean, handle("decode-0", HANDLED_NIXL)])
     assert hung([clean, handle("decode-1", ["(APIServer pid=1) INFO started"])])
     assert not hung([clean, handle("decode-2", UNFIXED_DECODE)])
     assert not hung([clean, handle("decode-3", HANDLED_NIXL, rc=-9)])
+
+
+def test_a_redeployed_instance_is_blamed_for_its_own_attempt(tmp_path: Path):
+    """Stop 32's make sweep: the core case's unfixed cell hung, was redeployed (ready_retries) and
+    then hit its AssertionError. Its reason named attempt 1's handled NIXL error, because the
+    instance log is appended across attempts, so ``match:`` missed and the expected failure was FAIL.
+    Each start records where its process began writing (``Handle.log_start``); blame reads from there."""
+    import sys
+
+    from pdsweep.deploy.deployment import culprits
+    from pdsweep.deploy.launchers.local import LocalLauncher
+
+    log = tmp_path / "decode-0.log"
+    log.write_text("\n".join(HANDLED_NIXL) + "\n")  # attempt 1
+    before = log.stat().st_size
+    text = "\n".join(UNFIXED_DECODE) + "\n"
+    h = LocalLauncher().start("decode-0", [sys.executable, "-c", f"import sys; sys.stdout.write({text!r}); sys.exit(1)"],
+                              {}, 1, log)  # fmt: skip
+    assert h.proc is not None and h.proc.wait(timeout=60) == 1
+    assert h.log_start == before > 0
+    assert first_exception(log).exc.endswith("nixlRemoteDisconnectError")  # the whole file: attempt 1's
+    (why,) = culprits([h])
+    assert why.startswith("decode-0 (exited with code 1): AssertionError at vllm/distributed/kv_transfer/")

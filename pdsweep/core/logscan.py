@@ -48,14 +48,16 @@ def _short(path: str) -> str:
     return path
 
 
-def first_exception(log_path: Path) -> LoggedException | None:
-    """The first traceback's exception in ``log_path`` with its innermost frame; None when the
-    log has no traceback before vLLM's teardown (``[shutdown]`` lines: every instance that
-    pdsweep stops logs an ``EngineDeadError`` then), or cannot be read. Tracebacks of
+def first_exception(log_path: Path, start: int = 0) -> LoggedException | None:
+    """The first traceback's exception in ``log_path`` from byte ``start`` on (where this process
+    began writing: a redeployed instance appends to its earlier attempt's log) with its innermost
+    frame; None when the log has no traceback before vLLM's teardown (``[shutdown]`` lines: every
+    instance that pdsweep stops logs an ``EngineDeadError`` then), or cannot be read. Tracebacks of
     different processes interleave in one log: each process prefix is parsed on its own."""
     try:
         f = open(log_path, errors="replace")
-    except OSError:
+        f.seek(start)
+    except (OSError, ValueError):
         return None
     state: dict[str, list] = {}  # process -> [frame match | None, source line]
     with f:

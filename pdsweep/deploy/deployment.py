@@ -108,7 +108,7 @@ def culprits(handles: list[Handle]) -> list[str]:
     (:func:`pdsweep.core.logscan.first_exception`). Empty when every instance looks healthy."""
     out = []
     for h in handles:
-        rc, exc = h.returncode(), first_exception(h.log_path)
+        rc, exc = h.returncode(), first_exception(h.log_path, h.log_start)
         if rc is None and exc is None:
             continue
         how = "still running" if rc is None else f"killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
@@ -125,7 +125,7 @@ def hung(handles: list[Handle]) -> bool:
     for h in handles:
         if h.returncode() is not None:
             return False
-        exc = first_exception(h.log_path)
+        exc = first_exception(h.log_path, h.log_start)
         if exc is not None and not exc.exc.rsplit(".", 1)[-1].startswith("nixl"):
             return False
     return True
@@ -145,7 +145,7 @@ def ended(handles: list[Handle], phase: str) -> list[str]:
                 how = f"killed by signal {-rc}"
         else:
             how = f"exited with code {rc}"
-        exc = first_exception(h.log_path)
+        exc = first_exception(h.log_path, h.log_start)
         out.append(f"{h.name} (pid {h.pid}) {how} during {phase}" + (f": {exc.describe()}" if exc else ""))
     return out
 

@@ -41,6 +41,7 @@ class Handle:
     host: str = LOOPBACK
     step: str | None = None
     node: str | None = None  # Slurm node name
+    log_start: int = 0  # bytes of log_path written before this process: a redeploy appends to the same file
 
     @property
     def url(self) -> str:

@@ -46,6 +46,7 @@ class LocalLauncher:
             raise ValueError(f"{name}: the local launcher runs on this host only, not on {node or host!r}")
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as out:
+            start = out.tell()  # an instance restarted in this run appends to its log
             proc = subprocess.Popen(
                 argv,
                 env={**os.environ, **env},
@@ -57,7 +58,7 @@ class LocalLauncher:
         with self._lock:
             self._groups.add(proc.pid)  # session leader: pgid == pid
         log.info("started %s pid=%d port=%d", name, proc.pid, port)
-        return Handle(name, proc.pid, port, log_path, ports or (port,), proc)
+        return Handle(name, proc.pid, port, log_path, ports or (port,), proc, log_start=start)
 
     def stop(self, handle: Handle, grace_s: float = 20.0) -> None:
         """SIGTERM the instance's process group, wait ``grace_s``, SIGKILL what is left,

@@ -159,6 +159,7 @@ class SlurmLauncher:
         step_name = f"pdsweep.{os.getpid()}.{next(self._seq)}.{name}"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as out:
+            start = out.tell()  # an instance restarted in this run appends to its log
             proc = subprocess.Popen(
                 self.argv(step_name, node, argv, env),
                 env={**os.environ, **env},
@@ -167,7 +168,7 @@ class SlurmLauncher:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        h = Handle(name, proc.pid, port, log_path, ports or (port,), proc, host=host, node=node)
+        h = Handle(name, proc.pid, port, log_path, ports or (port,), proc, host=host, node=node, log_start=start)
         with self._lock:
             self._ours[step_name] = h
         threading.Thread(target=self._resolve, args=(step_name, h), daemon=True, name=f"step-{name}").start()
