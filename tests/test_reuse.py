@@ -82,7 +82,11 @@ def test_cpu_smoke_shares_five_instances_and_starts_each_distinct_one_once():
     # the fault drill kills its prefill: its instances are its own (PDSWEEP_FAULT_DRILL in their env)
     drill = "tiny-llama.p1d1.b32-32.fixed.fault-kill-prefill-during-eval"
     assert not {k for c, v in keys.items() if c != drill for k in v} & set(keys[drill])
-    llama = [c.id for c in ordered if c.id.startswith("tiny-llama.p") and c.build == "fixed" and c.fault == "none"]
+    llama = [
+        c.id
+        for c in ordered
+        if c.id.startswith("tiny-llama.p") and c.build == "fixed" and c.fault == "none" and c.env == "base"
+    ]
     assert llama == ["tiny-llama.p1d2.b32-32.fixed", "tiny-llama.p1d1.b32-32.fixed", "tiny-llama.p2d1.b32-32.fixed"]
     shared = [r for r in rows if len(r["cells"]) > 1]
     assert len(shared) == 5 and all(r["stop_after"] == r["cells"][-1] for r in rows)
