@@ -38,8 +38,8 @@ def heartbeat(core: int, gap_s: float, q: mp.Queue, beat: Any) -> None:
         last = now
 
 
-def running_on(core: int) -> list[tuple[str, int]]:
-    """(pid/comm, tid) of every thread in state R whose last core is ``core``."""
+def thread_stats() -> list[tuple[str, int, list[str]]]:
+    """(pid/comm, tid, the /proc/PID/task/TID/stat fields after comm) of every thread on the host."""
     out = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -53,31 +53,20 @@ def running_on(core: int) -> list[tuple[str, int]]:
                 raw = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
             except OSError:
                 continue
-            f = raw[raw.rindex(")") + 2 :].split()
-            if f[0] == "R" and int(f[36]) == core and int(tid) != os.getpid():
-                out.append((f"{pid}/{raw[raw.index('(') + 1 : raw.rindex(')')]}", int(tid)))
+            comm = raw[raw.index("(") + 1 : raw.rindex(")")]
+            out.append((f"{pid}/{comm}", int(tid), raw[raw.rindex(")") + 2 :].split()))
     return out
+
+
+def running_on(core: int) -> list[tuple[str, int]]:
+    """(pid/comm, tid) of every thread in state R whose last core is ``core``."""
+    me = os.getpid()
+    return [(name, tid) for name, tid, f in thread_stats() if f[0] == "R" and int(f[36]) == core and tid != me]
 
 
 def threads() -> dict[int, tuple[str, int, int, int]]:
-    """{tid: (comm, utime ticks, stime ticks, last core)} of every thread on the host."""
-    out = {}
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                raw = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-            except OSError:
-                continue
-            comm = raw[raw.index("(") + 1 : raw.rindex(")")]
-            f = raw[raw.rindex(")") + 2 :].split()
-            out[int(tid)] = (f"{pid}/{comm}", int(f[11]), int(f[12]), int(f[36]))
-    return out
+    """{tid: (pid/comm, utime ticks, stime ticks, last core)} of every thread on the host."""
+    return {tid: (name, int(f[11]), int(f[12]), int(f[36])) for name, tid, f in thread_stats()}
 
 
 def kernel_where(pid: str, tid: int) -> str:
