@@ -423,6 +423,7 @@ class BisectArgs:
     builds: tuple[str, ...]
     out: Path
     run_all: bool
+    resume: bool = False
 
     @classmethod
     def add_cli_args(cls, p: argparse.ArgumentParser) -> None:
@@ -433,6 +434,7 @@ class BisectArgs:
         p.add_argument("--builds", default="", help="comma-separated builds between good and bad, in order")
         p.add_argument("--all", dest="run_all", action="store_true", help="run every build (non-monotone series)")
         p.add_argument("--out", type=Path, default=None, help="default results/bisect-<cell>")
+        p.add_argument("--resume", action="store_true", help="finish an interrupted bisect: final steps are kept")
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> BisectArgs:
@@ -442,12 +444,12 @@ class BisectArgs:
             raise UserError(f"{ns.sweep}: no such sweep file")
         between = [b for b in ns.builds.split(",") if b]
         out = ns.out or REPO / "results" / f"bisect-{ns.cells}"
-        return cls(ns.sweep, ns.cells, (ns.good, *between, ns.bad), out, ns.run_all)
+        return cls(ns.sweep, ns.cells, (ns.good, *between, ns.bad), out, ns.run_all, ns.resume)
 
     def main(self) -> int:
         from pdsweep.history.bisect import bisect, run_cell_for_real
 
-        result = bisect(self.sweep, self.cell, list(self.builds), self.out, run_cell_for_real, self.run_all)
+        result = bisect(self.sweep, self.cell, list(self.builds), self.out, run_cell_for_real, self.run_all, self.resume)
         print("\n".join(result.lines()))
         print(f"bisect: {self.out / 'bisect.json'}")
         return 0

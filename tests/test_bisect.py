@@ -60,6 +60,13 @@ def test_bisect_names_the_first_bad_fake_build(tmp_path: Path, monkeypatch: pyte
     assert [s.verdict for s in result.steps] == ["PASS", "FAIL", "FAIL"]
     assert result.first_bad == builds[1] and (out / "bisect.json").is_file()
     assert "consistency" in result.step(builds[1]).reason  # type: ignore[union-attr]
+    with pytest.raises(UserError, match="already holds a run; pass --resume"):
+        bisect(sweep, cell, builds, out, run_cell_for_real)
+    status = next(out.glob("00-*/run")) / cell / "status.json"
+    before = status.stat().st_mtime_ns
+    again = bisect(sweep, cell, builds, out, run_cell_for_real, resume=True)
+    assert [s.verdict for s in again.steps] == ["PASS", "FAIL", "FAIL"] and again.first_bad == builds[1]
+    assert status.stat().st_mtime_ns == before  # the final step was read back, not rerun
     with pytest.raises(UserError, match="not a build of the sweep"):
         bisect(sweep, cell, ["fixed", "nosuch"], tmp_path / "x", run_cell_for_real)
     assert main(["bisect", str(tmp_path / "none.yaml"), "--cells", cell, "--good", "fixed", "--bad", "x"]) == 2

@@ -8,7 +8,9 @@ when every gate check of the cell passes (PASS or XPASS: an expectation is not a
 outcome here), else bad. The ends are run too (a "good" end that fails, or a "bad" end that
 passes, is reported instead of a first bad build). ``--all`` runs every build, for series
 that need not be monotone (e.g. PR #49297's edits undone one at a time:
-``pdsweep baseline-env --undo``).
+``pdsweep baseline-env --undo``). ``--resume`` finishes an interrupted bisection: each step
+runs into a fixed directory (``out/NN-build/run``), and a step whose cell is already final
+is read back, not run again.
 """
 
 from __future__ import annotations
@@ -118,12 +120,15 @@ def bisect(
     cell_id: str,
     builds: list[str],
     out: Path,
-    run_cell: Callable[[Path, str, Path], tuple[str, str]],
+    run_cell: Callable[[Path, str, Path, bool], tuple[str, str]],
     run_all: bool = False,
+    resume: bool = False,
 ) -> Bisection:
     """Bisect ``cell_id`` (whose build part names the sweep build that is replaced) over
-    ``builds`` (good first, bad last). ``run_cell(sweep, cell_id, run_dir)`` runs the cell
-    and returns (verdict, reason). Writes ``out/bisect.json``."""
+    ``builds`` (good first, bad last). ``run_cell(sweep, cell_id, run_dir, resume)`` runs
+    the cell and returns (verdict, reason). Writes ``out/bisect.json``. Raises
+    ``UserError`` for a repeated or unknown build, or (without ``resume``) a step
+    directory that already holds a run."""
     if len(builds) < 2 or len(set(builds)) != len(builds):
         raise UserError("bisect: give a good and a bad build (and the builds between), each once")
     cell_build = cell_id.rsplit(".", 1)[-1]
@@ -133,7 +138,7 @@ def bisect(
         b = builds[i]
         step_dir = out / f"{i:02d}-{b.replace('/', '_').replace(':', '-')}"
         sweep = derived_sweep(sweep_path, cell_build, b, step_dir)
-        v, reason = run_cell(sweep, cell_id, step_dir / "run")
+        v, reason = run_cell(sweep, cell_id, step_dir / "run", resume)
         s = Step(b, v, v in ("PASS", "XPASS"), reason, str(step_dir / "run"))
         result.steps.append(s)
         return s.good
@@ -154,11 +159,12 @@ def bisect(
     return result
 
 
-def run_cell_for_real(sweep: Path, cell_id: str, run_dir: Path) -> tuple[str, str]:
-    """Run ``cell_id`` (and its reference) with ``pdsweep run`` and gate it."""
+def run_cell_for_real(sweep: Path, cell_id: str, run_dir: Path, resume: bool = False) -> tuple[str, str]:
+    """Run ``cell_id`` (and its reference) with ``pdsweep run`` (``--resume``: a final
+    cell is kept) and gate it."""
     from pdsweep.judge.gate import gate_run
     from pdsweep.run.sweep import RunOptions, run_sweep
 
-    run_sweep(str(sweep), RunOptions(out=run_dir, cells=cell_id, quiet=True))
+    run_sweep(str(sweep), RunOptions(out=run_dir, cells=cell_id, quiet=True, resume=resume and run_dir.exists()))
     c = gate_run(run_dir).cell(cell_id)
     return c.verdict, (c.reasons[0][:200] if c.reasons else "")
