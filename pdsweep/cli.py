@@ -449,7 +449,8 @@ class BisectArgs:
     def main(self) -> int:
         from pdsweep.history.bisect import bisect, run_cell_for_real
 
-        result = bisect(self.sweep, self.cell, list(self.builds), self.out, run_cell_for_real, self.run_all, self.resume)
+        args = (self.sweep, self.cell, list(self.builds), self.out, run_cell_for_real, self.run_all, self.resume)
+        result = bisect(*args)
         print("\n".join(result.lines()))
         print(f"bisect: {self.out / 'bisect.json'}")
         return 0

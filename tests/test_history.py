@@ -3,14 +3,12 @@ history` / `pdsweep dashboard`, and the dashboard rendered in headless Chromium.
 
 from __future__ import annotations
 
-import os
 import random
-import shutil
 import sqlite3
-import subprocess
 from pathlib import Path
 
 import pytest
+from _chromium import console_errors, need_chromium, render
 from fixtures.make_runs import crashed, pd, ref, write_run
 
 from pdsweep.cli import main
@@ -153,27 +151,13 @@ def test_dashboard_has_a_plot_per_cell_with_figures_and_marks_the_change(tmp_pat
     assert "since night-05" in page and page.count("class='v'") == 12
 
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
 def test_dashboard_renders_in_headless_chromium_without_console_errors(tmp_path: Path) -> None:
-    if CHROMIUM is None:  # .ci/run installs it and sets PDSWEEP_REQUIRE_CHROMIUM=1: there a skip is a failure
-        assert not os.environ.get("PDSWEEP_REQUIRE_CHROMIUM"), "chromium is required but not installed"
-        pytest.skip("no chromium (apt-get install chromium)")
+    need_chromium()
     _, out = dashboard(tmp_path)
-    dom, logs = _chromium(out, tmp_path)
+    dom, logs = render(out, tmp_path)
     assert dom.count('class="plot"') == 2 and "pdsweep history" in dom
-    assert [line for line in logs.splitlines() if "CONSOLE" in line or "Uncaught" in line] == []
+    assert console_errors(logs) == []
     broken = tmp_path / "broken.html"  # the check sees a script error
     broken.write_text(out.read_text().replace("getElementById('filter')", "getElementById('nope')"))
-    _, logs = _chromium(broken, tmp_path)
+    _, logs = render(broken, tmp_path)
     assert any("Uncaught" in line for line in logs.splitlines())
-
-
-def _chromium(page: Path, tmp: Path) -> tuple[str, str]:
-    assert CHROMIUM is not None
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-           "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp / 'chrome'}",
-           "--enable-logging=stderr", "--v=0", "--virtual-time-budget=2000", "--dump-dom", page.as_uri()]  # fmt: skip
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    return r.stdout, r.stderr

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import matplotlib.image
 import pytest
+from _chromium import console_errors, need_chromium, render
 from fixtures.make_runs import MIXED, MIXED_REJECTED, case, crashed, ids, pd, write_run
 
 from pdsweep.judge.report import write_report
@@ -135,3 +136,38 @@ def test_reads_per_prefill_rank_table(tmp_path: Path) -> None:
     unrecorded = case(pd("tiny-llama", 1, 1), {TR: {"reads_by_prefill_rank": None}})
     plain = write_report(write_run(tmp_path / "b", "r", [unrecorded, MIXED["ref"]]))
     assert "READs per prefill rank" not in plain["markdown"].read_text()  # nothing recorded: no empty table
+
+
+def test_report_opens_with_verdicts_build_pairs_and_failures(runs: dict[str, Path], tmp_path: Path) -> None:
+    paths = write_report(runs["mission"], tmp_path)
+    md, page = paths["markdown"].read_text(), paths["html"].read_text()
+    assert md.index("## Verdicts") < md.index("## Build pairs") < md.index("## Failures") < md.index("## Cells")
+    assert "| model | p1d1 fixed | p1d1 unfixed | p2d1 fixed | p2d1 unfixed | ref-tp1 fixed | ref-tp1 unfixed |" in md
+    assert "| kimi-linear | PASS | PASS | PASS | FAIL | PASS | PASS |" in md
+    cause = "accuracy.json: pdsweep_arith: exact_match 0.3100 outside expected 0.8 +/- 0.05 (fixture)"
+    assert f"| kimi-linear.p2d1.b16-16 | PASS |  | FAIL | {cause}" in md  # the pair side by side, its own id cut
+    assert f"| kimi-linear.p2d1.b16-16.unfixed | FAIL | {cause}" in md
+    assert page.index("<h2>Verdicts</h2>") < page.index("<h2>Build pairs</h2>") < page.index("<h2>Cells</h2>")
+    assert "<td class='FAIL' title='kimi-linear.p2d1.b16-16.unfixed: accuracy.json" in page
+
+
+def test_long_reasons_fold_behind_their_first_line(mixed_report: dict[str, Path]) -> None:
+    page = mixed_report["html"].read_text()
+    folded = re.findall(r"<details><summary>(.*?)</summary>(.*?)</details>", page)
+    long_reason = "decode did 150 KV transfers for 200 PD requests whose prompt spans &gt;= 1 block"
+    assert any(long_reason in full and full.endswith("(silent recompute)") for _, full in folded)
+    assert folded and all(len(html.unescape(summary)) <= 160 for summary, _ in folded)
+    short = "qwen3-0.6b.p2d1.b16-16.fixed/transfer.json: totals.failed_transfers is null (metric missing)"
+    assert f'<td class="reason">{short}</td>' in page  # one short line stays as it is
+
+
+def test_report_renders_in_headless_chromium(runs: dict[str, Path], tmp_path: Path) -> None:
+    need_chromium()
+    paths = write_report(runs["mixed"], tmp_path / "r")
+    dom, log = render(paths["html"], tmp_path)
+    assert console_errors(log) == []
+    assert (
+        dom.count('<table class="matrix">') == 1
+        and dom.count("<details>") == paths["html"].read_text().count("<details>") > 0
+    )
+    assert dom.count("<img ") == 3  # accuracy and the two heatmaps, decoded in the page

@@ -35,6 +35,7 @@ from pdsweep.judge.compare import SAME, CompareResult, compare_cells, compare_re
 from pdsweep.judge.flaky import FLAKY
 from pdsweep.judge.gate import FAIL, NOT_RUNNABLE, PASS, SKIPPED, XFAIL, XPASS, CellResult, GateResult, gate_run
 from pdsweep.judge.loadreport import LOAD_COLUMNS, LOAD_NOTE, load_rows
+from pdsweep.judge.overview import CAUSE_CHARS, failure_rows, matrix_rows, one_line, pair_rows, verdict_matrix
 from pdsweep.judge.perfrender import PERF_COLUMNS, PERF_LEGEND, perf_headline, perf_rows
 from pdsweep.judge.perfreport import PERF_CELL_COLUMNS, PERF_NOTE, perf_cell_rows, plot_perf
 from pdsweep.judge.render import (
@@ -383,6 +384,7 @@ def _markdown(
         "",
         f"**Gate {result.headline()}**",
         "",
+        *_overview_markdown(result),
         "## Cells",
         "",
         md_table(SUMMARY_COLUMNS, summary_rows(result)),
@@ -419,21 +421,80 @@ def _markdown(
     return "\n".join(lines)
 
 
+def _overview_markdown(result: GateResult) -> list[str]:
+    """Verdict matrix, build pairs and failures, one-line causes (pdsweep.judge.overview)."""
+    cols, rows = matrix_rows(result)
+    lines = ["## Verdicts", "", md_table(cols, rows), ""]
+    pcols, prows = pair_rows(result)
+    if prows:
+        lines += ["## Build pairs", "", md_table(pcols, prows), ""]
+    if fails := failure_rows(result):
+        lines += [
+            "## Failures",
+            "",
+            md_table(("cell", "verdict", "cause"), [(c.cell_id, c.verdict, one_line(c)) for c in fails]),
+            "",
+        ]
+    return lines
+
+
+def _fold(text: str) -> str:
+    """Escaped ``text``; past :data:`CAUSE_CHARS` characters (or one line), the rest folds."""
+    first = text.splitlines()[0] if text else ""
+    if len(text) <= CAUSE_CHARS and first == text:
+        return html.escape(text)
+    head = first if len(first) <= CAUSE_CHARS else first[: CAUSE_CHARS - 1] + "…"
+    return f"<details><summary>{html.escape(head)}</summary>{html.escape(text)}</details>"
+
+
+def _verdict_td(c: CellResult | None) -> str:
+    if c is None:
+        return "<td class='none'>—</td>"
+    title = html.escape(f"{c.cell_id}: {one_line(c)}" if one_line(c) else c.cell_id, quote=True)
+    return f"<td class='{c.verdict}' title='{title}'>{html.escape(c.verdict)}</td>"
+
+
+def _overview_html(result: GateResult) -> list[str]:
+    """The part of the page read first: verdict matrix, build pairs, failures."""
+    e = html.escape
+    cols, rows = verdict_matrix(result)
+    head = "".join(f"<th>{e(c)}</th>" for c in ("model", *cols))
+    body = "".join(f"<tr><th>{e(label)}</th>{''.join(map(_verdict_td, cells))}</tr>" for label, cells in rows)
+    parts = ["<h2>Verdicts</h2>", f"<table class='matrix'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"]
+    pcols, prows = pair_rows(result)
+    if prows:
+        parts += ["<h2>Build pairs</h2>", _html_table(pcols, prows, verdict_cols=tuple(range(1, len(pcols), 2)))]
+    if fails := failure_rows(result):
+        frows: list[tuple[str, ...]] = [
+            (c.cell_id, c.verdict, "\n".join(r.replace(c.cell_id + "/", "") for r in c.reasons) or c.message)
+            for c in fails
+        ]
+        parts += ["<h2>Failures</h2>", _html_table(("cell", "verdict", "cause"), frows, verdict_cols=(1,))]
+    return parts
+
+
 CSS = """body{font-family:system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse;font-size:13px;
 margin:1em 0}th,td{border:1px solid #ccc;padding:3px 6px;vertical-align:top;text-align:left}th{background:#f3f3f3}
 td.PASS{color:#2a7d2a;font-weight:bold}td.FAIL,td.XPASS{color:#c62828;font-weight:bold}td.XFAIL{color:#e08a00;
 font-weight:bold}td.FLAKY{color:#8e24aa;font-weight:bold}td.SKIPPED{color:#777}td.reason{max-width:40em;word-break:break-word}
+table.matrix td{text-align:center}summary{cursor:pointer}
 img{max-width:100%;border:1px solid #ddd;margin:0.5em 0}code{background:#f6f6f6}"""
 
 
-def _html_table(columns: tuple[str, ...], rows: list[tuple[str, ...]], verdict_col: int | None = None) -> str:
+def _html_table(columns: tuple[str, ...], rows: list[tuple[str, ...]], verdict_cols: tuple[int, ...] = ()) -> str:
+    """A table of plain-text rows: ``verdict_cols`` coloured by verdict; the last column is a
+    reason, folded past its first line (:func:`_fold`)."""
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
     body = []
     for row in rows:
         tds = []
         for i, x in enumerate(row):
-            cls = x if i == verdict_col else "reason" if i == len(row) - 1 else ""
-            tds.append(f'<td class="{cls}">{html.escape(x)}</td>' if cls else f"<td>{html.escape(x)}</td>")
+            if i in verdict_cols:
+                tds.append(f'<td class="{x}">{html.escape(x)}</td>')
+            elif i == len(row) - 1:
+                tds.append(f'<td class="reason">{_fold(x)}</td>')
+            else:
+                tds.append(f"<td>{html.escape(x)}</td>")
         body.append("<tr>" + "".join(tds) + "</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
@@ -447,8 +508,9 @@ def _html(result: GateResult, facts: list[tuple[str, str]], plots: dict[str, Pat
         "</ul>",
         f"<p><strong>Gate {e(result.headline())}</strong></p>",
         *(f"<p>run problem: {e(p)}</p>" for p in result.problems),
+        *_overview_html(result),
         "<h2>Cells</h2>",
-        _html_table(SUMMARY_COLUMNS, summary_rows(result), verdict_col=2),
+        _html_table(SUMMARY_COLUMNS, summary_rows(result), verdict_cols=(2,)),
     ]
     if reads := read_rows(result):
         parts += ["<h2>NIXL READs per prefill rank</h2>", f"<p>{e(READS_NOTE)}</p>", _html_table(READ_COLUMNS, reads)]
@@ -470,7 +532,7 @@ def _html(result: GateResult, facts: list[tuple[str, str]], plots: dict[str, Pat
         ]
         if rows := perf_rows(cmp):
             parts += [f"<p><strong>{e(perf_headline(cmp))}</strong></p>", f"<p>{e(PERF_LEGEND)}</p>"]
-            parts.append(_html_table(PERF_COLUMNS, [tuple(x.strip("*") for x in r) for r in rows], verdict_col=9))
+            parts.append(_html_table(PERF_COLUMNS, [tuple(x.strip("*") for x in r) for r in rows], verdict_cols=(9,)))
     parts.append("</body></html>\n")
     return "\n".join(parts)
 

@@ -1,0 +1,99 @@
+"""What a person reads first in a run's report: the verdict matrix, the build pairs side by
+side, then the failures, each with a one-line cause (the full reasons fold, HTML
+``<details>``).
+
+* :func:`verdict_matrix`: rows are a model (plus its variant: env, serve args, fault),
+  columns a TP pair (``p2d1``, ``ref-tp1``) and build, each entry the cell's verdict.
+* :func:`build_pairs`: cells that differ only in their build (the same ``compare_key``,
+  e.g. fixed and unfixed), one row per key, baseline builds (``unfixed``) last.
+* :func:`failure_rows`: FAIL, XPASS and FLAKY cells: what a nightly reader must act on.
+
+Cell ids are :attr:`pdsweep.plan.cell.Cell.id`: ``model.TP.blocks.build[.variant...]``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from pdsweep.judge.flaky import FLAKY
+from pdsweep.judge.gate import FAIL, PASS, XPASS, CellResult, GateResult
+
+CAUSE_CHARS = 160  # a one-line cause is cut here; the full reasons fold below it
+BASELINES = ("unfixed", "baseline")  # sort after every other build in a pair
+ACT_ON = (FAIL, XPASS, FLAKY)
+
+
+def one_line(c: CellResult) -> str:
+    """The cell's message, first line, without its own id's ``<cell id>/`` prefixes, cut to
+    :data:`CAUSE_CHARS` characters ('' for a PASS)."""
+    if c.verdict == PASS or not c.reasons:
+        return ""
+    first = (c.message.splitlines()[0] if c.message else c.reasons[0].splitlines()[0]).replace(c.cell_id + "/", "")
+    return first if len(first) <= CAUSE_CHARS else first[: CAUSE_CHARS - 1] + "…"
+
+
+def id_parts(c: CellResult) -> tuple[str, str, str, str, str]:
+    """(model, TP label, blocks, build, variant) of a cell id; variant '' for the base cell."""
+    model = c.facts.model or c.cell_id.split(".", 1)[0]
+    rest = c.cell_id[len(model) + 1 :].split(".") if c.cell_id.startswith(model + ".") else c.cell_id.split(".")[1:]
+    rest += [""] * (3 - len(rest))
+    return model, rest[0], rest[1], rest[2], ".".join(rest[3:])
+
+
+def verdict_matrix(result: GateResult) -> tuple[list[str], list[tuple[str, list[CellResult | None]]]]:
+    """(column labels ``"<TP> <build>"``, rows ``(row label, one CellResult or None per column)``).
+
+    Row labels are ``model`` or ``model variant``; where two cells would share one entry
+    (two block sizes of one model), the block part joins the row label."""
+    parts = {c.cell_id: id_parts(c) for c in result.cells}
+    short = {cid: (" ".join(x for x in (m, v) if x), f"{tp} {b}") for cid, (m, tp, _, b, v) in parts.items()}
+    shared = Counter(short.values())
+    cols = sorted(
+        set(col for _, col in short.values()),
+        key=lambda k: (k.startswith("ref"), k.split(" ")[0], k.split(" ")[1] in BASELINES, k),
+    )
+    rows: dict[str, list[CellResult | None]] = {}
+    for c in result.cells:
+        label, col = short[c.cell_id]
+        if shared[(label, col)] > 1:
+            m, _, blocks, _, v = parts[c.cell_id]
+            label = " ".join(x for x in (m, blocks, v) if x)
+        rows.setdefault(label, [None] * len(cols))[cols.index(col)] = c
+    return cols, sorted(rows.items())
+
+
+def build_pairs(result: GateResult) -> tuple[list[str], list[tuple[str, dict[str, CellResult]]]]:
+    """(builds in column order, rows ``(compare key, build -> CellResult)``) for every
+    compare key that ran on two or more builds; baseline builds come last."""
+    by_key: dict[str, dict[str, CellResult]] = {}
+    for c in result.cells:
+        by_key.setdefault(c.facts.compare_key or c.cell_id, {})[c.facts.build or id_parts(c)[3]] = c
+    rows = [(k, v) for k, v in by_key.items() if len(v) > 1]
+    builds = list(dict.fromkeys(b for _, v in rows for b in v))
+    builds.sort(key=lambda b: (b in BASELINES, b))
+    return builds, rows
+
+
+def failure_rows(result: GateResult) -> list[CellResult]:
+    """Cells the reader must act on (:data:`ACT_ON`), in run order."""
+    return [c for c in result.cells if c.verdict in ACT_ON]
+
+
+def matrix_rows(result: GateResult) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """The verdict matrix as plain text (markdown): ('model', columns...), verdict or '—'."""
+    cols, rows = verdict_matrix(result)
+    return ("model", *cols), [(label, *(c.verdict if c else "—" for c in cells)) for label, cells in rows]
+
+
+def pair_rows(result: GateResult) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """Build pairs as plain text: ('cell', then per build its verdict and one-line cause)."""
+    builds, rows = build_pairs(result)
+    cols = ("cell", *(x for b in builds for x in (b, f"{b}: cause")))
+    out = []
+    for key, by_build in rows:
+        vals: list[str] = []
+        for b in builds:
+            c = by_build.get(b)
+            vals += [c.verdict, one_line(c)] if c else ["—", ""]
+        out.append((key, *vals))
+    return cols, out
