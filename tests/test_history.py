@@ -149,6 +149,7 @@ def test_dashboard_has_a_plot_per_cell_with_figures_and_marks_the_change(tmp_pat
     assert page.count("<img class='plot'") == 2  # the PD cell and its reference both have figures
     assert page.count("<section class='cell'") == 2
     assert "since night-05" in page and page.count("class='v'") == 12
+    assert page.count("<tr><td><a href='") == 6 and "href='#'" not in page  # a run without report.html links too
 
 
 def test_dashboard_renders_in_headless_chromium_without_console_errors(tmp_path: Path) -> None:

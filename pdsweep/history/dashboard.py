@@ -60,7 +60,7 @@ def cell_plot(conn: Any, cell_id: str, changes: list[trends.Change]) -> str | No
     fig, axes = plt.subplots(1, len(metrics), figsize=(3.6 * len(metrics), 2.4), squeeze=False)
     for ax, m in zip(axes[0], metrics):
         pts = store.series(conn, cell_id, m)
-        xs = [p.started[:10] + "\n" + (p.run_name or "")[-6:] for p in pts]
+        xs = [p.started[:10] + " " + (p.run_name or "")[:24] for p in pts]
         ys = [p.value for p in pts]
         err = [
             [(p.value - p.lo) if p.lo is not None and p.value is not None else 0 for p in pts],
@@ -74,18 +74,20 @@ def cell_plot(conn: Any, cell_id: str, changes: list[trends.Change]) -> str | No
                 i = next(i for i, p in enumerate(pts) if p.run_key == c.first.run_key)
                 ax.axvline(i - 0.5, color="#c62828", linestyle="--")
         ax.set_title(f"{m} ({pts[0].unit})" if pts and pts[0].unit else m, fontsize=9)
-        ax.set_xticks(range(len(pts)), xs, fontsize=6)
+        ax.set_xticks(range(len(pts)), xs, fontsize=6, rotation=30, ha="right")
     out = _png(fig)
     plt.close(fig)
     return out
 
 
 def _report_link(run_path: str | None, out: Path) -> str | None:
-    if not run_path:
+    """A link to the run's report.html, else its gate summary.md, else its directory (a
+    run gated but never reported still opens); None when the run is no longer on disk."""
+    if not run_path or not Path(run_path).is_dir():
         return None
-    rep = Path(run_path) / "report.html"
-    if not rep.exists():
-        return None
+    rep = next(
+        (Path(run_path) / n for n in ("report.html", "summary.md") if (Path(run_path) / n).exists()), Path(run_path)
+    )
     try:
         return str(rep.resolve().relative_to(out.parent.resolve()))
     except ValueError:
