@@ -70,3 +70,15 @@ def test_bisect_names_the_first_bad_fake_build(tmp_path: Path, monkeypatch: pyte
     with pytest.raises(UserError, match="not a build of the sweep"):
         bisect(sweep, cell, ["fixed", "nosuch"], tmp_path / "x", run_cell_for_real)
     assert main(["bisect", str(tmp_path / "none.yaml"), "--cells", cell, "--good", "fixed", "--bad", "x"]) == 2
+
+
+def test_a_cell_that_passed_after_a_redeploy_is_a_good_build(tmp_path: Path) -> None:
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("builds: {fixed: {}}\nmodels_file: models.yaml\n")
+
+    def run_cell(_sweep: Path, _cell: str, run_dir: Path, _resume: bool) -> tuple[str, str]:
+        return ("FLAKY", "attempt 1 hung") if run_dir.parent.name.startswith("00") else ("FAIL", "decode died")
+
+    result = bisect(sweep, "m.p2d1.b16-16.fixed", ["fixed", "venv:/opt/bad"], tmp_path / "out", run_cell)
+    assert result.steps[0].good and result.first_bad == "venv:/opt/bad"
+    assert result.lines()[0] == "bisect: first bad build: venv:/opt/bad"

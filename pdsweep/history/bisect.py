@@ -4,8 +4,8 @@ first bad build.
 The builds are ordered good -> bad: ``[good, *between, bad]``. Each step runs the cell (and
 its reference) as a sweep of its own, the sweep's own build of that cell replaced by the
 candidate (a named build of the sweep, ``venv:PATH`` or ``python:PATH``); a build is *good*
-when every gate check of the cell passes (PASS or XPASS: an expectation is not an
-outcome here), else bad. The ends are run too (a "good" end that fails, or a "bad" end that
+when every gate check of the cell passes (PASS, XPASS, or FLAKY: passed after a redeploy;
+an expectation is not an outcome here, and a hang is not the build's verdict), else bad. The ends are run too (a "good" end that fails, or a "bad" end that
 passes, is reported instead of a first bad build). ``--all`` runs every build, for series
 that need not be monotone (e.g. PR #49297's edits undone one at a time:
 ``pdsweep baseline-env --undo``). ``--resume`` finishes an interrupted bisection: each step
@@ -25,6 +25,8 @@ import yaml
 
 from pdsweep.core.errors import UserError
 from pdsweep.results import layout
+
+GOOD = ("PASS", "XPASS", "FLAKY")  # every check passed (FLAKY: after a redeploy), whatever was expected
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,7 @@ def bisect(
         step_dir = out / f"{i:02d}-{b.replace('/', '_').replace(':', '-')}"
         sweep = derived_sweep(sweep_path, cell_build, b, step_dir)
         v, reason = run_cell(sweep, cell_id, step_dir / "run", resume)
-        s = Step(b, v, v in ("PASS", "XPASS"), reason, str(step_dir / "run"))
+        s = Step(b, v, v in GOOD, reason, str(step_dir / "run"))
         result.steps.append(s)
         return s.good
 
