@@ -5,8 +5,9 @@ The builds are ordered good -> bad: ``[good, *between, bad]``. Each step runs th
 its reference) as a sweep of its own, the sweep's own build of that cell replaced by the
 candidate (a named build of the sweep, ``venv:PATH`` or ``python:PATH``); a build is *good*
 when every gate check of the cell passes (PASS, XPASS, or FLAKY: passed after a redeploy;
-an expectation is not an outcome here, and a hang is not the build's verdict), else bad. The ends are run too (a "good" end that fails, or a "bad" end that
-passes, is reported instead of a first bad build). ``--all`` runs every build, for series
+an expectation is not an outcome here, and a hang is not the build's verdict), else bad.
+The ends are run too (a "good" end that fails, or a "bad" end that passes, is reported
+instead of a first bad build). ``--all`` runs every build, for series
 that need not be monotone (e.g. PR #49297's edits undone one at a time:
 ``pdsweep baseline-env --undo``). ``--resume`` finishes an interrupted bisection: each step
 runs into a fixed directory (``out/NN-build/run``), and a step whose cell is already final
