@@ -194,6 +194,7 @@ def main() -> int:
     ap.add_argument("--extra-prefill", nargs="*", default=[])
     ap.add_argument("--extra-decode", nargs="*", default=[])
     ap.add_argument("--env", nargs="*", default=[], help="KEY=VALUE for both instances")
+    ap.add_argument("--env-decode", nargs="*", default=[], help="KEY=VALUE for the decode instance only")
     ap.add_argument("--prompt-tokens", type=int, default=100)
     ap.add_argument("--requests", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=120)
@@ -236,13 +237,16 @@ def main() -> int:
     procs = []
     for s in specs:
         argv = list(s.argv) + a.extra_both + (a.extra_prefill if s.role == "prefill" else a.extra_decode)
-        env = {**os.environ, **s.env, **extra_env, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
-        (out / f"{s.name}.cmd").write_text(json.dumps({"argv": argv, "env": {**s.env, **extra_env}}, indent=1))
+        role_env = dict(kv.split("=", 1) for kv in a.env_decode) if s.role == "decode" else {}
+        env = {**os.environ, **s.env, **extra_env, **role_env, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+        (out / f"{s.name}.cmd").write_text(
+            json.dumps({"argv": argv, "env": {**s.env, **extra_env, **role_env}}, indent=1)
+        )
         log = open(out / f"{s.name}.log", "w")
         procs.append((s, subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)))
         print(
             f"{s.name}: pid {procs[-1][1].pid} port {s.port} side channel {s.side_channel_port} "
-            f"bind {s.env.get('VLLM_CPU_OMP_THREADS_BIND')}"
+            f"bind {env.get('VLLM_CPU_OMP_THREADS_BIND')}"
         )
     pgids = [p.pid for _, p in procs]
     rc = 1
