@@ -195,6 +195,7 @@ def main() -> int:
     ap.add_argument("--extra-decode", nargs="*", default=[])
     ap.add_argument("--env", nargs="*", default=[], help="KEY=VALUE for both instances")
     ap.add_argument("--env-decode", nargs="*", default=[], help="KEY=VALUE for the decode instance only")
+    ap.add_argument("--nice-prefill", type=int, default=0, help="start the prefill instance under `nice -n N`")
     ap.add_argument("--prompt-tokens", type=int, default=100)
     ap.add_argument("--requests", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=120)
@@ -237,6 +238,8 @@ def main() -> int:
     procs = []
     for s in specs:
         argv = list(s.argv) + a.extra_both + (a.extra_prefill if s.role == "prefill" else a.extra_decode)
+        if s.role == "prefill" and a.nice_prefill:
+            argv = ["nice", "-n", str(a.nice_prefill), *argv]
         role_env = dict(kv.split("=", 1) for kv in a.env_decode) if s.role == "decode" else {}
         env = {**os.environ, **s.env, **extra_env, **role_env, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
         (out / f"{s.name}.cmd").write_text(
