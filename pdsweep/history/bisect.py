@@ -17,6 +17,7 @@ is read back, not run again.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,7 +66,9 @@ class Bisection:
         out = []
         for b in self.builds:
             s = self.step(b)
-            out.append(f"  {b}: {'not run' if s is None else s.verdict + (' (' + s.reason + ')' if s.reason else '')}")
+            out.append(
+                f"  {b}: {'not run' if s is None else s.verdict + (' (' + cause(s.reason) + ')' if s.reason else '')}"
+            )
         fb = self.first_bad
         good, bad = self.step(self.builds[0]), self.step(self.builds[-1])
         if good is not None and not good.good:
@@ -74,7 +77,24 @@ class Bisection:
             head = f"bisect: the bad end {self.builds[-1]} passes: nothing to bisect"
         else:
             head = f"bisect: first bad build: {fb}" if fb else "bisect: no first bad build found"
-        return [head, *out]
+        ran = [self.step(b) for b in self.builds]
+        split = [
+            f"  {word}: {', '.join(s.build for s in ran if s is not None and s.good is good) or 'none'}"
+            for word, good in (("good", True), ("bad", False))
+        ]
+        return [head, *out, *split]
+
+
+_BLAME = re.compile(r"\b(?:prefill|decode|single)-\d+ \((?:pid \d+|still running)[^)]*\)[^;]*")
+
+
+def cause(reason: str, width: int = 200) -> str:
+    """The part of a cell's reason that names its cause: an instance's own error
+    (``decode-0 (still running): KeyError: ... at vllm/...py:330``) when the reason has one,
+    else its start; cut to ``width`` characters."""
+    m = _BLAME.search(reason)
+    text = m.group(0) if m else reason
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def bisection_order(n: int, verdict: Callable[[int], bool], run_all: bool = False) -> None:
@@ -170,4 +190,4 @@ def run_cell_for_real(sweep: Path, cell_id: str, run_dir: Path, resume: bool = F
 
     run_sweep(str(sweep), RunOptions(out=run_dir, cells=cell_id, quiet=True, resume=resume and run_dir.exists()))
     c = gate_run(run_dir).cell(cell_id)
-    return c.verdict, (c.reasons[0][:200] if c.reasons else "")
+    return c.verdict, (c.reasons[0] if c.reasons else "")
