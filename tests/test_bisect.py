@@ -13,7 +13,7 @@ from test_run_fake import FAKE_PY, make_sweep
 
 from pdsweep.cli import main
 from pdsweep.core.errors import UserError
-from pdsweep.history.bisect import Bisection, Step, bisect, bisection_order, run_cell_for_real
+from pdsweep.history.bisect import Bisection, Step, bisect, bisection_order, cause, run_cell_for_real
 
 
 def test_bisection_runs_both_ends_then_halves() -> None:
@@ -82,3 +82,22 @@ def test_a_cell_that_passed_after_a_redeploy_is_a_good_build(tmp_path: Path) -> 
     result = bisect(sweep, "m.p2d1.b16-16.fixed", ["fixed", "venv:/opt/bad"], tmp_path / "out", run_cell)
     assert result.steps[0].good and result.first_bad == "venv:/opt/bad"
     assert result.lines()[0] == "bisect: first bad build: venv:/opt/bad"
+
+
+def test_each_step_names_its_cause_and_the_good_and_bad_builds_are_listed() -> None:
+    reason = (
+        'c/status.json: failed in phase ready: first request: HTTP 500: {"error":{"message":"decode ... '
+        + "x" * 300
+        + '"}}; decode-0 (still running): KeyError: (-2, 16) at vllm/distributed/kv_transfer/kv_connector/v1/nixl/'
+        "pull_worker.py:330 _read_blocks_for_req (local_xfer_side_handle = ...) in Worker pid=9260"
+    )
+    assert cause(reason).startswith("decode-0 (still running): KeyError: (-2, 16) at vllm/")
+    assert cause("prefill-0 (pid 7) killed by signal 9 (SIGKILL) during eval; lm-eval: 502") == (
+        "prefill-0 (pid 7) killed by signal 9 (SIGKILL) during eval"
+    )
+    assert cause("no instance named " + "y" * 300) == "no instance named " + "y" * 181 + "…"
+    b = Bisection(
+        ["g", "m", "b"], [Step("g", "PASS", True), Step("m", "FLAKY", True), Step("b", "FAIL", False, reason)]
+    )
+    assert b.lines()[3] == f"  b: FAIL ({cause(reason)})"
+    assert b.lines()[-2:] == ["  good: g, m", "  bad: b"]
