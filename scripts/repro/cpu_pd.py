@@ -196,6 +196,12 @@ def main() -> int:
     ap.add_argument("--env", nargs="*", default=[], help="KEY=VALUE for both instances")
     ap.add_argument("--env-decode", nargs="*", default=[], help="KEY=VALUE for the decode instance only")
     ap.add_argument("--nice-prefill", type=int, default=0, help="start the prefill instance under `nice -n N`")
+    ap.add_argument(
+        "--same-session",
+        action="store_true",
+        help="start each instance in a process group of its own but in this session (no setsid): "
+        "one scheduler autogroup for all instances (kernel.sched_autogroup_enabled)",
+    )
     ap.add_argument("--prompt-tokens", type=int, default=100)
     ap.add_argument("--requests", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=120)
@@ -236,6 +242,7 @@ def main() -> int:
     if a.mq_dump:
         extra_env["PDSWEEP_DEBUG_MQ_DUMP"] = "1"
     procs = []
+    session = {"process_group": 0} if a.same_session else {"start_new_session": True}
     for s in specs:
         argv = list(s.argv) + a.extra_both + (a.extra_prefill if s.role == "prefill" else a.extra_decode)
         if s.role == "prefill" and a.nice_prefill:
@@ -246,7 +253,7 @@ def main() -> int:
             json.dumps({"argv": argv, "env": {**s.env, **extra_env, **role_env}}, indent=1)
         )
         log = open(out / f"{s.name}.log", "w")
-        procs.append((s, subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)))
+        procs.append((s, subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, **session)))
         print(
             f"{s.name}: pid {procs[-1][1].pid} port {s.port} side channel {s.side_channel_port} "
             f"bind {env.get('VLLM_CPU_OMP_THREADS_BIND')}"
