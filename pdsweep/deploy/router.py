@@ -27,6 +27,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from pdsweep.deploy.launchers.base import own_group
 from pdsweep.deploy.proxy import AppServer, _Metrics, bind_socket, error_response
 
 ROUTERS = ("pdsweep", "vllm-router")
@@ -155,9 +156,8 @@ class VllmRouterServer:
             argv += ["--decode", u]
         log = open(self.log_path, "ab") if self.log_path else None
         try:  # the child keeps its own copy of the log descriptor
-            self.proc = subprocess.Popen(
-                argv, stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True
-            )
+            out = log or subprocess.DEVNULL
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, **own_group())
         finally:
             if log:
                 log.close()

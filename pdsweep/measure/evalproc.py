@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pdsweep.deploy.deployment import CellFailed
+from pdsweep.deploy.launchers.base import own_group
 from pdsweep.results import layout
 from pdsweep.spec.sweep import EvalSpec
 
@@ -59,7 +60,7 @@ def run_lm_eval_bounded(
             [sys.executable, "-m", "pdsweep.measure.evalproc", str(d / REQUEST)],
             stdout=logf,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
+            **own_group(),
         )
         try:
             rc = proc.wait(timeout=budget_s)

@@ -25,6 +25,7 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+from pdsweep.deploy.launchers.base import own_group  # noqa: E402
 from pdsweep.plan import expand as P  # noqa: E402
 from pdsweep.spec.sweep import load_sweep  # noqa: E402
 
@@ -197,10 +198,10 @@ def main() -> int:
     ap.add_argument("--env-decode", nargs="*", default=[], help="KEY=VALUE for the decode instance only")
     ap.add_argument("--nice-prefill", type=int, default=0, help="start the prefill instance under `nice -n N`")
     ap.add_argument(
-        "--same-session",
+        "--new-session",
         action="store_true",
-        help="start each instance in a process group of its own but in this session (no setsid): "
-        "one scheduler autogroup for all instances (kernel.sched_autogroup_enabled)",
+        help="start each instance in a session of its own (setsid; pdsweep did before 2026-12-02 session 33): "
+        "one scheduler autogroup per instance (kernel.sched_autogroup_enabled), which reproduces the stall",
     )
     ap.add_argument("--prompt-tokens", type=int, default=100)
     ap.add_argument("--requests", type=int, default=2)
@@ -242,7 +243,7 @@ def main() -> int:
     if a.mq_dump:
         extra_env["PDSWEEP_DEBUG_MQ_DUMP"] = "1"
     procs = []
-    session = {"process_group": 0} if a.same_session else {"start_new_session": True}
+    session = {"start_new_session": True} if a.new_session else own_group()  # as pdsweep's launchers
     for s in specs:
         argv = list(s.argv) + a.extra_both + (a.extra_prefill if s.role == "prefill" else a.extra_decode)
         if s.role == "prefill" and a.nice_prefill:

@@ -12,11 +12,12 @@ import logging
 import os
 import socket
 import subprocess
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import psutil
 
@@ -24,6 +25,22 @@ log = logging.getLogger(__name__)
 
 
 LOOPBACK = "127.0.0.1"
+
+
+def own_group() -> dict[str, Any]:
+    """``subprocess.Popen`` keywords for every process pdsweep starts on this host: a process
+    group of its own (pgid == pid, so teardown signals exactly that group) in pdsweep's own
+    session (Python 3.11 ``process_group=0``; ``os.setpgrp`` before exec on 3.10).
+
+    Not a new session (``start_new_session``): with ``kernel.sched_autogroup_enabled=1``
+    (the default of most distributions) each session is a scheduler group of its own, and
+    on a 2-core host a prefill's group, whose NIXL progress thread spins on a UCX TCP
+    endpoint waiting for the decode's ACK, held the core the decode shares for seconds to
+    minutes while the decode's runnable threads got no CPU: the P TP 2 -> D TP 1 stall
+    (tests/fixtures/vllm_cpu/NOTES.md, "session 33")."""
+    if sys.version_info >= (3, 11):
+        return {"process_group": 0}
+    return {"preexec_fn": os.setpgrp}
 
 
 @dataclass

@@ -1,5 +1,6 @@
-"""The local launcher: every instance a child process in its own session and process
-group (``start_new_session=True``). It only ever signals process groups it created
+"""The local launcher: every instance a child process leading its own process group, in
+pdsweep's session (:func:`pdsweep.deploy.launchers.base.own_group`: one scheduler
+autogroup for the whole sweep). It only ever signals process groups it created
 itself: it never matches processes by name (upstream's ``pkill -f "vllm serve"`` kills
 every vLLM on the host).
 """
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import psutil
 
-from pdsweep.deploy.launchers.base import LOOPBACK, Handle, group_members, port_free, wait_gpus_released
+from pdsweep.deploy.launchers.base import LOOPBACK, Handle, group_members, own_group, port_free, wait_gpus_released
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +54,10 @@ class LocalLauncher:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                start_new_session=True,
+                **own_group(),
             )
         with self._lock:
-            self._groups.add(proc.pid)  # session leader: pgid == pid
+            self._groups.add(proc.pid)  # group leader: pgid == pid
         log.info("started %s pid=%d port=%d", name, proc.pid, port)
         return Handle(name, proc.pid, port, log_path, ports or (port,), proc, log_start=start)
 
