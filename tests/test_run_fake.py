@@ -237,10 +237,12 @@ def test_sigint_tears_down_and_resume_finishes(tmp_path, tok):
     assert not ours(tmp_path)
     idx = layout.read_json(out / "run.json")
     assert any(c["status"] in ("interrupted", "pending") for c in idx["cells"].values())
+    began = idx["started"]
     assert main(["run", str(sweep), "--out", str(out), "--quiet", "--skip-eval"]) == 2  # refuses without --resume
     run = run_sweep(sweep, RunOptions(out=out, resume=True, quiet=True, skip_eval=True))
     idx = layout.read_json(run / "run.json")
     assert {c["status"] for c in idx["cells"].values()} == {"ok"}
+    assert idx["started"] == began and idx["finished"] > began  # one run, one history key
     assert not ours(tmp_path)
 
 

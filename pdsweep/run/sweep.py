@@ -356,7 +356,8 @@ def run_sweep(path: str | Path, opts: RunOptions) -> Path:
     ctx, cells, pool, too_big = _open_run(path, opts)
     runnable = [c for c in order(cells) if pool.fits(c)]
     todo = [c for c in runnable if not (opts.resume and layout.cell_status(ctx.run_dir, c.id) in layout.FINAL_STATUSES)]
-    started = now()
+    prev = layout.read_json_or_none(ctx.run_dir / layout.RUN_FILE) if opts.resume else None
+    started = (prev or {}).get("started") or now()  # a resumed run keeps when it began: its history key
     write_index(ctx, cells, started, None, pool.num_gpus, too_big)
     ctx.builds = {b: build_info(ctx.ls, b) for b in sorted({c.build for c in todo})}
     t = time.monotonic()
