@@ -189,7 +189,10 @@ def test_cpu_smoke_plan():
         "tiny-llama.p1d2.b32-32.fixed",
         "tiny-mla.p1d1.b32-32.fixed.env-rope-unpatched",
         "tiny-llama.p1d1.b32-32.fixed.fault-kill-prefill-during-eval",
+        "tiny-llama.p1d1.b32-32.fixed.fault-kill-decode-during-load",
         "tiny-llama.p1d1.b32-32.fixed.env-ucx-tcp",
+        "tiny-llama.p1d1.b32-32.fixed.kv-recompute.fault-fail-read-1-in-4",
+        "tiny-llama.p1d1.b32-32.fixed.fault-fail-read-1-in-4",
         "tiny-llama.p1d1.b32-32.unfixed",
         "tiny-llama.p2d1.b32-32.fixed",
         "tiny-nemotron-h.p2d1.b32-32.fixed",
@@ -207,8 +210,12 @@ def test_cpu_smoke_plan():
         "tiny-llama.p1d1.b32-32.fixed.fault-kill-prefill-during-eval": (
             r"prefill-0 \(pid \d+\) killed by signal 9 \(SIGKILL\) during eval; "
         ),
+        "tiny-llama.p1d1.b32-32.fixed.fault-kill-decode-during-load": (
+            r"decode-0 \(pid \d+\) killed by signal 9 \(SIGKILL\) during bench; "
+        ),
         "tiny-llama.p1d1.b32-32.fixed.env-ucx-tcp": r"KV READ over UCX transport\(s\) tcp/.* \(fell back to tcp\); "
         "expected: cma",
+        "tiny-llama.p1d1.b32-32.fixed.fault-fail-read-1-in-4": r"failed \d+ request\(s\) after a KV load failure",
         "tiny-mla.ref-tp1.b32.fixed.env-rope-unpatched": r"accuracy\.json: pdsweep_arith: .* outside expected",
         "tiny-nemotron-h-g1.p2d1.b32-32.fixed": "triage transfer",
         "tiny-mla-mamba2.p2d1.b128-128.unfixed": r"AssertionError at vllm/distributed/kv_transfer/kv_connector/v1/"

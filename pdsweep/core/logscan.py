@@ -108,6 +108,12 @@ _READ = re.compile(
     r"bytes=(?P<bytes>\d+) descs=(?P<descs>\d+)"
     r"(?: req=(?P<req>\S+) t0=(?P<t0>[\d.]+) t1=(?P<t1>[\d.]+) xfer_us=(?P<xfer_us>-?\d+))?"
 )
+# The READ-failure drill (pdsweep.engine.readfault): one line per READ reported failed
+READ_FAULT_TAG = "PDSWEEP_INJECTED_READ_FAILURE"
+_READ_FAULT = re.compile(READ_FAULT_TAG + r" read=\d+ every=\d+")
+# vLLM's scheduler after a KV load failure (v1/core/sched/scheduler.py _handle_invalid_blocks)
+_KV_LOAD_RECOVERED = re.compile(r"Recovered from KV load failure: (\d+) request\(s\) rescheduled")
+_KV_LOAD_FAILED = re.compile(r"Failing (\d+) request\(s\) due to KV load failure")
 # vLLM logs the TransferTopology of each prefill engine at the handshake (nixl/base_worker.py)
 _TOPOLOGY = re.compile(r"Transfer plan: TransferTopology\((?P<body>[^)]*)\)")
 
@@ -127,6 +133,17 @@ def nixl_reads_by_rank(text: str) -> dict[str, dict[str, int]]:
     for rank, r in out.items():
         r["engines"] = len(engines[rank])
     return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
+
+
+def read_fault_counts(text: str) -> dict[str, int]:
+    """From a decode log: ``injected`` READ failures (:data:`READ_FAULT_TAG` lines), and the
+    requests vLLM's scheduler ``recovered_reqs`` (``kv_load_failure_policy: recompute``) and
+    ``failed_reqs`` (``fail``) after KV load failures, summed over its log lines."""
+    return {
+        "injected": len(_READ_FAULT.findall(text)),
+        "recovered_reqs": sum(int(n) for n in _KV_LOAD_RECOVERED.findall(text)),
+        "failed_reqs": sum(int(n) for n in _KV_LOAD_FAILED.findall(text)),
+    }
 
 
 def transfer_topologies(text: str) -> list[dict[str, int | str]]:

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from pdsweep.core.logscan import first_exception
+from pdsweep.core.logscan import first_exception, read_fault_counts
 from pdsweep.deploy.faults import NO_FAULTS, Faults
 from pdsweep.deploy.launchers import Handle, port_free, tail
 from pdsweep.plan.expand import Cell, InstanceSpec, Slot
@@ -150,11 +150,36 @@ def ended(handles: list[Handle], phase: str) -> list[str]:
     return out
 
 
+def kv_load_failures(handles: list[Handle], phase: str) -> list[str]:
+    """``<name> (pid N) failed K request(s) after a KV load failure (kv_load_failure_policy:
+    fail) during <phase>`` for each decode instance whose log, from this use on
+    (``log_start``), has vLLM's scheduler failing requests after a KV load failure
+    (``v1/core/sched/scheduler.py`` ``_handle_invalid_blocks``)."""
+    out = []
+    for h in handles:
+        if not h.name.startswith("decode"):
+            continue
+        try:
+            with open(h.log_path, errors="replace") as f:
+                f.seek(h.log_start)
+                n = read_fault_counts(f.read())["failed_reqs"]
+        except OSError:
+            continue
+        if n:
+            out.append(
+                f"{h.name} (pid {h.pid}) failed {n} request(s) after a KV load failure "
+                f"(kv_load_failure_policy: fail) during {phase}"
+            )
+    return out
+
+
 def blame(phase: str, error: BaseException, handles: list[Handle]) -> CellFailed | None:
     """A :class:`CellFailed` for ``error`` raised in ``phase`` that names first the instances that
     ended (:func:`ended`), e.g. ``prefill-0 (pid 4242) killed by signal 9 (SIGKILL) during eval;
-    lm-eval: ...``; None when every instance still runs (the error stands as it is)."""
-    found = ended(handles, phase)
+    lm-eval: ...``, then decode instances that failed requests after a KV load failure
+    (:func:`kv_load_failures`); None when every instance still runs and none did (the error
+    stands as it is)."""
+    found = ended(handles, phase) + kv_load_failures(handles, phase)
     if not found:
         return None
     why = error.reason if isinstance(error, CellFailed) else f"{type(error).__name__}: {error}"

@@ -46,6 +46,7 @@ MLA_BLOCKS_ENV_VAR = "PDSWEEP_CPU_MLA_LOGICAL_BLOCKS"
 DEBUG_MLA_KV_ENV_VAR = "PDSWEEP_DEBUG_MLA_KV"  # pdsweep.engine.vllm_debug, diagnostics only
 DEBUG_MQ_ENV_VAR = "PDSWEEP_DEBUG_MQ_DUMP"  # pdsweep.engine.vllm_debug: SIGUSR2 logs the shm RPC rings
 READ_LOG_ENV_VAR = "PDSWEEP_NIXL_READ_LOG"  # pdsweep.engine.readlog: bytes per prefill rank (decode instances)
+READ_FAULT_ENV_VAR = "PDSWEEP_FAIL_READ_EVERY"  # pdsweep.engine.readfault: the fail-read-1-in-K drill (decode)
 # linux/arch/x86/include/uapi/asm/prctl.h and asm/fpu/types.h
 _SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
 _MARK = "_pdsweep_progress_delay_us"
@@ -358,6 +359,15 @@ def _install_nixl_read_log() -> bool:
     return install_nixl_read_log()
 
 
+def _install_read_fault(every: int) -> None:
+    from pdsweep.engine.readfault import install_read_fault
+
+    if not install_read_fault(every):
+        logger.warning("pdsweep: %s set but vLLM's NixlWrapper.check_xfer_state was not found", READ_FAULT_ENV_VAR)
+        return
+    logger.info("pdsweep: fault drill: every %d-th completed NIXL READ is reported failed", every)
+
+
 def _install_debug_mla_kv() -> bool:
     from pdsweep.engine.vllm_debug import install_mla_kv_digest
 
@@ -426,6 +436,12 @@ def register() -> None:
                 logger.warning("pdsweep: %s set but vLLM's %s was not found", var, what)
         except Exception as e:  # noqa: BLE001
             logger.warning("pdsweep: %s: %s", var, e)
+    raw = os.environ.get(READ_FAULT_ENV_VAR, "").strip()
+    if raw:
+        try:
+            _install_read_fault(int(raw))
+        except Exception as e:  # noqa: BLE001
+            logger.warning("pdsweep: ignoring %s=%r: %s", READ_FAULT_ENV_VAR, raw, e)
     if env_on(AMX_ENV_VAR):
         try:
             request_amx_permission()

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pdsweep.core.errors import GateFailed, UserError
+from pdsweep.core.logscan import READ_FAULT_TAG
 from pdsweep.core.stats import num, obj
 from pdsweep.judge.facts import (
     CellFacts,
@@ -53,7 +54,7 @@ from pdsweep.judge.recompute import (
 )
 from pdsweep.plan.cell import Cell
 from pdsweep.results import layout
-from pdsweep.spec.sweep import MATCH_ANY, GateSpec
+from pdsweep.spec.sweep import MATCH_ANY, GateSpec, read_fault_every
 
 PASS, FAIL, XFAIL, XPASS, SKIPPED = "PASS", "FAIL", "XFAIL", "XPASS", "SKIPPED"
 NOT_RUNNABLE = "NOT-RUNNABLE"  # needs more GPUs than the host/allocation (layout.NEEDS_GPUS)
@@ -185,7 +186,15 @@ class TransferCheck:
     ``vllm:nixl_num_kv_expired_reqs`` on prefill when decode never read the blocks, and
     decode then silently recomputed: vLLM issue 52234), and decode did at least one
     transfer per PD request whose prompt spans >= 1 block (``num_transfers >=
-    kv_requests``, counted by the PD proxy). A null (unexposed) counter fails: "metric missing"."""
+    kv_requests``, counted by the PD proxy; a failed transfer counts, it is not silent). A null
+    (unexposed) counter fails: "metric missing".
+
+    READ failures the ``fail-read-1-in-K`` drill injected (transfer.json ``read_faults``,
+    :mod:`pdsweep.engine.readfault`) are allowed on top of ``max_failed``, and vLLM must count
+    each (``failed_transfers >= injected``); a drill cell that injected none fails (the drill
+    did not run). Any request vLLM failed after a KV load failure (``read_faults.failed_reqs``:
+    ``kv_load_failure_policy: fail``, vLLM ``v1/core/sched/scheduler.py``
+    ``_handle_invalid_blocks``) fails the cell naming it."""
 
     max_failed: int = 0
     name: str = "transfer"
@@ -202,12 +211,28 @@ class TransferCheck:
         if not isinstance(totals, dict):
             return [f"{w}: no totals"]
         out = impossible_totals(totals, w)
-        for key, limit in (("failed_transfers", self.max_failed), ("failed_notifications", 0), ("expired_reqs", 0)):
+        faults, injected, fault_why = read_faults(files)
+        out += fault_why
+        for key, limit in (
+            ("failed_transfers", self.max_failed + injected),
+            ("failed_notifications", 0),
+            ("expired_reqs", 0),
+        ):
             v = num(totals.get(key))
             if v is None:
                 out.append(f"{w}: totals.{key} is {show(totals.get(key))} (metric missing)")
             elif v > limit:
                 out.append(f"{w}: totals.{key} = {v:g} (allowed: {limit})")
+            elif key == "failed_transfers" and v < injected:
+                out.append(
+                    f"{w}: vLLM counted {v:g} failed transfers for {injected} injected READ failures "
+                    "(vllm:nixl_num_failed_transfers): a failed READ went unseen"
+                )
+        if failed_reqs := num(faults.get("failed_reqs")):
+            out.append(
+                f"{w}: decode failed {failed_reqs:g} request(s) after a KV load failure "
+                "(kv_load_failure_policy: fail; vLLM v1/core/sched/scheduler.py _handle_invalid_blocks)"
+            )
         moved = {k: num(totals.get(k)) for k in ("num_transfers", "bytes")}
         missing = [k for k, v in moved.items() if v is None]
         if missing:
@@ -224,12 +249,37 @@ class TransferCheck:
                 f"{w}: totals.kv_requests is {show(totals.get('kv_requests'))} (metric missing: the PD "
                 "proxy's count of requests spanning >= 1 block)"
             )
-        elif moved["num_transfers"] is not None and moved["num_transfers"] < kv_requests:
+        elif (
+            moved["num_transfers"] is not None
+            and moved["num_transfers"] + (num(totals.get("failed_transfers")) or 0) < kv_requests
+        ):
             out.append(
                 f"{w}: decode did {moved['num_transfers']:g} KV transfers for {kv_requests:g} PD requests "
                 "whose prompt spans >= 1 block: the others were recomputed on decode (silent recompute)"
             )
         return out
+
+
+def read_faults(files: CellFiles) -> tuple[dict[str, Any], int, list[str]]:
+    """transfer.json ``read_faults`` (absent in runs before it: none), READ failures injected,
+    and why it cannot be used: an impossible count, or a ``fail-read-1-in-K`` drill cell
+    (cell.json ``cell.fault``) that injected none."""
+    w = files.where(layout.TRANSFER_FILE)
+    faults = obj((files.get(layout.TRANSFER_FILE) or {}).get("read_faults"))
+    why = [
+        f"{w}: read_faults.{k} is {show(v)} (allowed: an integer >= 0)"
+        for k, v in faults.items()
+        if not (isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+    ]
+    raw = faults.get("injected")
+    injected = raw if not why and isinstance(raw, int) else 0
+    fault = obj(obj(files.get(layout.CELL_FILE)).get("cell")).get("fault")
+    if read_fault_every(fault if isinstance(fault, str) else None) and not injected:
+        why.append(
+            f"{w}: fault drill {fault} injected no READ failure (no {READ_FAULT_TAG} line in the decode "
+            "log): the drill did not run"
+        )
+    return faults, injected, why
 
 
 # transfer.json totals that count things (non-negative integers) and that measure

@@ -140,7 +140,7 @@ def read_split(dep: Deployment) -> dict[str, Any]:
     and NIXL bytes per prefill TP rank, whole cell: warm-up and every phase; None when no
     READ line was logged, e.g. a build without pdsweep's vLLM plugin). See
     :mod:`pdsweep.engine.readlog`, :func:`pdsweep.core.logscan.nixl_reads_by_rank`."""
-    from pdsweep.core.logscan import nixl_reads_by_rank, transfer_topologies
+    from pdsweep.core.logscan import nixl_reads_by_rank, read_fault_counts, transfer_topologies
 
     offsets = {str(u.handle.log_path): u.log_offset for u in dep.uses}
     text = ""
@@ -151,7 +151,11 @@ def read_split(dep: Deployment) -> dict[str, Any]:
                 text += f.read()
         except OSError:
             continue
-    return {"transfer_plans": transfer_topologies(text), "reads_by_prefill_rank": nixl_reads_by_rank(text) or None}
+    return {
+        "transfer_plans": transfer_topologies(text),
+        "reads_by_prefill_rank": nixl_reads_by_rank(text) or None,
+        "read_faults": read_fault_counts(text),
+    }
 
 
 def read_back_blocks(dep: Deployment, planned: dict[str, dict[str, Any]]) -> dict[str, Any]:

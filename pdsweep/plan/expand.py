@@ -20,7 +20,7 @@ from typing import Any
 from pdsweep.core.errors import UserError
 from pdsweep.plan import rules
 from pdsweep.plan.cell import Cell, Rejected
-from pdsweep.spec.sweep import AXES, EXPECT_KEYS, REF_ENTRY_KEYS, LoadedSweep, ModelSpec
+from pdsweep.spec.sweep import AXES, EXPECT_KEYS, REF_ENTRY_KEYS, LoadedSweep, ModelSpec, read_fault_every
 
 MAX_INSTANCES = 12  # per cell; bounded by the per-slot port layout below
 PORTS_PER_SLOT = 200
@@ -445,6 +445,8 @@ def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: 
         if role == "decode":  # decode reads: its log names the UCX transport and each READ's rank (transfer.json)
             env.setdefault("UCX_PROTO_INFO", "y")
             env.setdefault("PDSWEEP_NIXL_READ_LOG", "1")  # pdsweep.engine.readlog, via pdsweep's vLLM plugin
+            if every := read_fault_every(cell.fault):  # the READ-failure drill (pdsweep.engine.readfault)
+                env["PDSWEEP_FAIL_READ_EVERY"] = str(every)
         if s.platform == "cuda":
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
         else:

@@ -75,6 +75,9 @@ class TransferJson(_File):
     transfer_plans: list[dict[str, Any]] | None = None
     # prefill TP rank ("0", "1", ...) -> {reads, bytes, descriptors, engines} (pdsweep.core.logscan)
     reads_by_prefill_rank: dict[Annotated[str, Field(pattern=r"^[0-9]{1,6}$")], dict[str, Count]] | None = None
+    # READ failures the fail-read-1-in-K drill injected, requests vLLM recovered / failed after
+    # a KV load failure (pdsweep.core.logscan.read_fault_counts); absent before pdsweep had it
+    read_faults: dict[str, Count] | None = None
 
 
 Ms = Annotated[float, Field(ge=0)] | None  # a latency in ms or a rate (null: not reported)

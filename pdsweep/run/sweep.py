@@ -277,6 +277,11 @@ def _deploy_and_measure(
                 if (named := blame(status["phase"], e, dep.handles)) is None:
                     raise
                 raise named from e
+            # an instance that ended, or decode requests failed on a KV load failure, fail the cell
+            # even when every phase's client coped (retries, an error counted in a load run)
+            quiet = CellFailed(status["phase"], "every phase ended without an error")
+            if (named := blame(status["phase"], quiet, dep.handles)) is not None:
+                raise named
             status["timings"]["measure_s"] = time.monotonic() - t
             on_phase("teardown")
             t = time.monotonic()

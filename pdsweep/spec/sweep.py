@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
 
 from pdsweep.core.errors import UserError
 from pdsweep.spec import guards
@@ -65,7 +65,22 @@ Instances = Annotated[int, Field(ge=1, le=MAX_ROLE_INSTANCES)]
 Router = Literal["pdsweep", "vllm-router"]
 # Fault drills (pdsweep.run.drills): what pdsweep does to a running PD cell; the cell then
 # declares the failure it must end with (expect: fail + match), so the drill is XFAIL or FAIL
-Fault = Literal["none", "kill-prefill-during-eval", "kill-decode-during-load"]
+# fail-read-1-in-K: decode reports every K-th NIXL READ that NIXL completed as failed (state
+# "ERR"), through pdsweep's vLLM plugin (pdsweep.engine.readfault); vLLM then applies the
+# cell's kv_load_failure_policy (recompute: the request recomputes the prompt; fail: it ends in error)
+READ_FAULT_PATTERN = r"^fail-read-1-in-([1-9][0-9]{0,5})$"
+Fault = (
+    Literal["none", "kill-prefill-during-eval", "kill-decode-during-load"]
+    | Annotated[str, StringConstraints(pattern=READ_FAULT_PATTERN)]
+)
+
+
+def read_fault_every(fault: str | None) -> int | None:
+    """K of a ``fail-read-1-in-K`` fault (1 <= K <= 999999), else None."""
+    m = re.match(READ_FAULT_PATTERN, fault or "")
+    return int(m.group(1)) if m else None
+
+
 BOUND_WHY = {
     "tp": f"a cell runs on one host; pdsweep takes TP up to {MAX_TP} ranks",
     "block": f"tokens per KV block; vLLM's attention backends and hybrid page alignment stay far below {MAX_BLOCK}",
