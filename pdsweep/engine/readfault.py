@@ -26,6 +26,7 @@ import threading
 from typing import Any, Callable
 
 from pdsweep.core.logscan import READ_FAULT_TAG
+from pdsweep.engine.readlog import nixl_wrapper, wrap_once
 
 logger = logging.getLogger("vllm.pdsweep.engine.readfault")
 
@@ -57,15 +58,8 @@ def wrap_check_xfer_state(orig: Callable[..., Any], every: int) -> Callable[...,
 
 def install_read_fault(every: int) -> bool:
     """Wrap ``NixlWrapper.check_xfer_state`` once; False when vLLM's NIXL wrapper is absent."""
-    try:
-        from vllm.distributed.nixl_utils import NixlWrapper
-    except Exception:  # noqa: BLE001 - another vLLM layout: the plugin warns
+    wrapper = nixl_wrapper()
+    if wrapper is None or not hasattr(wrapper, "check_xfer_state"):
         return False
-    if NixlWrapper is None or not hasattr(NixlWrapper, "check_xfer_state"):
-        return False
-    if getattr(NixlWrapper.check_xfer_state, "_pdsweep", False):
-        return True
-    wrapped = wrap_check_xfer_state(NixlWrapper.check_xfer_state, every)
-    wrapped._pdsweep = True  # type: ignore[attr-defined]
-    NixlWrapper.check_xfer_state = wrapped
+    wrap_once(wrapper, "check_xfer_state", lambda orig: wrap_check_xfer_state(orig, every))
     return True

@@ -78,23 +78,37 @@ def wrap_telemetry(orig: Callable[..., Any], posted: dict[Any, tuple[Any, ...]])
     return get_xfer_telemetry
 
 
+def nixl_wrapper() -> Any:
+    """vLLM's ``NixlWrapper`` class (``vllm/distributed/nixl_utils.py``: NIXL's ``nixl_agent``),
+    or None when this vLLM or its NIXL has none."""
+    try:
+        from vllm.distributed.nixl_utils import NixlWrapper
+    except Exception:  # noqa: BLE001 - another vLLM layout: the plugin warns
+        return None
+    return NixlWrapper
+
+
+def wrap_once(owner: Any, attr: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Replace ``owner.attr`` by ``make(owner.attr)``, marked ``_pdsweep``, unless pdsweep
+    already did (a second plugin load in one process)."""
+    orig = getattr(owner, attr)
+    if getattr(orig, "_pdsweep", False):
+        return
+    new = make(orig)
+    new._pdsweep = True  # type: ignore[attr-defined]
+    setattr(owner, attr, new)
+
+
 def install_nixl_read_log() -> bool:
     """Install both wrappers once; False when vLLM's pull worker or NIXL is absent."""
     try:
         from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlPullConnectorWorker
-        from vllm.distributed.nixl_utils import NixlWrapper
     except Exception:  # noqa: BLE001 - another vLLM layout: the plugin warns
         return False
-    if NixlWrapper is None or not hasattr(NixlPullConnectorWorker, "_read_blocks"):
+    wrapper = nixl_wrapper()
+    if wrapper is None or not hasattr(NixlPullConnectorWorker, "_read_blocks"):
         return False
-    if getattr(NixlPullConnectorWorker._read_blocks, "_pdsweep", False):
-        return True
     posted: dict[Any, tuple[Any, ...]] = {}
-    read, tele = (
-        wrap_read_blocks(NixlPullConnectorWorker._read_blocks, posted),
-        wrap_telemetry(NixlWrapper.get_xfer_telemetry, posted),
-    )
-    read._pdsweep = tele._pdsweep = True  # type: ignore[attr-defined]
-    NixlPullConnectorWorker._read_blocks = read
-    NixlWrapper.get_xfer_telemetry = tele
+    wrap_once(NixlPullConnectorWorker, "_read_blocks", lambda orig: wrap_read_blocks(orig, posted))
+    wrap_once(wrapper, "get_xfer_telemetry", lambda orig: wrap_telemetry(orig, posted))
     return True
