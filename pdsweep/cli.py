@@ -502,7 +502,7 @@ class GateArgs:
 
     def main(self) -> int:
         from pdsweep.judge.gate import gate_run
-        from pdsweep.judge.render import write_junit, write_summary
+        from pdsweep.report.render import write_junit, write_summary
 
         result = gate_run(self.run_dir, require_all_cells=self.require_all_cells, nightly=self.nightly)
 
@@ -562,7 +562,7 @@ class CompareArgs:
 
     def main(self) -> int:
         from pdsweep.judge.compare import compare_runs
-        from pdsweep.judge.render import write_compare_json, write_compare_markdown
+        from pdsweep.report.render import write_compare_json, write_compare_markdown
 
         res = compare_runs(
             self.a,
@@ -572,7 +572,7 @@ class CompareArgs:
             a_build=self.a_build,
             b_build=self.b_build,
         )
-        from pdsweep.judge.perfrender import COMPARE_JUNIT, perf_headline, write_compare_junit
+        from pdsweep.report.perf_compare import COMPARE_JUNIT, perf_headline, write_compare_junit
 
         verdict = f"compare: {'REGRESSED' if res.regressed else 'NO REGRESSION'} of {self.b} against {self.a}"
         verdict += f"\n{perf_headline(res)}"
@@ -611,7 +611,7 @@ class ReportArgs:
         return cls(ns.run_dir, ns.compare_with, ns.out)
 
     def main(self) -> int:
-        from pdsweep.judge.report import write_report
+        from pdsweep.report.html import write_report
 
         for kind, path in write_report(self.run_dir, self.out, self.compare_with).items():
             print(f"{kind}: {path}")

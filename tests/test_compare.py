@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from pdsweep.core.errors import GateFailed, UserError
 from pdsweep.judge.compare import IMPROVEMENT, NOT_COMPARABLE, ONLY_A, ONLY_B, REGRESSION, SAME, compare_runs
-from pdsweep.judge.render import compare_markdown as markdown
-from pdsweep.judge.render import write_compare_json as write_json
-from pdsweep.judge.render import write_compare_markdown as write_markdown
+from pdsweep.report.render import compare_markdown as markdown
+from pdsweep.report.render import write_compare_json as write_json
+from pdsweep.report.render import write_compare_markdown as write_markdown
 from pdsweep.results import layout
 from pdsweep.spec.sweep import GateSpec
 

@@ -589,7 +589,7 @@ def test_write_failure_still_prints_the_verdict(run_dir: Path, tmp_path: Path, c
 
 
 def test_a_failed_report_leaves_nothing_half_written(run_dir: Path, tmp_path: Path, monkeypatch) -> None:
-    import pdsweep.judge.report
+    import pdsweep.report.html
 
     out = tmp_path / "report"
     out.mkdir()
@@ -597,12 +597,12 @@ def test_a_failed_report_leaves_nothing_half_written(run_dir: Path, tmp_path: Pa
     def fail(*a, **k):
         raise RuntimeError("html failed")
 
-    monkeypatch.setattr(pdsweep.judge.report, "_html", fail)
+    monkeypatch.setattr(pdsweep.report.html, "_html", fail)
     with pytest.raises(RuntimeError):
-        pdsweep.judge.report.write_report(run_dir, out)
+        pdsweep.report.html.write_report(run_dir, out)
     assert list(out.iterdir()) == []
     monkeypatch.undo()
-    made = pdsweep.judge.report.write_report(run_dir, out)
+    made = pdsweep.report.html.write_report(run_dir, out)
     assert made["markdown"] == out / "report.md" and made["html"].exists()
     assert sorted(p.name for p in out.iterdir()) == ["plots", "report.html", "report.md"]
 

@@ -219,7 +219,7 @@ def test_read_pattern_proportions_and_missing_split(tmp_path: Path) -> None:
 
 
 def test_negative_read_counts_fail_and_the_report_does_not_print_them(tmp_path: Path) -> None:
-    from pdsweep.judge.report import write_report
+    from pdsweep.report.html import write_report
 
     neg = {"0": {"reads": -100, "bytes": -100, "descriptors": 1, "engines": 1}, "1": reads_split(HYBRID)["1"]}
     run, r = one(tmp_path, {TR: {"reads_by_prefill_rank": neg}})

@@ -13,7 +13,7 @@ from pdsweep.cli import main as cli_main
 from pdsweep.judge.compare import REGRESSION, compare_results
 from pdsweep.judge.flaky import FLAKY
 from pdsweep.judge.gate import FAIL, PASS, gate_run
-from pdsweep.judge.render import summary_markdown, write_junit
+from pdsweep.report.render import summary_markdown, write_junit
 from pdsweep.spec.sweep import GateSpec
 
 HANG = "first request timed out after 120 s with every instance alive (ReadyHang)"

@@ -14,7 +14,7 @@ from fixtures.make_runs import CON, MIXED, MIXED_REJECTED, OUTSIDE, SSM_LOST, TA
 from pdsweep.cli import main as cli_main
 from pdsweep.core.errors import GateFailed, UserError
 from pdsweep.judge.gate import FAIL, FLAKY, PASS, SKIPPED, XFAIL, XPASS, XPASS_REASON, gate_run
-from pdsweep.judge.render import write_junit, write_summary
+from pdsweep.report.render import write_junit, write_summary
 from pdsweep.results import layout
 from pdsweep.spec.sweep import GateSpec
 
@@ -347,7 +347,7 @@ def test_cells_the_host_could_not_place_are_not_runnable_listed_loudly(tmp_path)
     import xml.etree.ElementTree as ET
 
     from pdsweep.judge.gate import NOT_RUNNABLE
-    from pdsweep.judge.render import summary_markdown, write_junit
+    from pdsweep.report.render import summary_markdown, write_junit
 
     c, big = pd("kimi-linear", 1, 1), pd("kimi-linear", 8, 4)
     run = write_run(tmp_path, "r", [case(c)], rejected=[(big, "needs-gpus", "needs 12 GPUs, host has 8")])

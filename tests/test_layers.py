@@ -122,6 +122,13 @@ def test_the_order_lists_every_layer_once() -> None:
     }
 
 
+def test_rendering_ranks_above_the_rules() -> None:
+    """``report`` renders what ``judge`` decides: a judge module never imports a renderer."""
+    order = layer_order()
+    assert order.index("judge") < order.index("report") < order.index("history")
+    assert not {(a, b) for a, b in edges() if layer_of(a) == "judge" and layer_of(b) == "report"}
+
+
 def test_no_import_goes_up_the_pipeline() -> None:
     assert upward_edges() == set()
 
@@ -142,7 +149,7 @@ def test_the_import_parser_sees_lazy_type_only_and_package_imports() -> None:
     }
     assert "plan.cell" in deps["plan.rules"]  # under TYPE_CHECKING
     assert deps["plan.readplan"] == {"plan.topology", "plan.geometry"}
-    assert {"judge.gate", "judge.render", "judge.compare", "run.sweep"} <= deps["cli"]  # inside functions
+    assert {"judge.gate", "report.render", "judge.compare", "run.sweep"} <= deps["cli"]  # inside functions
     assert "pdsweep" in deps["run.sweep"]  # `from pdsweep import __version__`
     assert "deploy.launchers.slurm" in deps["deploy.launchers"]  # lazily, inside make_launcher
 

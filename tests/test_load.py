@@ -223,7 +223,7 @@ def test_every_load_answer_checked_and_passes(tmp_path, tok):
     assert (pr["verdict"], pr["prefix_caching"]) == ("fewer", True)
     g = _gate(run)
     assert g.verdict == "PASS", g.reasons
-    from pdsweep.judge.report import write_report
+    from pdsweep.report.html import write_report
 
     md = write_report(run)["markdown"].read_text()
     assert "## Load: correctness and performance per workload" in md

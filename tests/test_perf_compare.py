@@ -14,8 +14,8 @@ from pdsweep.core.errors import GateFailed
 from pdsweep.judge.compare import REGRESSION, SAME, compare_runs
 from pdsweep.judge.gate import gate_run
 from pdsweep.judge.perf import IMPROVEMENT, NOISY
-from pdsweep.judge.perfrender import write_compare_junit
-from pdsweep.judge.render import compare_markdown
+from pdsweep.report.perf_compare import write_compare_junit
+from pdsweep.report.render import compare_markdown
 from pdsweep.results import layout
 from pdsweep.spec.sweep import GateSpec
 

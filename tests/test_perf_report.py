@@ -7,7 +7,7 @@ from pathlib import Path
 
 from fixtures.make_runs import case, pd, write_run
 
-from pdsweep.judge.report import write_report
+from pdsweep.report.html import write_report
 from pdsweep.measure.repeats import summarize
 from pdsweep.results import layout
 

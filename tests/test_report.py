@@ -13,7 +13,7 @@ import pytest
 from _chromium import console_errors, need_chromium, render
 from fixtures.make_runs import MIXED, MIXED_REJECTED, case, crashed, ids, pd, write_run
 
-from pdsweep.judge.report import write_report
+from pdsweep.report.html import write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 DATA_URI = re.compile(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'")

@@ -1,3 +1,3 @@
-"""After a run: one cell's judged view (``facts``), the gate (``gate``), run-vs-run comparison
-(``compare``), JUnit / summary / compare tables (``render``) and the report with plots
-(``report``)."""
+"""After a run, the rules: one cell's judged view (``facts``), the gate (``gate``) and its
+checks, the A/B performance verdict (``perf``), run-vs-run comparison (``compare``).
+Rendering them (tables, JUnit, summaries, the HTML report) is ``pdsweep.report``."""

@@ -1,6 +1,6 @@
 """Rendering of gate and compare results: JUnit XML for CI, the gate summary and the
 compare tables in markdown (also used by ``report``). Text only; the plots and the HTML
-page are :mod:`pdsweep.judge.report`'s."""
+page are :mod:`pdsweep.report.html`'s."""
 
 from __future__ import annotations
 
@@ -294,7 +294,7 @@ def compare_markdown(result: CompareResult) -> str:
             lines += [f"## {title}", ""]
             lines += [f"- `{c.label}`: {md_escape('; '.join(c.reasons))}" for c in result.by_verdict(verdict)]
             lines.append("")
-    from pdsweep.judge.perfrender import PERF_COLUMNS, PERF_LEGEND, perf_headline, perf_rows  # pdsweep.judge.perf
+    from pdsweep.report.perf_compare import PERF_COLUMNS, PERF_LEGEND, perf_headline, perf_rows  # pdsweep.judge.perf
 
     if rows := perf_rows(result):
         lines += ["## Performance (load repeats)", "", f"**{perf_headline(result)}**", "", PERF_LEGEND, ""]

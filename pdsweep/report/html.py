@@ -9,7 +9,7 @@ Plots (matplotlib, Agg through the object API: no pyplot state):
   build) for the first task's accuracy and for KV transfer GB/s; positions without a
   value (not run, rejected, crashed) are hatched and say ``n/a``.
 * ``perf.png``: headline load metrics per cell with their intervals over repeats
-  (:mod:`pdsweep.judge.perfreport`).
+  (:mod:`pdsweep.report.perf_section`).
 * ``builds.png``: per compare key, one bar per build (a run with several builds) or per
   run (``compare_with``: A = that run, baseline; B = this run, candidate).
 
@@ -34,11 +34,11 @@ from pdsweep.core.stats import obj
 from pdsweep.judge.compare import SAME, CompareResult, compare_cells, compare_results
 from pdsweep.judge.flaky import FLAKY
 from pdsweep.judge.gate import FAIL, NOT_RUNNABLE, PASS, SKIPPED, XFAIL, XPASS, CellResult, GateResult, gate_run
-from pdsweep.judge.loadreport import LOAD_COLUMNS, LOAD_NOTE, load_rows
-from pdsweep.judge.overview import CAUSE_CHARS, failure_rows, matrix_rows, one_line, pair_rows, verdict_matrix
-from pdsweep.judge.perfrender import PERF_COLUMNS, PERF_LEGEND, perf_headline, perf_rows
-from pdsweep.judge.perfreport import PERF_CELL_COLUMNS, PERF_NOTE, perf_cell_rows, plot_perf
-from pdsweep.judge.render import (
+from pdsweep.report.load_section import LOAD_COLUMNS, LOAD_NOTE, load_rows
+from pdsweep.report.overview import CAUSE_CHARS, failure_rows, matrix_rows, one_line, pair_rows, verdict_matrix
+from pdsweep.report.perf_compare import PERF_COLUMNS, PERF_LEGEND, perf_headline, perf_rows
+from pdsweep.report.perf_section import PERF_CELL_COLUMNS, PERF_NOTE, perf_cell_rows, plot_perf
+from pdsweep.report.render import (
     COMPARE_COLUMNS,
     READ_COLUMNS,
     SUMMARY_COLUMNS,
@@ -402,7 +402,7 @@ def _markdown(
             md_table(LOAD_COLUMNS, loads),
             "",
         ]
-    if perf := perf_cell_rows(result):  # pdsweep.judge.perfreport
+    if perf := perf_cell_rows(result):  # pdsweep.report.perf_section
         lines += ["## Performance", "", PERF_NOTE, "", md_table(PERF_CELL_COLUMNS, perf), ""]
     if plots:
         lines += ["## Plots", ""]
@@ -422,7 +422,7 @@ def _markdown(
 
 
 def _overview_markdown(result: GateResult) -> list[str]:
-    """Verdict matrix, build pairs and failures, one-line causes (pdsweep.judge.overview)."""
+    """Verdict matrix, build pairs and failures, one-line causes (pdsweep.report.overview)."""
     cols, rows = matrix_rows(result)
     lines = ["## Verdicts", "", md_table(cols, rows), ""]
     pcols, prows = pair_rows(result)
