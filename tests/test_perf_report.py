@@ -7,8 +7,8 @@ from pathlib import Path
 
 from fixtures.make_runs import case, pd, write_run
 
-from pdsweep.report.html import write_report
 from pdsweep.measure.repeats import summarize
+from pdsweep.report.html import write_report
 from pdsweep.results import layout
 
 
