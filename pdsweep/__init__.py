@@ -11,7 +11,7 @@ cycle exists between modules. tests/test_layers.py reads this list and fails on 
 import going up it (lazy and type-only imports included), on a cycle, and on a
 subpackage or top-level module missing from it.
 
-    layers: core results engine builds spec tiny plan deploy measure xfer run judge report history cli __main__
+    layers: core results engine builds spec tiny plan deploy measure xfer run judge report history commands cli __main__
 
 ``core`` and ``results`` are leaves every stage uses (errors, paths; the on-disk results
 layout); ``engine`` runs inside vLLM's processes (the ``vllm.general_plugins`` entry point);

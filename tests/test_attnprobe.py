@@ -168,7 +168,8 @@ def test_plan_on_a_fake_8gpu_sm90_node_shows_vllms_backend_and_refuses_nothing_v
 
 
 def test_gpu_arch_flag(capsys):
-    from pdsweep.cli import build_parser, gpu_arch
+    from pdsweep.cli import build_parser
+    from pdsweep.commands.args import gpu_arch
 
     assert gpu_arch("SM100") == "sm100"
     with pytest.raises(SystemExit) as e:

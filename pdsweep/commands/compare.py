@@ -1,0 +1,84 @@
+"""``pdsweep compare``: two runs cell by cell (:func:`pdsweep.judge.compare.compare_runs`), compare.md/json/JUnit."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from pdsweep.commands.args import check_outputs, write_and_show
+from pdsweep.results import layout
+from pdsweep.results.outputs import refuse_results_path
+
+
+@dataclass(frozen=True)
+class CompareArgs:
+    parser_name: ClassVar[str] = "compare"
+    parser_help: ClassVar[str] = "compare two runs cell by cell (exit 1 on regression)"
+
+    a: Path
+    b: Path
+    out: Path
+    a_build: str | None = None
+    b_build: str | None = None
+    allow_missing: bool = False
+    allow_other_sweep: bool = False
+
+    @classmethod
+    def add_cli_args(cls, p: argparse.ArgumentParser) -> None:
+        p.add_argument("a", type=Path, help="baseline run (e.g. unfixed, or the last green nightly)")
+        p.add_argument("b", type=Path, help="candidate run")
+        p.add_argument("--out", type=Path, default=None, help="directory for compare.md / compare.json")
+        p.add_argument("--a-build", default=None, help="only A's cells of this build (e.g. fixed)")
+        p.add_argument("--b-build", default=None, help="only B's cells of this build (e.g. unfixed)")
+        p.add_argument(
+            "--allow-missing",
+            action="store_true",
+            help="cells of A missing in B do not fail the comparison (default: they do)",
+        )
+        p.add_argument(
+            "--allow-other-sweep",
+            action="store_true",
+            help="compare runs of different sweeps (default: refused, exit 2)",
+        )
+
+    @classmethod
+    def from_cli_args(cls, ns: argparse.Namespace) -> CompareArgs:
+        """``--out`` defaults to B; raises ``UserError`` when an output cannot be written."""
+        args = cls(ns.a, ns.b, Path(ns.out or ns.b), ns.a_build, ns.b_build, ns.allow_missing, ns.allow_other_sweep)
+        for run in (ns.a, ns.b):
+            for name in (layout.COMPARE_MD, layout.COMPARE_JSON):
+                refuse_results_path(run, args.out / name, "--out")
+        check_outputs(
+            (layout.COMPARE_MD, args.out / layout.COMPARE_MD), (layout.COMPARE_JSON, args.out / layout.COMPARE_JSON)
+        )
+        return args
+
+    def main(self) -> int:
+        from pdsweep.judge.compare import compare_runs
+        from pdsweep.report.render import write_compare_json, write_compare_markdown
+
+        res = compare_runs(
+            self.a,
+            self.b,
+            allow_missing=self.allow_missing,
+            allow_other_sweep=self.allow_other_sweep,
+            a_build=self.a_build,
+            b_build=self.b_build,
+        )
+        from pdsweep.report.perf_compare import COMPARE_JUNIT, perf_headline, write_compare_junit
+
+        verdict = f"compare: {'REGRESSED' if res.regressed else 'NO REGRESSION'} of {self.b} against {self.a}"
+        verdict += f"\n{perf_headline(res)}"
+
+        def write() -> Path:
+            md = write_compare_markdown(res, self.out / layout.COMPARE_MD)
+            write_compare_json(res, self.out / layout.COMPARE_JSON)
+            write_compare_junit(res, self.out / COMPARE_JUNIT)
+            return md
+
+        write_and_show(write, verdict)
+        res.raise_for_verdict()
+        print(verdict)
+        return 0

@@ -1,0 +1,73 @@
+"""``pdsweep gate``: judge a run (:func:`pdsweep.judge.gate.gate_run`), write JUnit and summary.md."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from pdsweep.commands.args import check_outputs, write_and_show
+from pdsweep.core.errors import GateFailed
+from pdsweep.results import layout
+from pdsweep.results.outputs import refuse_results_path
+
+
+@dataclass(frozen=True)
+class GateArgs:
+    parser_name: ClassVar[str] = "gate"
+    parser_help: ClassVar[str] = "pass/fail a run (exit 1 on failure), JUnit + summary"
+
+    run_dir: Path
+    junit: Path
+    summary: Path
+    require_all_cells: bool | None = None
+    nightly: bool = False
+
+    @classmethod
+    def add_cli_args(cls, p: argparse.ArgumentParser) -> None:
+        p.add_argument("run_dir", type=Path)
+        p.add_argument("--junit", type=Path, default=None)
+        p.add_argument("--summary", type=Path, default=None)
+        p.add_argument(
+            "--require-all-cells",
+            action="store_true",
+            default=None,
+            help="cells needing more GPUs than the host/allocation FAIL (default: NOT-RUNNABLE, listed; "
+            "the run's gate.require_all_cells)",
+        )
+        p.add_argument(
+            "--nightly", action="store_true", help="FLAKY cells fail by gate.flaky_fails_nightly (default: they do)"
+        )
+
+    @classmethod
+    def from_cli_args(cls, ns: argparse.Namespace) -> GateArgs:
+        """Outputs default into the run directory; raises ``UserError`` when one cannot
+        be written or both are one file."""
+        args = cls(
+            ns.run_dir,
+            ns.junit or ns.run_dir / layout.JUNIT_FILE,
+            ns.summary or ns.run_dir / layout.SUMMARY_FILE,
+            ns.require_all_cells,
+            ns.nightly,
+        )
+        check_outputs(("--junit", args.junit), ("--summary", args.summary))
+        for flag, path in (("--junit", args.junit), ("--summary", args.summary)):
+            refuse_results_path(args.run_dir, path, flag)
+        return args
+
+    def main(self) -> int:
+        from pdsweep.judge.gate import gate_run
+        from pdsweep.report.render import write_junit, write_summary
+
+        result = gate_run(self.run_dir, require_all_cells=self.require_all_cells, nightly=self.nightly)
+
+        def write() -> Path:
+            write_junit(result, self.junit)
+            return write_summary(result, self.summary)
+
+        write_and_show(write, f"gate: {result.headline()}")
+        if not result.passed:
+            raise GateFailed(f"gate: {result.headline()}")
+        print(f"gate: {result.headline()}")
+        return 0

@@ -1,0 +1,39 @@
+"""``pdsweep report``: the markdown + HTML report (:func:`pdsweep.report.html.write_report`)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from pdsweep.results.outputs import refuse_results_path
+
+
+@dataclass(frozen=True)
+class ReportArgs:
+    parser_name: ClassVar[str] = "report"
+    parser_help: ClassVar[str] = "markdown + HTML report with plots"
+
+    run_dir: Path
+    compare_with: Path | None = None
+    out: Path | None = None
+
+    @classmethod
+    def add_cli_args(cls, p: argparse.ArgumentParser) -> None:
+        p.add_argument("run_dir", type=Path)
+        p.add_argument("--compare-with", type=Path, default=None)
+        p.add_argument("--out", type=Path, default=None)
+
+    @classmethod
+    def from_cli_args(cls, ns: argparse.Namespace) -> ReportArgs:
+        if ns.out is not None:
+            refuse_results_path(ns.run_dir, ns.out, "--out")
+        return cls(ns.run_dir, ns.compare_with, ns.out)
+
+    def main(self) -> int:
+        from pdsweep.report.html import write_report
+
+        for kind, path in write_report(self.run_dir, self.out, self.compare_with).items():
+            print(f"{kind}: {path}")
+        return 0

@@ -1,0 +1,65 @@
+"""``pdsweep validate``: check a sweep file (schema, rules, eval tasks, every instance's ``vllm serve`` argv)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from typing import ClassVar
+
+from pdsweep.commands.args import gpu_arch_arg, no_check_argv_arg
+from pdsweep.core.errors import UserError
+
+
+@dataclass(frozen=True)
+class ValidateArgs:
+    parser_name: ClassVar[str] = "validate"
+    parser_help: ClassVar[str] = "check a sweep file"
+
+    sweep: str
+    check_argv: bool = True
+    preflight: bool = False
+
+    @classmethod
+    def add_cli_args(cls, p: argparse.ArgumentParser) -> None:
+        p.add_argument("sweep", help="sweep YAML (e.g. sweeps/cpu-smoke.yaml)")
+        no_check_argv_arg(p)
+        p.add_argument(
+            "--preflight",
+            action="store_true",
+            help="also check weights, memory fit, driver and busy GPUs on this host (pdsweep.run.preflight)",
+        )
+        gpu_arch_arg(p)
+
+    @classmethod
+    def from_cli_args(cls, ns: argparse.Namespace) -> ValidateArgs:
+        return cls(ns.sweep, not ns.no_check_argv, ns.preflight)
+
+    def main(self) -> int:
+        from pdsweep.measure.evaltasks import check_eval_tasks
+        from pdsweep.plan.expand import expand
+        from pdsweep.run.dryrun import check_argv
+        from pdsweep.run.feasible import preflight
+        from pdsweep.spec.sweep import load_sweep
+
+        ls = load_sweep(self.sweep)
+        plan = expand(ls)
+        for w in preflight(plan):
+            print(f"warning: {w}", file=sys.stderr)
+        check_eval_tasks(ls)
+        if not plan.pd_cells:
+            why = "; ".join(sorted({f"{r.rule}: {r.reason}" for r in plan.rejected})[:3]) or "the matrix is empty"
+            raise UserError(f"{self.sweep}: no PD cell to run ({len(plan.rejected)} rejected): {why}")
+        if self.check_argv:
+            check_argv(plan.loaded, plan.cells)
+        if self.preflight:
+            from pdsweep.run.preflight import preflight as gpu_preflight
+
+            for w in gpu_preflight(ls, plan.cells).warnings:
+                print(f"warning: {w}", file=sys.stderr)
+        print(
+            f"{self.sweep}: valid: {len(plan.pd_cells)} PD cells, {len(plan.cells) - len(plan.pd_cells)} "
+            f"reference cells, {len(plan.rejected)} rejected"
+            + ("; every vllm serve argv parses" if self.check_argv else "")
+        )
+        return 0
