@@ -35,8 +35,9 @@ def test_a_copied_run_of_six_lines_is_one_duplicate_pair(tmp_path: Path, monkeyp
     run = "\n".join(f"    total = total + value_{i} * {i}" for i in range(6))
     a, b = tmp_path / "a.py", tmp_path / "b.py"
     a.write_text(f"def f():\n{run}\n    return total\n")
-    b.write_text(f"def g():\n    y = 1\n{run}\n")
-    assert sr.duplicate_pairs([a, b]) == [("a.py", 2, "b.py", 3)]
+    lines = run.splitlines()
+    b.write_text("def g():\n    y = 1\n" + "\n".join([*lines[:3], "    # a comment", "", *lines[3:]]) + "\n")
+    assert sr.duplicate_pairs([a, b]) == [("a.py", 2, "b.py", 3)]  # comments and blank lines do not count
     b.write_text("def g():\n" + "\n".join(run.splitlines()[:5]) + "\n")  # five lines: not a pair
     assert sr.duplicate_pairs([a, b]) == []
 
