@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from pdsweep.cli import main
 from pdsweep.core.errors import UserError
-from pdsweep.judge.gate import FAIL, PASS, gate_run, impossible_totals
+from pdsweep.judge.gate import FAIL, PASS, gate_run
+from pdsweep.judge.transfer import impossible_totals
 from pdsweep.measure.accuracy import load_expected
 from pdsweep.plan.expand import expand, reference_of
 from pdsweep.run.feasible import cannot_pass, preflight

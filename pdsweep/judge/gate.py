@@ -27,8 +27,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pdsweep.core.errors import GateFailed, UserError
-from pdsweep.core.logscan import READ_FAULT_TAG
-from pdsweep.core.stats import num, obj
+from pdsweep.core.stats import obj
+from pdsweep.judge.accuracy import AccuracyCheck, AccuracyRecompute
+from pdsweep.judge.agreement import disagreements, strictest_kind, unlisted_cells
+from pdsweep.judge.consistency import ConsistencyCheck, ConsistencyRecompute
 from pdsweep.judge.facts import (
     CellFacts,
     CellFiles,
@@ -38,23 +40,13 @@ from pdsweep.judge.facts import (
     load_files,
     read_index,
     run_gate_spec,
-    show,
-    task_score,
-    worst_prompt,
 )
 from pdsweep.judge.flaky import FLAKY, flaky_reasons, retried
-from pdsweep.judge.loadgate import LoadAnswersCheck
-from pdsweep.judge.recompute import (
-    AccuracyRecompute,
-    ConsistencyRecompute,
-    ReadPatternCheck,
-    disagreements,
-    strictest_kind,
-    unlisted_cells,
-)
+from pdsweep.judge.load import LoadAnswersCheck, LoadCheck
+from pdsweep.judge.transfer import ReadPatternCheck, TransferCheck, TransportCheck
 from pdsweep.plan.cell import Cell
 from pdsweep.results import layout
-from pdsweep.spec.sweep import MATCH_ANY, GateSpec, read_fault_every
+from pdsweep.spec.sweep import MATCH_ANY, GateSpec
 
 PASS, FAIL, XFAIL, XPASS, SKIPPED = "PASS", "FAIL", "XFAIL", "XPASS", "SKIPPED"
 NOT_RUNNABLE = "NOT-RUNNABLE"  # needs more GPUs than the host/allocation (layout.NEEDS_GPUS)
@@ -113,272 +105,10 @@ class CellFileCheck:
         return []
 
 
-class AccuracyCheck:
-    """accuracy.json: verdict pass, every task pass with a value and a sample count;
-    a stated expectation or reference must come with its numbers (and the p-value)."""
-
-    name = "accuracy"
-
-    def applies(self, kind: str) -> bool:
-        return True
-
-    def fails(self, files: CellFiles) -> list[str]:
-        acc = files.get(layout.ACCURACY_FILE)
-        if acc is None:
-            return [files.problem(layout.ACCURACY_FILE)]
-        w = files.where(layout.ACCURACY_FILE)
-        tasks = acc.get("tasks")
-        if not isinstance(tasks, dict) or not tasks:
-            return [f"{w}: no tasks"]
-        out: list[str] = []
-        for name, t in tasks.items():
-            if not isinstance(t, dict):
-                out.append(f"{w}: task {name}: not an object")
-                continue
-            s = task_score(name, t)
-            if s.verdict != "pass":
-                why = [str(r) for r in t.get("reasons") or []] or [f"verdict {show(s.verdict)}"]
-                out += [f"{w}: {r}" if r.startswith(f"{name}:") else f"{w}: {name}: {r}" for r in why]
-                continue
-            # the file says pass: the numbers behind that must be there (fail closed)
-            if s.value is None:
-                out.append(f"{w}: {name}: value is {show(t.get('value'))} (metric missing)")
-            if s.n is None or s.n <= 0:
-                out.append(f"{w}: {name}: sample count n is {show(t.get('n'))}")
-            if t.get("expected") is not None and (s.expected is None or s.tolerance is None):
-                out.append(f"{w}: {name}: expected value or tolerance missing")
-            if t.get("reference") is not None and (s.reference is None or s.p_value is None):
-                out.append(f"{w}: {name}: reference value or p_value missing")
-        if acc.get("verdict") != "pass" and not out:
-            out.append(f"{w}: verdict {show(acc.get('verdict'))}")
-        return out
-
-
-class ConsistencyCheck:
-    """consistency.json (PD cells): verdict pass over at least one prompt."""
-
-    name = "consistency"
-
-    def applies(self, kind: str) -> bool:
-        return kind != "ref"
-
-    def fails(self, files: CellFiles) -> list[str]:
-        con = files.get(layout.CONSISTENCY_FILE)
-        if con is None:
-            return [files.problem(layout.CONSISTENCY_FILE)]
-        w = files.where(layout.CONSISTENCY_FILE)
-        if con.get("verdict") == "pass":
-            return [] if con.get("prompts") else [f"{w}: no prompts compared"]
-        why = [str(r) for r in con.get("reasons") or []] or [
-            f"verdict {show(con.get('verdict'))} (worst prompt: {worst_prompt(con.get('prompts')) or 'none'})"
-        ]
-        tri = obj(con.get("triage"))
-        if tri.get("verdict") not in (None, "none"):
-            why.append(f"triage {tri['verdict']}: {tri.get('explanation')}")
-        return [f"{w}: {r}" for r in why]
-
-
-@dataclass(frozen=True)
-class TransferCheck:
-    """transfer.json totals (PD cells): KV was transferred (``num_transfers`` and
-    ``bytes`` > 0), ``failed_transfers <= max_failed``, ``failed_notifications == 0``,
-    no prefill request's KV lease expired (``expired_reqs == 0``: vLLM counts
-    ``vllm:nixl_num_kv_expired_reqs`` on prefill when decode never read the blocks, and
-    decode then silently recomputed: vLLM issue 52234), and decode did at least one
-    transfer per PD request whose prompt spans >= 1 block (``num_transfers >=
-    kv_requests``, counted by the PD proxy; a failed transfer counts, it is not silent). A null
-    (unexposed) counter fails: "metric missing".
-
-    READ failures the ``fail-read-1-in-K`` drill injected (transfer.json ``read_faults``,
-    :mod:`pdsweep.engine.readfault`) are allowed on top of ``max_failed``, and vLLM must count
-    each (``failed_transfers >= injected``); a drill cell that injected none fails (the drill
-    did not run). Any request vLLM failed after a KV load failure (``read_faults.failed_reqs``:
-    ``kv_load_failure_policy: fail``, vLLM ``v1/core/sched/scheduler.py``
-    ``_handle_invalid_blocks``) fails the cell naming it."""
-
-    max_failed: int = 0
-    name: str = "transfer"
-
-    def applies(self, kind: str) -> bool:
-        return kind != "ref"
-
-    def fails(self, files: CellFiles) -> list[str]:
-        tr = files.get(layout.TRANSFER_FILE)
-        if tr is None:
-            return [files.problem(layout.TRANSFER_FILE)]
-        w = files.where(layout.TRANSFER_FILE)
-        totals = tr.get("totals")
-        if not isinstance(totals, dict):
-            return [f"{w}: no totals"]
-        out = impossible_totals(totals, w)
-        faults, injected, fault_why = read_faults(files)
-        out += fault_why
-        for key, limit in (
-            ("failed_transfers", self.max_failed + injected),
-            ("failed_notifications", 0),
-            ("expired_reqs", 0),
-        ):
-            v = num(totals.get(key))
-            if v is None:
-                out.append(f"{w}: totals.{key} is {show(totals.get(key))} (metric missing)")
-            elif v > limit:
-                out.append(f"{w}: totals.{key} = {v:g} (allowed: {limit})")
-            elif key == "failed_transfers" and v < injected:
-                out.append(
-                    f"{w}: vLLM counted {v:g} failed transfers for {injected} injected READ failures "
-                    "(vllm:nixl_num_failed_transfers): a failed READ went unseen"
-                )
-        if failed_reqs := num(faults.get("failed_reqs")):
-            out.append(
-                f"{w}: decode failed {failed_reqs:g} request(s) after a KV load failure "
-                "(kv_load_failure_policy: fail; vLLM v1/core/sched/scheduler.py _handle_invalid_blocks)"
-            )
-        moved = {k: num(totals.get(k)) for k in ("num_transfers", "bytes")}
-        missing = [k for k, v in moved.items() if v is None]
-        if missing:
-            out += [f"{w}: totals.{k} is {show(totals.get(k))} (metric missing)" for k in missing]
-        elif any(v is not None and v <= 0 for v in moved.values()):  # no None left: `missing` is empty
-            out.append(
-                f"{w}: no KV transferred (num_transfers {moved['num_transfers']:g}, "
-                f"bytes {moved['bytes']:g}): decode did not receive KV from prefill"
-            )
-            return out
-        kv_requests = num(totals.get("kv_requests"))
-        if kv_requests is None:
-            out.append(
-                f"{w}: totals.kv_requests is {show(totals.get('kv_requests'))} (metric missing: the PD "
-                "proxy's count of requests spanning >= 1 block)"
-            )
-        elif (
-            moved["num_transfers"] is not None
-            and moved["num_transfers"] + (num(totals.get("failed_transfers")) or 0) < kv_requests
-        ):
-            out.append(
-                f"{w}: decode did {moved['num_transfers']:g} KV transfers for {kv_requests:g} PD requests "
-                "whose prompt spans >= 1 block: the others were recomputed on decode (silent recompute)"
-            )
-        return out
-
-
-def read_faults(files: CellFiles) -> tuple[dict[str, Any], int, list[str]]:
-    """transfer.json ``read_faults`` (absent in runs before it: none), READ failures injected,
-    and why it cannot be used: an impossible count, or a ``fail-read-1-in-K`` drill cell
-    (cell.json ``cell.fault``) that injected none."""
-    w = files.where(layout.TRANSFER_FILE)
-    faults = obj((files.get(layout.TRANSFER_FILE) or {}).get("read_faults"))
-    why = [
-        f"{w}: read_faults.{k} is {show(v)} (allowed: an integer >= 0)"
-        for k, v in faults.items()
-        if not (isinstance(v, int) and not isinstance(v, bool) and v >= 0)
-    ]
-    raw = faults.get("injected")
-    injected = raw if not why and isinstance(raw, int) else 0
-    fault = obj(obj(files.get(layout.CELL_FILE)).get("cell")).get("fault")
-    if read_fault_every(fault if isinstance(fault, str) else None) and not injected:
-        why.append(
-            f"{w}: fault drill {fault} injected no READ failure (no {READ_FAULT_TAG} line in the decode "
-            "log): the drill did not run"
-        )
-    return faults, injected, why
-
-
-# transfer.json totals that count things (non-negative integers) and that measure
-# things (non-negative finite numbers); pdsweep.measure.metrics._summary writes them
-COUNT_TOTALS = (
-    "num_transfers",
-    "bytes",
-    "failed_transfers",
-    "failed_notifications",
-    "expired_reqs",
-    "num_requests",
-    "kv_requests",
-)
-MEASURE_TOTALS = (
-    "xfer_time_s",
-    "post_time_s",
-    "gbps_xfer",
-    "gbps_wall",
-    "xfer_time_p50_s",
-    "xfer_time_p90_s",
-    "xfer_time_p99_s",
-    "descriptors_per_transfer",
-    "ttft_mean_s",
-    "ttft_p50_s",
-    "ttft_p99_s",
-    "tpot_mean_s",
-    "itl_mean_s",
-    "e2e_mean_s",
-)
-
-
-def impossible_totals(totals: dict[str, Any], where: str) -> list[str]:
-    """Why values of transfer.json ``totals`` cannot be real: a count that is not a
-    non-negative integer (Prometheus counters and histogram counts never are), a
-    measure that is not a non-negative finite number, or a string/bool where a number
-    belongs. ``null`` is allowed here (an unexposed metric; the checks that need one
-    fail on it). Returns one reason per field, naming ``where`` (``cell/transfer.json``)."""
-    out = []
-    for key in COUNT_TOTALS + MEASURE_TOTALS:
-        v = totals.get(key)
-        if v is None:
-            continue
-        x = num(v)
-        if x is None:
-            out.append(f"{where}: totals.{key} is {show(v)}: not a finite number")
-        elif x < 0:
-            out.append(f"{where}: totals.{key} = {x:g}: negative (allowed: >= 0)")
-        elif key in COUNT_TOTALS and x != int(x):
-            out.append(f"{where}: totals.{key} = {x:g}: a count must be a whole number")
-    return out
-
-
-@dataclass(frozen=True)
-class LoadCheck:
-    """load.json (the bench phase, ``vllm bench serve``): every run completed all its
-    prompts with no failed request. ``vllm bench serve`` exits 0 even when every request
-    failed (it only warns), so its own exit code proves nothing. ``required``: the sweep's
-    ``bench.enabled`` (frozen in run.json); a load.json present is checked either way."""
-
-    required: bool = False
-    name: str = "load"
-
-    def applies(self, kind: str) -> bool:
-        return True
-
-    def fails(self, files: CellFiles) -> list[str]:
-        body = files.get(layout.LOAD_FILE)
-        if body is None:
-            missing = files.problems.get(layout.LOAD_FILE, "missing") == "missing"
-            return [files.problem(layout.LOAD_FILE)] if self.required or not missing else []
-        w = files.where(layout.LOAD_FILE)
-        runs = body.get("runs")
-        if runs == [] and body.get("workloads"):  # no `random` workload: no vllm bench serve run
-            return []
-        if not isinstance(runs, list) or not runs:
-            return [f"{w}: no load runs"]
-        out = []
-        for r in runs:
-            r = r if isinstance(r, dict) else {}
-            conc, want = r.get("concurrency"), num(r.get("num_prompts"))
-            done, errors = num(r.get("completed")), num(r.get("errors"))
-            if want is None or done is None or errors is None:
-                out.append(
-                    f"{w}: concurrency {show(conc)}: num_prompts/completed/errors is "
-                    f"{show(r.get('num_prompts'))}/{show(r.get('completed'))}/{show(r.get('errors'))} "
-                    "(missing)"
-                )
-            elif errors > 0 or done < want:
-                out.append(
-                    f"{w}: concurrency {show(conc)}: {errors:g} load requests failed, completed {done:g} "
-                    f"of num_prompts {want:g} (vllm bench serve exits 0 regardless)"
-                )
-        return out
-
-
 def checks_for(gate: GateSpec, bench: bool = False, load_answers: bool = False) -> list[Check]:
     """The checks a cell must pass under ``gate`` (status always; accuracy and consistency
     unless disabled; transfer with ``gate.max_failed_transfers``; load, required when
-    ``bench`` (the run's ``bench.enabled``); load answers (:mod:`pdsweep.judge.loadgate`),
+    ``bench`` (the run's ``bench.enabled``); load answers (:mod:`pdsweep.judge.load`),
     required when ``load_answers`` (``bench.enabled`` and ``bench.check``))."""
     checks: list[Check] = [StatusCheck(), CellFileCheck()]
     if gate.require_accuracy:
@@ -388,9 +118,7 @@ def checks_for(gate: GateSpec, bench: bool = False, load_answers: bool = False) 
     checks += [TransferCheck(gate.max_failed_transfers), ReadPatternCheck()]
     checks.append(LoadCheck(required=bench))
     checks.append(LoadAnswersCheck(required=load_answers))
-    if gate.transports:  # the UCX transport the sweep expects (pdsweep.judge.transports)
-        from pdsweep.judge.transports import TransportCheck
-
+    if gate.transports:  # the UCX transport the sweep expects (pdsweep.judge.transfer)
         checks.append(TransportCheck(tuple(gate.transports)))
     return checks
 

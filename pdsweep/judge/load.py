@@ -1,0 +1,83 @@
+"""Load, judged: :class:`LoadCheck` (load.json: the ``vllm bench serve`` repeats completed without
+errors, figures present and possible) and :class:`LoadAnswersCheck` (``load_check.json``,
+:mod:`pdsweep.measure.loadcheck`: a PD cell fails when any answer under load differs from the
+reference's, is stale, failed, or has no reference answer; each reason gives the count,
+concurrency, first example and triage).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pdsweep.core.stats import num
+from pdsweep.judge.facts import (
+    CellFiles,
+    show,
+)
+from pdsweep.results import layout
+
+
+@dataclass(frozen=True)
+class LoadCheck:
+    """load.json (the bench phase, ``vllm bench serve``): every run completed all its
+    prompts with no failed request. ``vllm bench serve`` exits 0 even when every request
+    failed (it only warns), so its own exit code proves nothing. ``required``: the sweep's
+    ``bench.enabled`` (frozen in run.json); a load.json present is checked either way."""
+
+    required: bool = False
+    name: str = "load"
+
+    def applies(self, kind: str) -> bool:
+        return True
+
+    def fails(self, files: CellFiles) -> list[str]:
+        body = files.get(layout.LOAD_FILE)
+        if body is None:
+            missing = files.problems.get(layout.LOAD_FILE, "missing") == "missing"
+            return [files.problem(layout.LOAD_FILE)] if self.required or not missing else []
+        w = files.where(layout.LOAD_FILE)
+        runs = body.get("runs")
+        if runs == [] and body.get("workloads"):  # no `random` workload: no vllm bench serve run
+            return []
+        if not isinstance(runs, list) or not runs:
+            return [f"{w}: no load runs"]
+        out = []
+        for r in runs:
+            r = r if isinstance(r, dict) else {}
+            conc, want = r.get("concurrency"), num(r.get("num_prompts"))
+            done, errors = num(r.get("completed")), num(r.get("errors"))
+            if want is None or done is None or errors is None:
+                out.append(
+                    f"{w}: concurrency {show(conc)}: num_prompts/completed/errors is "
+                    f"{show(r.get('num_prompts'))}/{show(r.get('completed'))}/{show(r.get('errors'))} "
+                    "(missing)"
+                )
+            elif errors > 0 or done < want:
+                out.append(
+                    f"{w}: concurrency {show(conc)}: {errors:g} load requests failed, completed {done:g} "
+                    f"of num_prompts {want:g} (vllm bench serve exits 0 regardless)"
+                )
+        return out
+
+
+@dataclass(frozen=True)
+class LoadAnswersCheck:
+    """``required``: the run's ``bench.enabled`` and ``bench.check`` (frozen in run.json): then
+    a missing load_check.json fails the PD cell (fail closed); otherwise one present is
+    still checked."""
+
+    required: bool = False
+    name: str = "load_answers"
+
+    def applies(self, kind: str) -> bool:
+        return kind == "pd"
+
+    def fails(self, files: CellFiles) -> list[str]:
+        body = files.get(layout.LOAD_CHECK_FILE)
+        if body is None:
+            missing = files.problems.get(layout.LOAD_CHECK_FILE, "missing") == "missing"
+            return [files.problem(layout.LOAD_CHECK_FILE)] if self.required or not missing else []
+        w = files.where(layout.LOAD_CHECK_FILE)
+        if body.get("verdict") == "pass" and not body.get("reasons"):
+            return []
+        return [f"{w}: {r}" for r in body.get("reasons") or []] or [f"{w}: verdict {body.get('verdict')!r}"]

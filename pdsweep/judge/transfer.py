@@ -1,0 +1,290 @@
+"""KV transfer, judged from transfer.json (``vllm:nixl_*`` counters, the NIXL READ log):
+
+- :class:`TransferCheck`: transfers happened, no failed transfer beyond ``gate.max_failed_transfers``
+  plus the READ failures a ``fail-read-1-in-K`` drill injected (each one counted by vLLM), no
+  request failed after a KV load failure, no impossible total (:func:`impossible_totals`).
+- :class:`ReadPatternCheck`: ``reads_by_prefill_rank`` against the READs per request vLLM's read
+  plan makes (:func:`pdsweep.plan.readplan.expected_read_split`, the function ``pdsweep bench
+  transfer`` runs): the split vLLM PR #49297 fixed.
+- :class:`TransportCheck`: the KV was READ over the UCX transport the sweep expects
+  (``gate.transports``, e.g. ``[cma]`` on one CPU host, ``[cuda_ipc]`` or ``[rc]`` on GPUs). UCX
+  falls back to ``tcp`` silently when the expected transport is unusable (vllm issue 52607: pull
+  mode over cuda_ipc fell back to TCP, 0.5 vs 49 GB/s); the cell then passes every other check at a
+  fraction of the bandwidth. The transports are transfer.json ``ucx_transports``
+  (:func:`pdsweep.measure.metrics.ucx_transports_from_logs`: UCX's "remote memory read" protocol
+  tables, ``UCX_PROTO_INFO=y``), spelled ``<transport>/<device>`` (``cma/memory``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pdsweep.core.logscan import READ_FAULT_TAG
+from pdsweep.core.stats import num, obj
+from pdsweep.judge.facts import (
+    CellFiles,
+    cell_from_dict,
+    show,
+)
+from pdsweep.plan.readplan import expected_read_split
+from pdsweep.plan.topology import tp_ratio
+from pdsweep.results import layout
+from pdsweep.spec.sweep import read_fault_every
+
+
+@dataclass(frozen=True)
+class TransferCheck:
+    """transfer.json totals (PD cells): KV was transferred (``num_transfers`` and
+    ``bytes`` > 0), ``failed_transfers <= max_failed``, ``failed_notifications == 0``,
+    no prefill request's KV lease expired (``expired_reqs == 0``: vLLM counts
+    ``vllm:nixl_num_kv_expired_reqs`` on prefill when decode never read the blocks, and
+    decode then silently recomputed: vLLM issue 52234), and decode did at least one
+    transfer per PD request whose prompt spans >= 1 block (``num_transfers >=
+    kv_requests``, counted by the PD proxy; a failed transfer counts, it is not silent). A null
+    (unexposed) counter fails: "metric missing".
+
+    READ failures the ``fail-read-1-in-K`` drill injected (transfer.json ``read_faults``,
+    :mod:`pdsweep.engine.readfault`) are allowed on top of ``max_failed``, and vLLM must count
+    each (``failed_transfers >= injected``); a drill cell that injected none fails (the drill
+    did not run). Any request vLLM failed after a KV load failure (``read_faults.failed_reqs``:
+    ``kv_load_failure_policy: fail``, vLLM ``v1/core/sched/scheduler.py``
+    ``_handle_invalid_blocks``) fails the cell naming it."""
+
+    max_failed: int = 0
+    name: str = "transfer"
+
+    def applies(self, kind: str) -> bool:
+        return kind != "ref"
+
+    def fails(self, files: CellFiles) -> list[str]:
+        tr = files.get(layout.TRANSFER_FILE)
+        if tr is None:
+            return [files.problem(layout.TRANSFER_FILE)]
+        w = files.where(layout.TRANSFER_FILE)
+        totals = tr.get("totals")
+        if not isinstance(totals, dict):
+            return [f"{w}: no totals"]
+        out = impossible_totals(totals, w)
+        faults, injected, fault_why = read_faults(files)
+        out += fault_why
+        for key, limit in (
+            ("failed_transfers", self.max_failed + injected),
+            ("failed_notifications", 0),
+            ("expired_reqs", 0),
+        ):
+            v = num(totals.get(key))
+            if v is None:
+                out.append(f"{w}: totals.{key} is {show(totals.get(key))} (metric missing)")
+            elif v > limit:
+                out.append(f"{w}: totals.{key} = {v:g} (allowed: {limit})")
+            elif key == "failed_transfers" and v < injected:
+                out.append(
+                    f"{w}: vLLM counted {v:g} failed transfers for {injected} injected READ failures "
+                    "(vllm:nixl_num_failed_transfers): a failed READ went unseen"
+                )
+        if failed_reqs := num(faults.get("failed_reqs")):
+            out.append(
+                f"{w}: decode failed {failed_reqs:g} request(s) after a KV load failure "
+                "(kv_load_failure_policy: fail; vLLM v1/core/sched/scheduler.py _handle_invalid_blocks)"
+            )
+        moved = {k: num(totals.get(k)) for k in ("num_transfers", "bytes")}
+        missing = [k for k, v in moved.items() if v is None]
+        if missing:
+            out += [f"{w}: totals.{k} is {show(totals.get(k))} (metric missing)" for k in missing]
+        elif any(v is not None and v <= 0 for v in moved.values()):  # no None left: `missing` is empty
+            out.append(
+                f"{w}: no KV transferred (num_transfers {moved['num_transfers']:g}, "
+                f"bytes {moved['bytes']:g}): decode did not receive KV from prefill"
+            )
+            return out
+        kv_requests = num(totals.get("kv_requests"))
+        if kv_requests is None:
+            out.append(
+                f"{w}: totals.kv_requests is {show(totals.get('kv_requests'))} (metric missing: the PD "
+                "proxy's count of requests spanning >= 1 block)"
+            )
+        elif (
+            moved["num_transfers"] is not None
+            and moved["num_transfers"] + (num(totals.get("failed_transfers")) or 0) < kv_requests
+        ):
+            out.append(
+                f"{w}: decode did {moved['num_transfers']:g} KV transfers for {kv_requests:g} PD requests "
+                "whose prompt spans >= 1 block: the others were recomputed on decode (silent recompute)"
+            )
+        return out
+
+
+def read_faults(files: CellFiles) -> tuple[dict[str, Any], int, list[str]]:
+    """transfer.json ``read_faults`` (absent in runs before it: none), READ failures injected,
+    and why it cannot be used: an impossible count, or a ``fail-read-1-in-K`` drill cell
+    (cell.json ``cell.fault``) that injected none."""
+    w = files.where(layout.TRANSFER_FILE)
+    faults = obj((files.get(layout.TRANSFER_FILE) or {}).get("read_faults"))
+    why = [
+        f"{w}: read_faults.{k} is {show(v)} (allowed: an integer >= 0)"
+        for k, v in faults.items()
+        if not (isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+    ]
+    raw = faults.get("injected")
+    injected = raw if not why and isinstance(raw, int) else 0
+    fault = obj(obj(files.get(layout.CELL_FILE)).get("cell")).get("fault")
+    if read_fault_every(fault if isinstance(fault, str) else None) and not injected:
+        why.append(
+            f"{w}: fault drill {fault} injected no READ failure (no {READ_FAULT_TAG} line in the decode "
+            "log): the drill did not run"
+        )
+    return faults, injected, why
+
+
+# transfer.json totals that count things (non-negative integers) and that measure
+# things (non-negative finite numbers); pdsweep.measure.metrics._summary writes them
+COUNT_TOTALS = (
+    "num_transfers",
+    "bytes",
+    "failed_transfers",
+    "failed_notifications",
+    "expired_reqs",
+    "num_requests",
+    "kv_requests",
+)
+
+
+MEASURE_TOTALS = (
+    "xfer_time_s",
+    "post_time_s",
+    "gbps_xfer",
+    "gbps_wall",
+    "xfer_time_p50_s",
+    "xfer_time_p90_s",
+    "xfer_time_p99_s",
+    "descriptors_per_transfer",
+    "ttft_mean_s",
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "tpot_mean_s",
+    "itl_mean_s",
+    "e2e_mean_s",
+)
+
+
+def impossible_totals(totals: dict[str, Any], where: str) -> list[str]:
+    """Why values of transfer.json ``totals`` cannot be real: a count that is not a
+    non-negative integer (Prometheus counters and histogram counts never are), a
+    measure that is not a non-negative finite number, or a string/bool where a number
+    belongs. ``null`` is allowed here (an unexposed metric; the checks that need one
+    fail on it). Returns one reason per field, naming ``where`` (``cell/transfer.json``)."""
+    out = []
+    for key in COUNT_TOTALS + MEASURE_TOTALS:
+        v = totals.get(key)
+        if v is None:
+            continue
+        x = num(v)
+        if x is None:
+            out.append(f"{where}: totals.{key} is {show(v)}: not a finite number")
+        elif x < 0:
+            out.append(f"{where}: totals.{key} = {x:g}: negative (allowed: >= 0)")
+        elif key in COUNT_TOTALS and x != int(x):
+            out.append(f"{where}: totals.{key} = {x:g}: a count must be a whole number")
+    return out
+
+
+# ---------------------------------------------------------------- read pattern
+@dataclass(frozen=True)
+class ReadPatternCheck:
+    """transfer.json ``reads_by_prefill_rank`` (PD cells): decode read exactly the prefill
+    ranks vLLM's read plan names, in its proportions (READs per request per rank, see
+    :func:`~pdsweep.plan.readplan.expected_read_split`). A split that is not recorded fails
+    (metric missing); a rank read more or less than the plan says, or not at all, fails
+    with the expected and the seen split."""
+
+    name: str = "read-pattern"
+
+    def applies(self, kind: str) -> bool:
+        return kind != "ref"
+
+    def fails(self, files: CellFiles) -> list[str]:
+        tr = files.get(layout.TRANSFER_FILE)
+        cj = files.get(layout.CELL_FILE) or {}
+        cell = cell_from_dict(cj.get("cell"))
+        if tr is None or cell is None:
+            return []  # TransferCheck / CellFileCheck fail it
+        w = files.where(layout.TRANSFER_FILE)
+        model = obj(cj.get("model"))
+        attention, ssm = model.get("attention"), model.get("ssm")
+        if attention not in ("mla", "gqa", "mha") or not isinstance(ssm, str):
+            return [
+                f"{files.where(layout.CELL_FILE)}: model.attention/ssm is {show(attention)}/{show(ssm)}: "
+                "cannot check the read pattern (allowed attention: mla, gqa, mha)"
+            ]
+        p, d = cell.prefill_tp, cell.decode_tp
+        try:
+            want = expected_read_split(attention, ssm != "none", p, d)
+        except ValueError as e:
+            return [f"{w}: read pattern of p{p}d{d}: {e}"]
+        seen = tr.get("reads_by_prefill_rank")
+        label = f"p{p}d{d} {attention}{'+' + ssm if ssm != 'none' else ''} (tp_ratio {tp_ratio(p, d)})"
+        if not isinstance(seen, dict) or not seen:
+            return [
+                f"{w}: reads_by_prefill_rank is {show(seen)} (metric missing: pdsweep's NIXL read log); "
+                f"cannot check the read pattern of {label}, which must read prefill ranks {_split(want)} per request"
+            ]
+        got = {int(r): v.get("reads") for r, v in seen.items() if str(r).isdigit() and isinstance(v, dict)}
+        counts = {r: x for r, x in got.items() if isinstance(x, int) and not isinstance(x, bool) and x >= 0}
+        if len(counts) != len(got) or len(got) != len(seen):
+            return [f"{w}: reads_by_prefill_rank: impossible READ counts {show(seen)} (allowed: rank -> reads >= 0)"]
+        read = {r: x for r, x in counts.items() if x > 0}
+        if not read:
+            return [f"{w}: read pattern: no READ recorded from any prefill rank ({label} needs {_split(want)})"]
+        requests = {r: read.get(r, 0) / k for r, k in want.items()}
+        if set(read) != set(want) or len(set(requests.values())) != 1:
+            return [
+                f"{w}: read pattern of {label}: vLLM's read plan reads prefill ranks {_split(want)} READs per "
+                f"request, seen {_split(dict(sorted(got.items())))} READs (reads_by_prefill_rank): "
+                "decode did not read every rank it must (the split vLLM PR #49297 fixed)"
+            ]
+        return []
+
+
+def _split(split: dict[int, Any]) -> str:
+    return "{" + ", ".join(f"{r}: {n}" for r, n in split.items()) + "}"
+
+
+def transport_name(t: str) -> str:
+    """``cma/memory`` -> ``cma``; ``rc_mlx5/mlx5_0:1`` -> ``rc_mlx5``."""
+    return t.split("/", 1)[0].strip()
+
+
+def matches(used: str, expected: str) -> bool:
+    """``used`` (a UCX transport name) is ``expected`` or a flavour of it (``rc_mlx5`` is ``rc``)."""
+    return used == expected or used.startswith(expected + "_")
+
+
+@dataclass(frozen=True)
+class TransportCheck:
+    """Fails a PD cell whose READs used a transport outside ``expected`` (naming the
+    transports used and expected), or whose transports are unknown (fail closed)."""
+
+    expected: tuple[str, ...]
+    name: str = "transport"
+
+    def applies(self, kind: str) -> bool:
+        return kind != "ref"
+
+    def fails(self, files: CellFiles) -> list[str]:
+        tr = files.get(layout.TRANSFER_FILE)
+        if tr is None:
+            return [files.problem(layout.TRANSFER_FILE)]
+        w = files.where(layout.TRANSFER_FILE)
+        want = ", ".join(self.expected)
+        used = tr.get("ucx_transports")
+        if not isinstance(used, list) or not used:
+            return [
+                f"{w}: ucx_transports is {show(used)}: the UCX READ transport is unknown (expected: {want}; "
+                "no UCX protocol table in the decode logs, UCX_PROTO_INFO=y)"
+            ]
+        bad = [u for u in map(str, used) if not any(matches(transport_name(u), e) for e in self.expected)]
+        if bad:
+            fell = " (fell back to tcp)" if any(transport_name(u) == "tcp" for u in bad) else ""
+            return [f"{w}: KV READ over UCX transport(s) {', '.join(map(str, used))}{fell}; expected: {want}"]
+        return []
