@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 
 from pdsweep.judge.perf import REGRESSION, judge_metric
-from pdsweep.measure.repeats import series
+from pdsweep.measure.repeats import repeat_series
 from pdsweep.results import layout
 
 REPO = Path(__file__).resolve().parent.parent
@@ -152,7 +152,7 @@ def test_real_cpu_false_alarms_and_teeth(benchmark, tmp_path):
         st = layout.read_json(r / CELL / layout.STATUS_FILE)
         assert st["status"] == "ok", (r, st["reason"])
     loads = [layout.read_json(r / CELL / layout.LOAD_FILE) for r in runs]
-    ttft = [series(x)["c2"]["ttft_ms.p50"] for x in loads]
+    ttft = [repeat_series(x)["c2"]["ttft_ms.p50"] for x in loads]
     pairs = list(itertools.combinations(range(n_normal), 2))
     judged = [compare_runs(runs[i], runs[j]).cell(CELL.rsplit(".", 1)[0]) for i, j in pairs]
     alarms = [d for c in judged for d in c.perf if d.verdict == REGRESSION]

@@ -8,7 +8,7 @@ import pytest
 from pdsweep.cli import main
 from pdsweep.core.errors import UserError
 from pdsweep.plan.expand import expand
-from pdsweep.run.dryrun import check_argv
+from pdsweep.run.dryrun import check_cells_argv
 from pdsweep.spec.sweep import load_sweep
 
 pytest.importorskip("vllm.entrypoints.launchers.cli_args")
@@ -59,13 +59,13 @@ def test_validate_refuses_argv_vllm_refuses(tmp_path, capsys, variant, message):
 def test_shipped_gpu_sweeps_parse_on_cpu():
     for name in ("hybrid-mla-mamba", "upstream-config-sweep"):
         ls = load_sweep(SWEEPS / f"{name}.yaml")
-        check_argv(ls, expand(ls).cells)  # raises UserError on any refusal
+        check_cells_argv(ls, expand(ls).cells)  # raises UserError on any refusal
 
 
 def test_check_argv_names_every_bad_instance(tmp_path):
     ls = load_sweep(_sweep(tmp_path, "[--dtype, bf17]"))
     with pytest.raises(UserError) as e:
-        check_argv(ls, expand(ls).cells)
+        check_cells_argv(ls, expand(ls).cells)
     lines = str(e.value).splitlines()
     assert "vLLM refuses 3 instance argv(s)" in lines[0]  # prefill-0, decode-0 and the reference single-0
     assert all("argument --dtype: invalid choice: 'bf17'" in x for x in lines[1:])

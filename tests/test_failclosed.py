@@ -19,7 +19,7 @@ from pdsweep.judge.gate import FAIL, PASS, gate_run
 from pdsweep.judge.transfer import impossible_totals
 from pdsweep.measure.accuracy import load_expected
 from pdsweep.plan.expand import expand, reference_of
-from pdsweep.run.feasible import cannot_pass, preflight
+from pdsweep.run.feasible import cannot_pass, feasibility_warnings
 from pdsweep.spec.sweep import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
@@ -211,7 +211,7 @@ def test_build_venv_not_built_yet_is_a_warning(tmp_path: Path, capsys) -> None:
     p = write(tmp_path, SMALL.replace("matrix:", "builds: {fixed: {venv: .venv-nope}}\nmatrix:"))
     assert main(["validate", str(p)]) == 0
     assert "warning: " in capsys.readouterr().err
-    assert preflight(expand(load_sweep(p)), tasks=False)[0].endswith("until then cells of build fixed fail")
+    assert feasibility_warnings(expand(load_sweep(p)), tasks=False)[0].endswith("until then cells of build fixed fail")
 
 
 # ---------------------------------------------------------------- 4. duplicate YAML keys
@@ -666,7 +666,7 @@ def test_property_an_include_never_silently_replaces_a_cell(tmp_path: Path, mode
     product = {f"{m}.p1d1.b32-32.fixed" for m in ("tiny-llama", "tiny-mla")}
     ids = {c.id for c in plan.cells} | {r.cell.id for r in plan.rejected}
     try:
-        preflight(plan, tasks=False)
+        feasibility_warnings(plan, tasks=False)
     except UserError as e:
         assert "replaces those cells" in str(e) and not product <= ids
     else:

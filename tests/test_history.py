@@ -47,8 +47,8 @@ def history(tmp_path: Path, gbps: list[float], **kw: dict[int, object]) -> Path:
 def changes(db: Path, metric: str) -> list[trends.Change]:
     with store.connect(db, create=False) as conn:
         if metric == "verdict":
-            return trends.verdict_changes(CID, store.series(conn, CID, None))
-        return trends.metric_changes(CID, metric, store.series(conn, CID, metric))
+            return trends.verdict_changes(CID, store.metric_series(conn, CID, None))
+        return trends.metric_changes(CID, metric, store.metric_series(conn, CID, metric))
 
 
 def test_a_run_added_twice_is_one_entry_with_its_figures(tmp_path: Path) -> None:
@@ -59,9 +59,9 @@ def test_a_run_added_twice_is_one_entry_with_its_figures(tmp_path: Path) -> None
     with store.connect(db) as conn:
         assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] == 1
         assert conn.execute("SELECT count(*) FROM cells").fetchone()[0] == 2
-        (p,) = store.series(conn, CID, "accuracy.pdsweep_arith")
+        (p,) = store.metric_series(conn, CID, "accuracy.pdsweep_arith")
         assert p.value == pytest.approx(0.80) and p.lo == pytest.approx(0.80 - 1.96 * 0.0283, abs=1e-3)
-        (g,) = store.series(conn, CID, "gbps_wall")
+        (g,) = store.metric_series(conn, CID, "gbps_wall")
         assert g.value == pytest.approx(12.0 * 0.6) and g.unit == "GB/s" and g.verdict == "PASS"
         assert g.build["vllm_version"] == "0.27.0"
 

@@ -22,7 +22,7 @@ from pdsweep.measure.metrics import (
     parse,
     role_of,
     scrape_sync,
-    summarize,
+    summarize_transfer,
 )
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm_cpu"
@@ -456,7 +456,7 @@ def test_quantile_rejects_bad_input() -> None:
         histogram_quantile(0.5, [(0.1, 1.0), (1.0, 2.0)])
 
 
-# --- summarize / cell_transfer ----------------------------------------------------------
+# --- summarize_transfer / cell_transfer ----------------------------------------------------------
 
 
 def _deltas() -> dict[str, Snapshot]:
@@ -467,7 +467,7 @@ def _deltas() -> dict[str, Snapshot]:
 
 
 def test_summarize_pd_phase_by_hand() -> None:
-    t = summarize(_deltas(), wall_s=2.0)
+    t = summarize_transfer(_deltas(), wall_s=2.0)
     assert list(t) == T_KEYS
     _approx_equal(t, EXPECTED_T)
     assert isinstance(t["num_transfers"], int) and isinstance(t["bytes"], int)
@@ -481,19 +481,19 @@ def test_gbps_arithmetic() -> None:
     d = Snapshot(
         histograms={"vllm:nixl_bytes_transferred": _hist(4, 1e9), "vllm:nixl_xfer_time_seconds": _hist(4, 0.5)}
     )
-    t = summarize({"decode-0": d}, wall_s=4.0)
+    t = summarize_transfer({"decode-0": d}, wall_s=4.0)
     assert t["gbps_xfer"] == pytest.approx(2.0)  # 1e9 B / 0.5 s
     assert t["gbps_wall"] == pytest.approx(0.25)  # 1e9 B / 4 s
     assert t["bytes"] == 1_000_000_000 and t["num_transfers"] == 4
     # two decode instances add up
-    t2 = summarize({"decode-0": d, "decode-1": d}, wall_s=4.0)
+    t2 = summarize_transfer({"decode-0": d, "decode-1": d}, wall_s=4.0)
     assert (t2["bytes"], t2["num_transfers"], t2["gbps_xfer"], t2["gbps_wall"]) == (2e9, 8, 2.0, 0.5)
 
 
 def test_missing_metrics_are_none_never_zero() -> None:
-    t = summarize({"decode-0": Snapshot()}, wall_s=1.0)
+    t = summarize_transfer({"decode-0": Snapshot()}, wall_s=1.0)
     assert all(v is None for v in t.values()), t
-    t = summarize({}, wall_s=1.0)
+    t = summarize_transfer({}, wall_s=1.0)
     assert all(v is None for v in t.values())
 
 
@@ -507,7 +507,7 @@ def test_zero_transfers_give_none_ratios_and_zero_counts() -> None:
         "vllm:time_to_first_token_seconds",
     ]
     d = Snapshot(histograms={n: zero for n in names}, counters={"vllm:nixl_num_failed_transfers": 0.0})
-    t = summarize({"decode-0": d}, wall_s=1.0)
+    t = summarize_transfer({"decode-0": d}, wall_s=1.0)
     assert (t["num_transfers"], t["bytes"], t["failed_transfers"]) == (0, 0, 0)
     for k in (
         "gbps_xfer",
@@ -529,17 +529,17 @@ def test_nixl_from_decode_latency_from_decode_or_single() -> None:
         histograms={"vllm:nixl_xfer_time_seconds": _hist(3, 0.3), "vllm:e2e_request_latency_seconds": _hist(2, 4.0)},
         counters={"vllm:nixl_num_failed_transfers": 2.0},
     )
-    t = summarize({"prefill-0": busy}, wall_s=1.0)
+    t = summarize_transfer({"prefill-0": busy}, wall_s=1.0)
     assert t["num_transfers"] is None and t["e2e_mean_s"] is None
     assert t["failed_transfers"] == 2  # failures count wherever they happen
-    t = summarize({"single-0": busy}, wall_s=1.0)
+    t = summarize_transfer({"single-0": busy}, wall_s=1.0)
     assert t["num_transfers"] is None and t["e2e_mean_s"] == 2.0 and t["num_requests"] == 2
 
 
 def test_unknown_instance_prefix_raises() -> None:
     assert role_of("decode-3") == "decode"
     with pytest.raises(ValueError, match="must start with"):
-        summarize({"worker-0": Snapshot()}, 1.0)
+        summarize_transfer({"worker-0": Snapshot()}, 1.0)
 
 
 def test_cell_transfer_phases_and_totals() -> None:
@@ -641,7 +641,7 @@ def test_real_capture_summary_has_no_nulls() -> None:
         "prefill-0": delta(Snapshot(), parse(_capture("prefill.metrics.txt"))),
         "decode-0": delta(Snapshot(), parse(_capture("decode.metrics.txt"))),
     }
-    t = summarize(deltas, wall_s=1.0)
+    t = summarize_transfer(deltas, wall_s=1.0)
     assert [k for k, v in t.items() if v is None] == ["kv_requests"]  # counted by pdsweep's proxy, not vLLM
     assert t["num_transfers"] > 0 and t["bytes"] > 0 and t["gbps_xfer"] > 0
     assert t["failed_transfers"] == 0 and t["failed_notifications"] == 0
@@ -668,5 +668,5 @@ def test_proxy_kv_requests_counted_from_the_proxy_instance() -> None:
         'pdsweep_proxy_kv_requests_total{endpoint="/v1/chat/completions"} 2.0\n'
     )
     before = parse(text.replace("5.0", "1.0").replace("2.0", "0.0"))
-    t = summarize({**_deltas(), "proxy": delta(before, parse(text))}, wall_s=2.0)
+    t = summarize_transfer({**_deltas(), "proxy": delta(before, parse(text))}, wall_s=2.0)
     assert t["kv_requests"] == 6 and t["num_transfers"] == 8  # proxy metrics never leak into NIXL figures

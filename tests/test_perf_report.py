@@ -7,7 +7,7 @@ from pathlib import Path
 
 from fixtures.make_runs import case, pd, write_run
 
-from pdsweep.measure.repeats import summarize
+from pdsweep.measure.repeats import summarize_repeats
 from pdsweep.report.html import write_report
 from pdsweep.results import layout
 
@@ -36,7 +36,7 @@ def _load(cell_id: str, ttfts: list[float], reads_r1: float) -> dict:
     }
     body = {"cell_id": cell_id, "runs": runs, "repeats": [{"repeat": i, "kv": kv} for i in range(len(ttfts))]}
     body["repeat_plan"] = {"run": len(ttfts), "stop_reason": "planned repeats done", "confidence": 0.95}
-    body["summary"] = summarize(body, 0.95)
+    body["summary"] = summarize_repeats(body, 0.95)
     return body
 
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from pdsweep.cli import main
 from pdsweep.plan.expand import PORTS_PER_SLOT, Cell, expand, instances
-from pdsweep.plan.placement import Cluster, ClusterPool, fit, groups, min_nodes, needs
+from pdsweep.plan.placement import Cluster, ClusterPool, fit_groups, groups, min_nodes, needs
 from pdsweep.plan.schedule import pack
 from pdsweep.run.dryrun import plan_dict
 from pdsweep.spec.sweep import load_sweep
@@ -32,11 +32,11 @@ def test_groups_follow_instance_order():
 
 
 def test_p8d4_splits_prefill_and_decode_over_two_nodes():
-    got = fit([8, 4], {"a": list(range(8)), "b": list(range(8))})
+    got = fit_groups([8, 4], {"a": list(range(8)), "b": list(range(8))})
     assert got == [("a", tuple(range(8))), ("b", (0, 1, 2, 3))]
-    assert fit([8, 4], {"a": list(range(8))}) is None
+    assert fit_groups([8, 4], {"a": list(range(8))}) is None
     # best fit: the 2-GPU group goes where 2 are left, keeping the emptier node whole
-    assert fit([2], {"a": [6, 7], "b": list(range(8))}) == [("a", (6, 7))]
+    assert fit_groups([2], {"a": [6, 7], "b": list(range(8))}) == [("a", (6, 7))]
 
 
 def test_needs_names_gpus_and_nodes():

@@ -38,20 +38,20 @@ class ValidateArgs:
     def main(self) -> int:
         from pdsweep.measure.evaltasks import check_eval_tasks
         from pdsweep.plan.expand import expand
-        from pdsweep.run.dryrun import check_argv
-        from pdsweep.run.feasible import preflight
+        from pdsweep.run.dryrun import check_cells_argv
+        from pdsweep.run.feasible import feasibility_warnings
         from pdsweep.spec.sweep import load_sweep
 
         ls = load_sweep(self.sweep)
         plan = expand(ls)
-        for w in preflight(plan):
+        for w in feasibility_warnings(plan):
             print(f"warning: {w}", file=sys.stderr)
         check_eval_tasks(ls)
         if not plan.pd_cells:
             why = "; ".join(sorted({f"{r.rule}: {r.reason}" for r in plan.rejected})[:3]) or "the matrix is empty"
             raise UserError(f"{self.sweep}: no PD cell to run ({len(plan.rejected)} rejected): {why}")
         if self.check_argv:
-            check_argv(plan.loaded, plan.cells)
+            check_cells_argv(plan.loaded, plan.cells)
         if self.preflight:
             from pdsweep.run.preflight import preflight as gpu_preflight
 

@@ -59,7 +59,7 @@ def cell_plot(conn: Any, cell_id: str, changes: list[trends.Change]) -> str | No
         return None
     fig, axes = plt.subplots(1, len(metrics), figsize=(3.6 * len(metrics), 2.4), squeeze=False)
     for ax, m in zip(axes[0], metrics):
-        pts = store.series(conn, cell_id, m)
+        pts = store.metric_series(conn, cell_id, m)
         xs = [p.started[:10] + " " + (p.run_name or "")[:24] for p in pts]
         ys = [p.value for p in pts]
         err = [
@@ -114,10 +114,10 @@ def render(db: Path, out: Path, sweep: str | None = None) -> Path:
             )
         parts.append("</table>")
         for cell_id in store.cell_ids(conn, sweep):
-            verdicts = store.series(conn, cell_id, None, sweep)
+            verdicts = store.metric_series(conn, cell_id, None, sweep)
             changes = trends.verdict_changes(cell_id, verdicts)
             for m in store.metrics_of(conn, cell_id):
-                changes += trends.metric_changes(cell_id, m, store.series(conn, cell_id, m, sweep))
+                changes += trends.metric_changes(cell_id, m, store.metric_series(conn, cell_id, m, sweep))
             strip = "".join(
                 f"<a href='{html.escape(_report_link(p.run_path, out) or '#')}' title='{html.escape(p.started)}: "
                 f"{p.verdict}'><span class='v' style='background:{COLOURS.get(p.verdict, '#000')}'></span></a>"

@@ -235,7 +235,7 @@ class Point:
 BUILD_FIELDS = ("vllm_version", "vllm_commit", "nixl_version", "fixes", "patched_sha", "config_hash")
 
 
-def series(conn: sqlite3.Connection, cell_id: str, metric: str | None, sweep: str | None = None) -> list[Point]:
+def metric_series(conn: sqlite3.Connection, cell_id: str, metric: str | None, sweep: str | None = None) -> list[Point]:
     """A cell's runs in start order with ``metric``'s figure; ``metric=None`` gives the
     verdicts only. A run without that figure is left out of a metric series."""
     cols = ", ".join(f"c.{k}" for k in BUILD_FIELDS)

@@ -20,10 +20,10 @@ def changes_of(
     """Every sustained change of one cell: its verdict and each metric matching a glob."""
     out: list[trends.Change] = []
     if any(fnmatch.fnmatchcase("verdict", g) for g in metric_globs):
-        out += trends.verdict_changes(cell_id, store.series(conn, cell_id, None, sweep))
+        out += trends.verdict_changes(cell_id, store.metric_series(conn, cell_id, None, sweep))
     for m in store.metrics_of(conn, cell_id):
         if any(fnmatch.fnmatchcase(m, g) for g in metric_globs):
-            out += trends.metric_changes(cell_id, m, store.series(conn, cell_id, m, sweep))
+            out += trends.metric_changes(cell_id, m, store.metric_series(conn, cell_id, m, sweep))
     return out
 
 
@@ -45,7 +45,7 @@ def show_lines(
                 m for m in store.metrics_of(conn, cell_id) if any(fnmatch.fnmatchcase(m, g) for g in metric_globs)
             ]
             for m in metrics:
-                pts = store.series(conn, cell_id, None if m == "verdict" else m, sweep)
+                pts = store.metric_series(conn, cell_id, None if m == "verdict" else m, sweep)
                 vals = "  ".join(_point(p, m) for p in pts)
                 lines.append(f"  {m}: {vals}")
             for c in changes_of(conn, cell_id, tuple(metric_globs), sweep):
@@ -84,7 +84,9 @@ def run_news(db: Path, run_dir: Path) -> RunNews:
     with store.connect(db, create=False) as conn:
         for cell_id in store.cell_ids(conn, index.get("sweep_name")):
             for c in changes_of(conn, cell_id, ("*",), index.get("sweep_name")):
-                pts = store.series(conn, cell_id, None if c.metric == "verdict" else c.metric, index.get("sweep_name"))
+                pts = store.metric_series(
+                    conn, cell_id, None if c.metric == "verdict" else c.metric, index.get("sweep_name")
+                )
                 keys = [p.run_key for p in pts]
                 if key not in keys:
                     continue

@@ -136,11 +136,11 @@ def judge_metric(
 def perf_deltas(load_a: dict[str, Any] | None, load_b: dict[str, Any] | None, gate: GateSpec) -> list[PerfDelta]:
     """Every judged metric of every series in A's load.json against B's (either None: no
     load phase; nothing to judge when A has none). Confidence: B's ``repeat_plan``, else 0.95."""
-    from pdsweep.measure.repeats import series
+    from pdsweep.measure.repeats import repeat_series
 
     if not load_a:
         return []
-    sa, sb = series(load_a), series(load_b or {})
+    sa, sb = repeat_series(load_a), repeat_series(load_b or {})
     requests = _requests(load_a)
     conf = ((load_b or {}).get("repeat_plan") or {}).get("confidence") or 0.95
     out = []

@@ -312,7 +312,7 @@ def _summary(
     }
 
 
-def summarize(deltas: dict[str, Snapshot], wall_s: float) -> dict[str, Any]:
+def summarize_transfer(deltas: dict[str, Snapshot], wall_s: float) -> dict[str, Any]:
     """The ``T`` dict of results/README.md (``transfer.json``) for one phase.
 
     ``deltas``: instance name (``prefill-N`` / ``decode-N`` / ``single-N``) -> :func:`delta`
@@ -347,7 +347,7 @@ def cell_transfer(phases: dict[str, dict[str, tuple[Snapshot, Snapshot, float]]]
     ``{"phases": {phase: {"wall_s", "instances": {name: instance_summary}, "totals": T}},
     "totals": T}``; a phase's ``wall_s`` is the largest of its instances', the cell's
     totals sum each instance's deltas and the walls over phases. Raises ValueError as
-    :func:`delta` and :func:`summarize` do.
+    :func:`delta` and :func:`summarize_transfer` do.
     """
     out: dict[str, Any] = {}
     per_instance: dict[str, list[Snapshot]] = {}
@@ -358,12 +358,12 @@ def cell_transfer(phases: dict[str, dict[str, tuple[Snapshot, Snapshot, float]]]
         out[phase] = {
             "wall_s": wall,
             "instances": {name: instance_summary(name, d, wall) for name, d in deltas.items()},
-            "totals": summarize(deltas, wall),
+            "totals": summarize_transfer(deltas, wall),
         }
         for name, d in deltas.items():
             per_instance.setdefault(name, []).append(d)
         total_wall += wall
-    totals = summarize({name: merge(ds) for name, ds in per_instance.items()}, total_wall)
+    totals = summarize_transfer({name: merge(ds) for name, ds in per_instance.items()}, total_wall)
     return {"phases": out, "totals": totals}
 
 

@@ -57,7 +57,7 @@ def flatten_kv(kv: dict[str, Any] | None) -> dict[str, float | None]:
     }
 
 
-def series(body: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
+def repeat_series(body: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
     """A load.json body as ``series -> metric -> [value per repeat]``: ``c<C>`` per concurrency
     (from ``runs``), ``kv`` (from ``repeats[].kv``). A load.json of a single run (before repeats)
     gives one value per metric."""
@@ -76,10 +76,10 @@ def series(body: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
     return out
 
 
-def summarize(body: dict[str, Any], confidence: float) -> dict[str, dict[str, dict[str, Any]]]:
+def summarize_repeats(body: dict[str, Any], confidence: float) -> dict[str, dict[str, dict[str, Any]]]:
     """``series -> metric -> {mean, lo, hi, n, values}`` (Student-t interval at ``confidence``)."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
-    for name, metrics in series(body).items():
+    for name, metrics in repeat_series(body).items():
         for m, vals in metrics.items():
             mean, lo, hi = t_interval(vals, confidence)
             out.setdefault(name, {})[m] = {"mean": mean, "lo": lo, "hi": hi, "n": len(vals), "values": vals}
@@ -152,7 +152,7 @@ def run_repeats(
         if n < minimum:
             continue
         if b.target_ci is not None:
-            name, w = widest(summarize(body, b.confidence))
+            name, w = widest(summarize_repeats(body, b.confidence))
             if w is not None and w < b.target_ci:
                 reason = f"converged: widest headline CI half-width {w:.1%} ({name}) < target_ci {b.target_ci:.1%}"
                 break
@@ -173,7 +173,7 @@ def run_repeats(
         "confidence": b.confidence,
         "stop_reason": reason,
     }
-    body["summary"] = summarize(body, b.confidence)
+    body["summary"] = summarize_repeats(body, b.confidence)
     return body
 
 

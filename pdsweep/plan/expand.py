@@ -234,7 +234,7 @@ def apply_ref_expectations(refs: list[Cell], ls: LoadedSweep) -> list[Cell]:
     return out
 
 
-def select(plan: Plan, pattern: str | None) -> list[Cell]:
+def select_cells(plan: Plan, pattern: str | None) -> list[Cell]:
     """Cells of ``plan`` matching ``pattern`` (glob on the id; None: all), plus the
     references they need."""
     if not pattern:

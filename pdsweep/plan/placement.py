@@ -51,7 +51,7 @@ def groups(cell: Cell) -> list[int]:
     return [cell.prefill_tp] * cell.num_prefill + [cell.decode_tp * cell.decode_dp] * cell.num_decode
 
 
-def fit(sizes: list[int], free: dict[str, list[int]]) -> list[tuple[str, tuple[int, ...]]] | None:
+def fit_groups(sizes: list[int], free: dict[str, list[int]]) -> list[tuple[str, tuple[int, ...]]] | None:
     """Node and GPU ids per group (in the order of ``sizes``), taken from ``free`` (node ->
     free GPU ids, not modified), or None when the groups do not fit."""
     left = {n: list(g) for n, g in free.items()}
@@ -157,7 +157,7 @@ class ClusterPool(LanePool):
                 placed = [(first, ())] * (cell.num_prefill if cell.kind == "pd" else 1)
                 placed += [(last, ())] * (cell.num_decode if cell.kind == "pd" else 0)
             else:
-                got = fit(groups(cell), self.free)
+                got = fit_groups(groups(cell), self.free)
                 if got is None:
                     return None
                 placed = got

@@ -43,7 +43,7 @@ def estimate_s(cell: Cell) -> float:
 MAX_PORT = 65535  # the largest TCP port
 
 
-def check_ports(num_gpus: int, port_base: int) -> None:
+def check_port_range(num_gpus: int, port_base: int) -> None:
     """Raise ``UserError`` unless every lane's port block fits below :data:`MAX_PORT`: up to
     ``max(1, num_gpus)`` concurrent cells, ``PORTS_PER_SLOT`` ports each from ``port_base``."""
     if num_gpus < 0:
@@ -72,7 +72,7 @@ class GpuPool(LanePool):
     def __init__(
         self, num_gpus: int, port_base: int, cpus: tuple[int, ...] = (), ids: tuple[int, ...] | None = None
     ) -> None:
-        check_ports(num_gpus, port_base)
+        check_port_range(num_gpus, port_base)
         super().__init__(port_base, cpus)
         self.ids = tuple(range(num_gpus)) if ids is None else tuple(ids)[:num_gpus]
         self.free = set(self.ids)

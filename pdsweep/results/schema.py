@@ -114,7 +114,7 @@ class RunCell(_File):
     expect_fail: bool | None = None
 
 
-class Rejected(_File):
+class RejectedRecord(_File):
     cell_id: str | None = None
     cell: dict[str, Any] | None = None
     rule: str | None = None
@@ -125,13 +125,13 @@ class RunJson(_File):
     name: str | None = None
     sweep_name: str | None = None
     cells: dict[str, RunCell] | None = None
-    rejected: list[Rejected] | None = None
+    rejected: list[RejectedRecord] | None = None
     gate: dict[str, Any] | None = None
 
 
 class PlanJson(_File):
     cells: list[dict[str, Any]] | None = None
-    rejected: list[Rejected] | None = None
+    rejected: list[RejectedRecord] | None = None
 
 
 SCHEMAS: dict[str, type[_File]] = {

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from pdsweep.plan.schedule import GpuPool
 
 
-def check_argv(ls, cells) -> None:
+def check_cells_argv(ls, cells) -> None:
     """Parse every instance argv of ``cells`` with the installed vLLM (:mod:`pdsweep.builds.argcheck`);
     raises ``UserError`` naming cell, instance and vLLM's message."""
     from pdsweep.builds.argcheck import check_instances
@@ -85,20 +85,20 @@ def plan_dict(
     ``gpu_check``: run :func:`pdsweep.run.preflight.preflight` first (``UserError`` on a problem;
     busy GPUs are left out of the schedule)."""
     from pdsweep.plan.builds import build_python
-    from pdsweep.plan.expand import expand, instances, model_path, planned_blocks, reference_of, select
+    from pdsweep.plan.expand import expand, instances, model_path, planned_blocks, reference_of, select_cells
     from pdsweep.plan.schedule import detect_gpus, pack
-    from pdsweep.run.feasible import preflight
+    from pdsweep.run.feasible import feasibility_warnings
     from pdsweep.spec.sweep import load_sweep
 
     ls = load_sweep(sweep)
     plan = expand(ls)
-    preflight(plan, tasks=False)  # validate also asks lm-eval for the task names
+    feasibility_warnings(plan, tasks=False)  # validate also asks lm-eval for the task names
     n = gpus if gpus is not None else (detect_gpus() if ls.sweep.platform == "cuda" else 0)
-    cells = select(plan, cells_glob)
+    cells = select_cells(plan, cells_glob)
     if cells_glob and not cells:
         raise UserError(f"--cells {cells_glob!r} selects no cell of {ls.path} ({len(plan.cells)} cells)")
     if check:
-        check_argv(ls, cells)
+        check_cells_argv(ls, cells)
     pool: GpuPool | ClusterPool | None = None
     if gpu_check and cluster is None:
         from pdsweep.plan.schedule import GpuPool

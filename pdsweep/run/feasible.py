@@ -187,7 +187,7 @@ def matrix_problems(plan: Plan) -> tuple[list[str], list[str]]:
     return errors, warnings
 
 
-def preflight(plan: Plan, tasks: bool = True) -> list[str]:
+def feasibility_warnings(plan: Plan, tasks: bool = True) -> list[str]:
     """Raise one ``UserError`` listing every problem above; returns the warnings.
     ``tasks=False`` skips the lm-eval task index (seconds to read; ``plan`` skips it)."""
     matrix_errors, matrix_warnings = matrix_problems(plan)

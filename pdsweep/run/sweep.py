@@ -46,7 +46,7 @@ from pdsweep.plan.expand import (
     model_path,
     planned_blocks,
     reference_of,
-    select,
+    select_cells,
 )
 from pdsweep.plan.schedule import GpuPool, detect_gpus, order, pack, reuse_order
 from pdsweep.results import layout
@@ -425,14 +425,14 @@ def run_sweep(path: str | Path, opts: RunOptions) -> Path:
 def _open_run(path: str | Path, opts: RunOptions) -> tuple[RunContext, list[Cell], Any, list[Cell]]:
     """Load, check and open the run: (context, selected cells, resource pool, cells too
     big for it). Raises ``UserError`` before anything is written."""
-    from pdsweep.run.feasible import preflight
+    from pdsweep.run.feasible import feasibility_warnings
 
     ls = load_sweep(path)
     plan = expand(ls)
-    for warning in preflight(plan, tasks=not opts.skip_eval):
+    for warning in feasibility_warnings(plan, tasks=not opts.skip_eval):
         log.warning("%s", warning)
     num_gpus = opts.gpus if opts.gpus is not None else (detect_gpus() if ls.sweep.platform == "cuda" else 0)
-    cells = select(plan, opts.cells)
+    cells = select_cells(plan, opts.cells)
     if not plan.pd_cells:
         raise UserError(f"{ls.path}: no PD cell to run ({len(plan.rejected)} rejected; see `pdsweep plan`)")
     if not opts.skip_eval:
