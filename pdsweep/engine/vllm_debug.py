@@ -36,15 +36,25 @@ def _digest(rows: Any) -> tuple[str, list[float]]:
 
 
 def install_mla_kv_digest() -> bool:
-    """Wrap ``CPUMLAImpl.do_kv_cache_update`` and ``forward_mqa``; False if absent.
-
-    One function on purpose (~85 lines): the two wrappers are closures over the original
-    methods they replace, installed together into vLLM's class; diagnostics only."""
+    """Wrap ``CPUMLAImpl.do_kv_cache_update`` and ``forward_mqa``, ``MLAAttention.forward_impl``
+    and ``MultiHeadLatentAttentionWrapper.forward`` (each wrapper a closure over the method it
+    replaces, made by the ``_wrap_*`` factories below); False if vLLM's CPU MLA is absent."""
     try:
         from vllm.v1.attention.backends.mla.cpu_mla import CPUMLAImpl
     except Exception:  # noqa: BLE001
         return False
-    upd, mqa = CPUMLAImpl.do_kv_cache_update, CPUMLAImpl.forward_mqa
+    from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+    from vllm.model_executor.layers.mla import MultiHeadLatentAttentionWrapper as W
+
+    MLAAttention.forward_impl = _wrap_forward_impl(MLAAttention.forward_impl)
+    W.forward = _wrap_latent_forward(W.forward)
+    CPUMLAImpl.do_kv_cache_update = _wrap_kv_cache_update(CPUMLAImpl.do_kv_cache_update)
+    CPUMLAImpl.forward_mqa = _wrap_forward_mqa(CPUMLAImpl.forward_mqa)
+    return True
+
+
+def _wrap_kv_cache_update(upd: Any) -> Any:
+    """The write side: digest of the latent rows of positions 0..N-2 a multi-token step wrote."""
 
     def do_kv_cache_update(self, kv_c_normed, k_pe, kv_cache, slot_mapping, *a, **kw):
         out = upd(self, kv_c_normed, k_pe, kv_cache, slot_mapping, *a, **kw)
@@ -58,40 +68,52 @@ def install_mla_kv_digest() -> bool:
             )
         return out
 
+    return do_kv_cache_update
+
+
+def _check_weights(impl: Any, layer: Any) -> None:
+    """Once per layer: decode's ``W_UK_T``/``W_UV`` against the live ``kv_b_proj``."""
+    import torch
+
+    impl._pdsweep_w_checked = True
+    L, N, P, V = impl.kv_lora_rank, impl.num_heads, impl.qk_nope_head_dim, impl.v_head_dim
+    with torch.no_grad():
+        live = layer.kv_b_proj(torch.eye(L, dtype=layer.W_UK_T.dtype))[0].view(L, N, P + V)
+    uk, uv = live.split([P, V], dim=-1)
+    logger.info(
+        "PDSWEEP_KVDIGEST weights layer=%d W_UK_T%s vs live %.3g; W_UV%s vs live %.3g; "
+        "kv_b_proj.weight%s stride %s; scale %.6g",
+        _layer(impl),
+        tuple(layer.W_UK_T.shape),
+        (layer.W_UK_T - uk.permute(1, 2, 0)).abs().max().item(),
+        tuple(layer.W_UV.shape),
+        (layer.W_UV - uv.transpose(0, 1)).abs().max().item(),
+        tuple(layer.kv_b_proj.weight.shape),
+        layer.kv_b_proj.weight.stride(),
+        impl.scale,
+    )
+
+
+def _wrap_forward_mqa(mqa: Any) -> Any:
+    """The read side: digest of rows 0..S-2 of the first decode request's block table, then
+    the kernel's output against plain torch attention on the same inputs."""
+
     def forward_mqa(self, q, kv_cache, attn_metadata, layer):
+        import torch
+
         dec = attn_metadata.decode
         if dec is not None and kv_cache.numel():
             s = int(dec.seq_lens[0])
             bt = dec.block_table[0].long()
             bs = kv_cache.shape[1]
-            pos = __import__("torch").arange(s - 1)
+            pos = torch.arange(s - 1)
             rows = bt[pos // bs] * bs + pos % bs
             sha, first = _digest(kv_cache.view(-1, kv_cache.shape[-1])[rows])
             logger.info("PDSWEEP_KVDIGEST read layer=%d rows=%d sha1=%s first=%s", _layer(self), s - 1, sha, first)
-        if not getattr(self, "_pdsweep_w_checked", False):  # decode's W_UK_T/W_UV vs live kv_b_proj
-            import torch
-
-            self._pdsweep_w_checked = True
-            L, N, P, V = self.kv_lora_rank, self.num_heads, self.qk_nope_head_dim, self.v_head_dim
-            with torch.no_grad():
-                live = layer.kv_b_proj(torch.eye(L, dtype=layer.W_UK_T.dtype))[0].view(L, N, P + V)
-            uk, uv = live.split([P, V], dim=-1)
-            logger.info(
-                "PDSWEEP_KVDIGEST weights layer=%d W_UK_T%s vs live %.3g; W_UV%s vs live %.3g; "
-                "kv_b_proj.weight%s stride %s; scale %.6g",
-                _layer(self),
-                tuple(layer.W_UK_T.shape),
-                (layer.W_UK_T - uk.permute(1, 2, 0)).abs().max().item(),
-                tuple(layer.W_UV.shape),
-                (layer.W_UV - uv.transpose(0, 1)).abs().max().item(),
-                tuple(layer.kv_b_proj.weight.shape),
-                layer.kv_b_proj.weight.stride(),
-                self.scale,
-            )
+        if not getattr(self, "_pdsweep_w_checked", False):
+            _check_weights(self, layer)
         out, lse = mqa(self, q, kv_cache, attn_metadata, layer)
-        if dec is not None and kv_cache.numel():  # the kernel against plain torch on the same inputs
-            import torch
-
+        if dec is not None and kv_cache.numel():
             qq = torch.cat(q, dim=-1) if isinstance(q, tuple) else q
             kv = kv_cache.view(-1, kv_cache.shape[-1])[bt[torch.arange(s) // bs] * bs + torch.arange(s) % bs].float()
             att = torch.softmax((qq[0].float() @ kv.T) * self.scale, -1)
@@ -108,9 +130,11 @@ def install_mla_kv_digest() -> bool:
             )
         return out, lse
 
-    from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+    return forward_mqa
 
-    impl_fwd = MLAAttention.forward_impl
+
+def _wrap_forward_impl(impl_fwd: Any) -> Any:
+    """Sums of the last row of q, the latent, k_pe and the output of each MLA layer step."""
 
     def forward_impl(self, q, k_c_normed, k_pe, kv_cache, attn_metadata, output, *a, **kw):
         res = impl_fwd(self, q, k_c_normed, k_pe, kv_cache, attn_metadata, output, *a, **kw)
@@ -127,10 +151,11 @@ def install_mla_kv_digest() -> bool:
             )
         return res
 
-    MLAAttention.forward_impl = forward_impl
-    from vllm.model_executor.layers.mla import MultiHeadLatentAttentionWrapper as W
+    return forward_impl
 
-    w_fwd = W.forward
+
+def _wrap_latent_forward(w_fwd: Any) -> Any:
+    """Positions and k_pe before RoPE of each latent-attention wrapper step."""
 
     def w_forward(self, positions, hidden_states, *a, **kw):
         kv = self.kv_a_proj_with_mqa(hidden_states)[0] if self.kv_a_proj_with_mqa is not None else None
@@ -146,10 +171,7 @@ def install_mla_kv_digest() -> bool:
         )
         return w_fwd(self, positions, hidden_states, *a, **kw)
 
-    W.forward = w_forward
-    CPUMLAImpl.do_kv_cache_update = do_kv_cache_update
-    CPUMLAImpl.forward_mqa = forward_mqa
-    return True
+    return w_forward
 
 
 def mq_state() -> list[str]:

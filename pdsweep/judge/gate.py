@@ -324,17 +324,7 @@ def gate_run(
     if require_all_cells is not None:
         gate = gate.model_copy(update={"require_all_cells": require_all_cells})
     entries = obj(index.get("cells"))
-    planned = {c.id: c for c in map(cell_from_dict, plan.get("cells") or []) if c}
-    rejected: dict[str, tuple[str, str]] = {}
-    for r in list(index.get("rejected") or []) + list(plan.get("rejected") or []):
-        if not isinstance(r, dict):
-            continue
-        rc = cell_from_dict(r.get("cell"))
-        cid = r.get("cell_id") or (rc.id if rc else None)
-        if cid:
-            rejected.setdefault(cid, (str(r.get("rule")), str(r.get("reason"))))
-            if rc:
-                planned.setdefault(cid, rc)
+    planned, rejected = _planned_and_rejected(index, plan)
     order = list(dict.fromkeys([*entries, *(c for c in planned if c not in rejected), *rejected]))
     bench = obj(index.get("bench"))
     on = bench.get("enabled") is True
@@ -344,28 +334,7 @@ def gate_run(
         entry = obj(entries.get(cid))
         fallback = planned.get(cid)
         if cid in rejected:
-            rule, reason = rejected[cid]
-            ran = disagreements(cid, entry, fallback, load_files(run_dir, cid), rule)
-            if ran:  # rejected in the plan, yet it ran: the run is not what was planned
-                results.append(CellResult(cid, entry.get("kind") or "pd", FAIL, tuple(ran), rule=rule))
-                continue
-            # invalid cells are SKIPPED; valid cells this host could not place: NOT-RUNNABLE,
-            # FAIL when every cell must run (cluster nightlies)
-            verdict = SKIPPED
-            if rule == layout.NEEDS_GPUS:
-                verdict = FAIL if gate.require_all_cells else NOT_RUNNABLE
-            if verdict == FAIL:
-                reason = f"{cid}: not run: {reason} (gate.require_all_cells)"
-            results.append(
-                CellResult(
-                    cid,
-                    entry.get("kind") or (fallback.kind if fallback else "pd"),
-                    verdict,
-                    (reason,),
-                    cell_facts(CellFiles(cid), fallback),
-                    rule=rule,
-                )
-            )
+            results.append(_rejected_result(run_dir, cid, entry, fallback, rejected[cid], gate))
             continue
         files = load_files(run_dir, cid)
         cj = (files.get(layout.CELL_FILE) or {}).get("cell") or {}
@@ -387,3 +356,46 @@ def gate_run(
     )
     flaky_fails = gate.flaky_fails_nightly if nightly else gate.flaky_fails_sweep
     return GateResult(run_dir, str(index.get("name") or run_dir.name), gate, tuple(results), problems, flaky_fails)
+
+
+def _planned_and_rejected(
+    index: dict[str, Any], plan: dict[str, Any]
+) -> tuple[dict[str, Cell], dict[str, tuple[str, str]]]:
+    """plan.json's cells by id, and the rejected cells of run.json and plan.json as
+    ``{cell_id: (rule, reason)}`` (a rejected cell's record joins the planned ones)."""
+    planned = {c.id: c for c in map(cell_from_dict, plan.get("cells") or []) if c}
+    rejected: dict[str, tuple[str, str]] = {}
+    for r in list(index.get("rejected") or []) + list(plan.get("rejected") or []):
+        if not isinstance(r, dict):
+            continue
+        rc = cell_from_dict(r.get("cell"))
+        cid = r.get("cell_id") or (rc.id if rc else None)
+        if cid:
+            rejected.setdefault(cid, (str(r.get("rule")), str(r.get("reason"))))
+            if rc:
+                planned.setdefault(cid, rc)
+    return planned, rejected
+
+
+def _rejected_result(
+    run_dir: Path,
+    cid: str,
+    entry: dict[str, Any],
+    fallback: Cell | None,
+    why: tuple[str, str],
+    gate: GateSpec,
+) -> CellResult:
+    """A rejected cell's verdict: FAIL when it ran anyway (the run is not what was
+    planned); SKIPPED when invalid; NOT-RUNNABLE when valid but this host could not place
+    it (``layout.NEEDS_GPUS``), FAIL with ``gate.require_all_cells`` (cluster nightlies)."""
+    rule, reason = why
+    ran = disagreements(cid, entry, fallback, load_files(run_dir, cid), rule)
+    if ran:
+        return CellResult(cid, entry.get("kind") or "pd", FAIL, tuple(ran), rule=rule)
+    verdict = SKIPPED
+    if rule == layout.NEEDS_GPUS:
+        verdict = FAIL if gate.require_all_cells else NOT_RUNNABLE
+    if verdict == FAIL:
+        reason = f"{cid}: not run: {reason} (gate.require_all_cells)"
+    kind = entry.get("kind") or (fallback.kind if fallback else "pd")
+    return CellResult(cid, kind, verdict, (reason,), cell_facts(CellFiles(cid), fallback), rule=rule)
