@@ -210,8 +210,6 @@ def judge_load(
     repeated prompt is shorter than one decode KV block (``block_tokens``, decode's effective
     block from cell.json: vLLM raises a hybrid's attention block to hold an SSM state page,
     e.g. 288 tokens for tiny-qwen3-next), when no block can be reused (verdict ``not expected``)."""
-    from pdsweep.measure.consistency import _judge_prompt, compare
-
     ref_rows: dict[str, dict[str, Any]] = {}
     for w in (ref or {}).get("workloads") or []:
         for r in w.get("requests") or []:
@@ -225,73 +223,15 @@ def judge_load(
         reasons.append("no load workloads ran")
     out = []
     for w in entries:
-        conc = w.get("concurrency")
-        s = {"workload": w.get("workload"), "concurrency": conc, "checked": 0, "wrong": 0, "stale": 0}
-        s.update(errors=0, unmatched=0, first_wrong=None, first_stale=None, near_ties=0, first_near_tie=None)
-        answers: dict[tuple[str, ...], str] = {}  # tokens of every reference answer of this workload -> its prompt id
-        for r in ref_rows.values():
-            if r["id"].split("/")[0] == w.get("workload"):
-                answers.setdefault(tuple(map(str, r["tokens"])), r["id"])
-        for row in w.get("requests") or []:
-            if row.get("error"):
-                s["errors"] += 1
-                continue
-            rr = ref_rows.get(row.get("key"))
-            if rr is None:
-                s["unmatched"] += 1
-                continue
-            s["checked"] += 1
-            cmp = compare(row["tokens"], row["token_logprobs"], rr["tokens"], rr["token_logprobs"])
-            p = {"name": row["id"], "prompt_tokens": row.get("prompt_tokens"), "pd_tokens": row["tokens"]}
-            why = _judge_prompt({**p, "ref_tokens": rr["tokens"], **cmp}, thresholds, int(row["max_tokens"]))
-            if not why:
-                continue
-            tie = near_tie(row, rr, cmp)
-            if tie is not None:  # a flip between two near-equal tokens, not a wrong answer
-                s["near_ties"] += 1
-                if s["first_near_tie"] is None:
-                    s["first_near_tie"] = {"prompt": row["id"], "concurrency": conc, **tie}
-                continue
-            s["wrong"] += 1
-            row = {**row, **cmp, "reason": why[0]}
-            other = answers.get(tuple(map(str, row["tokens"])))
-            if other is not None and other != rr["id"]:
-                s["stale"] += 1
-                if s["first_stale"] is None:
-                    s["first_stale"] = {**_first_example(row, rr, conc, "transfer"), "equals_reference_of": other}
-            if s["first_wrong"] is None:
-                probe = (
-                    probe_triage if probe_triage not in (None, "none") else "unknown"
-                )  # a passing probe says nothing
-                tri = "transfer" if other is not None and other != rr["id"] else probe
-                s["first_wrong"] = _first_example(row, rr, conc, tri)
-        where = f"load workload '{s['workload']}' at concurrency {conc}"
+        s = _check_answers(w, ref_rows, thresholds, probe_triage)
+        where = f"load workload '{s['workload']}' at concurrency {s['concurrency']}"
         if len(w.get("kv_bytes_by_pass") or []) >= 2:
             longest = max((int(r.get("prompt_tokens") or 0) for r in w.get("requests") or []), default=0)
             pr = _prefix_reuse(w["kv_bytes_by_pass"], prefix_caching, block_tokens, longest)
             s["prefix_reuse"] = pr
             if pr["verdict"] in ("not fewer", "no figures"):
                 reasons.append(f"{where}: prefix reuse: {pr['explanation']}")
-        if s["wrong"]:
-            ex = s["first_wrong"]
-            reasons.append(
-                f"{where}: {s['wrong']} of {s['checked']} answers differ from the reference; first: "
-                f"prompt {ex['prompt']} ({ex['prompt_tokens']} tokens) at position {ex['position']}: "
-                f"PD {ex['pd_tokens'][: (ex['position'] or 0) + 3]} vs reference "
-                f"{ex['ref_tokens'][: (ex['position'] or 0) + 3]} (triage: {ex['triage']})"
-            )
-        if s["stale"]:
-            ex = s["first_stale"]
-            reasons.append(
-                f"{where}: {s['stale']} stale answers (equal to another prompt's reference answer); first: "
-                f"prompt {ex['prompt']} answered like {ex['equals_reference_of']}"
-            )
-        if s["errors"]:
-            reasons.append(f"{where}: {s['errors']} requests failed (nothing to check)")
-        if s["unmatched"]:
-            reasons.append(f"{where}: {s['unmatched']} prompts have no reference answer")
-        if not s["checked"] and not s["errors"]:
-            reasons.append(f"{where}: no answer checked")
+        reasons += _answer_reasons(s, where)
         out.append(s)
     return {
         "cell_id": cell_id,
@@ -301,6 +241,80 @@ def judge_load(
         "verdict": "fail" if reasons else "pass",
         "reasons": reasons,
     }
+
+
+def _check_answers(
+    w: dict[str, Any], ref_rows: dict[str, dict[str, Any]], thresholds: dict[str, Any], probe_triage: str | None
+) -> dict[str, Any]:
+    """One workload's answers at one concurrency against the reference's (``ref_rows`` by
+    request key): the counts and first examples :func:`judge_load` documents."""
+    from pdsweep.measure.consistency import _judge_prompt, compare
+
+    conc = w.get("concurrency")
+    s: dict[str, Any] = {"workload": w.get("workload"), "concurrency": conc, "checked": 0, "wrong": 0, "stale": 0}
+    s.update(errors=0, unmatched=0, first_wrong=None, first_stale=None, near_ties=0, first_near_tie=None)
+    answers: dict[tuple[str, ...], str] = {}  # tokens of every reference answer of this workload -> its prompt id
+    for r in ref_rows.values():
+        if r["id"].split("/")[0] == w.get("workload"):
+            answers.setdefault(tuple(map(str, r["tokens"])), r["id"])
+    for row in w.get("requests") or []:
+        if row.get("error"):
+            s["errors"] += 1
+            continue
+        rr = ref_rows.get(row.get("key"))
+        if rr is None:
+            s["unmatched"] += 1
+            continue
+        s["checked"] += 1
+        cmp = compare(row["tokens"], row["token_logprobs"], rr["tokens"], rr["token_logprobs"])
+        p = {"name": row["id"], "prompt_tokens": row.get("prompt_tokens"), "pd_tokens": row["tokens"]}
+        why = _judge_prompt({**p, "ref_tokens": rr["tokens"], **cmp}, thresholds, int(row["max_tokens"]))
+        if not why:
+            continue
+        tie = near_tie(row, rr, cmp)
+        if tie is not None:  # a flip between two near-equal tokens, not a wrong answer
+            s["near_ties"] += 1
+            if s["first_near_tie"] is None:
+                s["first_near_tie"] = {"prompt": row["id"], "concurrency": conc, **tie}
+            continue
+        s["wrong"] += 1
+        row = {**row, **cmp, "reason": why[0]}
+        other = answers.get(tuple(map(str, row["tokens"])))
+        if other is not None and other != rr["id"]:
+            s["stale"] += 1
+            if s["first_stale"] is None:
+                s["first_stale"] = {**_first_example(row, rr, conc, "transfer"), "equals_reference_of": other}
+        if s["first_wrong"] is None:
+            probe = probe_triage if probe_triage not in (None, "none") else "unknown"  # a passing probe says nothing
+            tri = "transfer" if other is not None and other != rr["id"] else probe
+            s["first_wrong"] = _first_example(row, rr, conc, tri)
+    return s
+
+
+def _answer_reasons(s: dict[str, Any], where: str) -> list[str]:
+    """Why one workload's answers fail (:func:`_check_answers`' counts); empty: they pass."""
+    reasons = []
+    if s["wrong"]:
+        ex = s["first_wrong"]
+        reasons.append(
+            f"{where}: {s['wrong']} of {s['checked']} answers differ from the reference; first: "
+            f"prompt {ex['prompt']} ({ex['prompt_tokens']} tokens) at position {ex['position']}: "
+            f"PD {ex['pd_tokens'][: (ex['position'] or 0) + 3]} vs reference "
+            f"{ex['ref_tokens'][: (ex['position'] or 0) + 3]} (triage: {ex['triage']})"
+        )
+    if s["stale"]:
+        ex = s["first_stale"]
+        reasons.append(
+            f"{where}: {s['stale']} stale answers (equal to another prompt's reference answer); first: "
+            f"prompt {ex['prompt']} answered like {ex['equals_reference_of']}"
+        )
+    if s["errors"]:
+        reasons.append(f"{where}: {s['errors']} requests failed (nothing to check)")
+    if s["unmatched"]:
+        reasons.append(f"{where}: {s['unmatched']} prompts have no reference answer")
+    if not s["checked"] and not s["errors"]:
+        reasons.append(f"{where}: no answer checked")
+    return reasons
 
 
 def _prefix_reuse(
