@@ -13,16 +13,8 @@ from fastapi import FastAPI, HTTPException, Request
 
 from pdsweep.core.errors import UserError
 from pdsweep.measure.consistency import MAX_ABS_DLOGPROB as MAX_ABS_DLOGPROB_PD
-from pdsweep.measure.consistency import (
-    Prompt,
-    build_prompts,
-    compare,
-    judge_consistency,
-    probe,
-    probe_text,
-    resolve_lengths,
-    thresholds_for,
-)
+from pdsweep.measure.consistency import compare, judge_consistency, probe, thresholds_for
+from pdsweep.measure.prompts import Prompt, build_prompts, probe_text, resolve_lengths
 from pdsweep.results.layout import read_json, write_json
 
 MAX_TOKENS = 8

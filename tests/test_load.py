@@ -327,7 +327,8 @@ def test_complete_collects_top_logprobs_when_asked():
 
     import httpx
 
-    from pdsweep.measure.consistency import TOP_K, Prompt, complete
+    from pdsweep.measure.consistency import TOP_K, complete
+    from pdsweep.measure.prompts import Prompt
 
     seen = {}
 

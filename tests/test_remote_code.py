@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from pdsweep.core.errors import UserError
-from pdsweep.measure.consistency import _load_tokenizer, build_prompts
+from pdsweep.measure.prompts import _load_tokenizer, build_prompts
 from pdsweep.plan.expand import Slot, expand, instances
 from pdsweep.spec.catalogue import ModelSpec
 from pdsweep.spec.sweep import load_catalogue, load_sweep

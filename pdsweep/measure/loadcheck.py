@@ -37,7 +37,8 @@ def _pct(values: list[float]) -> dict[str, float | None]:
 
 
 async def _drive(url: str, model: str, reqs: list[LoadRequest], concurrency: int, timeout_s: float) -> list[dict]:
-    from pdsweep.measure.consistency import Prompt, complete
+    from pdsweep.measure.consistency import complete
+    from pdsweep.measure.prompts import Prompt
 
     sem = asyncio.Semaphore(concurrency)
     done = {r.id: asyncio.Event() for r in reqs}

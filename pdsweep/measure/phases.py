@@ -208,7 +208,8 @@ def collect_probe(
     import asyncio
 
     from pdsweep.measure.accuracy import completions_url
-    from pdsweep.measure.consistency import build_prompts, complete, path_check, probe_text
+    from pdsweep.measure.consistency import complete, path_check
+    from pdsweep.measure.prompts import build_prompts, probe_text
 
     model = ls.catalogue.models[cell.model]
     spec = ls.sweep.eval.consistency
@@ -372,9 +373,9 @@ def run_checked(
     client (:func:`pdsweep.measure.loadcheck.run_workload`): on a PD cell at each
     ``bench.concurrencies`` point, on the reference cell once at concurrency 1 (its answers
     are the reference). Raises ``CellFailed('bench')`` past a run's budget."""
-    from pdsweep.measure.consistency import probe_text
     from pdsweep.measure.endpoints import completions_url
     from pdsweep.measure.loadcheck import budget_s, run_workload
+    from pdsweep.measure.prompts import probe_text
     from pdsweep.measure.workloads import build
 
     b, d = ls.sweep.bench, ls.sweep.defaults

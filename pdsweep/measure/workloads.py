@@ -60,7 +60,7 @@ class _Tokens:
     """Seeded token runs of exact lengths from the probe's text kind (``prose``/``task``)."""
 
     def __init__(self, tokenizer_path: str | Path, text: str, trust_remote_code: bool = False) -> None:
-        from pdsweep.measure.consistency import _load_tokenizer, _task_text, _text
+        from pdsweep.measure.prompts import _load_tokenizer, _task_text, _text
 
         self.encode, _ = _load_tokenizer(tokenizer_path, trust_remote_code)
         self.special = self.encode("")

@@ -129,8 +129,8 @@ def build_problems(plan: Plan) -> tuple[list[str], list[str]]:
 def model_problems(plan: Plan) -> list[str]:
     """Tiny-model geometry (:func:`pdsweep.tiny.checkpoints.config_params`, named with the real
     catalogue file) and consistency probe lengths per cell
-    (:func:`pdsweep.measure.consistency.resolve_lengths`), as the run would compute them."""
-    from pdsweep.measure.consistency import resolve_lengths
+    (:func:`pdsweep.measure.prompts.resolve_lengths`), as the run would compute them."""
+    from pdsweep.measure.prompts import resolve_lengths
     from pdsweep.tiny.checkpoints import config_params
 
     ls = plan.loaded

@@ -215,7 +215,7 @@ class ConsistencySpec(_Strict):
     # the reference also answers each position along its plain prefill path, so a
     # divergence is triaged as transfer / engine / both (pdsweep.measure.consistency.path_check)
     triage: bool = True
-    # probe text (pdsweep.measure.consistency.probe_text): auto = the eval task's own Q/A format for
+    # probe text (pdsweep.measure.prompts.probe_text): auto = the eval task's own Q/A format for
     # checkpoints trained on it (tiny.train), English-like prose otherwise
     text: Literal["auto", "prose", "task"] = "auto"
 
