@@ -1,4 +1,4 @@
-"""The shapes table (issue 38): sweeps/bug-shapes.yaml lists each reported PD failure shape with its
+"""The shapes table (issue 38): docs/bug-shapes.yaml lists each reported PD failure shape with its
 upstream references and what covers it; docs/bug-shapes.md is rendered from it, and every
 ``covered_by`` entry must exist, so a row can never point at a cell or rule that is gone."""
 

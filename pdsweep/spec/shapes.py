@@ -1,4 +1,4 @@
-"""The table of reported PD failure shapes (``sweeps/bug-shapes.yaml``) and its page
+"""The table of reported PD failure shapes (``docs/bug-shapes.yaml``) and its page
 (``docs/bug-shapes.md``): each shape with its upstream references and what in pdsweep covers
 it. ``python -m pdsweep.spec.shapes [PATH]`` prints the page; tests/test_bug_shapes.py checks
 that the committed page matches and that every ``covered_by`` entry exists."""
@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pdsweep.core.errors import UserError
 from pdsweep.core.paths import REPO
 
-SHAPES_FILE = REPO / "sweeps" / "bug-shapes.yaml"
+SHAPES_FILE = REPO / "docs" / "bug-shapes.yaml"
 KINDS = ("cell", "rule", "check", "workload", "flag")  # what a covered_by entry points at
 
 
@@ -86,7 +86,7 @@ def render(shapes: list[Shape]) -> str:
         "",
         "Failures users reported since August 2026, several of which answer HTTP 200 with wrong text, each",
         "with its upstream references and what in pdsweep covers it. Generated from",
-        "`sweeps/bug-shapes.yaml` (`PYTHONPATH=. python -m pdsweep.spec.shapes > docs/bug-shapes.md`);",
+        "`docs/bug-shapes.yaml` (`PYTHONPATH=. python -m pdsweep.spec.shapes > docs/bug-shapes.md`);",
         "tests/test_bug_shapes.py checks that this page matches and that every cell, rule, check, workload",
         "and flag named below exists. The drill cells live in `sweeps/drills.yaml` (run by `make test-all`",
         "through tests/test_drills_real.py, or `pdsweep run sweeps/drills.yaml`).",
