@@ -80,6 +80,7 @@ def bench(argv: list[str]) -> None:
         "failed": args.num_prompts - done,
         "request_throughput": 1.0,
         "output_throughput": 4.0,
+        "total_output_tokens": done * args.random_output_len,
         **{f"{s}_{m}_ms": 1.0 for s in ("mean", "median", "p90", "p99") for m in ("ttft", "tpot", "itl", "e2el")},
     }
     if args.num_prompts - done:
@@ -126,11 +127,12 @@ def main() -> None:
     failed = Counter("vllm:nixl_num_failed_transfers", "x", lbl, registry=reg)
     failed_n = Counter("vllm:nixl_num_failed_notifications", "x", lbl, registry=reg)
     expired = Counter("vllm:nixl_num_kv_expired_reqs", "x", lbl, registry=reg)
+    after_expiry = Counter("vllm:nixl_num_notifications_after_expiry", "x", lbl, registry=reg)
     ttft = Histogram("vllm:time_to_first_token_seconds", "x", lbl, registry=reg, buckets=(0.01, 0.1, 1))
     tpot = Histogram("vllm:request_time_per_output_token_seconds", "x", lbl, registry=reg, buckets=(0.01, 0.1, 1))
     itl = Histogram("vllm:inter_token_latency_seconds", "x", lbl, registry=reg, buckets=(0.01, 0.1, 1))
     e2e = Histogram("vllm:e2e_request_latency_seconds", "x", lbl, registry=reg, buckets=(0.01, 0.1, 1))
-    for m in (failed, failed_n, expired):
+    for m in (failed, failed_n, expired, after_expiry):
         m.labels(name, "0").inc(0)
     # vLLM's CacheConfig info gauge (v1/metrics/loggers.py); FAKE_BLOCK_SIZE: what the "engine" really chose
     block = os.environ.get("FAKE_BLOCK_SIZE", args.block_size)

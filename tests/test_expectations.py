@@ -35,7 +35,14 @@ CELL = Cell(
 def test_every_fix_probe_is_found_in_the_installed_vllm():
     version, fixes = probe_python(sys.executable)
     assert version.startswith("0.32.0")
-    assert fixes == {"vllm#49297": True, "vllm#49762": True, "vllm#45357": True, "vllm#48481": True}
+    assert fixes == {
+        "vllm#49297": True,
+        "vllm#49762": True,
+        "vllm#45357": True,
+        "vllm#48481": True,
+        "vllm#55306": False,  # open upstream: 0.32.0 still scales B/C by the TP ratio
+        "vllm:nixl_num_notifications_after_expiry": True,  # nixl/stats.py registers the counter
+    }
 
 
 def test_unfixed_copy_lacks_49297_only(tmp_path):
@@ -46,7 +53,17 @@ def test_unfixed_copy_lacks_49297_only(tmp_path):
     for e in EDITS["0.32.0"]:  # what `make baseline-env` does to its copy
         f = tmp_path / e.file
         f.write_text(f.read_text().replace(e.old, e.new))
-    assert probe_site(tmp_path) == {"vllm#49297": False, "vllm#49762": True, "vllm#45357": True, "vllm#48481": True}
+    assert probe_site(tmp_path) == {
+        "vllm#49297": False,
+        "vllm#49762": True,
+        "vllm#45357": True,
+        "vllm#48481": True,
+        "vllm#55306": False,
+        "vllm:nixl_num_notifications_after_expiry": True,
+    }
+    conv = tmp_path / FIXES["vllm#55306"].file  # the fix's shape: the pre-fix line gone
+    conv.write_text(conv.read_text().replace("remote_base += size * tp_ratio", "remote_base += remote_size"))
+    assert probe_site(tmp_path)["vllm#55306"] is True
     (tmp_path / fixprobes.SCHEDULER).unlink()
     assert probe_site(tmp_path)["vllm#45357"] is None  # unreadable: unknown, never "fixed"
 

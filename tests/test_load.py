@@ -49,6 +49,18 @@ def test_workload_shapes(tokenizer):
     pb = _build(tokenizer, "partial-blocks")
     assert [len(r.token_ids) for r in pb] == [15, 16, 17, 31, 32, 33, 47, 48, 49]
 
+    cb = _build(tokenizer, "chunk-boundary", chunk_tokens=24)  # one token before, on, after each chunk
+    assert [len(r.token_ids) for r in cb] == [23, 24, 25, 47, 48, 49, 71, 72, 73]
+    assert len({r.key for r in cb}) == 9
+    # a chunk beyond the cap (128 - 4 - 1) leaves prompts only up to it; none at all is an error
+    assert [len(r.token_ids) for r in _build(tokenizer, "chunk-boundary", chunk_tokens=62)] == [61, 62, 63, 123]
+    with pytest.raises(UserError, match="chunk_tokens 200 leaves no prompt length <= 123"):
+        _build(tokenizer, "chunk-boundary", chunk_tokens=200)
+    with pytest.raises(ValueError, match="workload chunk-boundary needs chunk_tokens: the prefill's --max-num"):
+        WorkloadSpec(name="chunk-boundary")
+    with pytest.raises(ValueError, match="chunk_tokens applies to workload chunk-boundary only, not random"):
+        WorkloadSpec(name="random", chunk_tokens=24)
+
     lc = _build(tokenizer, "long-context")
     assert [len(r.token_ids) for r in lc] == [123, 115, 107]  # cap = 128 - 4 - 1, then half blocks below
 
@@ -177,7 +189,10 @@ def _real_python(monkeypatch):
     monkeypatch.setenv("PDSWEEP_REAL_PYTHON", sys.executable)
 
 
-WORKLOADS = "[random, {name: shared-prefix, passes: 2}, multi-turn, partial-blocks, long-context, trace]"
+WORKLOADS = (
+    "[random, {name: shared-prefix, passes: 2}, multi-turn, partial-blocks, {name: chunk-boundary, chunk_tokens: 24}, "
+    "long-context, trace]"
+)
 PD = "fake-gqa.p1d1.b16-16.fixed"
 
 
@@ -211,6 +226,7 @@ def test_every_load_answer_checked_and_passes(tmp_path, tok):
         "shared-prefix": (8, 0, 0),
         "multi-turn": (12, 0, 0),
         "partial-blocks": (9, 0, 0),
+        "chunk-boundary": (9, 0, 0),  # 23, 24, 25, 47, 48, 49, 71, 72, 73 tokens: each answer checked
         "long-context": (4, 0, 0),
         "trace": (24, 0, 0),
     }

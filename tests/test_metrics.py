@@ -231,6 +231,8 @@ vllm:e2e_request_latency_seconds_sum{engine="0",model_name="m"} 2.0
 # A prefill instance: one expired request; its own TTFT (prefill time) must not leak into
 # the cell's latency figures.
 PREFILL_BEFORE = """\
+# TYPE vllm:nixl_num_notifications_after_expiry_total counter
+vllm:nixl_num_notifications_after_expiry_total{engine="0",model_name="m"} 0.0
 # TYPE vllm:nixl_num_kv_expired_reqs_total counter
 vllm:nixl_num_kv_expired_reqs_total{engine="0",model_name="m"} 0.0
 # TYPE vllm:nixl_num_failed_transfers_total counter
@@ -242,6 +244,8 @@ vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} 0.0
 vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 0.0
 """
 PREFILL_AFTER = """\
+# TYPE vllm:nixl_num_notifications_after_expiry_total counter
+vllm:nixl_num_notifications_after_expiry_total{engine="0",model_name="m"} 3.0
 # TYPE vllm:nixl_num_kv_expired_reqs_total counter
 vllm:nixl_num_kv_expired_reqs_total{engine="0",model_name="m"} 1.0
 # TYPE vllm:nixl_num_failed_transfers_total counter
@@ -267,6 +271,7 @@ T_KEYS = [
     "failed_transfers",
     "failed_notifications",
     "expired_reqs",
+    "notifications_after_expiry",
     "kv_requests",
     "ttft_mean_s",
     "ttft_p50_s",
@@ -293,6 +298,7 @@ EXPECTED_T = {
     "failed_transfers": 0,
     "failed_notifications": 1,
     "expired_reqs": 1,  # from prefill
+    "notifications_after_expiry": 3,  # from prefill: decode's READs notified after the lease expired
     "kv_requests": None,  # no proxy instance in these deltas: missing, never 0
     "ttft_mean_s": 0.1,  # decode only: 0.4 / 4 (prefill's 40 s / 4 excluded)
     "ttft_p50_s": 0.08,  # rank 2 in (0.06, 0.08]: 0.06 + 0.02 * 1/1

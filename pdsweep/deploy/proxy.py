@@ -117,7 +117,7 @@ class _Metrics:
         )
         self.faults = Counter(
             "pdsweep_proxy_faults",
-            "Test-only faults injected into decode legs (scramble|scramble_under_load|stale).",
+            "Test-only faults injected into decode legs (scramble|scramble_under_load|stale|decode_delay).",
             ["fault"],
             registry=self.registry,
         )
@@ -169,6 +169,7 @@ class _Proxy:
         self.client: httpx.AsyncClient | None = None
         self._next_prefill = 0
         self._next_decode = 0  # one event loop: plain counters are race-free
+        self._decode_legs = 0  # decode legs started (faults.decode_delay_every)
 
     def new_client(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(
@@ -269,6 +270,17 @@ class _Proxy:
                 return scrambled(kv)
         return kv
 
+    def delays_decode(self) -> bool:
+        """Whether this decode leg sleeps ``faults.decode_delay_s`` first: 1 in
+        ``faults.decode_delay_every`` legs, from the first (counted here; one event loop)."""
+        if not self.faults.decode_delay_s:
+            return False
+        self._decode_legs += 1
+        if (self._decode_legs - 1) % self.faults.decode_delay_every:
+            return False
+        self.metrics.faults.labels("decode_delay").inc()
+        return True
+
     async def completion(self, request: Request, endpoint: str, chat: bool) -> Response:
         self._inflight += 1
         try:
@@ -304,7 +316,7 @@ class _Proxy:
             client = self._client()
             upstream = client.build_request("POST", base + endpoint, json=body, headers=headers)
             stream = bool(body.get("stream"))
-            if self.faults.decode_delay_s:  # test-only slowdown (bench/test_perf_teeth.py): before the decode leg
+            if self.delays_decode():  # test-only slowdown (bench/test_perf_teeth.py, the lease drill)
                 await asyncio.sleep(self.faults.decode_delay_s)
             t_decode = time.perf_counter()
             r = await self.send("decode", base, upstream, stream=stream)

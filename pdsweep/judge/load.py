@@ -8,6 +8,7 @@ concurrency, first example and triage).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from pdsweep.core.stats import num
 from pdsweep.judge.facts import (
@@ -20,9 +21,13 @@ from pdsweep.results import layout
 @dataclass(frozen=True)
 class LoadCheck:
     """load.json (the bench phase, ``vllm bench serve``): every run completed all its
-    prompts with no failed request. ``vllm bench serve`` exits 0 even when every request
-    failed (it only warns), so its own exit code proves nothing. ``required``: the sweep's
-    ``bench.enabled`` (frozen in run.json); a load.json present is checked either way."""
+    prompts with no failed request, and generated output: ``output_tokens`` (vllm bench
+    serve's ``total_output_tokens``; where a load.json predates it, ``output_tok_s``) above 0.
+    ``vllm bench serve`` exits 0 even when every request failed (it only warns), so its own
+    exit code proves nothing, and a run of 0 output tokens is a failed run, never a fast one
+    (srt-slurm issue 429: every transfer failed, the benchmark printed "Total generated
+    tokens: 0" and reported success). ``required``: the sweep's ``bench.enabled`` (frozen in
+    run.json); a load.json present is checked either way."""
 
     required: bool = False
     name: str = "load"
@@ -57,7 +62,24 @@ class LoadCheck:
                     f"{w}: concurrency {show(conc)}: {errors:g} load requests failed, completed {done:g} "
                     f"of num_prompts {want:g} (vllm bench serve exits 0 regardless)"
                 )
+            else:
+                out += _no_output(r, w, conc)
         return out
+
+
+def _no_output(r: dict[str, Any], w: str, conc: Any) -> list[str]:
+    """Why a load run that completed every prompt generated nothing: ``output_tokens`` 0, or
+    (no ``output_tokens`` recorded) ``output_tok_s`` 0; both missing fails closed."""
+    tokens, rate = num(r.get("output_tokens")), num(r.get("output_tok_s"))
+    if tokens is None and rate is None:
+        return [f"{w}: concurrency {show(conc)}: output_tokens and output_tok_s missing (nothing shows output)"]
+    if (tokens if tokens is not None else rate) == 0:
+        what = f"output_tokens {tokens:g}" if tokens is not None else f"output_tok_s {rate:g}"
+        return [
+            f"{w}: concurrency {show(conc)}: 0 output tokens ({what}) with every request 'completed': "
+            "nothing was generated (a failed run, not a fast one)"
+        ]
+    return []
 
 
 @dataclass(frozen=True)

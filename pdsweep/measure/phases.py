@@ -341,6 +341,7 @@ def run_load(ls: LoadedSweep, cell: Cell, dep: Deployment, mpath: str, cdir: Pat
                 "e2el_ms": pct("e2el"),
                 "output_tok_s": r.get("output_throughput"),
                 "req_s": r.get("request_throughput"),
+                "output_tokens": r.get("total_output_tokens"),  # 0 with every request "completed": nothing served
                 "completed": r.get("completed"),
                 "errors": r.get("failed", b.num_prompts - (r.get("completed") or 0)),
             }

@@ -13,6 +13,11 @@ Workloads (``WorkloadSpec.name``):
   extension is fixed text, not the model's answer, so the reference gets the same prompts.
 * ``partial-blocks``: lengths ``m*B-1, m*B, m*B+1`` (m = 1..3) of the *effective* decode
   block B read back from the instances (:func:`pdsweep.measure.phases.probe_block`).
+* ``chunk-boundary``: lengths ``m*C-1, m*C, m*C+1`` (m = 1..3) of the prefill's chunk C
+  (``chunk_tokens``, the prefill's ``--max-num-batched-tokens``): each prompt ends one token
+  before, on, or one token after a chunked-prefill boundary, so a KV read that starts before
+  the last chunk's forward pass finished (SGLang PR 33970) answers wrong exactly there; every
+  answer is checked against the reference, which prefills unchunked.
 * ``long-context``: lengths at the cap ``max_model_len - output_len - 1`` and just below.
 * ``trace``: replay of a Mooncake-format JSONL trace (``timestamp`` ms, ``input_length``,
   ``output_length``, ``hash_ids``: one block of ``trace_block_tokens`` tokens per id, equal
@@ -186,6 +191,15 @@ def build(
                 reqs.append(LoadRequest(f"{name}/c{c}.t{t}", ids, out_len, after=prev))
     elif name == "partial-blocks":
         lengths = sorted({m * block + d for m in (1, 2, 3) for d in (-1, 0, 1) if 1 < m * block + d <= cap})
+        reqs = [LoadRequest(f"{name}/len{k}", tok.prompt(f"{name}:{k}", k), out_len) for k in lengths]
+    elif name == "chunk-boundary":
+        c = w.chunk_tokens or 0  # the spec requires it (WorkloadSpec._chunk)
+        lengths = sorted({m * c + d for m in (1, 2, 3) for d in (-1, 0, 1) if 1 < m * c + d <= cap})
+        if not lengths:
+            raise UserError(
+                f"bench.workloads chunk-boundary: chunk_tokens {c} leaves no prompt length <= {cap} "
+                f"(max_model_len {max_model_len} - output_len {out_len} - 1)"
+            )
         reqs = [LoadRequest(f"{name}/len{k}", tok.prompt(f"{name}:{k}", k), out_len) for k in lengths]
     elif name == "long-context":
         lengths = sorted({max(2, cap - i * max(1, block // 2)) for i in range(min(n, 4))}, reverse=True)

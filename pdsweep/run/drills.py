@@ -10,6 +10,17 @@ other cell reuses them) and pdsweep injects the fault while the named phase runs
   :func:`pdsweep.plan.expand.instances`), and the gate's transfer check holds vLLM's count to
   the injected one (:class:`pdsweep.judge.gate.TransferCheck`).
 
+- ``decode-after-lease-expiry``: not a kill: the PD proxy holds 1 in :data:`LEASE_DELAY_EVERY`
+  decode legs :data:`LEASE_MARGIN_S` seconds longer than prefill's KV lease
+  (``kv_lease_duration``, :func:`lease_drill_faults`). Prefill's NIXL worker reclaims the
+  unread blocks when the lease runs out (vLLM ``nixl/base_worker.py``
+  ``_reap_expired_send_leases``: ``vllm:nixl_num_kv_expired_reqs``), the requests the proxy
+  did not hold reuse them, and the held decode READs them anyway: the READ succeeds, prefill
+  counts its notification (``pull_worker.py`` ``_get_new_notifs``:
+  ``vllm:nixl_num_notifications_after_expiry``), and the answer comes back with HTTP 200 from
+  whatever the blocks now hold. The gate's transfer check fails the cell naming the counter
+  (:func:`pdsweep.judge.gate.stale_reads`); the checked answers name the wrong ones.
+
 A kill drill's cell must then fail naming the instance and how it ended (``prefill-0 (pid N) killed by
 signal 9 (SIGKILL) during eval; ...``, :func:`pdsweep.deploy.deployment.blame`), with no hang
 and nothing left running; the sweep declares that with ``expect: fail`` and a ``match:``, so
@@ -23,23 +34,58 @@ import os
 import signal
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 
+from pdsweep.core.errors import UserError
+from pdsweep.deploy.faults import Faults
 from pdsweep.deploy.launchers import Handle
-from pdsweep.spec.sweep import read_fault_every
+from pdsweep.plan.cell import Cell
+from pdsweep.plan.expand import kv_transfer_config
+from pdsweep.spec.sweep import LoadedSweep, read_fault_every
 
 log = logging.getLogger(__name__)
 DELAY_S = 8.0  # into the phase: lm-eval / the load generator have started (2-core CPU: ~5 s to import)
+LEASE_DRILL = "decode-after-lease-expiry"
+VLLM_DEFAULT_LEASE_S = 30  # nixl/base_worker.py: get_from_extra_config("kv_lease_duration", 30)
+LEASE_MARGIN_S = 5.0  # held decode legs wait lease + this: the lease has run out and other requests ran
+LEASE_DELAY_EVERY = 4  # 1 in 4 decode legs held; the other 3 keep prefill allocating (and reusing) blocks
+MAX_DRILL_LEASE_S = 10  # every held leg waits the lease: longer makes the drill cell minutes slower
 DRILLS = {  # fault -> (phase as on_phase names it, instance)
     "kill-prefill-during-eval": ("eval", "prefill-0"),
     "kill-decode-during-load": ("bench", "decode-0"),
 }
 
 
+def lease_s(cell: Cell, ls: LoadedSweep) -> int:
+    """Prefill's KV lease in seconds as the cell's ``--kv-transfer-config`` sets it
+    (``kv_connector_extra_config.kv_lease_duration``), else vLLM's default (30 s)."""
+    extra = kv_transfer_config(cell, "prefill", ls).get("kv_connector_extra_config") or {}
+    return int(extra.get("kv_lease_duration", VLLM_DEFAULT_LEASE_S))
+
+
+def lease_drill_faults(cell: Cell, ls: LoadedSweep, base: Faults) -> Faults:
+    """The PD proxy's faults for ``cell``: ``base`` (the run's test-only options), or for the
+    ``decode-after-lease-expiry`` drill the decode delay of the module docstring (seconds:
+    lease + :data:`LEASE_MARGIN_S`, 1 in :data:`LEASE_DELAY_EVERY` legs). Raises UserError
+    naming the cell and the field when the drill's lease exceeds :data:`MAX_DRILL_LEASE_S`
+    (set ``serve_args.<variant>.kv_transfer_extra.kv_connector_extra_config.kv_lease_duration``)."""
+    if cell.fault != LEASE_DRILL:
+        return base
+    lease = lease_s(cell, ls)
+    if lease > MAX_DRILL_LEASE_S:
+        raise UserError(
+            f"cell {cell.id}: fault {LEASE_DRILL} needs a short KV lease: kv_lease_duration is {lease} s "
+            f"(serve_args.{cell.serve_args}.kv_transfer_extra.kv_connector_extra_config.kv_lease_duration "
+            f"or defaults.kv_lease_duration_s; allowed: 1..{MAX_DRILL_LEASE_S})"
+        )
+    return replace(base, decode_delay_s=lease + LEASE_MARGIN_S, decode_delay_every=LEASE_DELAY_EVERY)
+
+
 def armed(fault: str, handles: list[Handle], on_phase: Callable[[str], None]) -> Callable[[str], None]:
     """``on_phase`` that also injects ``fault`` (a key of :data:`DRILLS`, or ``"none"``: then
     ``on_phase`` itself) when its phase begins. Raises ``KeyError`` for an unknown fault (the
     spec's ``Fault`` type refuses it first)."""
-    if fault == "none" or read_fault_every(fault):  # a READ fault is injected in decode's vLLM
+    if fault in ("none", LEASE_DRILL) or read_fault_every(fault):  # injected in decode's vLLM / the proxy
         return on_phase
     phase, target = DRILLS[fault]
     fired = threading.Event()

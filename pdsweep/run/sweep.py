@@ -50,7 +50,7 @@ from pdsweep.plan.expand import (
 )
 from pdsweep.plan.schedule import GpuPool, detect_gpus, order, pack, reuse_order
 from pdsweep.results import layout
-from pdsweep.run.drills import armed
+from pdsweep.run.drills import armed, lease_drill_faults
 from pdsweep.run.prebuild import prebuild_checkpoints
 from pdsweep.run.progress import Progress
 from pdsweep.run.provenance import config_hash, git_sha, host_facts, now
@@ -253,7 +253,7 @@ def _deploy_and_measure(
             ctx.provider,
             cdir / "logs",
             Timeouts(d.startup_timeout_s, d.request_timeout_s),
-            ctx.opts.faults,
+            lease_drill_faults(cell, ls, ctx.opts.faults),  # the run's test-only faults, or the lease drill's
             on_phase=on_phase,
             stop=ctx.stop.is_set,
             on_uses=lambda uses: status.update(instances=[u.record() for u in uses]),

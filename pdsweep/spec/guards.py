@@ -46,7 +46,14 @@ RESERVED_FLAGS = {
 _PP = (
     "pipeline parallelism is not an axis: pdsweep gives an instance its TP GPUs only "
     "(CUDA_VISIBLE_DEVICES) and pairs P/D ranks by TP (NIXL TransferTopology), so PP > 1 would not "
-    "get its GPUs; PP 1 is vLLM's default, drop the flag"
+    "get its GPUs; PP 1 is vLLM's default, drop the flag. vLLM itself (0.32.0, nixl/base_worker.py "
+    "NixlBaseConnectorWorker.__init__, PR 45880) takes PP > 1 on the prefill (kv_producer) only: "
+    "NixlPushConnector for attention and HMA layouts; NixlConnector (pull) refuses hybrid (HMA) layouts "
+    '("NixlConnector (pull) does not support pipeline_parallel_size > 1 with hybrid KV cache layouts (HMA); '
+    'use NixlPushConnector for PP + HMA."); neither takes Mamba/SSM hybrids ("NixlPushConnector does not '
+    'support pipeline_parallel_size > 1 with Mamba/SSM hybrid KV cache layouts yet.") nor PP on the decode '
+    '("NixlPushConnector consumer (decode) does not support pipeline_parallel_size > 1."); pdsweep runs '
+    "NixlConnector (pull) only"
 )
 _PORT = (
     "binds a port pdsweep does not allocate, which concurrent cells would share; pdsweep "

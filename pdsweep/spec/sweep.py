@@ -68,9 +68,11 @@ Router = Literal["pdsweep", "vllm-router"]
 # fail-read-1-in-K: decode reports every K-th NIXL READ that NIXL completed as failed (state
 # "ERR"), through pdsweep's vLLM plugin (pdsweep.engine.readfault); vLLM then applies the
 # cell's kv_load_failure_policy (recompute: the request recomputes the prompt; fail: it ends in error)
+# decode-after-lease-expiry: the PD proxy holds 1 in 4 decode legs longer than prefill's KV lease
+# (pdsweep.run.drills.lease_drill_faults), so decode reads blocks prefill already freed (stale reads)
 READ_FAULT_PATTERN = r"^fail-read-1-in-([1-9][0-9]{0,5})$"
 Fault = (
-    Literal["none", "kill-prefill-during-eval", "kill-decode-during-load"]
+    Literal["none", "kill-prefill-during-eval", "kill-decode-during-load", "decode-after-lease-expiry"]
     | Annotated[str, StringConstraints(pattern=READ_FAULT_PATTERN)]
 )
 
@@ -237,7 +239,7 @@ class EvalSpec(_Strict):
 class WorkloadSpec(_Strict):
     """One load workload (:mod:`pdsweep.measure.workloads`); unset sizes come from ``bench``."""
 
-    name: Literal["random", "shared-prefix", "multi-turn", "partial-blocks", "long-context", "trace"]
+    name: Literal["random", "shared-prefix", "multi-turn", "partial-blocks", "chunk-boundary", "long-context", "trace"]
     num_prompts: int | None = Field(default=None, gt=0)  # conversations for multi-turn; trace: first N rows
     input_len: int | None = Field(default=None, gt=0)  # tokens; capped at max_model_len - output_len - 1
     output_len: int | None = Field(default=None, gt=0)
@@ -247,6 +249,19 @@ class WorkloadSpec(_Strict):
     trace: str | None = None  # trace: Mooncake JSONL path (default: the shipped one)
     trace_block_tokens: int = Field(default=16, gt=0)  # trace: tokens per hash_id (Mooncake: 512)
     time_scale: float = Field(default=0.0, ge=0)  # trace: 1 = replay at the trace's timestamps, 0 = ASAP
+    # chunk-boundary: the prefill's chunk in tokens (its --max-num-batched-tokens); prompts straddle its multiples
+    chunk_tokens: int | None = Field(default=None, ge=2)
+
+    @model_validator(mode="after")
+    def _chunk(self) -> WorkloadSpec:
+        if self.name == "chunk-boundary" and self.chunk_tokens is None:
+            raise ValueError(
+                "workload chunk-boundary needs chunk_tokens: the prefill's --max-num-batched-tokens "
+                "(set it in serve_args.<variant>.prefill)"
+            )
+        if self.name != "chunk-boundary" and self.chunk_tokens is not None:
+            raise ValueError(f"chunk_tokens applies to workload chunk-boundary only, not {self.name}")
+        return self
 
 
 class BenchSpec(_Strict):

@@ -1,0 +1,71 @@
+"""The lease-expiry drill (issue 38 shape 1): sweeps/drills.yaml's cell holds 1 in 4 decode legs
+longer than prefill's 1 s KV lease, with 8 prefill KV blocks, and must fail naming
+``notifications_after_expiry`` and the wrong answers (tests/test_drills_real.py runs it)."""
+
+import json
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from pdsweep.core.errors import UserError
+from pdsweep.deploy.faults import NO_FAULTS, Faults
+from pdsweep.deploy.proxy import _Proxy
+from pdsweep.plan.expand import Slot, expand, instances
+from pdsweep.run.drills import LEASE_DRILL, armed, lease_drill_faults, lease_s
+from pdsweep.spec.sweep import load_sweep
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _drill():
+    ls = load_sweep(REPO / "sweeps" / "drills.yaml")
+    cells = [c for c in expand(ls).cells if c.fault == LEASE_DRILL]
+    assert len(cells) == 1
+    return ls, cells[0]
+
+
+def test_drill_cell_gets_a_short_lease_few_prefill_blocks_and_a_longer_decode_delay():
+    ls, cell = _drill()
+    assert cell.expect_fail and cell.kind == "pd"
+    assert lease_s(cell, ls) == 1
+    f = lease_drill_faults(cell, ls, NO_FAULTS)
+    assert (f.decode_delay_s, f.decode_delay_every) == (6.0, 4)  # lease 1 s + 5 s, 1 in 4 legs
+    prefill, decode = instances(cell, Slot(0, (), 20000), ls, "/m", "python")
+    kv = json.loads(prefill.argv[prefill.argv.index("--kv-transfer-config") + 1])
+    assert kv["kv_connector_extra_config"] == {"kv_lease_duration": 1}
+    assert prefill.argv[prefill.argv.index("--num-gpu-blocks-override") + 1] == "8"
+    assert decode.argv[decode.argv.index("--num-gpu-blocks-override") + 1] != "8"
+    # the declared failure names both halves: the stale-read counter and the wrong answers
+    sig_ok = (
+        "c/transfer.json: totals.notifications_after_expiry = 3 (allowed: 0): ...\n"
+        "c/load.json: load workload 'random' at concurrency 4: 2 of 16 answers differ from the reference"
+    )
+    assert re.search(cell.expect_match, sig_ok)
+    assert not re.search(cell.expect_match, sig_ok.split("\n")[0])  # the counter alone is not the drill
+    assert not re.search(cell.expect_match, sig_ok.split("\n")[1])  # nor wrong answers alone
+
+
+def test_other_cells_keep_the_runs_faults_and_a_long_lease_is_refused():
+    ls, cell = _drill()
+    base = Faults(scramble_every=3)
+    assert lease_drill_faults(replace(cell, fault="none"), ls, base) is base
+    with pytest.raises(UserError, match=r"kv_lease_duration is 30 s .*allowed: 1\.\.10"):
+        lease_drill_faults(replace(cell, serve_args="base"), ls, NO_FAULTS)  # vLLM's default lease
+
+    def on_phase(p: str) -> None:
+        pass
+
+    assert armed(LEASE_DRILL, [], on_phase) is on_phase  # nothing killed: the proxy injects it
+
+
+def test_proxy_holds_one_in_k_decode_legs_from_the_first():
+    urls = (["http://127.0.0.1:1"], ["http://127.0.0.1:2"], 5.0)
+    p = _Proxy(*urls, faults=Faults(decode_delay_s=6.0, decode_delay_every=4))
+    assert [p.delays_decode() for _ in range(9)] == [True, False, False, False, True, False, False, False, True]
+    every = _Proxy(*urls, faults=Faults(decode_delay_s=0.5))
+    assert [every.delays_decode() for _ in range(3)] == [True, True, True]  # the perf-teeth slowdown
+    assert not _Proxy(*urls).delays_decode()
+    with pytest.raises(ValueError, match="decode_delay_every must be >= 1, got 0"):
+        Faults(decode_delay_s=1.0, decode_delay_every=0)
