@@ -73,7 +73,16 @@ def build_info(ls: LoadedSweep, name: str) -> dict[str, Any]:
     except (subprocess.SubprocessError, OSError, ValueError, IndexError) as e:
         info["error"] = f"build {name}: cannot query {py}: {e}"
     from pdsweep.builds.fixprobes import probe_python
+    from pdsweep.builds.make import PROVENANCE_FIELDS, provenance, read_marker
 
+    try:  # vLLM commit, torch, the nixl_cuXX actually imported, UCX (pdsweep.builds.make)
+        prov = provenance(py)
+        info.update({k: prov.get(k) for k in PROVENANCE_FIELDS if k not in ("vllm_version", "nixl_version")})
+        info["nixl_error"] = prov.get("nixl_error")
+    except UserError as e:
+        info["provenance_error"] = str(e)
+    made = read_marker(Path(py).parent.parent)
+    info["made_by"] = made["inputs"] if made else None  # `pdsweep builds make` inputs, or None: a venv as is
     info["fixes"] = probe_python(py)[1]  # fix probe -> present (True) / absent (False) / unknown (None)
     try:
         from pdsweep.builds.unfix import patched_files_sha256
