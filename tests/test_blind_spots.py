@@ -78,9 +78,44 @@ matrix: {{model: [tiny-llama], tp: [p1d1]}}
     assert "defines the cell" in msg and "kv_transfer_extra" in msg and "connector and role cannot change" in msg
 
 
-@pytest.mark.parametrize("key", ["kv_connector", "kv_role", "kv_buffer_device", "kv_connector_module_path"])
+@pytest.mark.parametrize("value", ["LMCacheConnectorV1", "v"])
+def test_kv_connector_is_a_nixl_connector_only(tmp_path, value):
+    with pytest.raises(
+        UserError, match=rf"kv_transfer_extra.kv_connector: .*'NixlConnector' or 'NixlPushConnector'.*{value}"
+    ):
+        sweep(
+            tmp_path,
+            f"""serve_args:
+  base: []
+  x: {{kv_transfer_extra: {{kv_connector: {value}}}}}
+matrix: {{model: [tiny-llama], tp: [p1d1]}}
+""",
+        )
+
+
+def test_push_connector_is_a_serve_args_axis_value(tmp_path):
+    from pdsweep.plan.expand import expand, kv_transfer_config
+
+    ls = sweep(
+        tmp_path,
+        """serve_args:
+  base: []
+  push: {kv_transfer_extra: {kv_connector: NixlPushConnector}, reference: base}
+matrix: {model: [tiny-llama], tp: [p1d1], serve_args: [base, push]}
+""",
+    )
+    cells = {c.serve_args: c for c in expand(ls).pd_cells}
+    assert sorted(cells) == ["base", "push"]
+    assert kv_transfer_config(cells["push"], "decode", ls)["kv_connector"] == "NixlPushConnector"
+    assert kv_transfer_config(cells["base"], "prefill", ls)["kv_connector"] == "NixlConnector"
+    assert cells["push"].id.endswith(".push") and not cells["base"].id.endswith(".push")
+
+
+@pytest.mark.parametrize("key", ["kv_role", "kv_buffer_device", "kv_connector_module_path"])
 def test_kv_transfer_extra_cannot_change_connector_role_or_buffer(tmp_path, key):
-    with pytest.raises(UserError, match=rf"kv_transfer_extra: key\(s\) \['{key}'\] not allowed \(allowed: kv_port"):
+    with pytest.raises(
+        UserError, match=rf"kv_transfer_extra: key\(s\) \['{key}'\] not allowed \(allowed: kv_connector, kv_port"
+    ):
         sweep(
             tmp_path,
             f"""serve_args:
