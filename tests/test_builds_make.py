@@ -123,3 +123,21 @@ def test_plan_and_cell_json_show_a_made_builds_provenance(tmp_path: Path) -> Non
     assert info["vllm_version"] == "9.9.9.dev2" and info["vllm_commit"] == COMMIT
     assert info["made_by"] == marker["inputs"] and info["torch_version"] == md.version("torch")
     assert "ucx_version" in info and "nixl_backend" in info
+
+
+def test_a_build_whose_nixl_meta_and_backend_differ_cannot_be_used(tmp_path: Path, monkeypatch) -> None:
+    """vLLM PR 51777: its cells fail (build_info ``error``), naming both versions."""
+    from types import SimpleNamespace
+
+    from pdsweep.plan import builds
+
+    real = make.provenance(sys.executable)
+    ls = SimpleNamespace(
+        path=tmp_path, sweep=SimpleNamespace(builds={"b": SimpleNamespace(python=sys.executable, venv=None)})
+    )
+    fake = {**real, "nixl_version": "1.3.1", "nixl_backend": "nixl_cu13", "nixl_backend_version": "1.3.2"}
+    assert builds.nixl_mismatch(real) is None
+    monkeypatch.setattr(make, "provenance", lambda py, timeout=300: fake)
+    info = builds.build_info(ls, "b")
+    assert info["error"].startswith("build b: nixl 1.3.1 (meta package) imports nixl_cu13 1.3.2: versions differ")
+    assert "install nixl-cu13==1.3.1" in info["error"]
