@@ -77,6 +77,13 @@ SUBCOMMANDS: tuple[Command, ...] = (
     Command("proxy", "run the PD proxy", module="deploy.proxy"),
     Command("baseline-env", "build the unfixed vLLM venv (PR #49297 undone)", module="builds.baseline"),
     Command(
+        "builds",
+        "sweep builds",
+        children=(
+            Command("make", "make a build venv: vLLM version, wheel file/URL or source tree", module="builds.make"),
+        ),
+    ),
+    Command(
         "bench",
         "benchmarks",
         children=(

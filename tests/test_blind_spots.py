@@ -78,9 +78,57 @@ matrix: {{model: [tiny-llama], tp: [p1d1]}}
     assert "defines the cell" in msg and "kv_transfer_extra" in msg and "connector and role cannot change" in msg
 
 
-@pytest.mark.parametrize("key", ["kv_connector", "kv_role", "kv_buffer_device", "kv_connector_module_path"])
+@pytest.mark.parametrize("value", ["LMCacheConnectorV1", "v"])
+def test_kv_connector_is_a_nixl_connector_only(tmp_path, value):
+    with pytest.raises(
+        UserError, match=rf"kv_transfer_extra.kv_connector: .*'NixlConnector' or 'NixlPushConnector'.*{value}"
+    ):
+        sweep(
+            tmp_path,
+            f"""serve_args:
+  base: []
+  x: {{kv_transfer_extra: {{kv_connector: {value}}}}}
+matrix: {{model: [tiny-llama], tp: [p1d1]}}
+""",
+        )
+
+
+def test_push_connector_is_a_serve_args_axis_value(tmp_path):
+    """kv_connector NixlPushConnector reaches the instances' --kv-transfer-config; the plan
+    rejects the cell naming why pdsweep cannot judge push yet (rule push-evidence), and an
+    unfixed build's push cell with the unfixed-scope reason."""
+    from pdsweep.plan.expand import expand, kv_transfer_config
+
+    ls = sweep(
+        tmp_path,
+        """builds:
+  fixed: {}
+  unfixed: {venv: .venv-unfixed}
+serve_args:
+  base: []
+  push: {kv_transfer_extra: {kv_connector: NixlPushConnector}, reference: base}
+matrix: {model: [tiny-llama], tp: [p1d1], serve_args: [base, push], build: [fixed, unfixed]}
+""",
+    )
+    plan = expand(ls)
+    rej = {r.cell.id: (r.rule, r.reason) for r in plan.rejected}
+    ok = {c.id: c for c in plan.pd_cells}
+    assert sorted(ok) == ["tiny-llama.p1d1.b32-32.fixed", "tiny-llama.p1d1.b32-32.unfixed"]
+    rule, reason = rej["tiny-llama.p1d1.b32-32.fixed.push"]
+    assert rule == "push-evidence" and reason.startswith("push mode (NixlPushConnector): prefill WRITEs the KV")
+    assert "decode vllm:nixl_xfer_time_seconds count = 0" in reason
+    rule, reason = rej["tiny-llama.p1d1.b32-32.unfixed.push"]
+    assert rule == "unfixed-scope" and "push connector (NixlPushConnector)" in reason
+    push = next(r.cell for r in plan.rejected if r.cell.id == "tiny-llama.p1d1.b32-32.fixed.push")
+    assert kv_transfer_config(push, "decode", ls)["kv_connector"] == "NixlPushConnector"
+    assert kv_transfer_config(ok["tiny-llama.p1d1.b32-32.fixed"], "prefill", ls)["kv_connector"] == "NixlConnector"
+
+
+@pytest.mark.parametrize("key", ["kv_role", "kv_buffer_device", "kv_connector_module_path"])
 def test_kv_transfer_extra_cannot_change_connector_role_or_buffer(tmp_path, key):
-    with pytest.raises(UserError, match=rf"kv_transfer_extra: key\(s\) \['{key}'\] not allowed \(allowed: kv_port"):
+    with pytest.raises(
+        UserError, match=rf"kv_transfer_extra: key\(s\) \['{key}'\] not allowed \(allowed: kv_connector, kv_port"
+    ):
         sweep(
             tmp_path,
             f"""serve_args:

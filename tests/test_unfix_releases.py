@@ -212,16 +212,101 @@ def test_second_unfix_is_refused(site: Path, request: pytest.FixtureRequest) -> 
         unfix.plan_unfix(site, version)
 
 
-@pytest.mark.parametrize(("files", "shape"), [("0.33.0", "fix-dcp"), ("0.28.0", "fix-inline"), (PRE_FIX, "pre-fix")])
-def test_unknown_version_names_the_matching_shape(tmp_path: Path, files: str, shape: str) -> None:
+@pytest.mark.parametrize(
+    ("files", "version", "shape"),
+    [
+        ("0.34.0", "0.34.1.dev12+gabc", "fix-dcp"),  # a nightly of the newest release's shape
+        ("0.33.0", "0.99.0+cpu", "fix-dcp"),
+        ("0.28.0", "0.28.1rc1", "fix-inline"),
+        (PRE_FIX, "0.25.9", "pre-fix"),
+    ],
+)
+def test_unlisted_version_is_matched_by_shape(tmp_path: Path, files: str, version: str, shape: str) -> None:
+    """A version outside RELEASES (nightly, source tree) gets the baseline of the one shape
+    its files match, with a provenance line saying so."""
     site = tmp_path / "site-packages"
     shutil.copytree(RELEASES_DIR / files, site)
+    assert unfix.version_key(version) not in unfix.RELEASES
+    res = unfix.resolve(site, version)
+    assert (res.shape.name, res.matched_by, res.location.package) == (shape, "shape", unfix.NIXL_PACKAGES[0])
+    assert res.provenance.startswith(f"vLLM {version}: matched by shape '{shape}' (not a tested release")
+    unfix.apply_unfix(site, version)
+    got = pull_conditions(_read(site, unfix.PULL_WORKER))
+    dcp = shape == "fix-dcp"
+    assert got == {**PRE, "assert": PRE["assert"] + (" and (not dcp_active)" if dcp else "")}
+    assert "all_source_ranks" not in base_split_condition(_read(site, unfix.BASE_WORKER))
+
+
+def test_listed_release_says_release_list(tmp_path: Path) -> None:
+    site = tmp_path / "site-packages"
+    shutil.copytree(RELEASES_DIR / "0.34.0", site)
+    res = unfix.resolve(site, "0.34.0")
+    assert (res.shape.name, res.matched_by) == ("fix-dcp", "release")
+    assert res.provenance == f"vLLM 0.34.0: code shape 'fix-dcp' (release list), module {unfix.NIXL_PACKAGES[0]}"
+
+
+MOVED = "vllm/backends/kv_transfer/kv_connector/v1/nixl"
+
+
+def _moved_tree(tmp_path: Path, shims: bool = True) -> Path:
+    """0.34.0's NIXL files under vllm/backends (vLLM RFC 54653), the old modules as shims."""
+    site = tmp_path / "site-packages"
+    for name in ("pull_worker", "base_worker", "push_worker"):
+        src = RELEASES_DIR / "0.34.0" / unfix.NIXL_DIR / f"{name}.py"
+        (site / MOVED).mkdir(parents=True, exist_ok=True)
+        shutil.copy(src, site / MOVED / f"{name}.py")
+        if shims:
+            (site / unfix.NIXL_DIR).mkdir(parents=True, exist_ok=True)
+            dotted = MOVED.replace("/", ".")
+            shim = f"import sys\nimport {dotted}.{name} as _m\nsys.modules[__name__] = _m\n"
+            (site / unfix.NIXL_DIR / f"{name}.py").write_text(shim)
+    return site
+
+
+@pytest.mark.parametrize("shims", [True, False], ids=["with-shims", "moved-only"])
+def test_moved_to_backends_tree_is_found_by_module_lookup(tmp_path: Path, shims: bool) -> None:
+    site = _moved_tree(tmp_path, shims)
+    shim_before = {rel: _read(site, rel) for rel in unfix.PATCHED_FILES} if shims else {}
+    res = unfix.resolve(site, "0.35.0.dev3+g123")
+    assert res.location == unfix.Location(
+        "vllm.backends.kv_transfer.kv_connector.v1.nixl", f"{MOVED}/pull_worker.py", f"{MOVED}/base_worker.py"
+    )
+    assert res.matched_by == "shape" and res.shape.name == "fix-dcp"
+    shas = unfix.apply_unfix(site, "0.35.0.dev3+g123")
+    assert set(shas) == {f"{MOVED}/pull_worker.py", f"{MOVED}/base_worker.py"}
+    assert pull_conditions(_read(site, f"{MOVED}/pull_worker.py"))["split"] == PRE["split"]
+    assert {rel: _read(site, rel) for rel in shim_before} == shim_before  # shims untouched
+
+
+def test_changed_fix_lines_are_refused_naming_the_shapes_tried(tmp_path: Path) -> None:
+    site = tmp_path / "site-packages"
+    shutil.copytree(RELEASES_DIR / "0.34.0", site)
+    path = site / unfix.PULL_WORKER
+    path.write_text(path.read_text().replace("len(read_specs) > 1", "len(read_specs) >= 2"))
+    before = {rel: _read(site, rel) for rel in unfix.PATCHED_FILES}
     with pytest.raises(UserError) as exc:
-        unfix.plan_unfix(site, "0.99.0+cpu")
+        unfix.apply_unfix(site, "0.34.1.dev12+gabc")
     msg = str(exc.value)
-    assert "'0.99.0+cpu': no unfix edits known" in msg and "supported: 0.26.0, 0.27.0" in msg
-    assert f"shape '{shape}': all its lines found" in msg
-    assert msg.count("all its lines found") == 1
+    assert "cannot unfix vLLM '0.34.1.dev12+gabc': not a tested release" in msg
+    assert "no known code shape matches" in msg and "nothing was written" in msg
+    for name in unfix.SHAPES:
+        assert f"shape '{name}' in {unfix.NIXL_PACKAGES[0]}: first problem:" in msg
+    assert "len(read_specs) > 1" in msg  # fix-dcp's first missing line is the changed one
+    assert {rel: _read(site, rel) for rel in unfix.PATCHED_FILES} == before
+
+
+def test_several_matching_shapes_are_refused(tmp_path: Path) -> None:
+    site = _moved_tree(tmp_path, shims=False)
+    shutil.copytree(RELEASES_DIR / "0.34.0" / "vllm", site / "vllm", dirs_exist_ok=True)  # both layouts, both fixed
+    with pytest.raises(UserError, match=r"2 code shapes match \(must be exactly one\)") as exc:
+        unfix.plan_unfix(site, "0.34.1.dev1")
+    assert str(exc.value).count("all its lines found") == 2
+
+
+def test_no_nixl_package_names_the_modules_tried(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="no NIXL connector package") as exc:
+        unfix.plan_unfix(tmp_path, "0.34.1.dev1")
+    assert all(p in str(exc.value) for p in unfix.NIXL_PACKAGES)
 
 
 @pytest.mark.parametrize("site", FIXED, indirect=True, ids=FIXED)
@@ -262,7 +347,7 @@ def test_gpu_constraints_pin_a_release_the_unfix_table_knows() -> None:
     vllm = pins["vllm"]
     assert vllm in unfix.RELEASES and (RELEASES_DIR / vllm / unfix.NIXL_DIR).is_dir()
     spec = SpecifierSet(re.search(r'^gpu = \["vllm([^"]+)"', (repo / "pyproject.toml").read_text(), re.M)[1])
-    assert vllm in spec and all(v in spec for v in unfix.RELEASES) and "0.34.0" not in spec
+    assert vllm in spec and all(v in spec for v in unfix.RELEASES) and "0.34.1" not in spec
     assert pins["nixl-cu13"] == pins["nixl-cu12"]  # one NIXL version, the backend by CUDA major
     assert "nixl" not in pins  # the meta package: 1.5.2 needs backends PyPI lacks
 

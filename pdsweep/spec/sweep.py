@@ -129,8 +129,8 @@ class BuildSpec(_Strict):
 
 
 # KVTransferConfig fields (vllm/config/kv_transfer.py) a sweep may set through
-# kv_transfer_extra; kv_connector, kv_connector_module_path, kv_role and kv_buffer_device
-# define the cell (pdsweep gates on NIXL metrics and its own roles) and are pdsweep's.
+# kv_transfer_extra (kv_connector: NixlConnector or NixlPushConnector only); kv_connector_module_path,
+# kv_role and kv_buffer_device define the cell (pdsweep gates on NIXL metrics and its own roles) and are pdsweep's.
 # (pdsweep.spec.connector: every key bounded; engine_id is pdsweep's)
 
 
@@ -157,7 +157,7 @@ class ServeArgsVariant(_Strict):
             raise ValueError(
                 f"kv_transfer_extra: key(s) {bad} not allowed "
                 f"(allowed: {', '.join(KV_TRANSFER_EXTRA_KEYS)}; "
-                "the connector, role, kv_buffer_device and engine_id are pdsweep's)"
+                "the role, kv_buffer_device and engine_id are pdsweep's)"
             )
         if not isinstance(v.get("kv_connector_extra_config", {}), dict):
             raise ValueError("kv_transfer_extra.kv_connector_extra_config must be a mapping")
