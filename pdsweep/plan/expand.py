@@ -447,8 +447,9 @@ def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: 
             env.setdefault("PDSWEEP_NIXL_READ_LOG", "1")  # pdsweep.engine.readlog, via pdsweep's vLLM plugin
             if every := read_fault_every(cell.fault):  # the READ-failure drill (pdsweep.engine.readfault)
                 env["PDSWEEP_FAIL_READ_EVERY"] = str(every)
-        if s.platform == "cuda":
+        if s.platform == "cuda":  # nvidia-smi's indices (PCI bus order): CUDA's only under PCI_BUS_ID
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         else:
             cores = slot.cpus or tuple(range(os.cpu_count() or 1))
             env["VLLM_TARGET_DEVICE"] = "cpu"
