@@ -127,3 +127,27 @@ def test_visible_uuids_mig_and_hidden_processes(tmp_path, monkeypatch):
         visible(mixed, {"CUDA_VISIBLE_DEVICES": "0,2"})
     gpus, _ = visible(mixed, {"CUDA_VISIBLE_DEVICES": "0,2", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
     assert [g.index for g in gpus] == [0, 2]
+
+
+def test_flashmla_pin_is_hopper_only_from_vllms_own_check(tmp_path, env, capsys):
+    """vLLM's is_flashmla_dense_supported (vllm/v1/attention/ops/flashmla.py) refuses FLASHMLA off
+    Hopper; the probe asks it for the target arch, so the pin is refused on sm100 with vLLM's
+    reason, and the catalogue pins it for sm90 only (serve_args_by_arch)."""
+    from pdsweep.plan import blocks
+    from pdsweep.spec.sweep import load_sweep
+
+    kimi = load_sweep(SWEEP).catalogue.models["kimi-linear"]
+    with pytest.raises(blocks.BackendError) as e:
+        blocks.cuda_backend(kimi, 1, "sm100", "bfloat16", "auto", 128, "FLASHMLA", True)
+    assert "Reason: ['FlashMLA Dense is only supported on Hopper devices.']" in str(e.value)
+    ok = blocks.cuda_backend(kimi, 1, "sm90", "bfloat16", "auto", 128, "FLASHMLA", True)
+    assert ok is not None and ok.backend.name == "FLASHMLA" and ok.backend.exact == (64,)
+    for arch, pinned in (("sm90", True), ("sm100", False)):
+        env.setenv("PDSWEEP_GPU_ARCH", arch)
+        d, _ = plan_json(capsys, "--gpus", "8", "--cells", "kimi-linear.p2d1.b128-128.*")
+        assert {r["rule"] for r in d["rejected"]} <= {"hybrid-prefix-caching", "nixl-support"}
+        for c in d["cells"]:
+            for i in c["instances"]:
+                argv = " ".join(i["argv"])
+                assert ("--attention-backend FLASHMLA" in argv) == pinned, (arch, c["id"])
+                assert (i["blocks"]["backend"] == "FLASHMLA") == pinned and i["blocks"]["kernel"] in (32, 64)

@@ -19,6 +19,7 @@ from typing import Any
 
 from pdsweep.core.errors import UserError
 from pdsweep.plan import rules
+from pdsweep.plan.blocks import arch_serve_args
 from pdsweep.plan.cell import Cell, Rejected
 from pdsweep.spec.sweep import AXES, EXPECT_KEYS, REF_ENTRY_KEYS, LoadedSweep, ModelSpec, read_fault_every
 
@@ -429,7 +430,7 @@ def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: 
             argv += ["--num-gpu-blocks-override", str(blocks)]
         if role != "single":
             argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(cell, role, ls), separators=(",", ":"))]
-        extra = list(model.serve_args) + list(variant.both)
+        extra = list(model.serve_args) + arch_serve_args(model, s.platform) + list(variant.both)
         extra += list(variant.prefill if role == "prefill" else variant.decode if role == "decode" else [])
         argv = override_flags(argv, extra)
         env = {**derived_env(model, role), **model.env, **s.ucx, **s.env[cell.env]}
