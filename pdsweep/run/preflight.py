@@ -292,7 +292,7 @@ class MemoryFit:
     errors: list[str]  # nothing can start (vLLM's free-memory check), or weights size unknown
     warnings: list[str]  # one line per (model, instance shape) that does not fit; missing KV geometry
     unfit: dict[str, str]  # cell id -> the arithmetic of its first instance that does not fit
-    shape: str  # node_shape() of the GPUs fitted to
+    shape: str | None  # node_shape() of the GPUs fitted to; None: not fitted (memory unknown)
 
 
 def memory_fit(ls: Any, cells: list[Any], weights: dict[str, Weights], gpus: Iterable[Any]) -> MemoryFit:
