@@ -93,7 +93,9 @@ def plan_dict(
     ls = load_sweep(sweep)
     plan = expand(ls)
     preflight(plan, tasks=False)  # validate also asks lm-eval for the task names
-    n = gpus if gpus is not None else (detect_gpus() if ls.sweep.platform == "cuda" else 0)
+    cuda = ls.sweep.platform == "cuda"
+    fits_here = cluster is None and (gpu_check or (cuda and gpus is None))  # the GPU count comes from the fit
+    n = gpus if gpus is not None else (detect_gpus() if cuda and not fits_here else 0)
     cells = select(plan, cells_glob)
     if cells_glob and not cells:
         raise UserError(f"--cells {cells_glob!r} selects no cell of {ls.path} ({len(plan.cells)} cells)")
