@@ -151,3 +151,26 @@ def test_flashmla_pin_is_hopper_only_from_vllms_own_check(tmp_path, env, capsys)
                 argv = " ".join(i["argv"])
                 assert ("--attention-backend FLASHMLA" in argv) == pinned, (arch, c["id"])
                 assert (i["blocks"]["backend"] == "FLASHMLA") == pinned and i["blocks"]["kernel"] in (32, 64)
+
+
+def test_serve_args_by_arch_is_checked_like_serve_args(tmp_path):
+    """A flag pdsweep sets (e.g. --port) is refused in serve_args_by_arch as in serve_args, naming
+    file, field and flag; an arch key that is not smXY is refused by the schema."""
+    from pdsweep.spec.sweep import load_sweep
+
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(
+        "name: s\nplatform: cuda\nmatrix:\n  model: [m]\n  tp: [p1d1]\n  block_size: [16]\n"
+        "eval: {tasks: []}\ngate: {require_accuracy: false}\n"
+    )
+    for arch_args, want in (
+        ("{sm90: [--port, '1']}", "models.yaml:7: models.m.serve_args_by_arch.sm90[0]: '--port' sets --port"),
+        ("{h100: [--enforce-eager]}", "serve_args_by_arch"),
+    ):
+        (tmp_path / "models.yaml").write_text(
+            "models:\n  m:\n    hf_id: x/y\n    architecture: X\n    attention: mla\n    num_layers: 1\n"
+            f"    serve_args_by_arch: {arch_args}\n"
+        )
+        with pytest.raises(UserError) as e:
+            load_sweep(sweep)
+        assert want in str(e.value), str(e.value)
