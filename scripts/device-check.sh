@@ -29,8 +29,16 @@ fi
 OUT=${OUT:-$here/results/device-check-$DEVICE}
 export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
 if ! "$PYTHON" -c "import nixl_cu13" 2>/dev/null; then
-  whl=${NIXL_WHEEL:-$(ls "$here"/build/device/nixl_cu13-*.whl 2>/dev/null | head -1)}
-  [ -n "$whl" ] || { echo "device-check: nixl_cu13 not importable and no wheel in build/device/ (scripts/trim-nixl-wheel.py)" >&2; exit 2; }
+  # the wheel built for this interpreter (cpXY tag): a cp311 wheel does not install on python 3.12
+  wdir=${NIXL_WHEEL_DIR:-$here/build/device}
+  tag=$("$PYTHON" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
+  whl=${NIXL_WHEEL:-$(ls "$wdir"/nixl_cu13-*-"$tag"-"$tag"-*.whl 2>/dev/null | head -1 || true)}
+  if [ -z "$whl" ]; then
+    others=$(cd "$wdir" 2>/dev/null && ls nixl_cu13-*.whl 2>/dev/null | tr '\n' ' ' || true)
+    echo "device-check: nixl_cu13 not importable and no nixl_cu13 wheel for $tag in $wdir (found: ${others:-none});" \
+      "pip download --no-deps nixl-cu13==1.5.1 --python-version ${tag#cp} --only-binary=:all: then scripts/trim-nixl-wheel.py" >&2
+    exit 2
+  fi
   site=$(mktemp -d /tmp/pdsweep-nixl-XXXXXX)
   "$PYTHON" -m pip install --quiet --no-index --no-deps --target "$site" "$whl"
   export PYTHONPATH="$here:$site${PYTHONPATH#"$here"}"

@@ -86,8 +86,15 @@ def fake_smi_with(pid: int):
 def busy_check(device: str) -> dict:
     """Start a torch process holding GPU 0; ``detect_gpu_ids`` must leave GPU 0 out while it
     lives (a warning naming its pid) and give it back after it exits."""
-    from pdsweep.plan.gpus import inventory
-    from pdsweep.plan.schedule import detect_gpu_ids, detect_gpus
+    from pdsweep.plan.gpus import free_gpu_ids, inventory
+
+    # pdsweep.plan.schedule.detect_gpu_ids() is free_gpu_ids(inventory()); called here directly so
+    # the check imports no pydantic (pdsweep.plan.schedule imports the sweep schema)
+    def detect_gpu_ids() -> tuple[int, ...]:
+        return free_gpu_ids(inventory())
+
+    def detect_gpus() -> int:
+        return len(detect_gpu_ids())
 
     before = list(detect_gpu_ids())
     dev = "cuda:0" if device == "cuda" else "cpu"

@@ -63,7 +63,7 @@ def _sweep(tmp_path: Path, models_text: str, body: str):
 
 def test_unpinned_kimi_hetero_tp_cells_are_refused_with_nixls_message(tmp_path):
     models = (SWEEPS / "models.yaml").read_text()
-    unpinned = models.replace("serve_args: [--trust-remote-code, --attention-backend, FLASHMLA]", "serve_args: []")
+    unpinned = models.replace("    serve_args_by_arch: {sm90: [--attention-backend, FLASHMLA]}\n", "", 1)
     assert unpinned != models
     body = "name: k\nserve_args: {base: [--no-enable-prefix-caching]}\nmatrix:\n  model: [kimi-linear]\n"
     body += "  tp: [p1d1, p2d1, p4d1, p1d2, p4d2]\n  block_size: [128]\n"
@@ -83,13 +83,16 @@ def test_unpinned_kimi_hetero_tp_cells_are_refused_with_nixls_message(tmp_path):
 
 def test_pinned_backend_on_an_arch_vllm_refuses_is_a_plan_rule(tmp_path, monkeypatch):
     monkeypatch.setenv(blocks.ARCH_ENV, "sm120")
-    body = "name: k\nserve_args: {base: [--no-enable-prefix-caching]}\nmatrix:\n  model: [kimi-linear]\n"
-    body += "  tp: [p2d2]\n  block_size: [128]\n"
+    body = "name: k\nserve_args: {base: [--no-enable-prefix-caching, --attention-backend, FLASHMLA]}\n"
+    body += "matrix:\n  model: [kimi-linear]\n  tp: [p2d2]\n  block_size: [128]\n"
     plan = expand(_sweep(tmp_path, (SWEEPS / "models.yaml").read_text(), body))
     (r,) = plan.rejected
     assert r.rule == "attention-backend"
     assert "Selected backend AttentionBackendEnum.FLASHMLA is not valid" in r.reason
     assert "compute capability not supported" in r.reason
+    # the catalogue pins FLASHMLA for sm90 only (serve_args_by_arch): on sm120 Kimi plans unpinned
+    body = body.replace(", --attention-backend, FLASHMLA", "")
+    assert expand(_sweep(tmp_path, (SWEEPS / "models.yaml").read_text(), body)).rejected == []
 
 
 def test_fallback_table_matches_vllms_kernel_block_sizes():

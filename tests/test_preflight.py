@@ -128,6 +128,10 @@ def test_driver_older_than_torch_cuda():
     assert pf.driver_problems("570.124.06", "12.8") == []
     (msg,) = pf.driver_problems("570.124.06", "13.0")
     assert "NVIDIA driver 570.124.06 is older than 580" in msg and "CUDA 13.x" in msg
+    assert "reinstall on the CUDA 12 route" in msg and "constraints/gpu-cu12.txt" in msg
+    assert "constraints/gpu.txt" not in msg  # the old advice named a file with no CUDA 12 build
+    (msg,) = pf.driver_problems("470.82.01", "13.0")
+    assert "no install route" in msg and "CUDA 12 route" not in msg
     assert "CPU build" in pf.driver_problems("580.65.06", None)[0]
     assert "no known minimum driver" in pf.driver_problems("580.65.06", "14.0")[0]
 
@@ -176,23 +180,26 @@ def test_refuses_missing_model_before_anything_starts(tmp_path, node, monkeypatc
     assert not (tmp_path / "launched").exists() and not (tmp_path / "run").exists()
 
 
-def test_refuses_model_that_does_not_fit(tmp_path, node, monkeypatch, capsys):
-    monkeypatch.setattr(pf, "HfHub", lambda: FakeHub({KIMI: False}))
-    sweep = write_sweep(tmp_path, tp="p2d1")  # decode at TP 1: 98 GB on one 80 GB GPU
-    assert run_cli(sweep) == 2
-    err = capsys.readouterr().err
-    line = next(x for x in err.splitlines() if "does not fit" in x)
+def test_cell_that_does_not_fit_is_not_runnable(tmp_path, node, monkeypatch, capsys):
+    """Per-cell memory fit (issue 35): a cell whose instance does not fit is NOT-RUNNABLE with
+    the arithmetic; the preflight does not refuse the sweep."""
+    from pdsweep.plan.expand import expand
+    from pdsweep.spec.sweep import load_sweep
+
+    ls = load_sweep(write_sweep(tmp_path, tp="p2d1"))  # decode at TP 1: 98 GB on one 80 GB GPU
+    got = pf.preflight(ls, expand(ls).cells, hub=FakeHub({KIMI: False}))
+    pd = next(c for c in expand(ls).cells if c.kind == "pd")
+    line = got.unfit[pd.id]
     assert line.startswith("model kimi-linear decode TP 1 (block 128, max_model_len 8192) does not fit: ")
     assert "weights 91.3 GiB / TP 1 = 91.3 GiB" in line and "> 79.6 GiB (NVIDIA H100 80GB HBM3)" in line
     assert "gpu_memory_utilization 0.8 = 63.7 GiB" in line
-    assert "prefill TP 2" not in err  # 45.6 GiB per rank fits
-    assert not (tmp_path / "launched").exists() and not (tmp_path / "run").exists()
-    # TP 2 on both sides fits: the preflight passes and gives every GPU
-    ls = __import__("pdsweep.spec.sweep", fromlist=["load_sweep"]).load_sweep(write_sweep(tmp_path, tp="p2d2"))
-    from pdsweep.plan.expand import expand
-
+    assert f"{line}: its cells are NOT-RUNNABLE here" in got.warnings
+    assert not [w for w in got.warnings if "prefill TP 2" in w]  # 45.6 GiB per rank fits
+    assert got.shape == "8 x NVIDIA H100 80GB HBM3 (79.6 GiB)"
+    # TP 2 on both sides fits: the preflight passes, gives every GPU, nothing unfit
+    ls = load_sweep(write_sweep(tmp_path, tp="p2d2"))
     ok = pf.preflight(ls, expand(ls).cells, hub=FakeHub({KIMI: False}))
-    assert ok.gpu_ids == tuple(range(8)) and ok.weights["kimi-linear"].nbytes == 98_000_000_000
+    assert ok.gpu_ids == tuple(range(8)) and ok.weights["kimi-linear"].nbytes == 98_000_000_000 and ok.unfit == {}
 
 
 def test_refuses_busy_gpu_and_old_driver(tmp_path, node, monkeypatch, capsys):

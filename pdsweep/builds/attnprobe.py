@@ -45,7 +45,8 @@ from vllm.v1.attention.backends.registry import AttentionBackendEnum
 # AttentionBackend.validate_configuration's own checks: pure functions of the configuration
 GENERIC = re.compile(r"^(head_size|dtype|kv_cache_dtype|block_size) not supported$|^(non-)?(MLA|sparse) not supported$"
     r"|^compute capability not supported$|^attention type .* not supported$|^(KV connector|sliding window|R-SWA"
-    r"|attention sinks|non-causal attention|batch invariance|PCP|DCP) not supported$")
+    r"|attention sinks|non-causal attention|batch invariance|PCP|DCP) not supported$"
+    r"|^FlashMLA (Dense|Sparse) is only supported on .* devices\.$")
 
 class _Any(type):
     def __getattr__(cls, name): return _Anything
@@ -82,6 +83,28 @@ def load(b):
         except Exception as e: return None, f"{type(e).__name__}: {e}"
     return None, "too many missing kernel modules"
 
+import contextlib
+@contextlib.contextmanager
+def _on_target(cap):
+    # vLLM's FlashMLA checks (vllm/v1/attention/ops/flashmla.py is_flashmla_dense_supported /
+    # is_flashmla_sparse_supported) ask current_platform for the device's capability family and
+    # whether the FlashMLA extension was compiled; answer them for the target GPU (the GPU wheel
+    # ships the extension), so vLLM's own capability rule ("FlashMLA Dense is only supported on
+    # Hopper devices.") decides.
+    from vllm.platforms import current_platform
+    plat = type(current_platform)
+    saved = plat.__dict__.get("get_device_capability")
+    plat.get_device_capability = classmethod(lambda c, device_id=0: cap)
+    try: import vllm.v1.attention.ops.flashmla as fm
+    except Exception: fm = None
+    avail = getattr(fm, "_is_flashmla_available", None)
+    if fm is not None and avail is not None: fm._is_flashmla_available = lambda: (True, None)
+    try: yield
+    finally:
+        if saved is None: delattr(plat, "get_device_capability")
+        else: plat.get_device_capability = saved
+        if fm is not None and avail is not None: fm._is_flashmla_available = avail
+
 def sizes(cls):
     out = {"exact": [], "multiple_of": None}
     for s in cls.get_supported_kernel_block_sizes():
@@ -93,10 +116,11 @@ def info(b, q, cap):
     cls, err = load(b)
     if cls is None: return {"name": b.name, "reasons": [], "unverified": [err], "sizes": None}
     try:
-        r = cls.validate_configuration(head_size=q["head_size"], dtype=getattr(torch, q["dtype"]),
+        with _on_target(cap):
+            r = cls.validate_configuration(head_size=q["head_size"], dtype=getattr(torch, q["dtype"]),
             kv_cache_dtype=q["kv_cache_dtype"], block_size=q["block_size"], use_mla=q["use_mla"], has_sink=False,
-            use_sparse=q.get("use_sparse", False), use_mm_prefix=False, use_per_head_quant_scales=False,
-            device_capability=cap, attn_type="decoder", use_kv_connector=q["use_kv_connector"])
+                use_sparse=q.get("use_sparse", False), use_mm_prefix=False, use_per_head_quant_scales=False,
+                device_capability=cap, attn_type="decoder", use_kv_connector=q["use_kv_connector"])
     except Exception as e:
         r = [f"{type(e).__name__}: {e}"]
     try: sz = sizes(cls)

@@ -196,6 +196,14 @@ def target_arch() -> tuple[str, str]:
     return ASSUMED_ARCH, "assumed (no GPU here; pass --gpu-arch)"
 
 
+def arch_serve_args(model: ModelSpec, platform: str) -> list[str]:
+    """The catalogue's ``serve_args_by_arch`` entry of the target arch (:func:`target_arch`) on
+    CUDA, else ``[]``: appended after ``serve_args`` (vLLM: the last flag wins)."""
+    if platform != "cuda" or not model.serve_args_by_arch:
+        return []
+    return list(model.serve_args_by_arch.get(target_arch()[0], []))
+
+
 @dataclass(frozen=True)
 class Choice:
     """vLLM's backend for one instance: the backend with vLLM's kernel sizes, where it came from."""
@@ -405,6 +413,7 @@ def role_flags(cell: Cell, role: str, ls: LoadedSweep) -> list[str]:
     return (
         argv
         + list(model.serve_args)
+        + arch_serve_args(model, ls.sweep.platform)
         + list(variant.both)
         + list(variant.prefill if role == "prefill" else variant.decode if role == "decode" else [])
     )

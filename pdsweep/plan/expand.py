@@ -19,6 +19,7 @@ from typing import Any
 
 from pdsweep.core.errors import UserError
 from pdsweep.plan import rules
+from pdsweep.plan.blocks import arch_serve_args
 from pdsweep.plan.cell import Cell, Rejected
 from pdsweep.spec.sweep import AXES, EXPECT_KEYS, REF_ENTRY_KEYS, LoadedSweep, ModelSpec, read_fault_every
 
@@ -429,7 +430,7 @@ def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: 
             argv += ["--num-gpu-blocks-override", str(blocks)]
         if role != "single":
             argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(cell, role, ls), separators=(",", ":"))]
-        extra = list(model.serve_args) + list(variant.both)
+        extra = list(model.serve_args) + arch_serve_args(model, s.platform) + list(variant.both)
         extra += list(variant.prefill if role == "prefill" else variant.decode if role == "decode" else [])
         argv = override_flags(argv, extra)
         env = {**derived_env(model, role), **model.env, **s.ucx, **s.env[cell.env]}
@@ -447,8 +448,9 @@ def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: 
             env.setdefault("PDSWEEP_NIXL_READ_LOG", "1")  # pdsweep.engine.readlog, via pdsweep's vLLM plugin
             if every := read_fault_every(cell.fault):  # the READ-failure drill (pdsweep.engine.readfault)
                 env["PDSWEEP_FAIL_READ_EVERY"] = str(every)
-        if s.platform == "cuda":
+        if s.platform == "cuda":  # nvidia-smi's indices (PCI bus order): CUDA's only under PCI_BUS_ID
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         else:
             cores = slot.cpus or tuple(range(os.cpu_count() or 1))
             env["VLLM_TARGET_DEVICE"] = "cpu"

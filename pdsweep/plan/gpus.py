@@ -9,11 +9,19 @@ in MiB). A GPU with a compute process that pdsweep did not start is *busy*: the 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from pdsweep.core.errors import UserError
+
 log = logging.getLogger(__name__)
+
+# An idle GPU shows a few MiB used (driver, ECC pages; the fake node: 3 MiB); a CUDA context
+# alone is ~500 MiB. More than this with no compute process listed: someone nvidia-smi cannot see.
+HIDDEN_MIB = 1024
 
 GPU_FIELDS = ("index", "uuid", "name", "compute_cap", "memory.total", "memory.free", "driver_version")
 APP_FIELDS = ("pid", "process_name", "used_memory", "gpu_uuid")
@@ -41,6 +49,16 @@ class Gpu:
     @property
     def busy(self) -> bool:
         return bool(self.apps)
+
+    @property
+    def used_mib(self) -> int:
+        return max(0, self.total_mib - self.free_mib)
+
+    @property
+    def hidden_use(self) -> bool:
+        """Memory in use (> :data:`HIDDEN_MIB`) while nvidia-smi lists no compute process on
+        it: a process in another container's PID namespace (nvidia-smi cannot see it)."""
+        return not self.apps and self.free_mib > 0 and self.used_mib > HIDDEN_MIB
 
     def busy_text(self) -> str:
         """``GPU 3 (GPU-...) is in use by pid 4242 python (20480 MiB)``."""
@@ -107,10 +125,80 @@ def inventory(ignore_pids: frozenset[int] | set[int] = frozenset()) -> Inventory
 
 
 def free_gpu_ids(inv: Inventory | None = None, warn: bool = True) -> tuple[int, ...]:
-    """Indices of the GPUs no other process holds; each busy one logged as a warning
-    naming the process (:meth:`Gpu.busy_text`)."""
+    """Indices of the GPUs this run may use (:func:`visible`: the user's
+    ``CUDA_VISIBLE_DEVICES``, no other process's); each one left out is logged as a warning
+    (:meth:`Gpu.busy_text`)."""
     inv = inv or inventory()
-    for g in inv.gpus:
-        if g.busy and warn:
-            log.warning("%s: not used by this run", g.busy_text())
-    return tuple(g.index for g in inv.free)
+    gpus, lines = visible(inv)
+    for line in lines if warn else ():
+        log.warning("%s", line)
+    return tuple(g.index for g in gpus)
+
+
+def _cuda_index_order_problem(gpus: tuple[Gpu, ...], order: str) -> str | None:
+    """Why integer ``CUDA_VISIBLE_DEVICES`` indices may not mean nvidia-smi's indices, or None.
+    CUDA numbers devices fastest first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (CUDA C
+    Programming Guide, "CUDA Environment Variables"); nvidia-smi numbers them in PCI bus
+    order. Among identical GPUs both orders agree (ties go by PCI bus id)."""
+    if order == "PCI_BUS_ID" or len({(g.name, g.compute_cap) for g in gpus}) <= 1:
+        return None
+    return (
+        "CUDA_VISIBLE_DEVICES lists indices on a host with different GPU models and CUDA_DEVICE_ORDER is "
+        f"{order or 'unset (FASTEST_FIRST)'}: CUDA's indices are then not nvidia-smi's; export "
+        "CUDA_DEVICE_ORDER=PCI_BUS_ID or list GPU UUIDs (nvidia-smi -L)"
+    )
+
+
+def visible(inv: Inventory, env: Mapping[str, str] | None = None) -> tuple[tuple[Gpu, ...], list[str]]:
+    """The GPUs of ``inv`` this run may use, and one line per GPU left out.
+
+    ``CUDA_VISIBLE_DEVICES`` (when set) is the user's set: comma-separated nvidia-smi
+    indices, or GPU UUIDs (``GPU-...``, a unique prefix is enough, as CUDA accepts); an
+    empty value means no GPU. Integer indices follow ``CUDA_DEVICE_ORDER`` (see
+    :func:`_cuda_index_order_problem`). Each instance later gets its share as nvidia-smi
+    indices with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (:func:`pdsweep.plan.expand.instances`).
+    Then GPUs a listed process holds (:meth:`Gpu.busy`) and GPUs whose memory is in use by
+    a process nvidia-smi does not list (:meth:`Gpu.hidden_use`) are left out.
+
+    Raises ``UserError`` naming ``CUDA_VISIBLE_DEVICES`` for an entry that is no GPU of this
+    host, a MIG instance (``MIG-...``: pdsweep places whole GPUs; a TP group cannot span MIG
+    instances, NCCL refuses), or ambiguous indices."""
+    env = os.environ if env is None else env
+    gpus, out = inv.gpus, []
+    raw = env.get("CUDA_VISIBLE_DEVICES")
+    if raw is not None and gpus:
+        entries = [x.strip() for x in raw.split(",") if x.strip()]
+        chosen: list[Gpu] = []
+        for e in entries:
+            if e.upper().startswith("MIG-"):
+                raise UserError(
+                    f"CUDA_VISIBLE_DEVICES={raw}: {e} is a MIG instance; pdsweep places whole GPUs (a TP group "
+                    "cannot span MIG instances): give whole GPUs as indices or GPU-... UUIDs (nvidia-smi -L)"
+                )
+            if e.isdigit():
+                if problem := _cuda_index_order_problem(gpus, env.get("CUDA_DEVICE_ORDER", "")):
+                    raise UserError(problem)
+                hit = [g for g in gpus if g.index == int(e)]
+            else:
+                hit = [g for g in gpus if g.uuid.startswith(e if e.upper().startswith("GPU-") else f"GPU-{e}")]
+            if len(hit) != 1:
+                listed = ", ".join(f"{g.index} ({g.uuid})" for g in gpus)
+                raise UserError(
+                    f"CUDA_VISIBLE_DEVICES={raw}: {e!r} is {'ambiguous' if hit else 'not a GPU of this host'}; "
+                    f"allowed: nvidia-smi indices or GPU UUIDs: {listed}"
+                )
+            if hit[0] not in chosen:
+                chosen.append(hit[0])
+        out += [
+            f"GPU {g.index} ({g.uuid}) is not in CUDA_VISIBLE_DEVICES={raw}: left out" for g in gpus if g not in chosen
+        ]
+        gpus = tuple(chosen)
+    for g in gpus:
+        if g.busy:
+            out.append(f"{g.busy_text()}: left out of this run")
+        elif g.hidden_use:
+            out.append(
+                f"GPU {g.index} ({g.uuid}) has {g.used_mib} MiB in use by a process nvidia-smi does not list "
+                "(another container?): left out of this run"
+            )
+    return tuple(g for g in gpus if not g.busy and not g.hidden_use), out

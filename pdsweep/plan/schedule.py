@@ -67,23 +67,36 @@ class HasGpus(Protocol):
 class GpuPool(LanePool):
     """Thread-safe pool of GPU ids and port lanes on one host. On CPU (``num_gpus == 0``)
     one cell runs at a time and holds every core. ``ids``: the GPU indices to hand out
-    (default ``0..num_gpus-1``; :func:`detect_gpu_ids` leaves busy GPUs out)."""
+    (default ``0..num_gpus-1``; :func:`detect_gpu_ids` leaves busy GPUs out). ``unfit``:
+    cell id -> why its instances do not fit these GPUs' memory
+    (:func:`pdsweep.run.preflight.memory_fit`); such a cell never fits (NOT-RUNNABLE)."""
 
     def __init__(
-        self, num_gpus: int, port_base: int, cpus: tuple[int, ...] = (), ids: tuple[int, ...] | None = None
+        self,
+        num_gpus: int,
+        port_base: int,
+        cpus: tuple[int, ...] = (),
+        ids: tuple[int, ...] | None = None,
+        unfit: dict[str, str] | None = None,
     ) -> None:
         check_port_range(num_gpus, port_base)
         super().__init__(port_base, cpus)
         self.ids = tuple(range(num_gpus)) if ids is None else tuple(ids)[:num_gpus]
         self.free = set(self.ids)
         self.num_gpus = num_gpus
+        self.unfit = dict(unfit or {})
 
     def fits(self, cell: HasGpus) -> bool:
+        if getattr(cell, "id", None) in self.unfit:
+            return False
         return cell.num_gpus <= self.num_gpus if cell.num_gpus else True
 
     def needs(self, cell: Cell) -> str:
-        """Why ``cell`` does not fit (the run.json / plan reason)."""
-        return f"needs {cell.num_gpus} GPUs, host has {self.num_gpus}"
+        """Why ``cell`` does not fit (the run.json / plan reason): too few GPUs, or the
+        memory arithmetic of its instance that does not fit."""
+        if cell.num_gpus > self.num_gpus or cell.id not in self.unfit:
+            return f"needs {cell.num_gpus} GPUs, host has {self.num_gpus}"
+        return self.unfit[cell.id]
 
     def try_acquire(self, cell: HasGpus) -> Slot | None:
         """Take GPUs and a lane for ``cell``, or None when they are not free now."""

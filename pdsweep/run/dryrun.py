@@ -94,23 +94,34 @@ def plan_dict(
     ls = load_sweep(sweep)
     plan = expand(ls)
     feasibility_warnings(plan, tasks=False)  # validate also asks lm-eval for the task names
-    n = gpus if gpus is not None else (detect_gpus() if ls.sweep.platform == "cuda" else 0)
+    cuda = ls.sweep.platform == "cuda"
+    fits_here = cluster is None and (gpu_check or (cuda and gpus is None))  # the GPU count comes from the fit
+    n = gpus if gpus is not None else (detect_gpus() if cuda and not fits_here else 0)
     cells = select_cells(plan, cells_glob)
     if cells_glob and not cells:
         raise UserError(f"--cells {cells_glob!r} selects no cell of {ls.path} ({len(plan.cells)} cells)")
     if check:
         check_cells_argv(ls, cells)
     pool: GpuPool | ClusterPool | None = None
+    fitted = None
+    checked = None
     if gpu_check and cluster is None:
-        from pdsweep.plan.schedule import GpuPool
         from pdsweep.run.preflight import preflight as gpu_preflight
 
         checked = gpu_preflight(ls, cells, gpus)
+    elif ls.sweep.platform == "cuda" and cluster is None and gpus is None:
+        from pdsweep.run.preflight import plan_fit
+
+        checked = plan_fit(ls, cells)  # the GPUs nvidia-smi lists: usable ones, per-cell memory fit
+    if checked is not None:
+        from pdsweep.plan.schedule import GpuPool
+
         for w in checked.warnings:
             print(f"warning: {w}", file=sys.stderr)
         if ls.sweep.platform == "cuda" and checked.gpu_ids:
             n = len(checked.gpu_ids)
-            pool = GpuPool(n, ls.sweep.defaults.port_base, ids=checked.gpu_ids)
+            pool = GpuPool(n, ls.sweep.defaults.port_base, ids=checked.gpu_ids, unfit=checked.unfit)
+            fitted = checked.shape
     if cluster is not None:
         from dataclasses import replace
 
@@ -158,6 +169,7 @@ def plan_dict(
         "builds": {b: build_record(ls, b) for b in sorted({c.build for c in cells})},
         "gpu_arch": _gpu_arch(ls.sweep.platform),
         "gpus": n,
+        "fitted_to": fitted,  # the node shape cells were memory-fitted to (pdsweep.run.preflight.memory_fit)
         "nodes": list(cluster.nodes) if cluster else None,
         "cells": out_cells,
         "rejected": [r.to_dict() for r in plan.rejected],
@@ -252,6 +264,8 @@ def print_plan(d: dict) -> None:
     where = f"{len(d['nodes'])} nodes, {d['gpus']} GPUs" if d["nodes"] else f"{d['gpus']} GPUs"
     if d.get("gpu_arch"):
         where += f", {d['gpu_arch']['arch']} ({d['gpu_arch']['source']})"
+    if d.get("fitted_to"):
+        where += f", fitted to {d['fitted_to']}"
     t = Table(title=f"{d['sweep']}: {len(d['cells'])} cells ({d['platform']}, {where})")
     for col in ("cell", "tp_ratio", "GPUs", "instances", "backend logical/kernel", "expect", "reference"):
         t.add_column(col, overflow="fold")
@@ -283,7 +297,7 @@ def print_plan(d: dict) -> None:
     s = d["schedule"]
     for x in s["needs_more_gpus"]:
         why = x.get("reason") or f"needs {x['needs']} GPUs (host has {d['gpus']})"
-        con.print(f"not scheduled: {x['cell']} {why}")
+        con.print(escape(f"NOT-RUNNABLE: {x['cell']}: {why}"))
     con.print("\n[bold]instances (dry run)[/bold]")
     for c in d["cells"]:
         for i in c.get("instances", []):

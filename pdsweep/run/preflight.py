@@ -5,7 +5,7 @@ any server starts (``pdsweep run``; ``pdsweep plan --preflight``).
    (``huggingface_hub.scan_cache_dir``), or the hub reachable and the repo not gated
    without a token (``HF_TOKEN`` / ``huggingface_hub.get_token``). The hub is a
    :class:`Hub`, injectable: tests pass a fake and never touch the network.
-2. **Memory fit** per instance and TP rank (the exact ``vllm serve`` argv pdsweep builds):
+2. **Memory fit** per cell, instance and TP rank (the exact ``vllm serve`` argv pdsweep builds):
    ``weights / TP + KV of one max_model_len request <= GPU total x gpu_memory_utilization``,
    and vLLM's own start check ``free >= total x gpu_memory_utilization``
    (vllm/v1/worker/gpu_worker.py ``Worker.init_device``: "Free memory on device ... is less
@@ -15,8 +15,11 @@ any server starts (``pdsweep run``; ``pdsweep plan --preflight``).
    else the catalogue's ``weights_gb``, else the hub's safetensors metadata.
 3. **Driver vs torch's CUDA**: the driver ``nvidia-smi`` reports against the minimum of
    the CUDA major torch was built for (:data:`MIN_DRIVER`).
-4. **Busy GPUs**: a GPU another process holds is left out with a warning naming the
-   process; asking for more GPUs (``--gpus``) than are free is an error, one line per busy GPU.
+   A cell whose instance does not fit is NOT-RUNNABLE with the arithmetic (:func:`memory_fit`);
+   the other cells run.
+4. **Usable GPUs** (:func:`pdsweep.plan.gpus.visible`): the user's ``CUDA_VISIBLE_DEVICES``;
+   a GPU another process holds (listed or not by nvidia-smi) is left out with a warning;
+   asking for more GPUs (``--gpus``) than are usable is an error, one line per GPU left out.
 
 Each problem is one line (per model, instance shape or GPU); all of them together raise
 one ``UserError`` (exit 2).
@@ -30,13 +33,13 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Protocol
 
 from pdsweep.core.errors import UserError
-from pdsweep.plan.gpus import Inventory, inventory
+from pdsweep.plan.gpus import Inventory, inventory, visible
 
 GIB = 1024**3
 
@@ -230,10 +233,18 @@ def driver_problems(driver: str | None, cuda: str | None) -> list[str]:
         return [f"torch is built for CUDA {cuda}: no known minimum driver (pdsweep/run/preflight.py MIN_DRIVER)"]
     if _version(driver) < need:
         want = ".".join(map(str, need))
+        older = [m for m, v in sorted(MIN_DRIVER.items(), reverse=True) if m < major and _version(driver) >= v]
+        if older and older[0] == 12:
+            fix = (
+                "upgrade the driver, or reinstall on the CUDA 12 route (`rm .venv/.pdsweep-installed && make "
+                "install`: scripts/install-env.sh picks constraints/gpu-cu12.txt on this driver; its vLLM predates "
+                "PR #49297, docs/gpu-preflight.md)"
+            )
+        else:
+            fix = "upgrade the driver (pdsweep has no install route for it: docs/gpu-preflight.md)"
         return [
             f"NVIDIA driver {driver} is older than {want}, the minimum for CUDA {major}.x that torch is built for "
-            f"(CUDA {cuda}): every vLLM instance would fail at start; upgrade the driver or install a CUDA "
-            f"{major - 1} build (constraints/gpu.txt)"
+            f"(CUDA {cuda}): every vLLM instance would fail at start; {fix}"
         ]
     return []
 
@@ -263,16 +274,44 @@ def kv_one_request(name: str, model: Any, tp: int, block: int, max_len: int) -> 
     return math.ceil(max_len / block) * per["attention_per_block"] + per["ssm_per_request"]
 
 
-def memory_problems(
-    ls: Any, cells: list[Any], weights: dict[str, Weights], inv: Inventory, ids
-) -> tuple[list[str], list[str]]:
-    """(errors, warnings) of the memory fit of every instance of ``cells`` on the GPUs
-    ``ids`` of ``inv`` (the smallest of them decides). One line per (model, role shape)."""
+def node_shape(gpus: Iterable[Any]) -> str:
+    """``8 x NVIDIA H100 80GB HBM3 (79.6 GiB)``: the node shape a plan was fitted to (the
+    smallest GPU's memory decides)."""
+    gpus = list(gpus)
+    if not gpus:
+        return "no GPU"
+    small = min(gpus, key=lambda g: g.total_mib)
+    names = " + ".join(dict.fromkeys(g.name for g in gpus))
+    return f"{len(gpus)} x {names} ({small.total_mib / 1024:.1f} GiB)"
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    """The per-cell memory fit on one node (:func:`memory_fit`)."""
+
+    errors: list[str]  # nothing can start (vLLM's free-memory check), or weights size unknown
+    warnings: list[str]  # one line per (model, instance shape) that does not fit; missing KV geometry
+    unfit: dict[str, str]  # cell id -> the arithmetic of its first instance that does not fit
+    shape: str | None  # node_shape() of the GPUs fitted to; None: not fitted (memory unknown)
+
+
+def memory_fit(ls: Any, cells: list[Any], weights: dict[str, Weights], gpus: Iterable[Any]) -> MemoryFit:
+    """Fit every instance of ``cells`` (the exact argv pdsweep builds) on ``gpus`` (the
+    smallest total and the tightest free memory decide), per TP rank:
+    ``weights / TP + KV(one max_model_len request) <= total x gpu_memory_utilization``
+    (vLLM ``check_enough_kv_cache_memory``, vllm/v1/core/kv_cache_utils.py). A cell with an
+    instance that does not fit is *unfit* (NOT-RUNNABLE with the arithmetic; the rest run),
+    never an error. Errors: ``free < total x gpu_memory_utilization`` (vLLM
+    ``Worker.init_device`` refuses every start) and weights of unknown size (fail closed)."""
     from pdsweep.plan.expand import Slot, instances, model_path
 
-    gpus = [g for g in inv.gpus if g.index in ids]
+    gpus = list(gpus)
+    out = MemoryFit([], [], {}, node_shape(gpus))
     if not gpus:
-        return [], []
+        return out
+    if any(g.total_mib <= 0 for g in gpus):  # nvidia-smi printed no memory.total ([N/A]): nothing to fit to
+        out.warnings.append("nvidia-smi reports no memory.total for some GPU: memory fit not checked")
+        return replace(out, shape=None)
     small = min(gpus, key=lambda g: g.total_mib)
     tight = min(gpus, key=lambda g: g.free_mib)
     total, free = small.total_mib * 2**20, tight.free_mib * 2**20
@@ -307,13 +346,40 @@ def memory_problems(
                 warnings[f"{what}: KV geometry not in the catalogue; memory fit checked for weights only"] = None
             need = w.nbytes / spec.tp + (kv or 0)
             if need > budget:
-                errors[
+                why = (
                     f"{what} does not fit: weights {w.nbytes / GIB:.1f} GiB / TP {spec.tp} = "
                     f"{w.nbytes / spec.tp / GIB:.1f} GiB + KV of one request {(kv or 0) / GIB:.2f} GiB = "
                     f"{need / GIB:.1f} GiB per rank > {small.total_mib / 1024:.1f} GiB ({small.name}) x "
-                    f"gpu_memory_utilization {util} = {budget / GIB:.1f} GiB (exclude the cell or raise TP)"
-                ] = None
-    return list(errors), list(warnings)
+                    f"gpu_memory_utilization {util} = {budget / GIB:.1f} GiB"
+                )
+                warnings[f"{why}: its cells are NOT-RUNNABLE here"] = None
+                out.unfit.setdefault(c.id, why)
+    out.errors.extend(errors)
+    out.warnings.extend(warnings)
+    return out
+
+
+def known_weights(name: str, model: Any) -> Weights:
+    """:func:`resolve_weights` without asking the hub (``pdsweep plan`` without
+    ``--preflight``): local path, HF cache or catalogue ``weights_gb``; else unknown
+    (``error`` set, so the memory fit skips the model)."""
+    if getattr(model, "weights_gb", None) and model.tiny is None and not model.path and not hf_cache_dir(model.hf_id):
+        return Weights(f"catalogue:{name}", int(model.weights_gb * 1e9))
+
+    class _NoHub:
+        def gated(self, repo_id: str, token: str | None) -> bool:
+            raise LookupError(repo_id)
+
+        def weights_bytes(self, repo_id: str, token: str | None) -> int | None:
+            return None
+
+    w = resolve_weights(name, model, _NoHub(), {})
+    if w.error is None or model.path:
+        return w
+    return Weights(
+        error=f"model {name}: weights size unknown without asking the hub ({model.hf_id} not in the HF cache, "
+        "no catalogue weights_gb; `pdsweep plan --preflight` asks the hub)"
+    )
 
 
 # ---------------------------------------------------------------- the preflight
@@ -322,6 +388,8 @@ class Preflight:
     gpu_ids: tuple[int, ...]  # the GPUs the run may use (busy ones left out)
     warnings: list[str]
     weights: dict[str, Weights]
+    unfit: dict[str, str] = field(default_factory=dict)  # cell id -> why it does not fit (NOT-RUNNABLE)
+    shape: str | None = None  # the node shape the cells were fitted to (node_shape)
 
 
 def preflight(
@@ -335,32 +403,56 @@ def preflight(
     cache: Callable[[str], Path | None] | None = None,
 ) -> Preflight:
     """Check ``cells`` of loaded sweep ``ls`` before anything starts; ``gpus``: ``--gpus``
-    (None: every free GPU). Raises ``UserError`` listing every problem, one per line.
+    (None: every usable GPU, :func:`pdsweep.plan.gpus.visible`). Raises ``UserError``
+    listing every problem, one per line. Cells whose instances do not fit the node's
+    memory are returned in ``unfit`` (NOT-RUNNABLE), not refused.
     On a CPU sweep only the weights are checked (there are no GPUs to plan)."""
     models = list(dict.fromkeys(c.model for c in cells))
     weights = {n: resolve_weights(n, ls.catalogue.models[n], hub, env, cache) for n in models}
     errors = [w.error for w in weights.values() if w.error]
     warnings: list[str] = []
     ids: tuple[int, ...] = tuple(range(gpus or 0))
+    unfit: dict[str, str] = {}
+    shape = None
     if ls.sweep.platform == "cuda":
         inv = inventory() if inv is None else inv
         if inv.error:
             errors.append(inv.error)
         if inv.gpus:
             errors += driver_problems(inv.driver, (torch_cuda or torch_cuda_version)())
-            busy = [g for g in inv.gpus if g.busy]
-            warnings += [f"{g.busy_text()}: left out of this run" for g in busy]
-            free = tuple(g.index for g in inv.free)
+            usable, left_out = visible(inv, os.environ if env is None else env)
+            warnings += left_out
+            free = tuple(g.index for g in usable)
             if gpus is not None and gpus > len(free):
-                errors += [f"--gpus {gpus}: only {len(free)} of {len(inv.gpus)} free: {g.busy_text()}" for g in busy]
-                if not busy:
+                errors += [f"--gpus {gpus}: only {len(free)} of {len(inv.gpus)} free: {x}" for x in left_out]
+                if not left_out:
                     errors.append(f"--gpus {gpus}: nvidia-smi lists only {len(inv.gpus)} GPUs")
             ids = free if gpus is None else free[:gpus]
             if not free:
-                errors.append(f"no free GPU on this host ({len(inv.gpus)} listed, all in use)")
-            mem_errors, mem_warnings = memory_problems(ls, cells, weights, inv, ids)
-            errors += mem_errors
-            warnings += mem_warnings
+                errors.append(f"no usable GPU on this host ({len(inv.gpus)} listed, none free for this run)")
+            fit = memory_fit(ls, cells, weights, [g for g in usable if g.index in ids])
+            errors += fit.errors
+            warnings += fit.warnings
+            unfit, shape = fit.unfit, fit.shape
     if errors:
         raise UserError(f"{ls.path}: preflight: {len(errors)} problem(s), nothing started:\n" + "\n".join(errors))
-    return Preflight(ids, warnings, weights)
+    return Preflight(ids, warnings, weights, unfit, shape)
+
+
+def plan_fit(
+    ls: Any, cells: list[Any], inv: Inventory | None = None, env: Mapping[str, str] | None = None
+) -> Preflight:
+    """What ``pdsweep plan`` (no ``--preflight``) fits cells to on a CUDA host: the usable
+    GPUs (:func:`pdsweep.plan.gpus.visible`) and :func:`memory_fit` with the weights known
+    without the hub (:func:`known_weights`). Never raises for the node: its problems come
+    back as warnings (``run`` refuses them). No GPU listed: empty."""
+    inv = inventory() if inv is None else inv
+    if not inv.gpus:
+        return Preflight((), [inv.error] if inv.error else [], {})
+    usable, warnings = visible(inv, env)
+    weights = {n: known_weights(n, ls.catalogue.models[n]) for n in dict.fromkeys(c.model for c in cells)}
+    warnings += [f"{w.error}: memory fit not checked" for w in weights.values() if w.error]
+    fit = memory_fit(ls, cells, weights, usable)
+    return Preflight(
+        tuple(g.index for g in usable), warnings + fit.errors + fit.warnings, weights, fit.unfit, fit.shape
+    )

@@ -451,7 +451,7 @@ def _open_run(path: str | Path, opts: RunOptions) -> tuple[RunContext, list[Cell
             f"{run_dir}: {ls.path} changed since this run started (sweep_sha256 differs); "
             "results would mix two sweeps: start a new run"
         )
-    gpu_ids = None
+    gpu_ids, unfit = None, None
     if opts.preflight and opts.launcher == "local":  # weights, memory, driver, busy GPUs: before anything starts
         from pdsweep.run.preflight import preflight as gpu_preflight
 
@@ -459,10 +459,13 @@ def _open_run(path: str | Path, opts: RunOptions) -> tuple[RunContext, list[Cell
         for warning in checked.warnings:
             log.warning("%s", warning)
         if ls.sweep.platform == "cuda" and checked.gpu_ids:
-            gpu_ids, num_gpus = checked.gpu_ids, len(checked.gpu_ids)
+            gpu_ids, num_gpus, unfit = checked.gpu_ids, len(checked.gpu_ids), checked.unfit
+            log.info("cells fitted to %s", checked.shape)
     current = git_sha()
     git_shas = [x for x in dict.fromkeys([*(old or {}).get("git_shas", []), current]) if x]
-    launcher, pool = launcher_and_pool(ls, opts, num_gpus, gpu_ids)  # outside an allocation: refused before any write
+    launcher, pool = launcher_and_pool(
+        ls, opts, num_gpus, gpu_ids, unfit
+    )  # outside an allocation: refused before any write
     run_dir.mkdir(parents=True, exist_ok=True)
     ctx = RunContext(
         ls,
@@ -518,7 +521,13 @@ def _write_plan(
     layout.write_json(ctx.run_dir / layout.PLAN_FILE, body)
 
 
-def launcher_and_pool(ls: LoadedSweep, opts: RunOptions, num_gpus: int, gpu_ids: tuple[int, ...] | None = None):
+def launcher_and_pool(
+    ls: LoadedSweep,
+    opts: RunOptions,
+    num_gpus: int,
+    gpu_ids: tuple[int, ...] | None = None,
+    unfit: dict[str, str] | None = None,
+):
     """The launcher and resource pool of ``opts.launcher``: local -> :class:`LocalLauncher`
     over this host's GPUs; slurm -> steps of the allocation we run in, placed over its
     nodes x GPUs (``SLURM_JOB_NODELIST``, ``SLURM_GPUS_ON_NODE`` or ``--gpus-per-node``;
@@ -527,7 +536,7 @@ def launcher_and_pool(ls: LoadedSweep, opts: RunOptions, num_gpus: int, gpu_ids:
 
     launcher = make_launcher(opts.launcher)
     if opts.launcher != "slurm":
-        return launcher, GpuPool(num_gpus, ls.sweep.defaults.port_base, ids=gpu_ids)
+        return launcher, GpuPool(num_gpus, ls.sweep.defaults.port_base, ids=gpu_ids, unfit=unfit)
     from pdsweep.plan.placement import Cluster, ClusterPool
 
     gpn = opts.gpus_per_node if opts.gpus_per_node is not None else launcher.gpus_per_node  # type: ignore[attr-defined]
@@ -543,7 +552,7 @@ def fresh_pool(pool):
 
     if isinstance(pool, ClusterPool):
         return ClusterPool(pool.cluster, pool.port_base, pool.cpus)
-    return GpuPool(pool.num_gpus, pool.port_base, pool.cpus, ids=pool.ids)
+    return GpuPool(pool.num_gpus, pool.port_base, pool.cpus, ids=pool.ids, unfit=pool.unfit)
 
 
 def _dispatch(ctx: RunContext, todo: list[Cell], pool: GpuPool, keys: Any = None) -> None:

@@ -5,9 +5,9 @@ Loaded by :func:`pdsweep.spec.sweep.load_catalogue`."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 Attention = Literal["mla", "gqa", "mha"]
 Ssm = Literal["none", "mamba1", "mamba2", "gdn", "kda", "linear"]
@@ -124,6 +124,10 @@ class ModelSpec(Strict):
     trust_remote_code: bool = False
     max_model_len: int = Field(default=4096, gt=0)
     serve_args: list[str] = []
+    # serve_args for one CUDA target only (``smXY``: --gpu-arch, else nvidia-smi's compute
+    # capability; pdsweep.plan.blocks.target_arch), after serve_args: a backend pin vLLM accepts on
+    # one GPU family but refuses on another (Kimi-Linear's FLASHMLA: Hopper only)
+    serve_args_by_arch: dict[Annotated[str, StringConstraints(pattern=r"^sm\d{2,3}$")], list[str]] = {}
     env: dict[str, str] = {}
     min_gpus: int = Field(default=1, ge=1)
     # weights on disk in GB (1e9 bytes, as the hub lists them, bf16): the preflight's memory fit
@@ -203,7 +207,17 @@ class PlatformLimit(Strict):
 
 
 # what a tiny checkpoint's weights do not depend on (``tiny.weights_from`` may differ in them)
-_NOT_WEIGHTS = {"serve_args", "env", "trust_remote_code", "notes", "platforms", "nixl", "chat", "min_gpus"}
+_NOT_WEIGHTS = {
+    "serve_args",
+    "serve_args_by_arch",
+    "env",
+    "trust_remote_code",
+    "notes",
+    "platforms",
+    "nixl",
+    "chat",
+    "min_gpus",
+}
 
 
 class Catalogue(Strict):

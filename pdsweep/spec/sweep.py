@@ -647,6 +647,8 @@ def _guard_catalogue(cat: Catalogue, path: Path, node: yaml.Node | None) -> list
         if why := guards.unsafe_name(name, model=True):
             out.append(f"{path}:{line_of(node, ('models', name))}: models: {why}")
         out += _flag_errors(m.serve_args, ("models", name, "serve_args"), path, node)
+        for arch, args in m.serve_args_by_arch.items():
+            out += _flag_errors(args, ("models", name, "serve_args_by_arch", arch), path, node)
         out += _env_errors(m.env, ("models", name, "env"), path, node)
     return out
 
