@@ -122,12 +122,44 @@ def testnet() -> Iterator[None]:
         _teardown()
 
 
+# Run a program in a network namespace with a sysfs of that namespace and the host's cgroup
+# mounts: UCX lists network devices from /sys/class/net (uct_tcp_query_devices), which shows
+# the namespace of whoever mounted sysfs, so under a bare `nsenter --net` UCX saw the root
+# namespace's devices and offered only tcp/lo; `ip netns exec` remounts /sys but loses
+# /sys/fs/cgroup, without which slurmd 22.05 does not start ("Unable to initialize cgroup
+# plugin"). $1: an empty directory to park the cgroup mounts in; the rest: the program.
+_ENTER = (
+    'mount --rbind /sys/fs/cgroup "$1" && mount -t sysfs sysfs /sys && mount --move "$1" /sys/fs/cgroup && '
+    'shift && exec "$@"'
+)
+
+
+def enter(ns: str, park: Path) -> tuple[str, ...]:
+    """Command prefix running a program in namespace ``ns`` (network, plus a private mount
+    namespace with the namespace's sysfs and the host's cgroups; ``park``: a scratch dir)."""
+    park.mkdir(parents=True, exist_ok=True)
+    return (
+        "nsenter",
+        f"--net=/run/netns/{ns}",
+        "unshare",
+        "-m",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        _ENTER,
+        "sh",
+        str(park),
+    )
+
+
 @contextlib.contextmanager
 def netns_cluster(root: Path, cpus: int | None = None) -> Iterator[Cluster]:
     """:func:`testnet` plus the Slurm cluster of tests/_slurm.py on it: slurmd of
     ``NODES[i]`` in namespace ``NETNS[i]`` at ``ADDRS[i]``, slurmctld in the root namespace
     at :data:`CTLD_ADDR`. Daemons stop before the network goes."""
-    with testnet(), cluster(root, cpus, addrs=ADDRS, ctld_addr=CTLD_ADDR, netns=NETNS) as cl:
+    prefixes = tuple(enter(ns, root / f"cgroup-{ns}") for ns in NETNS)
+    with testnet(), cluster(root, cpus, addrs=ADDRS, ctld_addr=CTLD_ADDR, prefixes=prefixes) as cl:
         yield cl
 
 

@@ -151,13 +151,13 @@ def cluster(
     ready_timeout_s: float = 30.0,
     addrs: tuple[str, ...] = (),
     ctld_addr: str | None = None,
-    netns: tuple[str, ...] = (),
+    prefixes: tuple[tuple[str, ...], ...] = (),
 ) -> Iterator[Cluster]:
     """Start munged, slurmctld and one slurmd per node under ``root`` (``cpus`` per node,
     default half the host's); yield a :class:`Cluster` once ``sinfo`` shows every node
-    idle; stop the daemons by PID. With ``netns`` (one network namespace per node, made by
-    tests/_netns.py) slurmd of ``NODES[i]`` runs in ``netns[i]`` at ``addrs[i]``, slurmctld at
-    ``ctld_addr``. Raises ``RuntimeError`` with the daemon logs when the cluster does not
+    idle; stop the daemons by PID. With ``prefixes`` (tests/_netns.py: enter node ``i``'s
+    network namespace) slurmd of ``NODES[i]`` starts as ``prefixes[i] + [slurmd ...]`` and
+    is reached at ``addrs[i]``, slurmctld at ``ctld_addr``. Raises ``RuntimeError`` with the daemon logs when the cluster does not
     come up."""
     root.mkdir(parents=True, exist_ok=True)
     for d in ("state", "spool", "munge"):
@@ -195,9 +195,12 @@ def cluster(
         )
         subprocess.run(["slurmctld", "-f", str(conf)], env=env, check=True, timeout=20, capture_output=True)
         for i, n in enumerate(NODES):
-            inns = ["nsenter", f"--net=/run/netns/{netns[i]}"] if netns else []  # not ip netns exec: it remounts /sys (no cgroup fs)
             subprocess.run(
-                [*inns, "slurmd", "-N", n, "-f", str(conf)], env=env, check=True, timeout=20, capture_output=True
+                [*(prefixes[i] if prefixes else ()), "slurmd", "-N", n, "-f", str(conf)],
+                env=env,
+                check=True,
+                timeout=20,
+                capture_output=True,
             )
         deadline = time.monotonic() + ready_timeout_s
         while True:
