@@ -135,14 +135,25 @@ _ENTER = (
 
 
 def enter(ns: str, park: Path) -> tuple[str, ...]:
-    """Command prefix running a program in namespace ``ns`` (network, plus a private mount
-    namespace with the namespace's sysfs and the host's cgroups; ``park``: a scratch dir)."""
+    """Command prefix running a program as a second host: in network namespace ``ns`` and in
+    new PID, IPC and mount namespaces (the namespace's sysfs, the host's cgroups, a /proc of
+    its own; ``park``: a scratch dir). Not the network alone: UCX's shared-memory transports
+    reach any process of the same kernel, boot id and PID namespace (``cma``:
+    process_vm_readv), so across network namespaces only, NIXL READ over ``cma/memory``
+    (seen here); a PID namespace of its own makes ``cma`` unreachable, an IPC one ``sysv``.
+    The program is PID 1 of its namespace: when it ends, the kernel kills everything left
+    there; ``unshare --kill-child`` passes our SIGTERM on to it."""
     park.mkdir(parents=True, exist_ok=True)
     return (
         "nsenter",
         f"--net=/run/netns/{ns}",
         "unshare",
-        "-m",
+        "--mount",
+        "--pid",
+        "--ipc",
+        "--fork",
+        "--kill-child=SIGTERM",
+        "--mount-proc",
         "--propagation",
         "private",
         "sh",

@@ -156,8 +156,10 @@ def cluster(
     """Start munged, slurmctld and one slurmd per node under ``root`` (``cpus`` per node,
     default half the host's); yield a :class:`Cluster` once ``sinfo`` shows every node
     idle; stop the daemons by PID. With ``prefixes`` (tests/_netns.py: enter node ``i``'s
-    network namespace) slurmd of ``NODES[i]`` starts as ``prefixes[i] + [slurmd ...]`` and
-    is reached at ``addrs[i]``, slurmctld at ``ctld_addr``. Raises ``RuntimeError`` with the daemon logs when the cluster does not
+    namespaces) slurmd of ``NODES[i]`` runs in the foreground as ``prefixes[i] + [slurmd -D
+    ...]``, a child of this process stopped by its PID here (the PID slurmd writes is one of
+    its own PID namespace, never signalled), and is reached at ``addrs[i]``, slurmctld at
+    ``ctld_addr``. Raises ``RuntimeError`` with the daemon logs when the cluster does not
     come up."""
     root.mkdir(parents=True, exist_ok=True)
     for d in ("state", "spool", "munge"):
@@ -175,7 +177,9 @@ def cluster(
     env = {**os.environ, "SLURM_CONF": str(conf), "PATH": os.environ.get("PATH", "") + ":/usr/sbin:/sbin"}
     for k in [k for k in env if k.startswith("SLURM_") and k != "SLURM_CONF"]:
         del env[k]  # an outer allocation must not leak into the private cluster
-    pidfiles = (*(root / f"slurmd-{n}.pid" for n in NODES), root / "slurmctld.pid", root / "munge" / "munged.pid")
+    slurmd_pids = () if prefixes else tuple(root / f"slurmd-{n}.pid" for n in NODES)
+    pidfiles = (*slurmd_pids, root / "slurmctld.pid", root / "munge" / "munged.pid")
+    children: list[subprocess.Popen] = []
     cl = Cluster(root, NODES, env, pidfiles)
     try:
         subprocess.run(
@@ -195,13 +199,19 @@ def cluster(
         )
         subprocess.run(["slurmctld", "-f", str(conf)], env=env, check=True, timeout=20, capture_output=True)
         for i, n in enumerate(NODES):
-            subprocess.run(
-                [*(prefixes[i] if prefixes else ()), "slurmd", "-N", n, "-f", str(conf)],
-                env=env,
-                check=True,
-                timeout=20,
-                capture_output=True,
-            )
+            if prefixes:
+                with open(root / f"slurmd-{n}.out", "ab") as out:
+                    children.append(
+                        subprocess.Popen(
+                            [*prefixes[i], "slurmd", "-D", "-N", n, "-f", str(conf)],
+                            env=env,
+                            stdout=out,
+                            stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL,
+                        )
+                    )
+                continue
+            subprocess.run(["slurmd", "-N", n, "-f", str(conf)], env=env, check=True, timeout=20, capture_output=True)
         deadline = time.monotonic() + ready_timeout_s
         while True:
             out = cl.run("sinfo", "-h", "-N", "-o", "%N %t", check=False, timeout=10)
@@ -215,6 +225,13 @@ def cluster(
             time.sleep(0.2)
         yield cl
     finally:
+        for c in children:  # slurmd in namespaces of its own: stopped before slurmctld, by our child's PID
+            c.terminate()
+            try:
+                c.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                c.kill()
+                c.wait(timeout=10)
         for p in pidfiles:
             _stop_pidfile(p)
 
