@@ -65,37 +65,53 @@ def leftovers() -> list[str]:
     return [n for n in ns + links if n == BRIDGE or n in NETNS or n in {f"{d}h" for d in DEVICES}]
 
 
-def _kill_ns_pids(ns: str, timeout_s: float = 10.0) -> None:
-    """SIGTERM then SIGKILL every process in namespace ``ns`` (only ours run there)."""
-    deadline = time.monotonic() + timeout_s
-    sig = signal.SIGTERM
-    while True:
-        pids = [int(p) for p in _ip("netns", "pids", ns, check=False).stdout.split() if p.isdigit()]
-        if not pids:
-            return
+def _ns_pids(namespaces: tuple[str, ...]) -> list[int]:
+    present = _ip("netns", "list").stdout.split()
+    return [int(p) for ns in namespaces if ns in present for p in _ip("netns", "pids", ns, check=False).stdout.split()]
+
+
+def _kill_ns_pids(namespaces: tuple[str, ...], grace_s: float = 3.0) -> None:
+    """SIGTERM every process in ``namespaces`` (only ours run there: the slurmd we started,
+    PID 1 of its PID namespace, and what it left), SIGKILL what is left after ``grace_s``."""
+    deadline, sig = time.monotonic() + grace_s, signal.SIGTERM
+    while pids := _ns_pids(namespaces):
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
         if time.monotonic() > deadline:
-            if sig == signal.SIGKILL:
+            if sig == signal.SIGKILL and time.monotonic() > deadline + 5:
                 return
-            sig, deadline = signal.SIGKILL, time.monotonic() + 5
-        time.sleep(0.2)
+            sig = signal.SIGKILL
+        time.sleep(0.1)
 
 
 def _teardown(timeout_s: float = 10.0) -> None:
     """Kill what runs in our namespaces, delete veth pairs (both ends go with one), the
     namespaces and the bridge; wait until :func:`leftovers` is empty (the kernel frees a
     namespace's devices asynchronously)."""
+    _kill_ns_pids(NETNS)
     for ns, dev in zip(NETNS, DEVICES):
-        if ns in _ip("netns", "list").stdout.split():
-            _kill_ns_pids(ns)
         _ip("link", "del", f"{dev}h", check=False)
         _ip("netns", "del", ns, check=False)
     _ip("link", "del", BRIDGE, check=False)
     deadline = time.monotonic() + timeout_s
     while leftovers() and time.monotonic() < deadline:
         time.sleep(0.2)
+
+
+def running_under(root: Path) -> list[str]:
+    """``PID cmdline`` of every process whose command line names ``root`` (the cluster's
+    slurm.conf, munge socket and pid files live there: our daemons and their steps)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            except OSError:
+                continue
+            if str(root) in cmd:
+                out.append(f"{d.name} {cmd}")
+    return out
 
 
 @contextlib.contextmanager
@@ -142,7 +158,7 @@ def enter(ns: str, park: Path) -> tuple[str, ...]:
     process_vm_readv), so across network namespaces only, NIXL READ over ``cma/memory``
     (seen here); a PID namespace of its own makes ``cma`` unreachable, an IPC one ``sysv``.
     The program is PID 1 of its namespace: when it ends, the kernel kills everything left
-    there; ``unshare --kill-child`` passes our SIGTERM on to it."""
+    there; ``unshare --kill-child=SIGTERM`` sends it SIGTERM when unshare ends."""
     park.mkdir(parents=True, exist_ok=True)
     return (
         "nsenter",
@@ -183,6 +199,8 @@ def slurm_netns_cluster(tmp_path_factory) -> Iterator[Cluster]:
         if os.environ.get("PDSWEEP_REQUIRE_SLURM") == "1":
             pytest.fail(why + " but PDSWEEP_REQUIRE_SLURM=1")
         pytest.skip(why)
-    with netns_cluster(tmp_path_factory.mktemp("slurm-netns")) as cl:
+    root = tmp_path_factory.mktemp("slurm-netns")
+    with netns_cluster(root) as cl:
         yield cl
     assert leftovers() == [], f"test network left behind: {leftovers()}"
+    assert running_under(root) == [], f"daemons left running: {running_under(root)}"

@@ -225,13 +225,9 @@ def cluster(
             time.sleep(0.2)
         yield cl
     finally:
-        for c in children:  # slurmd in namespaces of its own: stopped before slurmctld, by our child's PID
-            c.terminate()
-            try:
-                c.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                c.kill()
-                c.wait(timeout=10)
+        for c in children:  # slurmd in namespaces of its own, stopped by our child's PID: `unshare --fork`
+            c.kill()  # blocks SIGTERM while it waits, so SIGKILL; its --kill-child then SIGTERMs slurmd
+            c.wait(timeout=10)
         for p in pidfiles:
             _stop_pidfile(p)
 
