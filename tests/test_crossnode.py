@@ -76,3 +76,31 @@ def test_planted_loopback_in_env_fails_on_two_hosts_only(var, val, named):
         instances(cell, two, ls, "/m", "python")
     one = Slot(0, (), 30000)
     assert [i.host for i in instances(cell, one, ls, "/m", "python")] == ["127.0.0.1"] * 2
+
+
+def test_run_refuses_a_loopback_node_addr_of_a_multi_host_allocation():
+    from pdsweep.plan.crossnode import loopback_node_addrs
+
+    assert loopback_node_addrs(("n1", "n2"), ("10.231.39.11", "localhost")) == ["node n2 NodeAddr=localhost"]
+    assert loopback_node_addrs(("n1", "n2"), ("127.0.0.1", "127.0.0.1")) == []  # one host (tests/_slurm.py)
+    assert loopback_node_addrs(("n1", "n2"), TWO_HOSTS) == []
+
+
+def test_run_with_a_planted_loopback_node_addr_is_refused_before_any_write(monkeypatch, tmp_path):
+    import types
+
+    import pdsweep.deploy.launchers as launchers
+    from pdsweep.run.sweep import RunOptions, launcher_and_pool
+
+    fake = types.SimpleNamespace(
+        nodes=["pdsweep-n1", "pdsweep-n2"],
+        addrs={"pdsweep-n1": "10.231.39.11", "pdsweep-n2": "127.0.0.1"},
+        gpus_per_node=0,
+    )
+    monkeypatch.setattr(launchers, "make_launcher", lambda name: fake)
+    with pytest.raises(UserError, match=r"loopback address: node pdsweep-n2 NodeAddr=127\.0\.0\.1 \(scontrol"):
+        launcher_and_pool(load_sweep(SMOKE), RunOptions(out=tmp_path / "run", launcher="slurm"), 0)
+    assert not (tmp_path / "run").exists()
+    fake.addrs["pdsweep-n2"] = "10.231.39.12"
+    _, pool = launcher_and_pool(load_sweep(SMOKE), RunOptions(out=tmp_path / "run", launcher="slurm"), 0)
+    assert pool.cluster.addrs == TWO_HOSTS

@@ -96,3 +96,12 @@ def loopback_fields(specs: Sequence[_Spec]) -> list[str]:
             elif names_loopback(str(val)):
                 out.append(f"{where} env {var}={val}")
     return out
+
+
+def loopback_node_addrs(nodes: Sequence[str], addrs: Sequence[str]) -> list[str]:
+    """``"node N NodeAddr=A"`` for each node of an allocation whose address is loopback while
+    other nodes have other addresses (nodes on more than one host): every cell placed across
+    such a node would hand the loopback address to the other host. Empty for one host."""
+    if len(set(addrs)) < 2:
+        return []
+    return [f"node {n} NodeAddr={a}" for n, a in zip(nodes, addrs) if is_loopback(a)]
