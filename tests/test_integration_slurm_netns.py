@@ -22,6 +22,7 @@ import pytest
 from _netns import ADDRS, DEVICES, slurm_netns_cluster  # noqa: F401  (fixture)
 from _slurm import NODES, allocation_env
 
+from pdsweep.judge.gate import PASS, XFAIL, gate_run
 from pdsweep.results import layout
 
 pytestmark = [pytest.mark.integration, pytest.mark.nightly, pytest.mark.timeout(3600)]
@@ -72,7 +73,15 @@ def test_pd_across_two_network_namespaces(slurm_netns_cluster, tmp_path):  # noq
         idx = layout.read_json(tmp_path / "hybrid" / "run.json")
         fixed, unfixed = "tiny-mla-mamba2.p2d1.b128-128.fixed", "tiny-mla-mamba2.p2d1.b128-128.unfixed"
         assert {fixed, unfixed} <= set(idx["cells"]), idx["cells"]
-        _across(tmp_path / "hybrid", fixed)
+        ranks = _across(tmp_path / "hybrid", fixed)["reads_by_prefill_rank"]
+        # MLA latent from prefill rank 0 only, each rank's Mamba2 state shard from that rank
+        assert set(ranks) == {"0", "1"} and ranks["0"]["reads"] == ranks["1"]["reads"] > 0, ranks
+        assert ranks["0"]["bytes"] > ranks["1"]["bytes"] > 0, ranks
+        bad = layout.read_json(tmp_path / "hybrid" / unfixed / "status.json")
+        assert bad["status"] == "failed" and "assert len(read_specs) == 1" in bad["reason"], bad["reason"]
+        res = gate_run(tmp_path / "hybrid")
+        assert res.cell(fixed).verdict == PASS, res.cell(fixed).reasons
+        assert res.cell(unfixed).verdict == XFAIL, res.cell(unfixed).reasons
         assert cl.steps(job) == [], "a step of ours is left in squeue"
         assert job in cl.run("squeue", "-h", "-o", "%i").stdout.split(), "the allocation itself was cancelled"
     finally:
