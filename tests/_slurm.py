@@ -80,14 +80,25 @@ class Cluster:
         ]
 
 
-def _conf(root: Path, host: str, cpus: int, ctld_port: int, munge_socket: Path) -> str:
+def _conf(
+    root: Path,
+    host: str,
+    cpus: int,
+    ctld_port: int,
+    munge_socket: Path,
+    addrs: tuple[str, ...] = (),
+    ctld_addr: str | None = None,
+) -> str:
+    """slurm.conf of the test cluster: node ``NODES[i]`` at ``addrs[i]`` (default
+    :data:`NODE_ADDR` for every node), slurmctld at ``ctld_addr`` (default: ``host``)."""
     nodes = "\n".join(
-        f"NodeName={n} NodeHostname={host} NodeAddr={NODE_ADDR} Port={_free_port()} CPUs={cpus} "
-        "RealMemory=10000 State=UNKNOWN"
-        for n in NODES
+        f"NodeName={n} NodeHostname={host} NodeAddr={addrs[i] if addrs else NODE_ADDR} Port={_free_port()} "
+        f"CPUs={cpus} RealMemory=10000 State=UNKNOWN"
+        for i, n in enumerate(NODES)
     )
+    ctld = f"{host}({ctld_addr})" if ctld_addr else host
     return f"""ClusterName=pdsweep-test
-SlurmctldHost={host}
+SlurmctldHost={ctld}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -134,11 +145,22 @@ def _stop_pidfile(pidfile: Path, timeout_s: float = 15.0) -> None:
 
 
 @contextlib.contextmanager
-def cluster(root: Path, cpus: int | None = None, ready_timeout_s: float = 30.0) -> Iterator[Cluster]:
+def cluster(
+    root: Path,
+    cpus: int | None = None,
+    ready_timeout_s: float = 30.0,
+    addrs: tuple[str, ...] = (),
+    ctld_addr: str | None = None,
+    prefixes: tuple[tuple[str, ...], ...] = (),
+) -> Iterator[Cluster]:
     """Start munged, slurmctld and one slurmd per node under ``root`` (``cpus`` per node,
     default half the host's); yield a :class:`Cluster` once ``sinfo`` shows every node
-    idle; stop the daemons by PID. Raises ``RuntimeError`` with the
-    daemon logs when the cluster does not come up."""
+    idle; stop the daemons by PID. With ``prefixes`` (tests/_netns.py: enter node ``i``'s
+    namespaces) slurmd of ``NODES[i]`` runs in the foreground as ``prefixes[i] + [slurmd -D
+    ...]``, a child of this process stopped by its PID here (the PID slurmd writes is one of
+    its own PID namespace, never signalled), and is reached at ``addrs[i]``, slurmctld at
+    ``ctld_addr``. Raises ``RuntimeError`` with the daemon logs when the cluster does not
+    come up."""
     root.mkdir(parents=True, exist_ok=True)
     for d in ("state", "spool", "munge"):
         (root / d).mkdir(exist_ok=True)
@@ -149,11 +171,15 @@ def cluster(root: Path, cpus: int | None = None, ready_timeout_s: float = 30.0) 
     os.chmod(key, 0o400)
     msock = root / "munge" / "munge.socket"
     conf = root / "slurm.conf"
-    conf.write_text(_conf(root, host, cpus or max(1, (os.cpu_count() or 2) // 2), _free_port(), msock))
+    conf.write_text(
+        _conf(root, host, cpus or max(1, (os.cpu_count() or 2) // 2), _free_port(), msock, addrs, ctld_addr)
+    )
     env = {**os.environ, "SLURM_CONF": str(conf), "PATH": os.environ.get("PATH", "") + ":/usr/sbin:/sbin"}
     for k in [k for k in env if k.startswith("SLURM_") and k != "SLURM_CONF"]:
         del env[k]  # an outer allocation must not leak into the private cluster
-    pidfiles = (*(root / f"slurmd-{n}.pid" for n in NODES), root / "slurmctld.pid", root / "munge" / "munged.pid")
+    slurmd_pids = () if prefixes else tuple(root / f"slurmd-{n}.pid" for n in NODES)
+    pidfiles = (*slurmd_pids, root / "slurmctld.pid", root / "munge" / "munged.pid")
+    children: list[subprocess.Popen] = []
     cl = Cluster(root, NODES, env, pidfiles)
     try:
         subprocess.run(
@@ -172,7 +198,19 @@ def cluster(root: Path, cpus: int | None = None, ready_timeout_s: float = 30.0) 
             capture_output=True,
         )
         subprocess.run(["slurmctld", "-f", str(conf)], env=env, check=True, timeout=20, capture_output=True)
-        for n in NODES:
+        for i, n in enumerate(NODES):
+            if prefixes:
+                with open(root / f"slurmd-{n}.out", "ab") as out:
+                    children.append(
+                        subprocess.Popen(
+                            [*prefixes[i], "slurmd", "-D", "-N", n, "-f", str(conf)],
+                            env=env,
+                            stdout=out,
+                            stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL,
+                        )
+                    )
+                continue
             subprocess.run(["slurmd", "-N", n, "-f", str(conf)], env=env, check=True, timeout=20, capture_output=True)
         deadline = time.monotonic() + ready_timeout_s
         while True:
@@ -187,6 +225,9 @@ def cluster(root: Path, cpus: int | None = None, ready_timeout_s: float = 30.0) 
             time.sleep(0.2)
         yield cl
     finally:
+        for c in children:  # slurmd in namespaces of its own, stopped by our child's PID: `unshare --fork`
+            c.kill()  # blocks SIGTERM while it waits, so SIGKILL; its --kill-child then SIGTERMs slurmd
+            c.wait(timeout=10)
         for p in pidfiles:
             _stop_pidfile(p)
 

@@ -118,8 +118,8 @@ def checks_for(gate: GateSpec, bench: bool = False, load_answers: bool = False) 
     checks += [TransferCheck(gate.max_failed_transfers), ReadPatternCheck()]
     checks.append(LoadCheck(required=bench))
     checks.append(LoadAnswersCheck(required=load_answers))
-    if gate.transports:  # the UCX transport the sweep expects (pdsweep.judge.transfer)
-        checks.append(TransportCheck(tuple(gate.transports)))
+    if gate.transports or gate.transports_cross_host:  # the UCX transport expected (pdsweep.judge.transfer)
+        checks.append(TransportCheck(tuple(gate.transports or ()), tuple(gate.transports_cross_host or ())))
     return checks
 
 

@@ -21,6 +21,7 @@ from pdsweep.core.errors import UserError
 from pdsweep.plan import rules
 from pdsweep.plan.blocks import arch_serve_args
 from pdsweep.plan.cell import Cell, Rejected
+from pdsweep.plan.crossnode import loopback_fields
 from pdsweep.spec.sweep import AXES, EXPECT_KEYS, REF_ENTRY_KEYS, LoadedSweep, ModelSpec, read_fault_every
 
 MAX_INSTANCES = 12  # per cell; bounded by the per-slot port layout below
@@ -465,6 +466,13 @@ def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: 
                 rank_i += tp * dp
         spec = InstanceSpec(name, role, tp, 0, side, tuple(gpus), tuple(argv), env, slot.host(k), slot.node(k))
         out.append(place(spec, slot.http_port(k), slot.vllm_port(k), side))
+    if bad := loopback_fields(out):  # pdsweep.plan.crossnode: fails the plan, not a cell at run time
+        raise UserError(
+            f"cell {cell.id}: loopback address on a path between hosts (its instances run on nodes "
+            f"{', '.join(sorted({i.node for i in out}))} at {', '.join(sorted({i.host for i in out}))}): "
+            + "; ".join(bad)
+            + ". Each must be the node's reachable address (Slurm NodeAddr, scontrol show node)"
+        )
     return out
 
 

@@ -543,6 +543,14 @@ def launcher_and_pool(
     gpn = gpn if ls.sweep.platform == "cuda" else 0
     nodes = tuple(launcher.nodes)  # type: ignore[attr-defined]
     addrs = tuple(launcher.addrs[n] for n in nodes)  # type: ignore[attr-defined]
+    from pdsweep.plan.crossnode import loopback_node_addrs
+
+    if bad := loopback_node_addrs(nodes, addrs):  # refused before any write (pdsweep.plan.crossnode)
+        raise UserError(
+            f"--launcher slurm: a node of a multi-host allocation has a loopback address: {'; '.join(bad)} "
+            f"(scontrol show node; all addresses: {', '.join(addrs)}); prefill and decode on different "
+            "nodes reach each other at NodeAddr, which must be the node's reachable address"
+        )
     return launcher, ClusterPool(Cluster(nodes, gpn, addrs), ls.sweep.defaults.port_base)
 
 

@@ -313,6 +313,10 @@ class GateSpec(_Strict):
     perf_noisy_fails: bool = False  # compare: a `noisy` metric fails it (default: shown, counted, passes)
     # UCX transports a PD cell must READ over (e.g. [cma]; transfer.json ucx_transports); None: any
     transports: list[str] | None = Field(default=None, min_length=1)
+    # ... when the cell's prefill and decode run on different hosts (Slurm nodes with different
+    # addresses, pdsweep.plan.crossnode.cross_host), e.g. [tcp] or [rc]; None: such a cell fails
+    # the transport check when `transports` is set (one host's cma cannot cross hosts)
+    transports_cross_host: list[str] | None = Field(default=None, min_length=1)
     # FLAKY (passed only after a ready_retries redeploy) fails `pdsweep gate --nightly` / a plain gate
     flaky_fails_nightly: bool = True
     flaky_fails_sweep: bool = False

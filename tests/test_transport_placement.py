@@ -1,0 +1,59 @@
+"""The transport gate takes its expectation per placement (issue 39): ``gate.transports`` on
+one host, ``gate.transports_cross_host`` when prefill and decode run on different hosts
+(cell.json instances' ``node`` and ``host``); a cross-host cell with no expectation for it
+fails closed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fixtures.make_runs import case, pd, write_run
+
+from pdsweep.judge.gate import gate_run
+from pdsweep.results import layout
+from pdsweep.spec.sweep import GateSpec
+
+CELL = pd("tiny-llama", 1, 1)
+TWO = [
+    {"name": "prefill-0", "role": "prefill", "node": "pdsweep-n1", "host": "10.231.39.11"},
+    {"name": "decode-0", "role": "decode", "node": "pdsweep-n2", "host": "10.231.39.12"},
+]
+# two slurmd on one machine (tests/_slurm.py): two nodes, one address
+ONE = [{**i, "host": "127.0.0.1"} for i in TWO]
+
+
+def _gated(tmp_path: Path, insts: list[dict[str, Any]], used: list[str], gate: GateSpec) -> Any:
+    patch = {layout.TRANSFER_FILE: {"ucx_transports": used}, layout.CELL_FILE: {"instances": insts}}
+    return gate_run(write_run(tmp_path, "t", [case(CELL, patch)]), gate).cell(CELL.id)
+
+
+def test_cross_host_cell_is_judged_by_the_cross_host_expectation(tmp_path: Path) -> None:
+    gate = GateSpec(transports=["cma"], transports_cross_host=["tcp"])
+    assert _gated(tmp_path / "a", TWO, ["tcp/pdsw-n2"], gate).verdict == "PASS"
+    assert _gated(tmp_path / "b", ONE, ["cma/memory"], gate).verdict == "PASS"
+    r = _gated(tmp_path / "c", ONE, ["tcp/lo"], gate)  # one host: tcp is still the fallback
+    assert r.verdict == "FAIL"
+    assert (
+        f"{CELL.id}/transfer.json: KV READ over UCX transport(s) tcp/lo (fell back to tcp); expected: cma" in r.reasons
+    )
+    r = _gated(tmp_path / "d", TWO, ["cma/memory"], gate)
+    assert r.verdict == "FAIL"
+    assert (
+        f"{CELL.id}/transfer.json: KV READ over UCX transport(s) cma/memory; "
+        "expected: tcp (across hosts 10.231.39.11, 10.231.39.12)" in r.reasons
+    )
+
+
+def test_cross_host_cell_without_an_expectation_fails_closed(tmp_path: Path) -> None:
+    r = _gated(tmp_path / "a", TWO, ["tcp/pdsw-n2"], GateSpec(transports=["cma"]))
+    assert r.verdict == "FAIL"
+    assert (
+        f"{CELL.id}/transfer.json: prefill and decode ran on different hosts (10.231.39.11, 10.231.39.12) and "
+        "the sweep names no transport for that (gate.transports_cross_host, e.g. [tcp]); gate.transports (cma) "
+        "is for one host" in r.reasons
+    )
+    # only a cross-host expectation: a one-host cell is not held to it
+    assert _gated(tmp_path / "b", ONE, ["cma/memory"], GateSpec(transports_cross_host=["tcp"])).verdict == "PASS"
+    r = _gated(tmp_path / "c", TWO, [], GateSpec(transports_cross_host=["tcp"]))
+    assert r.verdict == "FAIL" and "the UCX READ transport is unknown (expected: tcp" in r.reasons[0]
