@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fixtures.make_runs import write_maintainer
 
 from pdsweep.cli import main as cli_main
 from pdsweep.judge.gate import FAIL, GateResult, gate_run
@@ -14,8 +13,8 @@ from pdsweep.report.render import summary_markdown
 
 
 @pytest.fixture(scope="module")
-def maintainer(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_maintainer(tmp_path_factory.mktemp("maintainer"))
+def maintainer(maintainer_run: Path) -> Path:
+    return maintainer_run
 
 
 @pytest.fixture(scope="module")
