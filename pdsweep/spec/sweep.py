@@ -491,6 +491,10 @@ class Sweep(_Strict):
     description: str | None = None
     platform: Platform = "cuda"
     models_file: str = "models.yaml"
+    # a maintainer's own models: catalogue files (same schema as models_file, relative to the
+    # sweep) merged over it in order: an entry adds a model or replaces one of the same name,
+    # platform_limits add up (load_sweep)
+    models_overlay: list[str] = []
     builds: dict[str, BuildSpec] = {"fixed": BuildSpec()}
     defaults: Defaults = Defaults()
     serve_args: dict[str, ServeArgsVariant | list[str]] = {"base": []}
@@ -581,10 +585,31 @@ def load_sweep(path: str | Path) -> LoadedSweep:
     except (OSError, RuntimeError) as e:  # RuntimeError: a symlink loop (pathlib before 3.13)
         raise UserError(f"{path}: models_file {sweep.models_file!r}: cannot resolve: {e}") from None
     catalogue = load_catalogue(cat_path)
+    for extra in sweep.models_overlay:
+        catalogue = merge_catalogue(catalogue, load_catalogue(_overlay_path(path, extra)), path)
     _raise_all(_guard_sweep(sweep, path, node))
     _check_names(sweep, catalogue, path, node)
     check_reference_variants(sweep, path, node)
     return LoadedSweep(sweep=sweep, catalogue=catalogue, path=path, catalogue_path=cat_path)
+
+
+def _overlay_path(sweep_path: Path, name: str) -> Path:
+    p = (sweep_path.parent / name).resolve()
+    if not p.is_file():
+        raise UserError(f"{sweep_path}: models_overlay: {name!r}: no such file ({p})")
+    return p
+
+
+def merge_catalogue(base: Catalogue, overlay: Catalogue, sweep_path: Path) -> Catalogue:
+    """``overlay``'s models over ``base``'s (a name in both: the overlay's entry, whole), their
+    platform limits together; validated again (``tiny.weights_from`` across the two). Raises
+    ``UserError`` naming the sweep when the merged catalogue is invalid."""
+    try:
+        return Catalogue(
+            models={**base.models, **overlay.models}, platform_limits=[*base.platform_limits, *overlay.platform_limits]
+        )
+    except ValidationError as e:
+        raise UserError(f"{sweep_path}: models_overlay: {e.errors()[0]['msg']}") from None
 
 
 def _check_names(sweep: Sweep, cat: Catalogue, path: Path, node: yaml.Node | None) -> None:
