@@ -587,9 +587,13 @@ def load_sweep(path: str | Path) -> LoadedSweep:
     catalogue = load_catalogue(cat_path)
     for extra in sweep.models_overlay:
         catalogue = merge_catalogue(catalogue, load_catalogue(_overlay_path(path, extra)), path)
-    _raise_all(_guard_sweep(sweep, path, node))
-    _check_names(sweep, catalogue, path, node)
-    check_reference_variants(sweep, path, node)
+    # every error of the file past its schema at once: names, guards, references, lengths
+    _raise_all(
+        _guard_sweep(sweep, path, node)
+        + _name_errors(sweep, catalogue, path, node)
+        + _reference_variant_errors(sweep, path, node)
+        + _model_len_errors(sweep, catalogue, path, node)
+    )
     return LoadedSweep(sweep=sweep, catalogue=catalogue, path=path, catalogue_path=cat_path)
 
 
@@ -612,7 +616,33 @@ def merge_catalogue(base: Catalogue, overlay: Catalogue, sweep_path: Path) -> Ca
         raise UserError(f"{sweep_path}: models_overlay: {e.errors()[0]['msg']}") from None
 
 
+def _model_len_errors(sweep: Sweep, cat: Catalogue, path: Path, node: yaml.Node | None) -> list[str]:
+    """``defaults.max_model_len`` above a tiny model's own length (its checkpoint's
+    ``max_position_embeddings`` is the catalogue's ``max_model_len``, pdsweep.tiny.checkpoints):
+    vLLM would refuse it at startup (``ValueError: User-specified max_model_len ... is greater
+    than the derived max_model_len``, vllm/config/model.py)."""
+    want = sweep.defaults.max_model_len
+    if want is None:
+        return []
+    used = list(sweep.matrix.model) + [e["model"] for e in sweep.matrix.include if isinstance(e.get("model"), str)]
+    out = []
+    for name in dict.fromkeys(used):
+        m = cat.models.get(name)
+        if m is not None and m.tiny is not None and want > m.max_model_len:
+            loc = ("defaults", "max_model_len")
+            out.append(
+                f"{path}:{line_of(node, loc)}: {fmt_loc(loc)}: {want} is above model '{name}''s "
+                f"{m.max_model_len} tokens (its checkpoint's max_position_embeddings; allowed: 1..{m.max_model_len})"
+            )
+    return out
+
+
 def _check_names(sweep: Sweep, cat: Catalogue, path: Path, node: yaml.Node | None) -> None:
+    """Raises ``UserError`` with :func:`_name_errors`."""
+    _raise_all(_name_errors(sweep, cat, path, node))
+
+
+def _name_errors(sweep: Sweep, cat: Catalogue, path: Path, node: yaml.Node | None) -> list[str]:
     """Every model/build/serve_args/env name used in the matrix must exist."""
     known = {
         "model": list(cat.models),
@@ -640,8 +670,7 @@ def _check_names(sweep: Sweep, cat: Catalogue, path: Path, node: yaml.Node | Non
     d = sweep.defaults
     for field in ("build", "serve_args", "env"):
         check(field, getattr(d, field), ("defaults", field))
-    if errors:
-        raise UserError("\n".join(errors))
+    return errors
 
 
 # ---------------------------------------------------------------- safe names, derived flags (pdsweep.spec.guards)
@@ -699,6 +728,10 @@ def _env_errors(env: dict[str, str], loc: tuple[Any, ...], path: Path, node: yam
 
 def check_reference_variants(sweep: Sweep, path: Path, node: yaml.Node | None) -> None:
     """``serve_args.<variant>.reference`` must name a serve_args variant; raises ``UserError``."""
+    _raise_all(_reference_variant_errors(sweep, path, node))
+
+
+def _reference_variant_errors(sweep: Sweep, path: Path, node: yaml.Node | None) -> list[str]:
     errors = []
     for name in sweep.serve_args:
         ref = sweep.serve_variant(name).reference
@@ -708,5 +741,4 @@ def check_reference_variants(sweep: Sweep, path: Path, node: yaml.Node | None) -
                 f"{path}:{line_of(node, loc)}: {fmt_loc(loc)}: unknown serve_args '{ref}' "
                 f"(allowed: {', '.join(sweep.serve_args)})"
             )
-    if errors:
-        raise UserError("\n".join(errors))
+    return errors
