@@ -64,6 +64,8 @@ def nightly(ws: Path, run: str) -> None:
 
 
 def expand(text: str, env: dict[str, str]) -> str:
+    """``text`` with ``${{ env.X }}``, ``$X`` and ``${X}`` (and Buildkite's runtime ``$$X``) set from ``env``."""
+    text = text.replace("$$", "$")
     text = re.sub(r"\$\{\{\s*env\.(\w+)\s*\}\}", lambda m: env[m.group(1)], text)
     return re.sub(r"\$\{?(\w+)\}?", lambda m: env.get(m.group(1), m.group(0)), text)
 
