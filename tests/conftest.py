@@ -98,3 +98,12 @@ def _no_leaked_vllm_process() -> object:
         except psutil.Error:
             pass
     assert not left, f"the test left (fake) vLLM processes running (killed now): {left}"
+
+
+@pytest.fixture(scope="session")
+def maintainer_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The 768-combination maintainer sweep of issue 37 as a run (808 cells with references:
+    :func:`fixtures.make_runs.write_maintainer`)."""
+    from fixtures.make_runs import write_maintainer
+
+    return write_maintainer(tmp_path_factory.mktemp("maintainer"))

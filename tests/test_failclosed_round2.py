@@ -289,7 +289,7 @@ SMALL = "name: x\nplatform: cpu\nmatrix: {model: [tiny-llama], tp: [p1d1], block
         (["--cells", "nonexistent*"], "--cells 'nonexistent*' selects no cell"),
         (
             ["--nodes", "200000", "--gpus-per-node", "8"],
-            "--nodes 200000: give --gpus-per-node G as well (nodes 1..4096",
+            "--nodes 200000: allowed 1..4096",  # not "give --gpus-per-node": it was given
         ),
         (["--launcher", "slurm", "--gpus-per-node", "-4"], "--gpus-per-node -4: allowed 0..64"),
     ],

@@ -39,7 +39,7 @@ def test_every_cell_appears(mixed_report: dict[str, Path]) -> None:
     every = [*ids(MIXED).values(), MIXED_REJECTED[0][0].id]
     for cid in every:
         assert f"| {cid} |" in md
-        assert f"<td>{cid}</td>" in page
+        assert f">{cid}</a></td>" in page or f"<td>{cid}</td>" in page
     rejected = "rejected by rule platform-limit: prefill TP > 2 on cuda: fixture limit"
     assert rejected in md and html.escape(rejected) in page
     for text in (md, page):
@@ -51,7 +51,9 @@ def test_html_is_self_contained_and_images_decode(mixed_report: dict[str, Path])
     page = mixed_report["html"].read_text()
     images = embedded_images(page)
     assert len(images) == 3 == page.count("<img ")
-    assert not re.search(r"""(src|href)=['"](?!data:)""", page) and "<link" not in page and "http" not in page
+    assert not re.search(r"""src=['"](?!data:)""", page) and "<link" not in page and "http" not in page
+    hrefs = re.findall(r"""href=['"]([^'"]*)['"]""", page)
+    assert hrefs and all(":" not in h and not h.startswith("/") for h in hrefs)  # links into the run, never out
     for data in images:
         assert data.startswith(PNG_MAGIC)
         pixels = matplotlib.image.imread(io.BytesIO(data), format="png")
@@ -171,3 +173,112 @@ def test_report_renders_in_headless_chromium(runs: dict[str, Path], tmp_path: Pa
         and dom.count("<details>") == paths["html"].read_text().count("<details>") > 0
     )
     assert dom.count("<img ") == 3  # accuracy and the two heatmaps, decoded in the page
+
+
+# ---------------------------------------------------------------- click through (issue 37)
+def test_each_cell_links_its_files_and_reproduce_command(runs: dict[str, Path], tmp_path: Path) -> None:
+    import shutil
+
+    from pdsweep.report.html import reproduce_command
+
+    run = Path(shutil.copytree(runs["mixed"], tmp_path / "mixed"))
+    crashed = ids(MIXED)["crashed"]
+    (run / crashed / "logs").mkdir()
+    (run / crashed / "logs" / "decode-0.log").write_text("Traceback ...\n")
+    (run / crashed / "logs" / "prefill-0.log").write_text("ok\n")
+    for out in (run, tmp_path / "elsewhere"):  # links are relative to where the report is written
+        paths = write_report(run, out)
+        page, md = paths["html"].read_text(), paths["markdown"].read_text()
+        base = "" if out == run else "../mixed/"
+        row = re.search(rf"<tr id='{re.escape(crashed)}'>(.*?)</tr>", page).group(1)
+        hrefs = re.findall(r"href='([^']*)'", row)
+        assert hrefs == [
+            f"{base}{crashed}/",
+            f"{base}{crashed}/logs/decode-0.log",
+            f"{base}{crashed}/logs/prefill-0.log",
+            f"{base}{crashed}/cell.json",
+            f"{base}{crashed}/status.json",
+        ]
+        assert all((out / h).exists() for h in hrefs)
+        cmd = f"pdsweep run sweeps/mixed.yaml --cells {crashed} --out results/repro-{crashed}"
+        assert reproduce_command("sweeps/mixed.yaml", crashed) == cmd
+        assert f"<code>{cmd}</code>" in row and f"`{cmd}`" in md
+        assert f"[cell.json]({base}{crashed}/cell.json)" in md
+        for cid in ids(MIXED).values():  # every cell that ran: its directory and cell.json
+            assert f"<a href='{base}{cid}/'>{cid}</a>" in page and f"href='{base}{cid}/cell.json'" in page
+    rejected = MIXED_REJECTED[0][0].id  # never ran: no directory to link, still a reproduce command
+    assert f"<tr id='{rejected}'><td>{rejected}</td>" in page and f"--cells {rejected} " in page
+
+
+def test_matrix_sorts_numerically(tmp_path: Path) -> None:
+    from pdsweep.report.overview import matrix_rows, natural_key
+
+    cells = [case(pd("tiny-llama", 1, 1, block=b)) for b in (128, 16, 64, 32)]
+    cells += [case(pd("tiny-llama", p, 1)) for p in (16, 2)]
+    from pdsweep.judge.gate import gate_run
+
+    cols, rows = matrix_rows(gate_run(write_run(tmp_path, "r", cells)))
+    assert list(cols) == ["model", "p1d1 fixed", "p2d1 fixed", "p16d1 fixed"]  # p16d1 sorted as text came first
+    assert [r[0] for r in rows] == [
+        "tiny-llama",
+        "tiny-llama b16-16",
+        "tiny-llama b32-32",
+        "tiny-llama b64-64",
+        "tiny-llama b128-128",
+    ]
+    assert sorted(["b128", "b16", "b32"], key=natural_key) == ["b16", "b32", "b128"]
+
+
+def test_cause_is_the_instance_error_not_the_http_wrapper(tmp_path: Path) -> None:
+    from pdsweep.judge.gate import gate_run
+    from pdsweep.report.overview import one_line
+
+    wrapper = 'streaming request: HTTP 500: {"error": {"message": "upstream decode failed", "stage": "decode"}}'
+    culprit = (
+        "decode-0 (still running): AssertionError: 1 != 2 at vllm/distributed/kv_transfer/kv_connector/v1/"
+        "nixl/base_worker.py:812 _read_blocks (assert len(local) == len(remote)) in Worker_TP0"
+    )
+    c = pd("tiny-llama", 2, 1)
+    run = write_run(tmp_path, "r", [case(c, crashed("eval", f"{wrapper}; {culprit}", ["x"]))])
+    cause = one_line(gate_run(run).cell(c.id))
+    assert cause.startswith("decode-0: AssertionError: 1 != 2 at vllm/distributed/")
+    assert "HTTP 500" not in cause and len(cause) <= 160
+    plain = pd("tiny-llama", 1, 2)
+    run2 = write_run(tmp_path, "r2", [case(plain, crashed("eval", "decode-0 exited with code -11", ["x"]))])
+    assert (
+        one_line(gate_run(run2).cell(plain.id))
+        == "status.json: failed in phase eval: decode-0 exited with code -11 — last log line: x"
+    )
+
+
+def test_report_of_the_maintainer_sweep_is_small_and_quick(maintainer_run: Path, tmp_path: Path) -> None:
+    import time
+
+    t0 = time.process_time()  # CPU seconds: a loaded CI host must not fail it
+    paths = write_report(maintainer_run, tmp_path)
+    cpu = time.process_time() - t0
+    size = paths["html"].stat().st_size
+    assert cpu < 10, cpu  # was about 27 s for these 808 cells
+    assert size < 2_000_000, size  # was 5.7 MB: per-cell plots of every PASS cell, embedded
+    assert paths["html"].read_text().count("<tr id='") == 808
+
+
+def test_links_work_in_headless_chromium(runs: dict[str, Path], tmp_path: Path) -> None:
+    from urllib.parse import unquote, urljoin, urlparse
+
+    need_chromium()
+    paths = write_report(runs["mixed"], tmp_path / "r")  # written outside the run: links go back into it
+    dom, log = render(paths["html"], tmp_path)
+    assert console_errors(log) == []
+    rows = dict(re.findall(r'<tr id="([^"]+)">(.*?)</tr>', dom))
+    assert set(rows) == {*ids(MIXED).values(), MIXED_REJECTED[0][0].id}
+    for cid in ids(MIXED).values():  # every link the browser would follow lands on the cell's file
+        targets = [
+            Path(unquote(urlparse(urljoin(paths["html"].as_uri(), h)).path))
+            for h in re.findall(r'href="([^"]+)"', rows[cid])
+        ]
+        assert targets[0] == runs["mixed"] / cid and (runs["mixed"] / cid / "cell.json") in targets
+        assert all(t.exists() for t in targets)
+        assert f"<code>pdsweep run sweeps/mixed.yaml --cells {cid} --out results/repro-{cid}</code>" in rows[cid]
+    crashed = ids(MIXED)["crashed"]
+    assert f'<td class="FAIL" title="{crashed}: ' in dom and f'<a href="#{crashed}">FAIL</a>' in dom

@@ -4,6 +4,7 @@ The codes are the "Exit codes" table of docs/gate.md."""
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -28,13 +29,36 @@ class InternalError(RuntimeError):
     entry point prints its traceback; exit code 3."""
 
 
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reader has gone (poll reports POLLERR on its write end)."""
+    import select
+
+    try:
+        p = select.poll()
+        p.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in p.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def run_main(main: Callable[[], int | None]) -> int:
     """Call an entry point's ``main()`` and return the process exit code: its own (None:
     0), or ``UserError`` -> ``error: <message>`` on stderr, 2; ``GateFailed`` -> the
     message, 1; ``KeyboardInterrupt`` -> ``interrupted``, 130; anything else -> the
-    traceback and a please-report line, 3."""
+    traceback and a please-report line, 3. A reader that closed stdout early (``pdsweep
+    history show | head``) is no failure: 0, the rest of the output dropped (Python's
+    documented SIGPIPE recipe: stdout pointed at devnull so the exit flush cannot fail)."""
     try:
-        return int(main() or 0)
+        try:
+            code = int(main() or 0)
+            sys.stdout.flush()  # here, not at exit: a closed pipe is caught below
+            return code
+        except BrokenPipeError:
+            if not _stdout_closed():
+                raise  # another pipe (a socket, a child): a failure, not an early reader
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            return 0
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import base64
 import html
+import os
+import shlex
 from pathlib import Path
 
 from pdsweep.core.errors import UserError
@@ -98,7 +100,12 @@ READS_NOTE = (
 
 
 def _markdown(
-    result: GateResult, facts: list[tuple[str, str]], plots: dict[str, Path], out: Path, cmps: list[CompareResult]
+    result: GateResult,
+    facts: list[tuple[str, str]],
+    plots: dict[str, Path],
+    out: Path,
+    cmps: list[CompareResult],
+    cells_table: str,
 ) -> str:
     lines = [
         f"# Report: {result.run_name}",
@@ -110,7 +117,7 @@ def _markdown(
         *_overview_markdown(result),
         "## Cells",
         "",
-        md_table(SUMMARY_COLUMNS, summary_rows(result)),
+        cells_table,
         "",
     ]
     lines += [f"- run problem: {md_escape(p)}" for p in result.problems]
@@ -174,7 +181,8 @@ def _verdict_td(c: CellResult | None) -> str:
     if c is None:
         return "<td class='none'>—</td>"
     title = html.escape(f"{c.cell_id}: {one_line(c)}" if one_line(c) else c.cell_id, quote=True)
-    return f"<td class='{c.verdict}' title='{title}'>{html.escape(c.verdict)}</td>"
+    href = html.escape("#" + c.cell_id, quote=True)
+    return f"<td class='{c.verdict}' title='{title}'><a href='{href}'>{html.escape(c.verdict)}</a></td>"
 
 
 def _overview_html(result: GateResult) -> list[str]:
@@ -204,6 +212,63 @@ table.matrix td{text-align:center}summary{cursor:pointer}
 img{max-width:100%;border:1px solid #ddd;margin:0.5em 0}code{background:#f6f6f6}"""
 
 
+def reproduce_command(sweep: str, cell_id: str) -> str:
+    """The command that runs one cell again (its reference cell comes with it): ``pdsweep run
+    SWEEP --cells ID --out results/repro-ID`` (``--cells`` is a glob over cell ids; an id has
+    no glob characters)."""
+    q = shlex.quote
+    return f"pdsweep run {q(sweep)} --cells {q(cell_id)} --out {q('results/repro-' + cell_id)}"
+
+
+def cell_links(run_dir: Path, out: Path, cell_id: str) -> list[tuple[str, str]]:
+    """(label, href relative to ``out``) for a cell's files that exist: its directory, each
+    log under ``logs/`` (sorted), ``cell.json`` (argv, env), ``status.json``. Empty for a cell
+    that never ran (rejected: no directory)."""
+    cell_dir = run_dir / cell_id
+    if not cell_dir.is_dir():
+        return []
+    base = Path(os.path.relpath(cell_dir, out)).as_posix()
+    links = [("dir", base + "/")]
+    logs = cell_dir / layout.LOGS_DIR
+    if logs.is_dir():
+        links += [(f.name, f"{base}/{layout.LOGS_DIR}/{f.name}") for f in sorted(logs.iterdir(), key=lambda f: f.name)]
+    for name in (layout.CELL_FILE, layout.STATUS_FILE):
+        if (cell_dir / name).is_file():
+            links.append((name, f"{base}/{name}"))
+    return links
+
+
+def _cells_html(result: GateResult, sweep: str, run_dir: Path, out: Path) -> str:
+    """The Cells table: the id links the cell's directory; a column of links to its logs and
+    cell.json, and its reproduce command (:func:`reproduce_command`)."""
+    e = html.escape
+    head = "".join(f"<th>{e(c)}</th>" for c in (*SUMMARY_COLUMNS, "files", "reproduce"))
+    body = []
+    for c, row in zip(result.cells, summary_rows(result)):
+        links = cell_links(run_dir, out, c.cell_id)
+        href = dict(links).get("dir")
+        tds = [f"<td><a href='{e(href, quote=True)}'>{e(row[0])}</a></td>" if href else f"<td>{e(row[0])}</td>"]
+        tds += [f'<td class="{e(x)}">{e(x)}</td>' if i == 2 else f"<td>{e(x)}</td>" for i, x in enumerate(row[1:-1], 1)]
+        tds.append(f'<td class="reason">{_fold(row[-1])}</td>')
+        tds.append("<td>" + " ".join(f"<a href='{e(h, quote=True)}'>{e(n)}</a>" for n, h in links[1:]) + "</td>")
+        tds.append(f"<td><code>{e(reproduce_command(sweep, c.cell_id))}</code></td>")
+        body.append("<tr id='" + e(c.cell_id, quote=True) + "'>" + "".join(tds) + "</tr>")
+    return f"<table class='cells'><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _cells_markdown(result: GateResult, sweep: str, run_dir: Path, out: Path) -> str:
+    """The Cells table in markdown: :data:`SUMMARY_COLUMNS`, then links and reproduce command."""
+    lines = [
+        "| " + " | ".join((*SUMMARY_COLUMNS, "files", "reproduce")) + " |",
+        "|" + "---|" * (len(SUMMARY_COLUMNS) + 2),
+    ]
+    for c, row in zip(result.cells, summary_rows(result)):
+        links = " ".join(f"[{n}]({h})" for n, h in cell_links(run_dir, out, c.cell_id))
+        cmd = "`" + reproduce_command(sweep, c.cell_id) + "`"
+        lines.append("| " + " | ".join([*(md_escape(x) for x in row), links, cmd]) + " |")
+    return "\n".join(lines)
+
+
 def _html_table(columns: tuple[str, ...], rows: list[tuple[str, ...]], verdict_cols: tuple[int, ...] = ()) -> str:
     """A table of plain-text rows: ``verdict_cols`` coloured by verdict; the last column is a
     reason, folded past its first line (:func:`_fold`)."""
@@ -222,7 +287,13 @@ def _html_table(columns: tuple[str, ...], rows: list[tuple[str, ...]], verdict_c
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
-def _html(result: GateResult, facts: list[tuple[str, str]], plots: dict[str, Path], cmps: list[CompareResult]) -> str:
+def _html(
+    result: GateResult,
+    facts: list[tuple[str, str]],
+    plots: dict[str, Path],
+    cmps: list[CompareResult],
+    cells_table: str,
+) -> str:
     e = html.escape
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>pdsweep report: {e(result.run_name)}</title>",
@@ -233,7 +304,7 @@ def _html(result: GateResult, facts: list[tuple[str, str]], plots: dict[str, Pat
         *(f"<p>run problem: {e(p)}</p>" for p in result.problems),
         *_overview_html(result),
         "<h2>Cells</h2>",
-        _html_table(SUMMARY_COLUMNS, summary_rows(result), verdict_cols=(2,)),
+        cells_table,
     ]
     if reads := read_rows(result):
         parts += ["<h2>NIXL READs per prefill rank</h2>", f"<p>{e(READS_NOTE)}</p>", _html_table(READ_COLUMNS, reads)]
@@ -282,7 +353,7 @@ def write_report(run_dir: Path, out_dir: Path | None = None, compare_with: Path 
     try:
         out.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=out, prefix=".report-"))
-        made = _write_report_files(result, _comparisons(result, other), run_dir, tmp, compare_with is not None)
+        made = _write_report_files(result, _comparisons(result, other), run_dir, tmp, compare_with is not None, out)
         for p in made.values():  # every destination first: a failed move must not leave half a report
             layout.check_writable(out / p.relative_to(tmp))
         final = {}
@@ -300,8 +371,10 @@ def write_report(run_dir: Path, out_dir: Path | None = None, compare_with: Path 
 
 
 def _write_report_files(
-    result: GateResult, cmps: list[CompareResult], run_dir: Path, out: Path, against_other: bool
+    result: GateResult, cmps: list[CompareResult], run_dir: Path, out: Path, against_other: bool, final: Path
 ) -> dict[str, Path]:
+    """Write the report into ``out`` (a hidden directory); links are relative to ``final``,
+    where its files are moved."""
     pdir = out / layout.PLOTS_DIR
     first_task = next(iter(tasks_of(ran_cells(result))), None)
     series = (compare_series(cmps[0]) if against_other else build_series(result)) if cmps else None
@@ -322,6 +395,8 @@ def _write_report_files(
     }
     plots = {k: p for k, p in made.items() if p is not None}
     facts = _run_facts(run_dir)
-    md = layout.write_text(out / layout.REPORT_MD, _markdown(result, facts, plots, out, cmps))
-    page = layout.write_text(out / layout.REPORT_HTML, _html(result, facts, plots, cmps))
+    sweep = dict(facts).get("sweep", "SWEEP.yaml")
+    md_cells, html_cells = _cells_markdown(result, sweep, run_dir, final), _cells_html(result, sweep, run_dir, final)
+    md = layout.write_text(out / layout.REPORT_MD, _markdown(result, facts, plots, out, cmps, md_cells))
+    page = layout.write_text(out / layout.REPORT_HTML, _html(result, facts, plots, cmps, html_cells))
     return {"markdown": md, "html": page, **plots}

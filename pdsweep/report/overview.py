@@ -13,6 +13,7 @@ Cell ids are :attr:`pdsweep.plan.cell.Cell.id`: ``model.TP.blocks.build[.variant
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 from pdsweep.judge.flaky import FLAKY
@@ -23,12 +24,37 @@ BASELINES = ("unfixed", "baseline")  # sort after every other build in a pair
 ACT_ON = (FAIL, XPASS, FLAKY)
 
 
+# an instance's first exception as pdsweep.deploy.deployment culprits()/ended() append it to a
+# request's failure: "decode-0 (still running): AssertionError: ... at vllm/...:12 f" or
+# "decode-0 (pid 7) killed by signal 9 (SIGKILL) during eval: RuntimeError: ..."
+_INSTANCE_EXC = re.compile(
+    r"(?P<inst>\b(?:prefill|decode|single|proxy)-\d+)\b[^:;]*: "
+    r"(?P<exc>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure)\b[^;]*)"
+)
+
+
+def first_instance_error(text: str) -> str | None:
+    """``<instance>: <Exception>: <message> at <file:line> ...`` of the first instance that logged
+    an exception in a failure reason, or None. A request's reason starts with the HTTP wrapper
+    (``streaming request: HTTP 500: {"error": ...}``); the instance's own error is the cause."""
+    m = _INSTANCE_EXC.search(text)
+    return f"{m.group('inst')}: {m.group('exc').strip()}" if m else None
+
+
+def natural_key(text: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key reading digit runs as numbers: ``b16`` before ``b128``, ``p2d1`` before ``p16d1``."""
+    return tuple((0, int(x)) if x.isdigit() else (1, x) for x in re.split(r"(\d+)", text) if x)
+
+
 def one_line(c: CellResult) -> str:
-    """The cell's message, first line, without its own id's ``<cell id>/`` prefixes, cut to
-    :data:`CAUSE_CHARS` characters ('' for a PASS)."""
+    """The cell's cause in one line, without its own id's ``<cell id>/`` prefixes, cut to
+    :data:`CAUSE_CHARS` characters ('' for a PASS): the first instance error of its reasons
+    (:func:`first_instance_error`) where there is one, else its message's first line."""
     if c.verdict == PASS or not c.reasons:
         return ""
-    first = (c.message.splitlines()[0] if c.message else c.reasons[0].splitlines()[0]).replace(c.cell_id + "/", "")
+    text = "\n".join((c.message, *c.reasons))
+    first = first_instance_error(text) or (c.message.splitlines()[0] if c.message else c.reasons[0].splitlines()[0])
+    first = first.replace(c.cell_id + "/", "")
     return first if len(first) <= CAUSE_CHARS else first[: CAUSE_CHARS - 1] + "…"
 
 
@@ -50,7 +76,7 @@ def verdict_matrix(result: GateResult) -> tuple[list[str], list[tuple[str, list[
     shared = Counter(short.values())
     cols = sorted(
         set(col for _, col in short.values()),
-        key=lambda k: (k.startswith("ref"), k.split(" ")[0], k.split(" ")[1] in BASELINES, k),
+        key=lambda k: (k.startswith("ref"), natural_key(k.split(" ")[0]), k.split(" ")[1] in BASELINES, k),
     )
     rows: dict[str, list[CellResult | None]] = {}
     for c in result.cells:
@@ -59,7 +85,7 @@ def verdict_matrix(result: GateResult) -> tuple[list[str], list[tuple[str, list[
             m, _, blocks, _, v = parts[c.cell_id]
             label = " ".join(x for x in (m, blocks, v) if x)
         rows.setdefault(label, [None] * len(cols))[cols.index(col)] = c
-    return cols, sorted(rows.items())
+    return cols, sorted(rows.items(), key=lambda kv: natural_key(kv[0]))
 
 
 def build_pairs(result: GateResult) -> tuple[list[str], list[tuple[str, dict[str, CellResult]]]]:
@@ -68,7 +94,7 @@ def build_pairs(result: GateResult) -> tuple[list[str], list[tuple[str, dict[str
     by_key: dict[str, dict[str, CellResult]] = {}
     for c in result.cells:
         by_key.setdefault(c.facts.compare_key or c.cell_id, {})[c.facts.build or id_parts(c)[3]] = c
-    rows = [(k, v) for k, v in by_key.items() if len(v) > 1]
+    rows = sorted(((k, v) for k, v in by_key.items() if len(v) > 1), key=lambda kv: natural_key(kv[0]))
     builds = list(dict.fromkeys(b for _, v in rows for b in v))
     builds.sort(key=lambda b: (b in BASELINES, b))
     return builds, rows

@@ -12,7 +12,7 @@ from pdsweep.core.stats import num
 from pdsweep.judge.compare import IMPROVEMENT, MARKS, REGRESSION, CompareResult, TaskDelta
 from pdsweep.judge.facts import TaskScore
 from pdsweep.judge.flaky import FLAKY, attempt_reason
-from pdsweep.judge.gate import FAIL, NOT_RUNNABLE, PASS, SKIPPED, XFAIL, XPASS, GateResult
+from pdsweep.judge.gate import FAIL, NOT_RUNNABLE, PASS, SKIPPED, XFAIL, XPASS, CellResult, GateResult
 from pdsweep.results import layout
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
@@ -105,10 +105,11 @@ SUMMARY_COLUMNS = (
 )
 
 
-def summary_rows(result: GateResult) -> list[tuple[str, ...]]:
-    """One tuple of plain-text fields per cell, in :data:`SUMMARY_COLUMNS` order."""
+def summary_rows(result: GateResult, cells: list[CellResult] | None = None) -> list[tuple[str, ...]]:
+    """One tuple of plain-text fields per cell (``cells``, default every cell of ``result``),
+    in :data:`SUMMARY_COLUMNS` order."""
     rows: list[tuple[str, ...]] = []
-    for c in result.cells:
+    for c in result.cells if cells is None else cells:
         f = c.facts
         con = (
             "—"
@@ -180,16 +181,69 @@ def md_table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
     return "\n".join(lines)
 
 
+FAILING_FIRST = (FAIL, FLAKY, XPASS)  # the summary's first table, in this order
+SUMMARY_REST_ROWS = 40  # rows of the other cells' table before it folds into a count
+_EXAMPLE_CHARS = 160
+
+
+def _clip(text: str, n: int = _EXAMPLE_CHARS) -> str:
+    line = text.splitlines()[0] if text else ""
+    return line if len(line) <= n else line[: n - 1] + "…"
+
+
 def summary_markdown(result: GateResult) -> str:
-    """The gate summary as markdown: headline, counts, one table row per cell."""
-    head = [f"# Gate: {result.run_name}", "", f"**{result.headline()}**", ""]
-    head += [f"- run problem: {md_escape(p)}" for p in result.problems]
-    head += not_runnable_lines(result)
-    return "\n".join(head + ([""] if result.problems else []) + [md_table(SUMMARY_COLUMNS, summary_rows(result)), ""])
+    """The gate summary as markdown (summary.md, the CI annotation; ``pdsweep gate`` prints
+    it), failures first: the headline line, the FAIL, FLAKY and XPASS rows (every one, in that
+    order), one line per plan rule with its count of rejected cells, the NOT-RUNNABLE cells,
+    then the other cells, non-PASS first, at most :data:`SUMMARY_REST_ROWS` rows (the rest
+    counted; junit.xml and report.md list every cell). Bounded by the failures, not by the
+    sweep: a 768-cell sweep with a dozen failures stays well under 100 lines."""
+    by_verdict = {v: [c for c in result.cells if c.verdict == v] for v in FAILING_FIRST}
+    failing = [c for v in FAILING_FIRST for c in by_verdict[v]]
+    lines = [f"# Gate: {result.run_name}: **{result.headline()}**", ""]
+    lines += [f"- run problem: {md_escape(p)}" for p in result.problems] + ([""] if result.problems else [])
+    if failing:
+        lines += [f"**{len(failing)} failing cell(s)** ({', '.join(FAILING_FIRST)}):", ""]
+        lines += [md_table(SUMMARY_COLUMNS, summary_rows(result, failing)), ""]
+    lines += rejected_lines(result) + not_runnable_lines(result)
+    rest = [c for c in result.cells if c.verdict not in (*FAILING_FIRST, SKIPPED, NOT_RUNNABLE)]
+    rest.sort(key=lambda c: c.verdict == PASS)  # XFAIL (known bugs) before PASS; stable otherwise
+    if rest:
+        counts = ", ".join(
+            f"{n} {v}" for v in sorted({c.verdict for c in rest}) if (n := sum(c.verdict == v for c in rest))
+        )
+        shown = rest[:SUMMARY_REST_ROWS]
+        lines += [f"**{len(rest)} other cell(s)**: {counts}", ""]
+        lines += [md_table(SUMMARY_COLUMNS, summary_rows(result, shown)), ""]
+        if len(rest) > len(shown):
+            left = rest[len(shown) :]
+            left_counts = ", ".join(
+                f"{n} {v}" for v in sorted({c.verdict for c in left}) if (n := sum(c.verdict == v for c in left))
+            )
+            lines += [f"… and {len(left)} more ({left_counts}): junit.xml and report.md list every cell.", ""]
+    return "\n".join(lines)
+
+
+def rejected_lines(result: GateResult) -> list[str]:
+    """One line per plan rule: how many cells it rejected (SKIPPED), with one example id and
+    reason; the per-cell rows are junit.xml's and report.md's."""
+    cells = [c for c in result.cells if c.verdict == SKIPPED]
+    if not cells:
+        return []
+    rules: dict[str, list[CellResult]] = {}
+    for c in cells:
+        rules.setdefault(c.rule or "?", []).append(c)
+    out = [f"**{len(cells)} cell(s) rejected by the plan** (not run, not a failure; per rule):"]
+    for rule, group in sorted(rules.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        eg = group[0]
+        why = md_escape(_clip("; ".join(eg.reasons)))
+        out.append(f"- {md_escape(rule)}: {len(group)} (e.g. `{eg.cell_id}`: {why})")
+    return [*out, ""]
 
 
 def not_runnable_lines(result: GateResult) -> list[str]:
-    """The loud list of cells this host or allocation has too few GPUs for (NOT-RUNNABLE)."""
+    """The loud list of cells this host or allocation has too few GPUs for (NOT-RUNNABLE):
+    the first 10 by id and reason, then their count."""
     cells = [c for c in result.cells if c.verdict == NOT_RUNNABLE]
     if not cells:
         return []
@@ -197,7 +251,9 @@ def not_runnable_lines(result: GateResult) -> list[str]:
         f"**{len(cells)} cell(s) NOT RUNNABLE HERE** (more GPUs than this host or allocation; not counted "
         "as pass; `pdsweep gate --require-all-cells` or `gate: {require_all_cells: true}` fails them):"
     )
-    return [head, *(f"- {md_escape(c.cell_id)}: {md_escape('; '.join(c.reasons))}" for c in cells), ""]
+    listed = [f"- {md_escape(c.cell_id)}: {md_escape(_clip('; '.join(c.reasons)))}" for c in cells[:10]]
+    more = [f"- … and {len(cells) - 10} more: junit.xml and report.md list every cell"] if len(cells) > 10 else []
+    return [head, *listed, *more, ""]
 
 
 def write_summary(result: GateResult, path: Path) -> Path:

@@ -74,9 +74,25 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
+def current_umask() -> int:
+    """The process umask (e.g. ``0o022``), read from ``/proc/self/status`` where Linux
+    gives it, else by setting and restoring it (``os.umask`` has no read-only form)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_text(path: Path, text: str, fsync: bool = False, mode: int | None = None) -> Path:
     """Atomically write a text file (UTF-8): a temp file in the same directory, then
-    ``os.replace`` (``fsync``: flushed to disk first; ``mode``: its permission bits). The
+    ``os.replace`` (``fsync``: flushed to disk first; ``mode``: its permission bits, default
+    ``0o666`` less the umask, as ``open()`` would give: ``mkstemp`` alone makes ``0600``,
+    which a CI artifact server or a teammate cannot read). The
     file at ``path`` is replaced by a new inode, never opened for writing (so a hardlink
     into another tree is left alone). Returns ``path``. Raises
     ``UserError`` naming ``path`` when it cannot be written (a read-only directory, a
@@ -91,8 +107,7 @@ def write_text(path: Path, text: str, fsync: bool = False, mode: int | None = No
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
+        os.chmod(tmp, (0o666 & ~current_umask()) if mode is None else mode)
         os.replace(tmp, path)
         tmp = None
     except OSError as e:

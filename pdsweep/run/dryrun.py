@@ -66,8 +66,10 @@ def plan_cluster(nodes: int | None, gpus_per_node: int | None, launcher: str = "
     if gpus_per_node is not None and not 0 <= gpus_per_node <= MAX_GPUS_PER_NODE:
         raise UserError(f"--gpus-per-node {gpus_per_node}: allowed 0..{MAX_GPUS_PER_NODE}")
     if nodes is not None:
-        if gpus_per_node is None or not 1 <= nodes <= MAX_NODES:
-            raise UserError(f"--nodes {nodes}: give --gpus-per-node G as well (nodes 1..{MAX_NODES}, G >= 0)")
+        if not 1 <= nodes <= MAX_NODES:
+            raise UserError(f"--nodes {nodes}: allowed 1..{MAX_NODES}")
+        if gpus_per_node is None:
+            raise UserError(f"--nodes {nodes}: give --gpus-per-node G as well (G 0..{MAX_GPUS_PER_NODE})")
         if launcher == "slurm":
             raise UserError("--nodes places over a synthetic cluster; --launcher slurm over the allocation: give one")
         return Cluster.synthetic(nodes, gpus_per_node)

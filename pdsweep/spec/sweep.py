@@ -510,6 +510,10 @@ class Sweep(_Strict):
     description: str | None = None
     platform: Platform = "cuda"
     models_file: str = "models.yaml"
+    # a maintainer's own models: catalogue files (same schema as models_file, relative to the
+    # sweep) merged over it in order: an entry adds a model or replaces one of the same name,
+    # platform_limits add up (load_sweep)
+    models_overlay: list[str] = []
     builds: dict[str, BuildSpec] = {"fixed": BuildSpec()}
     defaults: Defaults = Defaults()
     serve_args: dict[str, ServeArgsVariant | list[str]] = {"base": []}
@@ -600,13 +604,64 @@ def load_sweep(path: str | Path) -> LoadedSweep:
     except (OSError, RuntimeError) as e:  # RuntimeError: a symlink loop (pathlib before 3.13)
         raise UserError(f"{path}: models_file {sweep.models_file!r}: cannot resolve: {e}") from None
     catalogue = load_catalogue(cat_path)
-    _raise_all(_guard_sweep(sweep, path, node))
-    _check_names(sweep, catalogue, path, node)
-    check_reference_variants(sweep, path, node)
+    for extra in sweep.models_overlay:
+        catalogue = merge_catalogue(catalogue, load_catalogue(_overlay_path(path, extra)), path)
+    # every error of the file past its schema at once: names, guards, references, lengths
+    _raise_all(
+        _guard_sweep(sweep, path, node)
+        + _name_errors(sweep, catalogue, path, node)
+        + _reference_variant_errors(sweep, path, node)
+        + _model_len_errors(sweep, catalogue, path, node)
+    )
     return LoadedSweep(sweep=sweep, catalogue=catalogue, path=path, catalogue_path=cat_path)
 
 
+def _overlay_path(sweep_path: Path, name: str) -> Path:
+    p = (sweep_path.parent / name).resolve()
+    if not p.is_file():
+        raise UserError(f"{sweep_path}: models_overlay: {name!r}: no such file ({p})")
+    return p
+
+
+def merge_catalogue(base: Catalogue, overlay: Catalogue, sweep_path: Path) -> Catalogue:
+    """``overlay``'s models over ``base``'s (a name in both: the overlay's entry, whole), their
+    platform limits together; validated again (``tiny.weights_from`` across the two). Raises
+    ``UserError`` naming the sweep when the merged catalogue is invalid."""
+    try:
+        return Catalogue(
+            models={**base.models, **overlay.models}, platform_limits=[*base.platform_limits, *overlay.platform_limits]
+        )
+    except ValidationError as e:
+        raise UserError(f"{sweep_path}: models_overlay: {e.errors()[0]['msg']}") from None
+
+
+def _model_len_errors(sweep: Sweep, cat: Catalogue, path: Path, node: yaml.Node | None) -> list[str]:
+    """``defaults.max_model_len`` above a tiny model's own length (its checkpoint's
+    ``max_position_embeddings`` is the catalogue's ``max_model_len``, pdsweep.tiny.checkpoints):
+    vLLM would refuse it at startup (``ValueError: User-specified max_model_len ... is greater
+    than the derived max_model_len``, vllm/config/model.py)."""
+    want = sweep.defaults.max_model_len
+    if want is None:
+        return []
+    used = list(sweep.matrix.model) + [e["model"] for e in sweep.matrix.include if isinstance(e.get("model"), str)]
+    out = []
+    for name in dict.fromkeys(used):
+        m = cat.models.get(name)
+        if m is not None and m.tiny is not None and want > m.max_model_len:
+            loc = ("defaults", "max_model_len")
+            out.append(
+                f"{path}:{line_of(node, loc)}: {fmt_loc(loc)}: {want} is above model '{name}''s "
+                f"{m.max_model_len} tokens (its checkpoint's max_position_embeddings; allowed: 1..{m.max_model_len})"
+            )
+    return out
+
+
 def _check_names(sweep: Sweep, cat: Catalogue, path: Path, node: yaml.Node | None) -> None:
+    """Raises ``UserError`` with :func:`_name_errors`."""
+    _raise_all(_name_errors(sweep, cat, path, node))
+
+
+def _name_errors(sweep: Sweep, cat: Catalogue, path: Path, node: yaml.Node | None) -> list[str]:
     """Every model/build/serve_args/env name used in the matrix must exist."""
     known = {
         "model": list(cat.models),
@@ -634,8 +689,7 @@ def _check_names(sweep: Sweep, cat: Catalogue, path: Path, node: yaml.Node | Non
     d = sweep.defaults
     for field in ("build", "serve_args", "env"):
         check(field, getattr(d, field), ("defaults", field))
-    if errors:
-        raise UserError("\n".join(errors))
+    return errors
 
 
 # ---------------------------------------------------------------- safe names, derived flags (pdsweep.spec.guards)
@@ -695,6 +749,10 @@ def _env_errors(env: dict[str, str], loc: tuple[Any, ...], path: Path, node: yam
 
 def check_reference_variants(sweep: Sweep, path: Path, node: yaml.Node | None) -> None:
     """``serve_args.<variant>.reference`` must name a serve_args variant; raises ``UserError``."""
+    _raise_all(_reference_variant_errors(sweep, path, node))
+
+
+def _reference_variant_errors(sweep: Sweep, path: Path, node: yaml.Node | None) -> list[str]:
     errors = []
     for name in sweep.serve_args:
         ref = sweep.serve_variant(name).reference
@@ -704,5 +762,4 @@ def check_reference_variants(sweep: Sweep, path: Path, node: yaml.Node | None) -
                 f"{path}:{line_of(node, loc)}: {fmt_loc(loc)}: unknown serve_args '{ref}' "
                 f"(allowed: {', '.join(sweep.serve_args)})"
             )
-    if errors:
-        raise UserError("\n".join(errors))
+    return errors

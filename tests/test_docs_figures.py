@@ -1,0 +1,82 @@
+"""The figures docs pages quote from `pdsweep plan` / `validate` agree with what those
+commands compute today (other sweeps change: the figures are computed, never written here).
+A page that quotes a stale figure fails with the page, the sentence and the computed value."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from fixtures.make_runs import pd, write_run
+
+from pdsweep.judge.gate import FAIL, NOT_RUNNABLE, gate_run
+from pdsweep.plan.expand import expand
+from pdsweep.run.dryrun import plan_dict
+from pdsweep.spec.sweep import load_sweep
+
+REPO = Path(__file__).resolve().parents[1]
+MISSION, CPU = REPO / "sweeps" / "hybrid-mla-mamba.yaml", REPO / "sweeps" / "cpu-smoke.yaml"
+
+
+def quoted(page: str, pattern: str) -> tuple[int, ...]:
+    text = " ".join((REPO / page).read_text().split())  # sentences wrap: one space between words
+    m = re.search(pattern, text)
+    assert m, f"{page}: no sentence matches {pattern!r} (reworded? update this test with it)"
+    return tuple(int(x) for x in m.groups())
+
+
+@pytest.fixture(scope="module")
+def mission_plan() -> dict:
+    return plan_dict(str(MISSION), 8)
+
+
+def test_gpu_reuse_figures(mission_plan: dict) -> None:
+    sched, reuse = mission_plan["schedule"], mission_plan["reuse"]
+    computed = (
+        len(sched["placements"]),
+        len(sched["needs_more_gpus"]),
+        len(reuse["schedule"]["chains"]),
+        reuse["distinct"],
+        reuse["per_cell"],
+    )
+    page = quoted(
+        "docs/gpu-reuse.md",
+        r"On the mission sweep with 8 GPUs, (\d+) cells fit \(the (\d+) p8dX cells need 9-12 GPUs\)\. "
+        r"They form (\d+) chains with (\d+) distinct instances for (\d+) uses",
+    )
+    assert page == computed, "docs/gpu-reuse.md: (fit, p8dX, chains, distinct instances, uses)"
+    assert quoted("docs/gpu-reuse.md", r"each of the (\d+) instances started once") == (reuse["distinct"],)
+
+
+def test_p8_cells_are_not_runnable_in_matrix_and_gate_docs(mission_plan: dict, tmp_path: Path) -> None:
+    needs = mission_plan["schedule"]["needs_more_gpus"]
+    assert quoted("docs/matrix.md", r"its (\d+) p8dX cells need 9-12 GPUs") == (len(needs),)
+    assert all(".p8d" in n["cell"] for n in needs)
+    # what the gate makes of such a cell: NOT-RUNNABLE, FAIL only when all cells are required
+    small, big = pd("tiny-llama", 1, 1), pd("kimi-linear", 8, 1)
+    run = write_run(tmp_path, "r", [(small, {})], rejected=[(big, "needs-gpus", needs[0]["reason"])])
+    assert gate_run(run).cell(big.id).verdict == NOT_RUNNABLE
+    assert gate_run(run, require_all_cells=True).cell(big.id).verdict == FAIL
+    matrix = " ".join((REPO / "docs/matrix.md").read_text().split())
+    gate = " ".join((REPO / "docs/gate.md").read_text().split())
+    assert "the gate lists them as NOT-RUNNABLE" in matrix and 'FAIL as "not run' not in matrix
+    assert "too few GPUs for is NOT-RUNNABLE" in gate and "so is a valid cell the host had too few" not in gate
+
+
+def test_readme_cpu_default_figures() -> None:
+    plan = expand(load_sweep(CPU))
+    pd_cells = [c for c in plan.cells if c.kind == "pd"]
+    computed = (
+        len(plan.cells),
+        len(pd_cells),
+        sum(c.fault != "none" for c in pd_cells),
+        len(plan.cells) - len(pd_cells),
+    )
+    page = quoted(
+        "README.md",
+        r"CPU default \((\d+) cells: (\d+) PD, (\d+) of them fault drills, (\d+) single-instance references\)",
+    )
+    assert page == computed, "README.md: (cells, PD, fault drills, references) of sweeps/cpu-smoke.yaml"
+    counters = set(re.findall(r"\[[1k]/(\d+)\]", (REPO / "README.md").read_text()))
+    assert counters == {str(len(plan.cells))}, "README.md: the run's [i/N] counter counts every cell on CPU"
