@@ -29,7 +29,7 @@ SWEEP_ONLY = {"tiny-mla"}  # trained models no real-vLLM test of make test serve
 
 
 def test_the_mission_models_are_trained():
-    assert {"tiny-llama", "tiny-mla", "tiny-mla-mamba2"} <= set(TRAINED)
+    assert {"tiny-llama", "tiny-mla", "tiny-mla-mamba2", "tiny-nemotron-h"} <= set(TRAINED)
 
 
 @pytest.fixture(scope="module")
@@ -164,3 +164,20 @@ def test_fast_gdn_solve_same_values_through_an_identity_solve(monkeypatch):
     assert q.torch_chunk_gated_delta_rule is orig and torch.linalg.solve_triangular is spy
     assert rhs == [(64, 64), (64, 64)]  # both solves against the 64x64 identity, never the 16-wide values
     assert torch.allclose(got, want, atol=1e-5) and got.shape == (b, t, h, d)
+
+
+def test_nemotron_h_trained_weights_keep_the_checkpoint_names(tmp_path):
+    """NemotronH's weights are model.* in memory and backbone.* on disk (the names vLLM loads):
+    the trained weights are written under the checkpoint's own names, changed by training."""
+    from safetensors.torch import load_file
+
+    m = CATALOGUE.models["tiny-nemotron-h"]
+    one_step = TrainSpec(steps=1, batch=2, check_every=1000, min_accuracy=0.0)
+    d = tinymodels.checkpoint_dir(
+        "tiny-nemotron-h", m.model_copy(update={"tiny": m.tiny.model_copy(update={"train": None})}), tmp_path
+    )
+    before = load_file(str(d / "model.safetensors"))
+    rec = tinytrain.train_checkpoint(d, "nemotron_h", tinymodels.config_params("tiny-nemotron-h", m), one_step)
+    after = load_file(str(d / "model.safetensors"))
+    assert rec["steps"] == 1 and sorted(after) == sorted(before) and "backbone.embeddings.weight" in after
+    assert not after["backbone.embeddings.weight"].equal(before["backbone.embeddings.weight"])

@@ -31,6 +31,7 @@ import json
 import logging
 import random
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -317,6 +318,12 @@ def train_checkpoint(out: Path, kind: str, params: dict[str, Any], recipe: Train
         )
     old = load_file(str(out / "model.safetensors"))
     new = {_checkpoint_keys(k): v.detach().contiguous() for k, v in model.state_dict().items()}
+    if kind != "mla_mamba2" and any(k not in new for k in old):
+        # transformers renames some keys on save (NemotronH: model.* in memory, backbone.* on disk, the
+        # names vLLM's loader reads): take the names from its own save_pretrained
+        with tempfile.TemporaryDirectory() as tmp:
+            model.save_pretrained(tmp)
+            new = load_file(str(Path(tmp) / "model.safetensors"))
     new = {k: v for k, v in new.items() if k in old}  # e.g. buffers (rotary inv_freq) are not saved
     bad = sorted(k for k in old if k not in new or new[k].shape != old[k].shape)
     if bad:
