@@ -50,7 +50,7 @@ def good(tmp_path: Path, body: str, capsys, models: str | None = None) -> str:
 
 SMALL = "name: x\nplatform: cpu\nmatrix: {model: [tiny-llama], tp: [p1d1], block_size: [32]}\n"
 # a model without an expected pdsweep_arith score (trained tiny-llama has one)
-UNSCORED = SMALL.replace("tiny-llama", "tiny-nemotron-h")
+UNSCORED = SMALL.replace("tiny-llama", "tiny-nemotron-h-g1")
 CELL = pd("tiny-llama", 1, 1)
 WHERE = f"{CELL.id}/{TR}"
 
@@ -152,7 +152,7 @@ def test_accuracy_without_expected_score_or_reference_is_refused(tmp_path: Path,
         UNSCORED + "eval: {reference: false, consistency: {enabled: false}}\ngate: {require_consistency: false}\n",
         capsys,
     )
-    assert "model tiny-nemotron-h: no expected score for task(s) pdsweep_arith" in msg
+    assert "model tiny-nemotron-h-g1: no expected score for task(s) pdsweep_arith" in msg
 
 
 @given(st.booleans(), st.booleans(), st.booleans(), st.booleans(), st.booleans())
@@ -167,7 +167,7 @@ def test_property_validate_refuses_exactly_the_contradictions(
     )
     root = Path(tempfile.mkdtemp(dir=tmp_path))
     plan = expand(load_sweep(write(root, body)))
-    # tiny-nemotron-h has no expected score: accuracy can pass only against a reference
+    # tiny-nemotron-h-g1 has no expected score: accuracy can pass only against a reference
     contradiction = (req_con and not (probe and reference)) or (req_acc and not (tasks and reference))
     assert bool(cannot_pass(plan)) == contradiction
 
