@@ -30,7 +30,7 @@ from pdsweep.commands.run import RunArgs
 from pdsweep.commands.validate import ValidateArgs
 from pdsweep.core.errors import run_main
 
-__all__ = ["SUBCOMMANDS", "Command", "build_parser", "chosen_path", "main", "RunArgs"]
+__all__ = ["SUBCOMMANDS", "Command", "build_parser", "chosen_path", "main"]
 
 
 @dataclass(frozen=True)

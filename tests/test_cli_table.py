@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pdsweep.cli import SUBCOMMANDS, RunArgs, build_parser, chosen_path
+from pdsweep.cli import SUBCOMMANDS, build_parser, chosen_path
+from pdsweep.commands.run import RunArgs
 from pdsweep.core.errors import EXIT_GATE_FAILED, EXIT_INTERNAL, EXIT_USER_ERROR, GateFailed, UserError, run_main
 from pdsweep.results import layout
 
