@@ -31,13 +31,12 @@ def test_instance_killed_during_eval_is_named_with_pid_and_signal(tmp_path, tok,
 def test_kill_prefill_drill_cell_is_xfail_naming_the_instance(tmp_path, tok, monkeypatch):  # noqa: F811
     # issue 27: a fault drill is a cell the user writes (the `fault` axis), on instances of its own
     from pdsweep.judge.gate import XFAIL, gate_run
-    from pdsweep.run import drills
 
-    monkeypatch.setattr(drills, "DELAY_S", 1.0)  # the fake lm-eval run is short
     match = r"prefill-0 \(pid \d+\) killed by signal 9 \(SIGKILL\) during eval; "
     sweep = make_sweep(
         tmp_path,
         tok,
+        env="  base: {FAKE_COMPLETION_S: '0.2'}",  # eval lasts seconds: the kill lands inside it
         matrix=(
             "  model: [fake-gqa]\n  tp: [p1d1]\n  fault: [none]\n  include:\n"
             f"    - {{model: fake-gqa, tp: p1d1, fault: kill-prefill-during-eval, expect: fail, match: '{match}', reason: drill}}\n"
