@@ -15,7 +15,6 @@ FAKE_EXPIRED         prefill adds this to vllm:nixl_num_kv_expired_reqs per PD r
 FAKE_SKIP_XFER_EVERY decode answers every Nth PD request without a transfer (silent recompute)
 FAKE_STREAM_HANG     a streaming request never sends its first chunk
 FAKE_HANG_AFTER      completions after this many never answer (a hung eval)
-FAKE_COMPLETION_S    seconds each completion takes (default 0: a phase ends as soon as its client does)
 FAKE_HANG_ONCE_FILE  the first completion of any instance whose env names this file creates it
                      and never answers (a hang the next deployment does not repeat)
 FAKE_LIFE_LOG        append a JSON line at start (pid, CUDA_VISIBLE_DEVICES, every port it
@@ -181,9 +180,6 @@ def main() -> None:
 
     @app.post("/v1/completions")
     async def completions(req: Request):
-        # vLLM's API server logs an access line per request (uvicorn); the kill drills wait for one
-        print('INFO:     127.0.0.1:0 - "POST /v1/completions HTTP/1.1" 200 OK', flush=True)
-        await asyncio.sleep(float(os.environ.get("FAKE_COMPLETION_S", "0")))
         body = await req.json()
         prompt = body.get("prompt", "")
         if isinstance(prompt, list):  # token ids (consistency probe) or a batch of one

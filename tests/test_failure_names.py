@@ -36,7 +36,6 @@ def test_kill_prefill_drill_cell_is_xfail_naming_the_instance(tmp_path, tok, mon
     sweep = make_sweep(
         tmp_path,
         tok,
-        env="  base: {FAKE_COMPLETION_S: '0.2'}",  # eval lasts seconds: the kill lands inside it
         matrix=(
             "  model: [fake-gqa]\n  tp: [p1d1]\n  fault: [none]\n  include:\n"
             f"    - {{model: fake-gqa, tp: p1d1, fault: kill-prefill-during-eval, expect: fail, match: '{match}', reason: drill}}\n"

@@ -2,14 +2,16 @@
 runs like any PD cell on instances of its own (``PDSWEEP_FAULT_DRILL`` in their env, so no
 other cell reuses them) and pdsweep injects the fault while the named phase runs:
 
-- ``kill-prefill-during-eval``: SIGKILL to prefill-0 while lm-eval's requests reach it;
-- ``kill-decode-during-load``: SIGKILL to decode-0 while the load phase's requests reach it.
+- ``kill-prefill-during-eval``: SIGKILL to prefill-0 as lm-eval starts;
+- ``kill-decode-during-load``: SIGKILL to decode-0 as the load generator starts.
 
-A kill lands :data:`AFTER_TRAFFIC_S` after the phase's first request reached the target (the
-first ``"POST /v1/`` access line its log gets after the phase began; vLLM's API server logs
-one per request), at the latest :data:`MAX_WAIT_S` into the phase. A fixed delay raced the
-phase: on an idle 2-core host lm-eval's 20 requests ended within 8 s and the kill landed in
-the load phase ("killed ... during bench"), failing the drill's signature.
+The kill lands :data:`KILL_AFTER_S` into the phase, while its client is still starting (lm-eval
+and ``vllm bench serve`` take seconds to import), so every request of the phase needs the dead
+instance and the phase itself fails, on a fast host or a loaded one. A kill 8 s into the
+phase raced it: on a quiet 2-core host lm-eval sent its 20 requests concurrently, their prefill
+legs ended within half a second of the first, and the eval passed; the death surfaced in the
+load phase ("killed ... during bench") and failed the drill's signature (a fresh make sweep, and
+1 of 3 reruns with the kill half a second after the first request reached prefill).
 
 - ``fail-read-1-in-K``: not injected here: decode's vLLM reports every K-th completed NIXL
   READ as failed (:mod:`pdsweep.engine.readfault`, ``PDSWEEP_FAIL_READ_EVERY`` set by
@@ -39,10 +41,8 @@ import logging
 import os
 import signal
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 
 from pdsweep.core.errors import UserError
 from pdsweep.deploy.faults import Faults
@@ -52,9 +52,7 @@ from pdsweep.plan.expand import kv_transfer_config
 from pdsweep.spec.sweep import LoadedSweep, read_fault_every
 
 log = logging.getLogger(__name__)
-AFTER_TRAFFIC_S = 0.5  # after the phase's first request reached the target: mid-phase, not at its start
-MAX_WAIT_S = 60.0  # no request reached the target by then: kill anyway (a drill never silently skips)
-POLL_S = 0.1
+KILL_AFTER_S = 1.0  # into the phase: its client (lm-eval, vllm bench serve) has not sent a request yet
 LEASE_DRILL = "decode-after-lease-expiry"
 VLLM_DEFAULT_LEASE_S = 30  # nixl/base_worker.py: get_from_extra_config("kv_lease_duration", 30)
 LEASE_MARGIN_S = 5.0  # held decode legs wait lease + this: the lease has run out and other requests ran
@@ -108,37 +106,12 @@ def armed(fault: str, handles: list[Handle], on_phase: Callable[[str], None]) ->
         log.warning("fault drill %s: SIGKILL to %s (pid %d)", fault, target, h.pid)
         os.kill(h.pid, signal.SIGKILL)
 
-    def when_traffic(offset: int) -> None:
-        h = next((h for h in handles if h.name == target), None)
-        deadline = time.monotonic() + MAX_WAIT_S
-        while h is not None and time.monotonic() < deadline and not _requests_since(h.log_path, offset):
-            time.sleep(POLL_S)
-        time.sleep(AFTER_TRAFFIC_S)
-        kill()
-
     def hook(p: str) -> None:
         on_phase(p)
         if p == phase and not fired.is_set():
             fired.set()
-            h = next((h for h in handles if h.name == target), None)
-            offset = _size(h.log_path) if h is not None else 0
-            threading.Thread(target=when_traffic, args=(offset,), daemon=True).start()
+            t = threading.Timer(KILL_AFTER_S, kill)
+            t.daemon = True
+            t.start()
 
     return hook
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
-def _requests_since(path: Path, offset: int) -> bool:
-    """Whether ``path`` (an instance log) got a ``"POST /v1/`` access line after byte ``offset``."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return b'"POST /v1/' in f.read()
-    except OSError:
-        return False
