@@ -162,7 +162,8 @@ def test_generate_until_tasks_pass_validate(tmp_path, capsys):
 
 def test_phase_budgets_derive_from_the_sweep():
     from pdsweep.plan.budgets import bench_budget_s, eval_budget_s
-    from pdsweep.spec.sweep import BenchSpec, Defaults, EvalSpec
+    from pdsweep.spec.phases import BenchSpec, EvalSpec
+    from pdsweep.spec.serve import Defaults
 
     ls = load_sweep(REPO / "sweeps" / "cpu-smoke.yaml")  # 20 docs, 2 at a time, 300 s timeout, 3 retries
     assert eval_budget_s(ls.sweep.eval) == 120 + 10 * 300 * 4

@@ -11,9 +11,11 @@ from pdsweep.core.errors import UserError
 from pdsweep.judge.gate import checks_for
 from pdsweep.plan.expand import expand
 from pdsweep.plan.rules import RULES
+from pdsweep.spec.gatespec import GateSpec
 from pdsweep.spec.guards import REFUSED_FLAGS
+from pdsweep.spec.phases import WorkloadSpec
 from pdsweep.spec.shapes import SHAPES_FILE, Cover, load_shapes, render
-from pdsweep.spec.sweep import GateSpec, WorkloadSpec, load_sweep
+from pdsweep.spec.sweep import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 

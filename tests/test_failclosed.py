@@ -436,7 +436,7 @@ def test_gpu_count_and_port_range(capsys) -> None:
 def test_property_decode_dp_bounds(n: int) -> None:
     from pydantic import ValidationError
 
-    from pdsweep.spec.sweep import Defaults
+    from pdsweep.spec.serve import Defaults
 
     if 1 <= n <= 8:
         assert Defaults(decode_dp=n).decode_dp == n

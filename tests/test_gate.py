@@ -16,7 +16,7 @@ from pdsweep.core.errors import GateFailed, UserError
 from pdsweep.judge.gate import FAIL, FLAKY, PASS, SKIPPED, XFAIL, XPASS, XPASS_REASON, gate_run
 from pdsweep.report.render import write_junit, write_summary
 from pdsweep.results import layout
-from pdsweep.spec.sweep import GateSpec
+from pdsweep.spec.gatespec import GateSpec
 
 ID = ids(MIXED)
 REJECTED_ID = MIXED_REJECTED[0][0].id

@@ -16,7 +16,7 @@ from pdsweep.measure.consistency import thresholds_for
 from pdsweep.measure.loadcheck import judge_load
 from pdsweep.measure.workloads import SHIPPED_TRACE, build, make_trace, read_trace
 from pdsweep.results import layout
-from pdsweep.spec.sweep import BenchSpec, WorkloadSpec
+from pdsweep.spec.phases import BenchSpec, WorkloadSpec
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -17,7 +17,7 @@ from pdsweep.judge.perf import IMPROVEMENT, NOISY
 from pdsweep.report.perf_compare import write_compare_junit
 from pdsweep.report.render import compare_markdown
 from pdsweep.results import layout
-from pdsweep.spec.sweep import GateSpec
+from pdsweep.spec.gatespec import GateSpec
 
 CELL = pd("tiny-llama", 1, 1)
 

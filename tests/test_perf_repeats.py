@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from pdsweep.measure.repeats import planned_repeats, run_repeats
-from pdsweep.spec.sweep import BenchSpec
+from pdsweep.spec.phases import BenchSpec
 
 
 def _ls(platform: str = "cuda", **bench: Any) -> Any:

@@ -13,7 +13,8 @@ from pdsweep.core.errors import UserError
 from pdsweep.deploy.instances import relocate
 from pdsweep.plan import rules
 from pdsweep.plan.expand import Cell, Slot, expand, instances, matrix_combinations, on_slot
-from pdsweep.spec.sweep import Matrix, load_sweep
+from pdsweep.spec.matrix import Matrix
+from pdsweep.spec.sweep import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 SWEEPS = REPO / "sweeps"

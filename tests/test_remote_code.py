@@ -61,7 +61,7 @@ def test_load_workloads_pass_trust_remote_code(tokenizers):
     """The load phase's prompts (pdsweep.measure.workloads.build) load the tokenizer with the
     catalogue's trust_remote_code too (before, every remote-code cell failed its load phase)."""
     from pdsweep.measure.workloads import build
-    from pdsweep.spec.sweep import BenchSpec, WorkloadSpec
+    from pdsweep.spec.phases import BenchSpec, WorkloadSpec
 
     fast, remote = tokenizers
     bench, w = BenchSpec(), WorkloadSpec(name="random", num_prompts=2, input_len=24, output_len=4)
@@ -151,7 +151,7 @@ def test_lm_eval_gets_trust_remote_code(monkeypatch, tmp_path, tokenizers):
     import lm_eval
 
     from pdsweep.measure.accuracy import run_lm_eval
-    from pdsweep.spec.sweep import EvalSpec
+    from pdsweep.spec.phases import EvalSpec
 
     seen: list[dict] = []
 

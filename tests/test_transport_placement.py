@@ -12,7 +12,7 @@ from fixtures.make_runs import case, pd, write_run
 
 from pdsweep.judge.gate import gate_run
 from pdsweep.results import layout
-from pdsweep.spec.sweep import GateSpec
+from pdsweep.spec.gatespec import GateSpec
 
 CELL = pd("tiny-llama", 1, 1)
 TWO = [

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from pdsweep.core.stats import mann_whitney_p, ratio_interval
-from pdsweep.spec.sweep import PERF_METRICS, GateSpec
+from pdsweep.spec.gatespec import PERF_METRICS, GateSpec
 
 REGRESSION, IMPROVEMENT, SAME, NOISY = "regression", "improvement", "same", "noisy"
 PERF_VERDICTS = (REGRESSION, IMPROVEMENT, SAME, NOISY)

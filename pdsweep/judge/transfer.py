@@ -37,7 +37,7 @@ from pdsweep.plan.crossnode import cross_host
 from pdsweep.plan.readplan import expected_read_split
 from pdsweep.plan.topology import tp_ratio
 from pdsweep.results import layout
-from pdsweep.spec.sweep import read_fault_every
+from pdsweep.spec.axes import read_fault_every
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,9 @@ from pdsweep.plan import rules
 from pdsweep.plan.blocks import arch_serve_args
 from pdsweep.plan.cell import Cell, Rejected
 from pdsweep.plan.crossnode import loopback_fields
-from pdsweep.spec.sweep import AXES, EXPECT_KEYS, REF_ENTRY_KEYS, LoadedSweep, ModelSpec, read_fault_every
+from pdsweep.spec.axes import AXES, EXPECT_KEYS, REF_ENTRY_KEYS, read_fault_every
+from pdsweep.spec.catalogue import ModelSpec
+from pdsweep.spec.sweep import LoadedSweep
 
 MAX_INSTANCES = 12  # per cell; bounded by the per-slot port layout below
 PORTS_PER_SLOT = 200
@@ -204,7 +206,7 @@ _REF_FIELDS = {"block_size": "decode_block_size"}  # a kind: ref entry's key -> 
 
 def apply_ref_expectations(refs: list[Cell], ls: LoadedSweep) -> list[Cell]:
     """``refs`` with the expectations of the sweep's ``kind: ref`` include entries applied
-    (every key of :data:`pdsweep.spec.sweep.REF_ENTRY_KEYS` an entry gives must equal the
+    (every key of :data:`pdsweep.spec.axes.REF_ENTRY_KEYS` an entry gives must equal the
     reference's; a later entry overrides an earlier one). A reference is final for the PD
     cells compared with it, so an engine fault that breaks the single instance itself (e.g.
     the unpatched CPU RoPE kernel) is declared on it. Raises ``UserError`` naming the entry

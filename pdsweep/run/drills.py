@@ -1,4 +1,4 @@
-"""Fault drills: the sweep's ``fault`` axis (:data:`pdsweep.spec.sweep.Fault`). A drill cell
+"""Fault drills: the sweep's ``fault`` axis (:data:`pdsweep.spec.axes.Fault`). A drill cell
 runs like any PD cell on instances of its own (``PDSWEEP_FAULT_DRILL`` in their env, so no
 other cell reuses them) and pdsweep injects the fault while the named phase runs:
 
@@ -49,7 +49,8 @@ from pdsweep.deploy.faults import Faults
 from pdsweep.deploy.launchers import Handle
 from pdsweep.plan.cell import Cell
 from pdsweep.plan.expand import kv_transfer_config
-from pdsweep.spec.sweep import LoadedSweep, read_fault_every
+from pdsweep.spec.axes import read_fault_every
+from pdsweep.spec.sweep import LoadedSweep
 
 log = logging.getLogger(__name__)
 KILL_AFTER_S = 1.0  # into the phase: its client (lm-eval, vllm bench serve) has not sent a request yet

@@ -34,7 +34,7 @@ from typing import Any
 
 from pdsweep.core.errors import UserError
 from pdsweep.core.paths import REPO
-from pdsweep.spec.sweep import ModelSpec
+from pdsweep.spec.catalogue import ModelSpec
 from pdsweep.tiny import arith
 
 GENERATOR_VERSION = 2  # bump to regenerate every cached checkpoint

@@ -1,0 +1,89 @@
+"""The axes a sweep's matrix varies, their value types and upper bounds (each with where it
+comes from, shown in a bound's error), and the fault drills' names.
+
+Read by :mod:`pdsweep.spec.matrix` (the matrix schema), :mod:`pdsweep.spec.sweep` (bound
+errors) and :mod:`pdsweep.plan.expand` (cells).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import Field, StringConstraints
+
+# Axes a matrix may vary; each is also a field of a cell.
+AXES = (
+    "model",
+    "tp",
+    "prefill_tp",
+    "decode_tp",
+    "block_size",
+    "prefill_block_size",
+    "decode_block_size",
+    "num_prefill",
+    "num_decode",
+    "decode_dp",
+    "kv_buffer_device",
+    "build",
+    "serve_args",
+    "env",
+    "router",
+    "fault",
+)
+EXPECT_KEYS = ("expect", "reason", "ref", "match", "vllm", "without")
+MATCH_ANY = "any"  # `match: any`: an expected failure of any signature (loud: the gate summary counts it)
+# An include entry with ``kind: ref`` adds no cell: it declares the expectation of the
+# single-instance reference cells it matches, by these keys (a reference has no prefill side).
+REF_ENTRY_KEYS = ("model", "decode_tp", "block_size", "decode_block_size", "build", "serve_args", "env")
+TP_PAIR = re.compile(r"^p([1-9]\d*)d([1-9]\d*)$")
+Pos = Annotated[int, Field(ge=1)]
+# Upper bounds of the axes, each with where it comes from (shown in the error)
+MAX_TP = 64
+MAX_BLOCK = 4096
+MAX_DP = 8
+MAX_ROLE_INSTANCES = 11
+Tp = Annotated[int, Field(ge=1, le=MAX_TP)]
+Block = Annotated[int, Field(ge=1, le=MAX_BLOCK)]
+Dp = Annotated[int, Field(ge=1, le=MAX_DP)]
+Instances = Annotated[int, Field(ge=1, le=MAX_ROLE_INSTANCES)]
+Router = Literal["pdsweep", "vllm-router"]
+# Fault drills (pdsweep.run.drills): what pdsweep does to a running PD cell; the cell then
+# declares the failure it must end with (expect: fail + match), so the drill is XFAIL or FAIL
+# fail-read-1-in-K: decode reports every K-th NIXL READ that NIXL completed as failed (state
+# "ERR"), through pdsweep's vLLM plugin (pdsweep.engine.readfault); vLLM then applies the
+# cell's kv_load_failure_policy (recompute: the request recomputes the prompt; fail: it ends in error)
+# decode-after-lease-expiry: the PD proxy holds 1 in 4 decode legs longer than prefill's KV lease
+# (pdsweep.run.drills.lease_drill_faults), so decode reads blocks prefill already freed (stale reads)
+READ_FAULT_PATTERN = r"^fail-read-1-in-([1-9][0-9]{0,5})$"
+Fault = (
+    Literal["none", "kill-prefill-during-eval", "kill-decode-during-load", "decode-after-lease-expiry"]
+    | Annotated[str, StringConstraints(pattern=READ_FAULT_PATTERN)]
+)
+
+
+def read_fault_every(fault: str | None) -> int | None:
+    """K of a ``fail-read-1-in-K`` fault (1 <= K <= 999999), else None."""
+    m = re.match(READ_FAULT_PATTERN, fault or "")
+    return int(m.group(1)) if m else None
+
+
+BOUND_WHY = {
+    "tp": f"a cell runs on one host; pdsweep takes TP up to {MAX_TP} ranks",
+    "block": f"tokens per KV block; vLLM's attention backends and hybrid page alignment stay far below {MAX_BLOCK}",
+    "dp": f"pdsweep reserves {MAX_DP} NIXL side-channel ports per instance and vLLM adds the DP index to "
+    "VLLM_NIXL_SIDE_CHANNEL_PORT (nixl/base_scheduler.py NixlConnectorScheduler.__init__)",
+    "instances": "at most 12 instances per cell (pdsweep.plan.expand.MAX_INSTANCES: the per-cell port block)",
+    "port_base": "TCP ports end at 65535 and each concurrent cell takes a block of 200",
+}
+BOUND_OF = {
+    "prefill_tp": "tp",
+    "decode_tp": "tp",
+    "block_size": "block",
+    "prefill_block_size": "block",
+    "decode_block_size": "block",
+    "decode_dp": "dp",
+    "num_prefill": "instances",
+    "num_decode": "instances",
+    "port_base": "port_base",
+}
