@@ -17,7 +17,8 @@ from pdsweep.measure.prompts import _load_tokenizer, build_prompts
 from pdsweep.plan.expand import Slot, expand, instances
 from pdsweep.spec.catalogue import ModelSpec
 from pdsweep.spec.sweep import load_catalogue, load_sweep
-from pdsweep.tiny.checkpoints import META_FILE, build_tokenizer, checkpoint_dir, make_remote_code_tokenizer
+from pdsweep.tiny.checkpoints import META_FILE, checkpoint_dir
+from pdsweep.tiny.tokenizer import build_tokenizer, make_remote_code_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 PROMPT = "Q: 12 + 7 = ?\nA:"

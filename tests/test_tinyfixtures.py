@@ -17,6 +17,7 @@ from pdsweep.spec.sweep import load_catalogue
 from pdsweep.tiny import checkpoints as tinymodels
 from pdsweep.tiny import fixtures, refresh
 from pdsweep.tiny import train as tinytrain
+from pdsweep.tiny.config import config_params
 
 ROOT = Path(__file__).resolve().parent.parent
 CATALOGUE = load_catalogue(ROOT / "sweeps" / "models.yaml")
@@ -143,7 +144,7 @@ def test_the_recipe_still_trains(name, tmp_path):
     m = CATALOGUE.models[name]
     rand = m.model_copy(update={"tiny": m.tiny.model_copy(update={"train": None})})
     d = tinymodels.checkpoint_dir(name, rand, tmp_path)
-    params = tinymodels.config_params(name, m)
+    params = config_params(name, m)
     tok = PreTrainedTokenizerFast.from_pretrained(d)
     torch.manual_seed(0)
     if m.tiny.kind == "mla_mamba2":

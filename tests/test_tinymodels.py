@@ -15,14 +15,9 @@ import pytest
 
 from pdsweep.core.errors import UserError
 from pdsweep.spec.sweep import load_catalogue
-from pdsweep.tiny.checkpoints import (
-    CPU_HEAD_SIZES,
-    META_FILE,
-    VOCAB_SIZE,
-    build_tokenizer,
-    checkpoint_dir,
-    config_params,
-)
+from pdsweep.tiny.checkpoints import META_FILE, checkpoint_dir
+from pdsweep.tiny.config import CPU_HEAD_SIZES, config_params
+from pdsweep.tiny.tokenizer import VOCAB_SIZE, build_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 CATALOGUE = load_catalogue(ROOT / "sweeps" / "models.yaml")

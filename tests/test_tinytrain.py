@@ -21,6 +21,8 @@ from pdsweep.spec.sweep import load_catalogue
 from pdsweep.tiny import arith
 from pdsweep.tiny import checkpoints as tinymodels
 from pdsweep.tiny import train as tinytrain
+from pdsweep.tiny.config import config_params
+from pdsweep.tiny.tokenizer import build_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 CATALOGUE = load_catalogue(ROOT / "sweeps" / "models.yaml")
@@ -36,7 +38,7 @@ def test_the_mission_models_are_trained():
 def tokenizer(tmp_path_factory):
     from transformers import PreTrainedTokenizerFast
 
-    return PreTrainedTokenizerFast.from_pretrained(tinymodels.build_tokenizer(tmp_path_factory.mktemp("tok")))
+    return PreTrainedTokenizerFast.from_pretrained(build_tokenizer(tmp_path_factory.mktemp("tok")))
 
 
 def test_sample_is_the_eval_format_with_answer_labels(tokenizer):
@@ -88,7 +90,7 @@ def test_mla_mamba2_trainable_model_matches_the_checkpoint_layout(tmp_path):
     m = CATALOGUE.models["tiny-mla-mamba2"]
     rand = m.model_copy(update={"tiny": m.tiny.model_copy(update={"train": None})})
     d = tinymodels.checkpoint_dir("tiny-mla-mamba2", rand, tmp_path)
-    model = tinytrain._mla_mamba2_model(tinymodels.config_params("tiny-mla-mamba2", m))
+    model = tinytrain._mla_mamba2_model(config_params("tiny-mla-mamba2", m))
     ours = {tinytrain._checkpoint_keys(k): tuple(v.shape) for k, v in model.state_dict().items()}
     with safe_open(str(d / "model.safetensors"), "pt") as f:
         theirs = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
@@ -177,7 +179,7 @@ def test_nemotron_h_trained_weights_keep_the_checkpoint_names(tmp_path):
         "tiny-nemotron-h", m.model_copy(update={"tiny": m.tiny.model_copy(update={"train": None})}), tmp_path
     )
     before = load_file(str(d / "model.safetensors"))
-    rec = tinytrain.train_checkpoint(d, "nemotron_h", tinymodels.config_params("tiny-nemotron-h", m), one_step)
+    rec = tinytrain.train_checkpoint(d, "nemotron_h", config_params("tiny-nemotron-h", m), one_step)
     after = load_file(str(d / "model.safetensors"))
     assert rec["steps"] == 1 and sorted(after) == sorted(before) and "backbone.embeddings.weight" in after
     assert not after["backbone.embeddings.weight"].equal(before["backbone.embeddings.weight"])

@@ -127,11 +127,11 @@ def build_problems(plan: Plan) -> tuple[list[str], list[str]]:
 
 
 def model_problems(plan: Plan) -> list[str]:
-    """Tiny-model geometry (:func:`pdsweep.tiny.checkpoints.config_params`, named with the real
+    """Tiny-model geometry (:func:`pdsweep.tiny.config.config_params`, named with the real
     catalogue file) and consistency probe lengths per cell
     (:func:`pdsweep.measure.prompts.resolve_lengths`), as the run would compute them."""
     from pdsweep.measure.prompts import resolve_lengths
-    from pdsweep.tiny.checkpoints import config_params
+    from pdsweep.tiny.config import config_params
 
     ls = plan.loaded
     out: list[str] = []

@@ -166,7 +166,7 @@ def merge_catalogue(base: Catalogue, overlay: Catalogue, sweep_path: Path) -> Ca
 
 def _model_len_errors(sweep: Sweep, cat: Catalogue, path: Path, node: yaml.Node | None) -> list[str]:
     """``defaults.max_model_len`` above a tiny model's own length (its checkpoint's
-    ``max_position_embeddings`` is the catalogue's ``max_model_len``, pdsweep.tiny.checkpoints):
+    ``max_position_embeddings`` is the catalogue's ``max_model_len``, pdsweep.tiny.config):
     vLLM would refuse it at startup (``ValueError: User-specified max_model_len ... is greater
     than the derived max_model_len``, vllm/config/model.py)."""
     want = sweep.defaults.max_model_len

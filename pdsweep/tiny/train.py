@@ -40,6 +40,7 @@ from typing import Any
 from pdsweep.core.errors import UserError
 from pdsweep.spec.catalogue import TrainSpec
 from pdsweep.tiny import arith
+from pdsweep.tiny.config import MLA_KEYS, SHAPE_KEYS, mamba2_mixer_config
 
 log = logging.getLogger(__name__)
 
@@ -188,41 +189,15 @@ def _mla_mamba2_model(params: dict[str, Any]) -> Any:
     from transformers.models.nemotron_h.modeling_nemotron_h import NemotronHMamba2Mixer
 
     n, types = params["num_hidden_layers"], params["layer_types"]
-    keys = (
-        "vocab_size",
-        "hidden_size",
-        "intermediate_size",
-        "num_hidden_layers",
-        "max_position_embeddings",
-        "tie_word_embeddings",
-        "pad_token_id",
-        "bos_token_id",
-        "eos_token_id",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "kv_lora_rank",
-        "qk_rope_head_dim",
-        "qk_nope_head_dim",
-        "v_head_dim",
-        "q_lora_rank",
-    )
-    common = {k: params[k] for k in keys}
+    common = {k: params[k] for k in (*SHAPE_KEYS, *MLA_KEYS)}
     model = transformers.DeepseekV2ForCausalLM(
         transformers.DeepseekV2Config(  # type: ignore[call-arg]  # rope_theta: legacy, via __post_init__(**kwargs)
             **common, first_k_dense_replace=n, rms_norm_eps=params["rms_norm_eps"], rope_theta=10000.0
         )
     )
-    nh = transformers.NemotronHConfig(  # type: ignore[call-arg]  # hybrid_override_pattern: legacy, via __post_init__(**kwargs)
-        **{k: params[k] for k in keys[:9]},
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        hybrid_override_pattern="M" * n,
-        mamba_num_heads=params["mamba_num_heads"],
-        mamba_head_dim=params["mamba_head_dim"],
-        ssm_state_size=params["ssm_state_size"],
-        n_groups=params["n_groups"],
-        conv_kernel=params["conv_kernel"],
+    nh = transformers.NemotronHConfig(
+        **{k: params[k] for k in SHAPE_KEYS},
+        **mamba2_mixer_config(params),
         chunk_size=params["chunk_size"],
         use_conv_bias=params["use_conv_bias"],
         use_bias=params["use_bias"],
