@@ -8,7 +8,7 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pdsweep.core.errors import UserError
 
@@ -87,8 +87,7 @@ def plan_dict(
     schedule; over ``cluster`` (nodes x GPUs) when given, else over one host's ``gpus``.
     ``gpu_check``: run :func:`pdsweep.run.preflight.preflight` first (``UserError`` on a problem;
     busy GPUs are left out of the schedule)."""
-    from pdsweep.plan.builds import build_python
-    from pdsweep.plan.expand import expand, instances, model_path, planned_blocks, reference_of, select_cells
+    from pdsweep.plan.expand import expand, select_cells
     from pdsweep.plan.schedule import detect_gpus, pack
     from pdsweep.run.feasible import feasibility_warnings
     from pdsweep.spec.sweep import load_sweep
@@ -104,6 +103,43 @@ def plan_dict(
         raise UserError(f"--cells {cells_glob!r} selects no cell of {ls.path} ({len(plan.cells)} cells)")
     if check:
         check_cells_argv(ls, cells)
+    pool, fitted, n = _pool(ls, cells, gpus, n, cluster, gpu_check)
+    from pdsweep.plan.startup import estimator
+
+    sched = pack(cells, n, ls.sweep.defaults.port_base, pool=pool, estimate=estimator(ls))
+    slots = {p.cell.id: p.slot for p in sched.placements}
+    _check_slot_ports(slots, ls.sweep.defaults.port_base)
+    out_cells, specs_of = _cell_entries(ls, cells, slots)
+    # `run` shares identical instances across cells on one host (pdsweep.deploy.instances); on
+    # GPUs as chains, each instance keeping its GPUs (pdsweep.run.gpureuse)
+    reuse = reuse_plan([c for c in cells if c.id in specs_of], specs_of) if cluster is None else None
+    if reuse is not None and n:
+        from pdsweep.run.gpureuse import chain_schedule
+
+        order = {c.id: c for c in cells}
+        todo = [order[cid] for cid in reuse["order"]]
+        reuse["schedule"] = chain_schedule(todo, specs_of, n, ls.sweep.defaults.port_base, estimator(ls))
+    return {
+        "sweep": str(ls.path),
+        "platform": ls.sweep.platform,
+        "builds": {b: build_record(ls, b) for b in sorted({c.build for c in cells})},
+        "gpu_arch": _gpu_arch(ls.sweep.platform),
+        "gpus": n,
+        "fitted_to": fitted,  # the node shape cells were memory-fitted to (pdsweep.run.preflight.memory_fit)
+        "nodes": list(cluster.nodes) if cluster else None,
+        "cells": out_cells,
+        "rejected": [r.to_dict() for r in plan.rejected],
+        "schedule": sched.to_dict(),
+        "reuse": reuse,
+    }
+
+
+def _pool(
+    ls, cells, gpus: int | None, n: int, cluster, gpu_check: bool
+) -> tuple[GpuPool | ClusterPool | None, Any, int]:
+    """(pool, fitted node shape, GPU count) of the dry run's schedule: the usable GPUs of
+    :func:`pdsweep.run.preflight.preflight` (``gpu_check``) or ``plan_fit`` (CUDA, no
+    ``--gpus``), the synthetic or Slurm ``cluster``, else (None, None, ``n``)."""
     pool: GpuPool | ClusterPool | None = None
     fitted = None
     checked = None
@@ -133,11 +169,15 @@ def plan_dict(
             cluster = replace(cluster, gpus_per_node=0)
         pool = ClusterPool(cluster, ls.sweep.defaults.port_base)
         n = cluster.num_gpus
-    from pdsweep.plan.startup import estimator
+    return pool, fitted, n
 
-    sched = pack(cells, n, ls.sweep.defaults.port_base, pool=pool, estimate=estimator(ls))
-    slots = {p.cell.id: p.slot for p in sched.placements}
-    _check_slot_ports(slots, ls.sweep.defaults.port_base)
+
+def _cell_entries(ls, cells, slots: dict) -> tuple[list[dict], dict]:
+    """(one dict per cell for the dry run, the instance specs of each scheduled cell by id):
+    the cell, its TP ratio, GPUs, blocks and reference, and per instance argv/env and blocks."""
+    from pdsweep.plan.builds import build_python
+    from pdsweep.plan.expand import instances, model_path, planned_blocks, reference_of
+
     out_cells, specs_of = [], {}
     for c in cells:
         d = {
@@ -156,28 +196,7 @@ def plan_dict(
             specs = specs_of[c.id] = instances(c, slots[c.id], ls, model_path(m, c.model, create=False), python)
             d["instances"] = [{**s.to_dict(), "blocks": planned_blocks(m, ls.sweep.platform, s)} for s in specs]
         out_cells.append(d)
-    # `run` shares identical instances across cells on one host (pdsweep.deploy.instances); on
-    # GPUs as chains, each instance keeping its GPUs (pdsweep.run.gpureuse)
-    reuse = reuse_plan([c for c in cells if c.id in specs_of], specs_of) if cluster is None else None
-    if reuse is not None and n:
-        from pdsweep.run.gpureuse import chain_schedule
-
-        order = {c.id: c for c in cells}
-        todo = [order[cid] for cid in reuse["order"]]
-        reuse["schedule"] = chain_schedule(todo, specs_of, n, ls.sweep.defaults.port_base, estimator(ls))
-    return {
-        "sweep": str(ls.path),
-        "platform": ls.sweep.platform,
-        "builds": {b: build_record(ls, b) for b in sorted({c.build for c in cells})},
-        "gpu_arch": _gpu_arch(ls.sweep.platform),
-        "gpus": n,
-        "fitted_to": fitted,  # the node shape cells were memory-fitted to (pdsweep.run.preflight.memory_fit)
-        "nodes": list(cluster.nodes) if cluster else None,
-        "cells": out_cells,
-        "rejected": [r.to_dict() for r in plan.rejected],
-        "schedule": sched.to_dict(),
-        "reuse": reuse,
-    }
+    return out_cells, specs_of
 
 
 def build_record(ls, name: str) -> dict:
