@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pdsweep.deploy.deployment import wait_healthy
 from pdsweep.deploy.launchers import LocalLauncher, port_free
+from pdsweep.deploy.launchers.base import LaunchRequest
 
 FAKE = Path(__file__).resolve().parent.parent / "tests" / "fake_vllm.py"
 
@@ -19,11 +20,13 @@ def test_readiness_detection_latency(benchmark, tmp_path):
     port = next(p for p in range(33500, 33600) if port_free(p))
     gate = tmp_path / "ready"
     h = launcher.start(
-        "single-0",
-        [sys.executable, str(FAKE), "serve", "m", "--port", str(port)],
-        {"FAKE_STARTUP_S": "0", "FAKE_READY_FILE": str(gate)},
-        port,
-        tmp_path / "fake.log",
+        LaunchRequest(
+            "single-0",
+            [sys.executable, str(FAKE), "serve", "m", "--port", str(port)],
+            {"FAKE_STARTUP_S": "0", "FAKE_READY_FILE": str(gate)},
+            port,
+            tmp_path / "fake.log",
+        )
     )
     try:
         time.sleep(3)  # let the fake import and listen (503 until the file exists)

@@ -8,12 +8,15 @@ import os
 import sys
 from pathlib import Path
 
+from pdsweep.deploy.launchers.base import LaunchRequest
 from pdsweep.deploy.launchers.local import LocalLauncher
 
 
 def test_an_instance_leads_its_own_group_in_pdsweeps_session(tmp_path: Path) -> None:
     launcher = LocalLauncher()
-    h = launcher.start("decode-0", [sys.executable, "-c", "import time; time.sleep(60)"], {}, 1, tmp_path / "d.log")
+    h = launcher.start(
+        LaunchRequest("decode-0", [sys.executable, "-c", "import time; time.sleep(60)"], {}, 1, tmp_path / "d.log")
+    )
     try:
         assert os.getpgid(h.pid) == h.pid != os.getpgid(0)  # its own group: teardown signals only it
         assert os.getsid(h.pid) == os.getsid(0)  # our session: one autogroup, not one per instance

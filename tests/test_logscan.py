@@ -210,14 +210,15 @@ def test_a_redeployed_instance_is_blamed_for_its_own_attempt(tmp_path: Path):
     import sys
 
     from pdsweep.deploy.deployment import culprits
+    from pdsweep.deploy.launchers.base import LaunchRequest
     from pdsweep.deploy.launchers.local import LocalLauncher
 
     log = tmp_path / "decode-0.log"
     log.write_text("\n".join(HANDLED_NIXL) + "\n")  # attempt 1
     before = log.stat().st_size
     text = "\n".join(UNFIXED_DECODE) + "\n"
-    h = LocalLauncher().start("decode-0", [sys.executable, "-c", f"import sys; sys.stdout.write({text!r}); sys.exit(1)"],
-                              {}, 1, log)  # fmt: skip
+    h = LocalLauncher().start(LaunchRequest("decode-0", [sys.executable, "-c", f"import sys; sys.stdout.write({text!r}); sys.exit(1)"],
+                              {}, 1, log))  # fmt: skip
     assert h.proc is not None and h.proc.wait(timeout=60) == 1
     assert h.log_start == before > 0
     assert first_exception(log).exc.endswith("nixlRemoteDisconnectError")  # the whole file: attempt 1's

@@ -36,6 +36,7 @@ import httpx
 
 from pdsweep.deploy.deployment import CellFailed, Use, check_ports
 from pdsweep.deploy.launchers import Handle, Launcher, port_free
+from pdsweep.deploy.launchers.base import LaunchRequest
 from pdsweep.plan.expand import PORTS_PER_SLOT, InstanceSpec, Slot, on_slot, place
 
 log = logging.getLogger(__name__)
@@ -118,9 +119,8 @@ class PortBlocks:
 def _start(launcher: Launcher, spec: InstanceSpec, log_path: Path) -> Handle:
     ports = tuple(p for p in (spec.port, spec.side_channel_port) if p)
     try:
-        return launcher.start(
-            spec.name, list(spec.argv), spec.env, spec.port, log_path, ports, host=spec.host, node=spec.node or None
-        )
+        req = LaunchRequest(spec.name, spec.argv, spec.env, spec.port, log_path, ports, spec.host, spec.node or None)
+        return launcher.start(req)
     except (OSError, ValueError) as e:
         raise CellFailed("start", f"{spec.name}: cannot start {spec.argv[0]}: {e}") from None
 

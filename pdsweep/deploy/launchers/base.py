@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -78,21 +79,47 @@ class Handle:
         return self.returncode() is None
 
 
-class Launcher(Protocol):
-    """Start/stop instances. ``host`` is the address the instance serves on, ``node``
-    the Slurm node it must run on (the local launcher accepts only loopback, no node)."""
+@dataclass(frozen=True)
+class LaunchRequest:
+    """One instance to start: ``argv`` (a list, never a shell string) with ``os.environ |
+    env``, stdout+stderr appended to ``log_path``; it serves on ``port`` (``ports``: every
+    port it binds, default ``(port,)``) at ``host``, on Slurm node ``node`` (None: the
+    launcher's default; the local launcher takes only loopback and no node)."""
 
-    def start(
-        self,
-        name: str,
-        argv: list[str],
-        env: dict[str, str],
-        port: int,
-        log_path: Path,
-        ports: tuple[int, ...] = (),
-        host: str = LOOPBACK,
-        node: str | None = None,
-    ) -> Handle: ...
+    name: str
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    port: int
+    log_path: Path
+    ports: tuple[int, ...] = ()
+    host: str = LOOPBACK
+    node: str | None = None
+
+
+def popen_logged(argv: Sequence[str], env: Mapping[str, str], log_path: Path, **popen: Any) -> tuple[Any, int]:
+    """Start ``argv`` with ``os.environ | env``, stdout+stderr appended to ``log_path`` (its
+    parent created), stdin closed; ``popen``: further ``subprocess.Popen`` keywords (process
+    group or session). Returns (the ``Popen``, bytes of the log written before: an instance
+    restarted in one run appends to its log). Raises ``OSError`` if the program cannot start."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as out:
+        start = out.tell()
+        proc = subprocess.Popen(
+            list(argv),
+            env={**os.environ, **env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            **popen,
+        )
+    return proc, start
+
+
+class Launcher(Protocol):
+    """Start/stop instances (:class:`LaunchRequest`: ``host`` is the address the instance
+    serves on, ``node`` the Slurm node it must run on)."""
+
+    def start(self, req: LaunchRequest) -> Handle: ...
 
     def stop(self, handle: Handle, grace_s: float = 20.0) -> None: ...
 

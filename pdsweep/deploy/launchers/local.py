@@ -13,11 +13,19 @@ import signal
 import subprocess
 import threading
 import time
-from pathlib import Path
 
 import psutil
 
-from pdsweep.deploy.launchers.base import LOOPBACK, Handle, group_members, own_group, port_free, wait_gpus_released
+from pdsweep.deploy.launchers.base import (
+    LOOPBACK,
+    Handle,
+    LaunchRequest,
+    group_members,
+    own_group,
+    popen_logged,
+    port_free,
+    wait_gpus_released,
+)
 
 log = logging.getLogger(__name__)
 
@@ -29,37 +37,17 @@ class LocalLauncher:
         self._groups: set[int] = set()
         self._lock = threading.Lock()
 
-    def start(
-        self,
-        name: str,
-        argv: list[str],
-        env: dict[str, str],
-        port: int,
-        log_path: Path,
-        ports: tuple[int, ...] = (),
-        host: str = LOOPBACK,
-        node: str | None = None,
-    ) -> Handle:
-        """Start ``argv`` (a list, never a shell string) with ``os.environ | env``,
-        stdout+stderr to ``log_path``. Raises ``OSError`` if the program cannot start,
-        ``ValueError`` for a ``host`` other than loopback or a ``node`` (use the slurm launcher)."""
-        if host not in (LOOPBACK, "localhost") or node:
-            raise ValueError(f"{name}: the local launcher runs on this host only, not on {node or host!r}")
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as out:
-            start = out.tell()  # an instance restarted in this run appends to its log
-            proc = subprocess.Popen(
-                argv,
-                env={**os.environ, **env},
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                **own_group(),
-            )
+    def start(self, req: LaunchRequest) -> Handle:
+        """Start ``req.argv`` (:func:`~pdsweep.deploy.launchers.base.popen_logged`) leading its
+        own process group. Raises ``OSError`` if the program cannot start, ``ValueError`` for a
+        ``host`` other than loopback or a ``node`` (use the slurm launcher)."""
+        if req.host not in (LOOPBACK, "localhost") or req.node:
+            raise ValueError(f"{req.name}: the local launcher runs on this host only, not on {req.node or req.host!r}")
+        proc, start = popen_logged(req.argv, req.env, req.log_path, **own_group())
         with self._lock:
             self._groups.add(proc.pid)  # group leader: pgid == pid
-        log.info("started %s pid=%d port=%d", name, proc.pid, port)
-        return Handle(name, proc.pid, port, log_path, ports or (port,), proc, log_start=start)
+        log.info("started %s pid=%d port=%d", req.name, proc.pid, req.port)
+        return Handle(req.name, proc.pid, req.port, req.log_path, req.ports or (req.port,), proc, log_start=start)
 
     def stop(self, handle: Handle, grace_s: float = 20.0) -> None:
         """SIGTERM the instance's process group, wait ``grace_s``, SIGKILL what is left,

@@ -28,10 +28,9 @@ import signal
 import subprocess
 import threading
 import time
-from pathlib import Path
 
 from pdsweep.core.errors import UserError
-from pdsweep.deploy.launchers.base import Handle
+from pdsweep.deploy.launchers.base import LOOPBACK, Handle, LaunchRequest, popen_logged
 
 log = logging.getLogger(__name__)
 
@@ -136,43 +135,24 @@ class SlurmLauncher:
             *argv,
         ]
 
-    def start(
-        self,
-        name: str,
-        argv: list[str],
-        env: dict[str, str],
-        port: int,
-        log_path: Path,
-        ports: tuple[int, ...] = (),
-        host: str | None = None,
-        node: str | None = None,
-    ) -> Handle:
-        """Start ``argv`` as a step on ``node`` (default: the allocation's first node) with
-        ``os.environ | env`` (srun exports it); it is reached at ``host`` (default: the
+    def start(self, req: LaunchRequest) -> Handle:
+        """Start ``req.argv`` as a step on ``req.node`` (None: the allocation's first node) with
+        ``os.environ | env`` (srun exports it); it is reached at ``req.host`` (loopback: the
         node's NodeAddr). Raises ``OSError`` if srun cannot start, ``ValueError`` for a
         node outside the allocation."""
-        node = node or (self.nodes[0] if self.nodes else None)
+        node = req.node or (self.nodes[0] if self.nodes else None)
         if node is None or (self.nodes and node not in self.nodes):
-            raise ValueError(f"{name}: node {node!r} is not in allocation {self.job} ({','.join(self.nodes)})")
-        if host in (None, "127.0.0.1", "localhost"):
-            host = self.addrs.get(node, node)
-        step_name = f"pdsweep.{os.getpid()}.{next(self._seq)}.{name}"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as out:
-            start = out.tell()  # an instance restarted in this run appends to its log
-            proc = subprocess.Popen(
-                self.argv(step_name, node, argv, env),
-                env={**os.environ, **env},
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        h = Handle(name, proc.pid, port, log_path, ports or (port,), proc, host=host, node=node, log_start=start)
+            raise ValueError(f"{req.name}: node {node!r} is not in allocation {self.job} ({','.join(self.nodes)})")
+        host = self.addrs.get(node, node) if req.host in (LOOPBACK, "localhost") else req.host
+        step_name = f"pdsweep.{os.getpid()}.{next(self._seq)}.{req.name}"
+        srun = self.argv(step_name, node, list(req.argv), dict(req.env))
+        proc, start = popen_logged(srun, req.env, req.log_path, start_new_session=True)
+        ports = req.ports or (req.port,)
+        h = Handle(req.name, proc.pid, req.port, req.log_path, ports, proc, host=host, node=node, log_start=start)
         with self._lock:
             self._ours[step_name] = h
-        threading.Thread(target=self._resolve, args=(step_name, h), daemon=True, name=f"step-{name}").start()
-        log.info("started %s as step %s on %s (%s:%d)", name, step_name, node, host, port)
+        threading.Thread(target=self._resolve, args=(step_name, h), daemon=True, name=f"step-{req.name}").start()
+        log.info("started %s as step %s on %s (%s:%d)", req.name, step_name, node, host, req.port)
         return h
 
     def _resolve(self, step_name: str, h: Handle, timeout_s: float = 60.0) -> None:
