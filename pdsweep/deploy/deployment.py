@@ -368,27 +368,38 @@ class Timeouts:
     request_s: float  # each readiness request, seconds
 
 
+@dataclass(frozen=True)
+class DeployRequest:
+    """One cell's deployment: its instances ``specs`` on ``slot`` (the PD proxy on
+    ``slot.proxy_port()``), their logs and the proxy's in ``log_dir``, its timeouts, and the
+    faults the proxy injects (test-only, or a fault drill's)."""
+
+    cell: Cell
+    slot: Slot
+    specs: list[InstanceSpec]
+    log_dir: Path
+    timeouts: Timeouts
+    faults: Faults = NO_FAULTS
+
+
 @contextlib.contextmanager
 def deploy(
-    cell: Cell,
-    slot: Slot,
-    specs: list[InstanceSpec],
+    req: DeployRequest,
     provider: Provider,
-    log_dir: Path,
-    timeouts: Timeouts,
-    faults: Faults = NO_FAULTS,
     on_phase: Callable[[str], None] = lambda p: None,
     stop: Callable[[], bool] = lambda: False,
     on_uses: Callable[[list[Use]], None] = lambda u: None,
 ) -> Iterator[Deployment]:
-    """Get ``specs``' instances from ``provider`` (started for this cell, or shared with
+    """Get ``req.specs``' instances from ``provider`` (started for this cell, or shared with
     earlier cells: :mod:`pdsweep.deploy.instances`), make the cell ready, yield the
     :class:`Deployment`, and always give them back (also on exceptions and interrupts;
-    a cell that failed gives them back as failed: the provider stops them). The PD proxy
-    listens on ``slot.proxy_port()``. ``on_uses`` learns which instances the cell got.
+    a cell that failed gives them back as failed: the provider stops them). ``on_phase``
+    hears "start" and "ready", ``stop`` ends the health wait early, ``on_uses`` learns which
+    instances the cell got.
 
     Raises ``CellFailed`` for startup/readiness failures.
     """
+    cell, slot, specs, log_dir, timeouts, faults = req.cell, req.slot, req.specs, req.log_dir, req.timeouts, req.faults
     dep = Deployment(cell, slot, [], log_dir=log_dir)
     failed = True
     with contextlib.ExitStack() as stack:

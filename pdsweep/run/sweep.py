@@ -29,7 +29,7 @@ from pdsweep.builds import attnprobe
 from pdsweep.core.errors import UserError
 from pdsweep.core.logscan import first_exception
 from pdsweep.core.paths import REPO
-from pdsweep.deploy.deployment import CellFailed, Deployment, ReadyHang, Timeouts, blame, deploy
+from pdsweep.deploy.deployment import CellFailed, Deployment, DeployRequest, ReadyHang, Timeouts, blame, deploy
 from pdsweep.deploy.faults import Faults
 from pdsweep.deploy.instances import AltBlocks, Fresh, InstancePool, instance_id, instance_key, reuse_record
 from pdsweep.deploy.launchers import Launcher, LocalLauncher, tail
@@ -247,13 +247,15 @@ def _deploy_and_measure(
     spent: dict[str, float] = {}
     try:
         with deploy(
-            cell,
-            slot,
-            specs,
+            DeployRequest(
+                cell,
+                slot,
+                specs,
+                cdir / "logs",
+                Timeouts(d.startup_timeout_s, d.request_timeout_s),
+                lease_drill_faults(cell, ls, ctx.opts.faults),  # the run's test-only faults, or the lease drill's
+            ),
             ctx.provider,
-            cdir / "logs",
-            Timeouts(d.startup_timeout_s, d.request_timeout_s),
-            lease_drill_faults(cell, ls, ctx.opts.faults),  # the run's test-only faults, or the lease drill's
             on_phase=on_phase,
             stop=ctx.stop.is_set,
             on_uses=lambda uses: status.update(instances=[u.record() for u in uses]),
