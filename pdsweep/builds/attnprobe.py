@@ -29,9 +29,12 @@ import subprocess
 import sys
 import threading
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from pdsweep.core.errors import UserError
+
+if TYPE_CHECKING:  # Python 3.10 has neither in typing; annotations only (from __future__ import annotations)
+    from typing_extensions import Required, Unpack
 
 # Run with `python -c`: needs nothing of pdsweep (an unfixed venv may lack it).
 _SCRIPT = r"""
@@ -239,39 +242,42 @@ def _version(python: str) -> str:
     return _probe(python).version
 
 
-def select(
-    capability: tuple[int, int],
-    *,
-    use_mla: bool,
-    head_size: int,
-    dtype: str,
-    kv_cache_dtype: str = "auto",
-    block_size: int | None = None,
-    selected: str | None = None,
-    num_heads: int | None = None,
-    use_kv_connector: bool = True,
-    python: str | None = None,
-) -> dict[str, Any]:
-    """vLLM's backend choice for one attention layer kind on ``capability`` (e.g. ``(9, 0)``).
+class LayerQuery(TypedDict, total=False):
+    """One attention layer kind as vLLM's selector sees it (``AttentionSelectorConfig``,
+    vllm/v1/attention/selector.py): ``dtype`` a torch dtype name (``bfloat16``);
+    ``block_size`` the user's ``--block-size`` (vLLM passes it to the selector only when the
+    user set it; default None); ``selected`` the ``--attention-backend`` (default None);
+    ``num_heads`` per rank (default None); ``kv_cache_dtype`` default ``auto``;
+    ``use_kv_connector`` default True."""
 
-    ``dtype`` is a torch dtype name (``bfloat16``); ``block_size`` the user's
-    ``--block-size`` (vLLM passes it to the selector only when the user set it);
-    ``selected`` the ``--attention-backend``. Returns ``{"priorities": [names],
-    "backends": [{"name", "reasons", "unverified", "sizes": {"exact": [...],
-    "multiple_of": n}}], "stubbed": [...]}``, one entry per backend in vLLM's priority order
-    (only ``selected`` when given). Raises ``UserError`` when the interpreter cannot import
-    vLLM's selection code, ``ValueError`` when vLLM's probe raised."""
-    q = dict(
-        capability=list(capability),
-        use_mla=use_mla,
-        head_size=head_size,
-        dtype=dtype,
-        kv_cache_dtype=kv_cache_dtype,
-        block_size=block_size,
-        selected=selected,
-        num_heads=num_heads,
-        use_kv_connector=use_kv_connector,
-    )
+    use_mla: Required[bool]
+    head_size: Required[int]
+    dtype: Required[str]
+    kv_cache_dtype: str
+    block_size: int | None
+    selected: str | None
+    num_heads: int | None
+    use_kv_connector: bool
+
+
+_LAYER_DEFAULTS: dict[str, Any] = {
+    "kv_cache_dtype": "auto",
+    "block_size": None,
+    "selected": None,
+    "num_heads": None,
+    "use_kv_connector": True,
+}
+
+
+def select(capability: tuple[int, int], python: str | None = None, **layer: Unpack[LayerQuery]) -> dict[str, Any]:
+    """vLLM's backend choice for one attention layer kind (:class:`LayerQuery`) on
+    ``capability`` (e.g. ``(9, 0)``), asked of interpreter ``python`` (default: this one).
+
+    Returns ``{"priorities": [names], "backends": [{"name", "reasons", "unverified", "sizes":
+    {"exact": [...], "multiple_of": n}}], "stubbed": [...]}``, one entry per backend in vLLM's
+    priority order (only ``selected`` when given). Raises ``UserError`` when the interpreter
+    cannot import vLLM's selection code, ``ValueError`` when vLLM's probe raised."""
+    q = {"capability": list(capability), **_LAYER_DEFAULTS, **layer}
     out = _ask(python or sys.executable, json.dumps(q, sort_keys=True))
     if "error" in out:
         raise ValueError(f"vLLM backend probe: {out['error']}")

@@ -136,6 +136,8 @@ def _wrap_forward_mqa(mqa: Any) -> Any:
 def _wrap_forward_impl(impl_fwd: Any) -> Any:
     """Sums of the last row of q, the latent, k_pe and the output of each MLA layer step."""
 
+    # mirrors vLLM's MLAAttention.forward_impl (vllm/model_executor/layers/attention/mla_attention.py,
+    # 13 parameters): the 6 it reads by name, the rest passed through
     def forward_impl(self, q, k_c_normed, k_pe, kv_cache, attn_metadata, output, *a, **kw):
         res = impl_fwd(self, q, k_c_normed, k_pe, kv_cache, attn_metadata, output, *a, **kw)
         if attn_metadata is not None and q.shape[0] > 0:
