@@ -10,7 +10,10 @@ Figures (``pdsweep/`` only; tests, fixtures and generated files are not counted)
 * import cycles and upward imports (the rules of tests/test_layers.py, whose functions this reuses);
 * duplicate pairs: two places sharing a run of 6 or more normalized lines (blank lines, comments,
   imports and lone punctuation dropped, white space folded), counted once per pair of regions;
-* the modules ``judge.gate`` reaches through its imports (the "rooms" a reader of ``gate_run`` enters).
+* the modules the call graph of ``judge.gate.gate_run`` enters (the "rooms" a reader of it walks
+  through): from its body, every call of a name that resolves to a pdsweep function, class (its
+  ``__init__``/``__post_init__``) or method (``self.m()``, ``Class.m()``, ``module.f()``), followed
+  transitively; a call through a value of unknown type (``check.fails(...)``) is not followed.
 
 Usage: ``python scripts/structure_report.py [--check] [--list]``.
 """
@@ -35,7 +38,7 @@ GOALS = {
     "duplicate pairs": 5,
     "import cycles": 0,
     "upward imports": 0,
-    "modules judge.gate reaches": 8,
+    "modules gate_run's call graph enters": 8,
 }
 WINDOW = 6
 
@@ -48,8 +51,8 @@ def _layers():
     return mod
 
 
-def sources() -> list[Path]:
-    return sorted(PKG.rglob("*.py"))
+def sources(pkg: Path = PKG) -> list[Path]:
+    return sorted(pkg.rglob("*.py"))
 
 
 def functions(path: Path) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
@@ -115,17 +118,112 @@ def duplicate_pairs(paths: list[Path]) -> list[tuple[str, int, str, int]]:
     return rows
 
 
-def reached(start: str, edges: set[tuple[str, str]]) -> set[str]:
-    graph: dict[str, set[str]] = defaultdict(set)
-    for a, b in edges:
-        graph[a].add(b)
-    todo, out = [start], {start}
-    while todo:
-        for b in graph[todo.pop()]:
-            if b not in out and b != "pdsweep":
-                out.add(b)
-                todo.append(b)
+Func = tuple[str, str]  # (module, qualified name: "f" or "Class.m")
+
+
+class _Module:
+    """One pdsweep module's top-level functions, classes (methods, base names) and the names
+    its imports bind (anywhere in the file: lazy imports included) as (module, attribute)."""
+
+    def __init__(self, name: str, tree: ast.Module, known: set[str], is_pkg: bool) -> None:
+        self.name = name
+        self.funcs: dict[str, ast.AST] = {}
+        self.classes: dict[str, tuple[dict[str, ast.AST], list[str]]] = {}
+        self.binds: dict[str, tuple[str, str | None]] = {}
+        for n in tree.body:
+            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef):
+                self.funcs[n.name] = n
+            elif isinstance(n, ast.ClassDef):
+                methods = {m.name: m for m in n.body if isinstance(m, ast.FunctionDef | ast.AsyncFunctionDef)}
+                self.classes[n.name] = (methods, [b.id for b in n.bases if isinstance(b, ast.Name)])
+        pkg = name.split(".") if is_pkg else name.split(".")[:-1]
+        for n in ast.walk(tree):
+            if isinstance(n, ast.ImportFrom):
+                if n.level:
+                    base = ".".join([*pkg[: len(pkg) - n.level + 1], *([n.module] if n.module else [])])
+                elif n.module and n.module.startswith("pdsweep."):
+                    base = n.module.removeprefix("pdsweep.")
+                else:
+                    continue
+                for a in n.names:
+                    sub = f"{base}.{a.name}"
+                    self.binds[a.asname or a.name] = (sub, None) if sub in known else (base, a.name)
+            elif isinstance(n, ast.Import):
+                for a in n.names:
+                    if a.name.startswith("pdsweep.") and a.asname:
+                        self.binds[a.asname] = (a.name.removeprefix("pdsweep."), None)
+
+
+def _modules(pkg: Path) -> dict[str, _Module]:
+    layers = _layers()
+    paths = {layers.module_name(p, pkg): p for p in sources(pkg)}
+    known = set(paths)
+    return {m: _Module(m, ast.parse(p.read_text(), str(p)), known, p.name == "__init__.py") for m, p in paths.items()}
+
+
+def _lookup(mods: dict[str, _Module], module: str, name: str, depth: int = 0) -> list[Func]:
+    """What calling ``name`` of ``module`` runs: a function, a class's ``__init__`` /
+    ``__post_init__``, or (through an import, re-exports followed) the same in another module."""
+    m = mods.get(module)
+    if m is None or depth > 8:
+        return []
+    if name in m.funcs:
+        return [(module, name)]
+    if name in m.classes:
+        return [(module, f"{name}.{k}") for k in ("__init__", "__post_init__") if k in m.classes[name][0]]
+    if name in m.binds:
+        target, attr = m.binds[name]
+        return _lookup(mods, target, attr, depth + 1) if attr else []
+    return []
+
+
+def _method(mods: dict[str, _Module], module: str, cls: str, name: str, depth: int = 0) -> list[Func]:
+    """``cls.name`` of ``module``, searched up the class's bases (by name, imports followed)."""
+    m = mods.get(module)
+    if m is None or depth > 8:
+        return []
+    if cls in m.binds and m.binds[cls][1]:
+        return _method(mods, m.binds[cls][0], m.binds[cls][1] or "", name, depth + 1)
+    if cls not in m.classes:
+        return []
+    methods, bases = m.classes[cls]
+    if name in methods:
+        return [(module, f"{cls}.{name}")]
+    return next((f for b in bases if (f := _method(mods, module, b, name, depth + 1))), [])
+
+
+def _callees(mods: dict[str, _Module], fn: Func) -> list[Func]:
+    module, qual = fn
+    m = mods[module]
+    cls, _, name = qual.rpartition(".")
+    node = m.classes[cls][0][name] if cls else m.funcs[name]
+    out: list[Func] = []
+    for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
+        f = call.func
+        if isinstance(f, ast.Name):
+            out += _lookup(mods, module, f.id)
+        elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
+            owner = f.value.id
+            if owner in ("self", "cls") and cls:
+                out += _method(mods, module, cls, f.attr)
+            elif owner in m.classes or (owner in m.binds and m.binds[owner][1]):
+                out += _method(mods, module, owner, f.attr)
+            elif owner in m.binds:  # a module
+                out += _lookup(mods, m.binds[owner][0], f.attr)
     return out
+
+
+def call_graph(module: str, func: str, pkg: Path = PKG) -> set[Func]:
+    """Every pdsweep function or method the call graph of ``module.func`` reaches (itself
+    included), as (module, qualified name); only calls whose target resolves statically."""
+    mods = _modules(pkg)
+    todo, seen = [(module, func)], {(module, func)}
+    while todo:
+        for g in _callees(mods, todo.pop()):
+            if g not in seen:
+                seen.add(g)
+                todo.append(g)
+    return seen
 
 
 def measure() -> dict[str, list[str]]:
@@ -149,7 +247,7 @@ def measure() -> dict[str, list[str]]:
     found["duplicate pairs"] = [f"{a}:{la} ~ {b}:{lb}" for a, la, b, lb in duplicate_pairs(paths)]
     found["import cycles"] = [" -> ".join(c) for c in layers.cycles()]
     found["upward imports"] = [f"{a} -> {b}" for a, b in sorted(layers.upward_edges())]
-    found["modules judge.gate reaches"] = sorted(reached("judge.gate", layers.edges()) - {"judge.gate"})
+    found["modules gate_run's call graph enters"] = sorted({m for m, _ in call_graph("judge.gate", "gate_run")})
     return found
 
 

@@ -47,3 +47,41 @@ def test_the_report_of_this_tree_has_every_figure(capsys) -> None:
     out = capsys.readouterr().out
     for name in ("files over 500 lines", "functions over 80 lines", "duplicate pairs", "import cycles: 0 ok"):
         assert name in out
+
+
+def test_the_call_graph_follows_resolvable_calls_only(tmp_path: Path) -> None:
+    """Imported functions, ``module.f()``, a class's ``__init__``, ``self.m()`` and a base class's
+    method are followed, transitively; a call through a value of unknown type is not."""
+    sr = _script()
+    pkg = tmp_path / "pdsweep"
+    for d in ("a", "b", "c", "d"):
+        (pkg / d).mkdir(parents=True)
+        (pkg / d / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a" / "top.py").write_text(
+        "from pdsweep.b.help import helper\nfrom pdsweep.b import help as hmod\n\n\n"
+        "def entry(x):\n    helper(x)\n    hmod.other()\n    x.fails()\n    return Box(x).go()\n\n\n"
+        "class Base:\n    def ping(self):\n        from pdsweep.c.deep import leaf\n\n        return leaf()\n\n\n"
+        "class Box(Base):\n    def __init__(self, x):\n        self.x = x\n\n    def go(self):\n        return self.ping()\n"
+    )
+    (pkg / "b" / "help.py").write_text("def helper(x):\n    return x\n\n\ndef other():\n    return 1\n")
+    (pkg / "c" / "deep.py").write_text("def leaf():\n    return 2\n")
+    (pkg / "d" / "never.py").write_text("def fails():\n    return 3\n")  # x.fails(): type unknown
+    got = sr.call_graph("a.top", "entry", pkg)
+    assert got == {
+        ("a.top", "entry"),
+        ("a.top", "Box.__init__"),
+        ("b.help", "helper"),
+        ("b.help", "other"),
+    }
+    # Box(x).go() is a call on a value: not followed, so Base.ping only via self in a method
+    (pkg / "a" / "top.py").write_text((pkg / "a" / "top.py").read_text().replace("Box(x).go()", "Box.go(x)"))
+    got = sr.call_graph("a.top", "entry", pkg)
+    assert {("a.top", "Box.go"), ("a.top", "Base.ping"), ("c.deep", "leaf")} <= got
+    assert ("d.never", "fails") not in got
+
+
+def test_gate_run_enters_the_judge_and_the_results_layout_never_a_renderer() -> None:
+    mods = {m for m, _ in _script().call_graph("judge.gate", "gate_run")}
+    assert {"judge.gate", "judge.facts", "judge.agreement", "judge.flaky", "results.layout"} <= mods
+    assert not {m for m in mods if m.split(".")[0] in ("report", "measure", "run", "deploy")}
