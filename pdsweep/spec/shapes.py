@@ -1,6 +1,6 @@
 """The table of reported PD failure shapes (``docs/bug-shapes.yaml``) and its page
 (``docs/bug-shapes.md``): each shape with its upstream references and what in pdsweep covers
-it. ``python -m pdsweep.spec.shapes [PATH]`` prints the page; tests/test_bug_shapes.py checks
+it. ``python -m pdsweep.spec.shapes [PATH]`` prints the page; tests/test_spec_shapes.py checks
 that the committed page matches and that every ``covered_by`` entry exists."""
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def render(shapes: list[Shape]) -> str:
         "Failures users reported since August 2026, several of which answer HTTP 200 with wrong text, each",
         "with its upstream references and what in pdsweep covers it. Generated from",
         "`docs/bug-shapes.yaml` (`PYTHONPATH=. python -m pdsweep.spec.shapes > docs/bug-shapes.md`);",
-        "tests/test_bug_shapes.py checks that this page matches and that every cell, rule, check, workload",
+        "tests/test_spec_shapes.py checks that this page matches and that every cell, rule, check, workload",
         "and flag named below exists. The drill cells live in `sweeps/drills.yaml` (run by `make test-all`",
         "through tests/test_drills_real.py, or `pdsweep run sweeps/drills.yaml`).",
         "",

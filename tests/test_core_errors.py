@@ -1,0 +1,51 @@
+"""pdsweep.core.errors.run_main: ``history show | head`` (a closed stdout) is no failure, another
+broken pipe still is (bad input of issue 37)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pdsweep.cli import main as cli_main
+from pdsweep.core.errors import run_main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+CLOSED_STDOUT = """
+import os, sys
+r, w = os.pipe()
+os.close(r)          # the reader (head) has gone
+os.dup2(w, 1)
+from pdsweep.cli import main
+code = main(sys.argv[1:])
+os.write(2, f"exit={code}".encode())
+"""
+
+
+def test_history_show_into_a_closed_pipe_exits_0(runs: dict[str, Path], tmp_path: Path) -> None:
+    db = tmp_path / "h.sqlite"
+    for name in ("mixed", "all-pass"):
+        assert cli_main(["history", "add", str(runs[name]), "--db", str(db)]) == 0
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    r = subprocess.run(
+        [sys.executable, "-c", CLOSED_STDOUT, "history", "show", "--db", str(db)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert r.stderr.endswith("exit=0"), r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_another_broken_pipe_is_still_a_failure(capsys: pytest.CaptureFixture[str]) -> None:
+    def main() -> int:
+        raise BrokenPipeError(32, "a child's stdin")
+
+    assert run_main(main) == 3  # stdout is fine: not an early reader, a bug to report
+    assert "BrokenPipeError" in capsys.readouterr().err

@@ -1,0 +1,45 @@
+"""pdsweep.spec.sweep: every error of a sweep file at once, max_model_len above a tiny model's
+(bad input of issue 37)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pdsweep.core.errors import UserError
+from pdsweep.spec.sweep import load_sweep
+
+MODELS = Path(__file__).resolve().parents[1] / "sweeps" / "models.yaml"
+
+
+def write(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "s.yaml"
+    path.write_text(f"name: s\nplatform: cpu\nmodels_file: {MODELS}\n{body}")
+    return path
+
+
+def test_max_model_len_above_a_tiny_model_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, "defaults: {max_model_len: 999999999}\nmatrix: {model: [tiny-llama], tp: [p1d1]}\n")
+    with pytest.raises(UserError) as e:
+        load_sweep(path)
+    assert f"{path}:4: defaults.max_model_len: 999999999 is above model 'tiny-llama''s 512 tokens" in str(e.value)
+    assert "allowed: 1..512" in str(e.value)
+    ok = write(tmp_path, "defaults: {max_model_len: 512}\nmatrix: {model: [tiny-llama], tp: [p1d1]}\n")
+    assert load_sweep(ok).sweep.defaults.max_model_len == 512
+
+
+def test_every_error_of_a_file_at_once(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "defaults: {max_model_len: 4096}\n"
+        "serve_args:\n  base: []\n  x: {both: [], reference: nope}\n"
+        "matrix: {model: [tiny-llama, no-such-model], tp: [p1d1], env: [missing]}\n",
+    )
+    with pytest.raises(UserError) as e:
+        load_sweep(path)
+    lines = str(e.value).splitlines()
+    assert any("unknown model 'no-such-model'" in x for x in lines)
+    assert any("unknown env 'missing'" in x for x in lines)
+    assert any("serve_args.x.reference: unknown serve_args 'nope'" in x for x in lines)
+    assert any("defaults.max_model_len: 4096 is above model 'tiny-llama''s 512" in x for x in lines)
