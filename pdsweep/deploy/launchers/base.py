@@ -96,7 +96,9 @@ class LaunchRequest:
     node: str | None = None
 
 
-def popen_logged(argv: Sequence[str], env: Mapping[str, str], log_path: Path, **popen: Any) -> tuple[Any, int]:
+def popen_logged(
+    argv: Sequence[str], env: Mapping[str, str], log_path: Path, **popen: Any
+) -> tuple[subprocess.Popen[bytes], int]:
     """Start ``argv`` with ``os.environ | env``, stdout+stderr appended to ``log_path`` (its
     parent created), stdin closed; ``popen``: further ``subprocess.Popen`` keywords (process
     group or session). Returns (the ``Popen``, bytes of the log written before: an instance
