@@ -1,5 +1,5 @@
 """pdsweep.spec.sweep: every error of a sweep file at once, max_model_len above a tiny model's
-(bad input of issue 37)."""
+(bad input of issue 37); a models_file that is a symlink loop is bad input (issue 23)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from pdsweep.cli import main
 from pdsweep.core.errors import UserError
 from pdsweep.spec.sweep import load_sweep
 
@@ -43,3 +44,14 @@ def test_every_error_of_a_file_at_once(tmp_path: Path) -> None:
     assert any("unknown env 'missing'" in x for x in lines)
     assert any("serve_args.x.reference: unknown serve_args 'nope'" in x for x in lines)
     assert any("defaults.max_model_len: 4096 is above model 'tiny-llama''s 512" in x for x in lines)
+
+
+def test_a_models_file_that_is_a_symlink_loop_is_bad_input(tmp_path: Path, capsys) -> None:
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    (tmp_path / "s.yaml").write_text(
+        "name: x\nplatform: cpu\nmodels_file: a\nmatrix: {model: [tiny-llama], tp: [p1d1]}\n"
+    )
+    assert main(["validate", str(tmp_path / "s.yaml"), "--no-check-argv"]) == 2
+    err = capsys.readouterr().err
+    assert "models_file 'a': cannot resolve" in err and "Traceback" not in err, err

@@ -1,0 +1,34 @@
+"""pdsweep.judge.compare: an empty B run is never "no regression"; fixed against unfixed in one
+run (issue 23)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fixtures.make_runs import (
+    MIXED,
+    case,
+    pd,
+    ref,
+    write_run,
+)
+
+from pdsweep.cli import main
+from pdsweep.judge.compare import compare_runs
+
+
+def test_compare_against_an_empty_run_is_never_no_regression(tmp_path: Path, capsys) -> None:
+    a = write_run(tmp_path, "a", [MIXED["pass"]])
+    b = write_run(tmp_path, "b", [])
+    res = compare_runs(a, b, allow_missing=True)
+    assert res.regressed and any("B (" in p and "has no cell that was meant to run" in p for p in res.problems)
+    assert main(["compare", str(a), str(b), "--allow-missing", "--out", str(tmp_path / "o")]) == 1
+
+
+def test_compare_fixed_against_unfixed_in_one_run_can_pass(tmp_path: Path, capsys) -> None:
+    fixed, unfixed = pd("kimi-linear", 1, 1, "fixed"), pd("kimi-linear", 1, 1, "unfixed")
+    run = write_run(tmp_path, "run", [case(fixed), case(unfixed), case(ref(fixed))])
+    args = [str(run), str(run), "--a-build", "fixed", "--b-build", "unfixed", "--out", str(tmp_path / "o")]
+    assert main(["compare", *args]) == 0, capsys.readouterr()
+    res = compare_runs(run, run, a_build="fixed", b_build="unfixed")
+    assert {c.key: c.verdict for c in res.cells} == {fixed.compare_key: "same", ref(fixed).compare_key: "same"}
