@@ -8,6 +8,7 @@ import base64
 import hashlib
 import importlib.metadata as md
 import json
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -141,3 +142,78 @@ def test_a_build_whose_nixl_meta_and_backend_differ_cannot_be_used(tmp_path: Pat
     info = builds.build_info(ls, "b")
     assert info["error"].startswith("build b: nixl 1.3.1 (meta package) imports nixl_cu13 1.3.2: versions differ")
     assert "install nixl-cu13==1.3.1" in info["error"]
+
+
+def _git(tree: Path, *args: str) -> str:
+    cmd = ["git", "-C", str(tree), "-c", "user.name=t", "-c", "user.email=t@t", *args]
+    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def test_a_source_tree_is_planned_with_its_version_and_commit(tmp_path: Path, capsys) -> None:
+    """--source --dry-run on a synthetic vLLM tree: the version (setuptools-scm's git tag, or a
+    static [project] version), the tree's HEAD and its uncommitted diff key the build; nothing is
+    installed. A real vLLM source build compiles its extensions (not possible on the CPU box)."""
+    import argparse
+
+    tree = tmp_path / "vllm-src"
+    (tree / "vllm").mkdir(parents=True)
+    (tree / "vllm" / "__init__.py").write_text("")
+    (tree / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools", "setuptools-scm"]\n\n[project]\nname = "vllm"\n'
+        'dynamic = ["version"]\n\n[tool.setuptools_scm]\nversion_file = "vllm/_version.py"\n'
+    )
+    _git(tree, "init", "-q")
+    _git(tree, "add", "-A")
+    _git(tree, "commit", "-q", "-m", "tree")
+    _git(tree, "tag", "v0.35.0")
+    head = _git(tree, "rev-parse", "HEAD")
+    plan = make.plan_build(source=tree, root=tmp_path / "builds", deps_from=sys.executable)
+    assert plan["inputs"]["commit"] == head and plan["inputs"]["diff_sha256"] is None
+    assert plan["version"] == f"v0.35.0-0-g{head[:7]}" and plan["version_source"].startswith("git describe")
+    assert plan["dest"] == (tmp_path / "builds" / f"source-vllm-src-{plan['key'][:12]}").absolute()
+    assert plan["pip"][-1] == str(tree) and "--no-deps" in plan["pip"] and not plan["reused"]
+    (tree / "vllm" / "__init__.py").write_text("X = 1\n")  # an uncommitted change: another build
+    dirty = make.plan_build(source=tree, root=tmp_path / "builds", deps_from=sys.executable)
+    assert dirty["inputs"]["diff_sha256"] and dirty["key"] != plan["key"] and dirty["inputs"]["commit"] == head
+    (tree / "pyproject.toml").write_text(
+        '[project]\nname = "vllm"\nversion = "0.35.1.dev3"\n\n[tool.x]\nversion = "no"\n'
+    )
+    assert make.source_version(tree) == ("0.35.1.dev3", "pyproject.toml [project] version")
+    parser = make.add_cli_args(argparse.ArgumentParser())
+    ns = parser.parse_args(["--source", str(tree), "--root", str(tmp_path / "builds"), "--dry-run"])
+    assert make.main(ns) == 0
+    out = capsys.readouterr().out
+    assert "would be made" in out and "  vllm_version: 0.35.1.dev3 (pyproject.toml [project] version)" in out
+    assert f"  commit: {head}" in out and f"  source: {tree}" in out
+    assert not (tmp_path / "builds").exists()  # nothing made
+    with pytest.raises(UserError, match="--dry-run needs --source or a wheel file"):
+        make.main(parser.parse_args(["--vllm", "0.34.0", "--dry-run"]))
+
+
+def test_a_pure_python_source_tree_is_made_with_its_tree_commit(tmp_path: Path) -> None:
+    """The real --source path on a synthetic tree (pip builds it in an isolated build env, so
+    setuptools and setuptools-scm come from the index or pip's cache: skipped when neither
+    has them). The marker records the tree's HEAD as the vLLM commit and the planned version."""
+    tree = tmp_path / "vllm-src"
+    (tree / "vllm").mkdir(parents=True)
+    (tree / "vllm" / "__init__.py").write_text("")
+    (tree / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools", "setuptools-scm"]\nbuild-backend = "setuptools.build_meta"\n\n'
+        '[project]\nname = "vllm"\ndynamic = ["version"]\n\n[tool.setuptools_scm]\n'
+    )
+    _git(tree, "init", "-q")
+    _git(tree, "add", "-A")
+    _git(tree, "commit", "-q", "-m", "tree")
+    _git(tree, "tag", "v0.35.0")
+    head = _git(tree, "rev-parse", "HEAD")
+    try:
+        venv, marker = make.make_build(source=tree, root=tmp_path / "builds", deps_from=sys.executable)
+    except UserError as e:
+        if "setuptools" in str(e) and ("satisf" in str(e) or "network" in str(e).lower()):
+            pytest.skip(f"no build backend from the index or pip's cache: {str(e)[-200:]}")
+        raise
+    prov = marker["provenance"]
+    assert prov["vllm_version"] == "0.35.0"  # setuptools-scm: the tag, clean tree
+    assert prov["vllm_commit"] == head and prov["vllm_commit_source"] == "git rev-parse HEAD of the source tree"
+    assert marker["planned_version"] == f"v0.35.0-0-g{head[:7]}" and marker["inputs"]["commit"] == head
+    assert make.read_marker(venv) == json.loads((venv / make.MARKER).read_text())

@@ -42,6 +42,8 @@ def test_every_fix_probe_is_found_in_the_installed_vllm():
         "vllm#48481": True,
         "vllm#55306": False,  # open upstream: 0.32.0 still scales B/C by the TP ratio
         "vllm:nixl_num_notifications_after_expiry": True,  # nixl/stats.py registers the counter
+        "vllm#55854": True,  # failed transfers include handshake and notification failures
+        "NixlPushConnectorWorker._xfer_blocks": True,  # pdsweep's push WRITE log can hook it
     }
 
 
@@ -60,6 +62,8 @@ def test_unfixed_copy_lacks_49297_only(tmp_path):
         "vllm#48481": True,
         "vllm#55306": False,
         "vllm:nixl_num_notifications_after_expiry": True,
+        "vllm#55854": True,
+        "NixlPushConnectorWorker._xfer_blocks": True,
     }
     conv = tmp_path / FIXES["vllm#55306"].file  # the fix's shape: the pre-fix line gone
     conv.write_text(conv.read_text().replace("remote_base += size * tp_ratio", "remote_base += remote_size"))

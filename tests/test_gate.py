@@ -50,7 +50,14 @@ GOLDEN = {
         ],
     ),
     "failed_null": (FAIL, [f"{w('failed_null', 'transfer.json')}: totals.failed_transfers is null (metric missing)"]),
-    "failed_positive": (FAIL, [f"{w('failed_positive', 'transfer.json')}: totals.failed_transfers = 3 (allowed: 0)"]),
+    "failed_positive": (
+        FAIL,
+        [
+            f"{w('failed_positive', 'transfer.json')}: totals.failed_transfers = 3 (allowed: 0; failed-transfer "
+            "accounting unknown (nixl/stats.py NixlPromMetrics.observe not probed, or of neither shape around "
+            "vLLM PR 55854))"
+        ],
+    ),
     "no_kv": (
         FAIL,
         [

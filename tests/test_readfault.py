@@ -9,6 +9,7 @@ import logging
 import pytest
 from fixtures.make_runs import case, pd, write_run
 
+from pdsweep.builds.fixprobes import accounting
 from pdsweep.core.errors import UserError
 from pdsweep.core.logscan import read_fault_counts
 from pdsweep.engine.readfault import wrap_check_xfer_state
@@ -88,6 +89,9 @@ def _faults(injected: int, failed: int, recovered: int = 0, failed_reqs: int = 0
     }
 
 
+UNPROBED = accounting(None)  # the fixture's cell.json build has no fix probes
+
+
 def test_transfer_gate_holds_vllm_to_the_injected_failures(tmp_path) -> None:
     drill = pd("tiny-llama", 1, 1, fault="fail-read-1-in-4")
     ok = case(drill, _faults(injected=50, failed=50, recovered=50))
@@ -101,10 +105,10 @@ def test_transfer_gate_holds_vllm_to_the_injected_failures(tmp_path) -> None:
 
     assert reasons("unseen", _faults(injected=50, failed=49)) == [
         f"{drill.id}/transfer.json: vLLM counted 49 failed transfers for 50 injected READ failures "
-        "(vllm:nixl_num_failed_transfers): a failed READ went unseen"
+        f"(vllm:nixl_num_failed_transfers; {UNPROBED}): a failed READ went unseen"
     ]
     assert reasons("extra", _faults(injected=50, failed=51)) == [
-        f"{drill.id}/transfer.json: totals.failed_transfers = 51 (allowed: 50)"
+        f"{drill.id}/transfer.json: totals.failed_transfers = 51 (allowed: 50; {UNPROBED})"
     ]
     (none,) = reasons("none", _faults(injected=0, failed=0))
     assert "fault drill fail-read-1-in-4 injected no READ failure" in none
@@ -115,7 +119,7 @@ def test_transfer_gate_holds_vllm_to_the_injected_failures(tmp_path) -> None:
     # outside a drill nothing is injected: any failed transfer still fails (gate.max_failed_transfers 0)
     plain = pd("tiny-llama", 2, 2)
     assert reasons("plain", _faults(injected=0, failed=1), plain) == [
-        f"{plain.id}/transfer.json: totals.failed_transfers = 1 (allowed: 0)"
+        f"{plain.id}/transfer.json: totals.failed_transfers = 1 (allowed: 0; {UNPROBED})"
     ]
 
 

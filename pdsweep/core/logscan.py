@@ -108,6 +108,13 @@ _READ = re.compile(
     r"bytes=(?P<bytes>\d+) descs=(?P<descs>\d+)"
     r"(?: req=(?P<req>\S+) t0=(?P<t0>[\d.]+) t1=(?P<t1>[\d.]+) xfer_us=(?P<xfer_us>-?\d+))?"
 )
+# One line per completed WRITE on a prefill worker in push mode (PDSWEEP_NIXL_WRITE_LOG=1): the
+# prefill rank that wrote (local_rank), the decode rank written to, NIXL's telemetry of it
+NIXL_WRITE_TAG = "PDSWEEP_NIXL_WRITE"
+_WRITE = re.compile(
+    NIXL_WRITE_TAG + r" local_rank=(?P<local>\d+) remote_engine=(?P<engine>\S+) remote_rank=(?P<rank>\d+) "
+    r"bytes=(?P<bytes>\d+) descs=(?P<descs>\d+)"
+)
 # The READ-failure drill (pdsweep.engine.readfault): one line per READ reported failed
 READ_FAULT_TAG = "PDSWEEP_INJECTED_READ_FAILURE"
 _READ_FAULT = re.compile(READ_FAULT_TAG + r" read=\d+ every=\d+")
@@ -132,6 +139,24 @@ def nixl_reads_by_rank(text: str) -> dict[str, dict[str, int]]:
         engines.setdefault(m.group("rank"), set()).add(m.group("engine"))
     for rank, r in out.items():
         r["engines"] = len(engines[rank])
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
+
+
+def nixl_writes_by_rank(text: str) -> dict[str, dict[str, int]]:
+    """Completed push WRITEs in prefill logs, per prefill (local) TP rank, summed over the decode
+    ranks and engines written to: ``{"0": {"writes", "bytes", "descriptors", "decode_ranks"}}``
+    (``decode_ranks``: distinct decode ranks written to; bytes: NIXL ``totalBytes``); empty when
+    no WRITE line is logged (:mod:`pdsweep.engine.readlog`)."""
+    out: dict[str, dict[str, int]] = {}
+    targets: dict[str, set[tuple[str, str]]] = {}
+    for m in _WRITE.finditer(text):
+        r = out.setdefault(m.group("local"), {"writes": 0, "bytes": 0, "descriptors": 0, "decode_ranks": 0})
+        r["writes"] += 1
+        r["bytes"] += int(m.group("bytes"))
+        r["descriptors"] += int(m.group("descs"))
+        targets.setdefault(m.group("local"), set()).add((m.group("engine"), m.group("rank")))
+    for rank, r in out.items():
+        r["decode_ranks"] = len({d for _, d in targets[rank]})
     return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
 
 

@@ -25,7 +25,7 @@ import httpx
 from pdsweep.core.logscan import first_exception, read_fault_counts
 from pdsweep.deploy.faults import NO_FAULTS, Faults
 from pdsweep.deploy.launchers import Handle, port_free, tail
-from pdsweep.plan.expand import Cell, InstanceSpec, Slot
+from pdsweep.plan.expand import Cell, InstanceSpec, Slot, transfer_mode
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,19 @@ class Deployment:
     @property
     def decode_handles(self) -> list[Handle]:
         return self.role("decode") or self.role("single")
+
+    @property
+    def transfer_mode(self) -> str | None:
+        """``"push"`` or ``"pull"`` from the instances' ``--kv-transfer-config``
+        (:func:`pdsweep.plan.expand.transfer_mode`); None for a single instance."""
+        modes = {transfer_mode(u.spec.argv) for u in self.uses} - {None}
+        return "push" if "push" in modes else ("pull" if modes else None)
+
+    @property
+    def initiator_handles(self) -> list[Handle]:
+        """The instances that post the NIXL transfers and count them in ``vllm:nixl_*``:
+        prefill in push mode (WRITEs, nixl/push_worker.py), else decode (READs)."""
+        return self.role("prefill") if self.transfer_mode == "push" else self.decode_handles
 
 
 def culprits(handles: list[Handle]) -> list[str]:
@@ -289,7 +302,8 @@ def streaming_request(dep: Deployment, model: str, timeout_s: float) -> None:
 
 
 def first_request(dep: Deployment, model: str, timeout_s: float) -> None:
-    """One real completion through the deployment; for PD cells the decode side must
+    """One real completion through the deployment; for PD cells the side that initiates
+    transfers (:attr:`Deployment.initiator_handles`: decode, or prefill in push mode) must
     record a NIXL transfer; then one streaming completion (:func:`streaming_request`).
     Raises ``CellFailed('ready', ...)``."""
     try:
@@ -313,11 +327,11 @@ def first_request(dep: Deployment, model: str, timeout_s: float) -> None:
     if not usage.get("completion_tokens"):
         raise CellFailed("ready", f"first request returned no tokens: {r.text[:300]}", _tails(dep))
     if dep.cell.kind == "pd":
-        n = nixl_transfer_count(dep.decode_handles)
+        n = nixl_transfer_count(dep.initiator_handles)
         if not n:
-            raise CellFailed(
-                "ready", f"first PD request moved no KV: decode {NIXL_COUNT_METRIC} count = {n}", _tails(dep)
-            )
+            who = "prefill (push mode: prefill WRITEs)" if dep.transfer_mode == "push" else "decode"
+            msg = f"first PD request moved no KV: {who} {NIXL_COUNT_METRIC} count = {n}"
+            raise CellFailed("ready", msg, _tails(dep))
     streaming_request(dep, model, timeout_s)
 
 

@@ -1,6 +1,7 @@
-"""In vLLM's decode workers: one log line per completed NIXL READ, naming the prefill rank
-it read from, so a run records the bytes read from each prefill rank (transfer.json
-``reads_by_prefill_rank``). vLLM's ``vllm:nixl_bytes_transferred`` sums over every rank;
+"""In vLLM's workers: one log line per completed NIXL READ (pull mode, decode) or WRITE (push
+mode, prefill), naming the prefill rank read from (the prefill rank that wrote), so a run
+records the bytes moved per prefill rank (transfer.json ``reads_by_prefill_rank``,
+``writes_by_prefill_rank``). vLLM's ``vllm:nixl_bytes_transferred`` sums over every rank;
 with prefill TP > decode TP on a hybrid MLA + SSM model (vLLM PR #49297) the split is the
 point: the MLA latent comes from one rank, the SSM shards from all of them.
 
@@ -21,6 +22,17 @@ decode instances). It wraps two methods and changes no value:
 the READ was posted, ``t1`` when vLLM saw it DONE; ``xfer_us``: NIXL's ``xferDuration`` (-1 when
 NIXL has none). Parsed by :func:`pdsweep.core.logscan.nixl_reads_by_rank` and
 :func:`pdsweep.core.logscan.nixl_read_records` (the transfer intervals of a load repeat).
+
+The WRITE log (``PDSWEEP_NIXL_WRITE_LOG=1``, set on the prefill instances of push cells) wraps
+``NixlPushConnectorWorker._xfer_blocks`` (vLLM ``nixl/push_worker.py``: posts one WRITE to one
+decode rank and returns its handle, which ``_xfer_blocks_for_req`` adds to
+``_sending_transfers``; ``base_worker.py`` ``_pop_done_transfers`` calls ``get_xfer_telemetry``
+once it is DONE) and logs, with the same telemetry wrapper,
+
+    PDSWEEP_NIXL_WRITE local_rank=<prefill tp rank> remote_engine=<decode engine id>
+    remote_rank=<decode rank> bytes=<n> descs=<k> req=<request id> t0=<s> t1=<s> xfer_us=<us>
+
+parsed by :func:`pdsweep.core.logscan.nixl_writes_by_rank`.
 """
 
 from __future__ import annotations
@@ -29,7 +41,7 @@ import logging
 import time
 from typing import Any, Callable
 
-from pdsweep.core.logscan import NIXL_READ_TAG
+from pdsweep.core.logscan import NIXL_READ_TAG, NIXL_WRITE_TAG
 
 logger = logging.getLogger("vllm.pdsweep.engine.readlog")
 
@@ -52,18 +64,43 @@ def wrap_read_blocks(orig: Callable[..., Any], posted: dict[Any, tuple[Any, ...]
     return _read_blocks
 
 
+def wrap_xfer_blocks(orig: Callable[..., Any], posted: dict[Any, tuple[Any, ...]]) -> Callable[..., Any]:
+    """Push ``_xfer_blocks`` that records the handle it returns (None: nothing posted) as
+    ``(remote engine, decode rank, request id, monotonic post time, WRITE tag, prefill tp rank)``
+    in ``posted`` (vLLM passes every argument by keyword)."""
+
+    def _xfer_blocks(self: Any, *args: Any, **kw: Any) -> Any:
+        spec = kw.get("read_spec", args[0] if args else None)
+        t0 = time.monotonic()
+        handle = orig(self, *args, **kw)
+        if handle is not None and spec is not None:
+            posted[handle] = (
+                str(kw.get("dst_engine_id")),
+                int(spec.remote_rank),
+                str(kw.get("request_id")),
+                t0,
+                NIXL_WRITE_TAG,
+                int(self.tp_rank),
+            )
+        return handle
+
+    return _xfer_blocks
+
+
 def wrap_telemetry(orig: Callable[..., Any], posted: dict[Any, tuple[Any, ...]]) -> Callable[..., Any]:
-    """``get_xfer_telemetry`` that logs one :data:`~pdsweep.core.logscan.NIXL_READ_TAG` line for a
-    handle ``posted`` names (and forgets it); other handles pass through silently."""
+    """``get_xfer_telemetry`` that logs one :data:`~pdsweep.core.logscan.NIXL_READ_TAG` (or, for
+    a WRITE, :data:`~pdsweep.core.logscan.NIXL_WRITE_TAG` with ``local_rank``) line for a handle
+    ``posted`` names (and forgets it); other handles pass through silently."""
 
     def get_xfer_telemetry(self: Any, handle: Any) -> Any:
         res = orig(self, handle)
         where = posted.pop(handle, None)
         if where is not None and res is not None:
             xfer = getattr(res, "xferDuration", None)
+            tag = NIXL_READ_TAG if len(where) < 6 else f"{where[4]} local_rank={where[5]}"
             logger.info(
                 "%s remote_engine=%s remote_rank=%d bytes=%d descs=%d req=%s t0=%.6f t1=%.6f xfer_us=%d",
-                NIXL_READ_TAG,
+                tag,
                 where[0],
                 where[1],
                 int(res.totalBytes),
@@ -99,6 +136,11 @@ def wrap_once(owner: Any, attr: str, make: Callable[[Callable[..., Any]], Callab
     setattr(owner, attr, new)
 
 
+# handles posted and not yet DONE, shared by the READ and WRITE wrappers of one process
+# (one get_xfer_telemetry wrapper serves both)
+_POSTED: dict[Any, tuple[Any, ...]] = {}
+
+
 def install_nixl_read_log() -> bool:
     """Install both wrappers once; False when vLLM's pull worker or NIXL is absent."""
     try:
@@ -108,7 +150,21 @@ def install_nixl_read_log() -> bool:
     wrapper = nixl_wrapper()
     if wrapper is None or not hasattr(NixlPullConnectorWorker, "_read_blocks"):
         return False
-    posted: dict[Any, tuple[Any, ...]] = {}
-    wrap_once(NixlPullConnectorWorker, "_read_blocks", lambda orig: wrap_read_blocks(orig, posted))
-    wrap_once(wrapper, "get_xfer_telemetry", lambda orig: wrap_telemetry(orig, posted))
+    wrap_once(NixlPullConnectorWorker, "_read_blocks", lambda orig: wrap_read_blocks(orig, _POSTED))
+    wrap_once(wrapper, "get_xfer_telemetry", lambda orig: wrap_telemetry(orig, _POSTED))
+    return True
+
+
+def install_nixl_write_log() -> bool:
+    """Install the push WRITE wrapper and the telemetry wrapper once; False when vLLM's push
+    worker (``nixl/push_worker.py``, vLLM >= 0.27.0) or NIXL is absent."""
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import NixlPushConnectorWorker
+    except Exception:  # noqa: BLE001 - another vLLM layout: the plugin warns
+        return False
+    wrapper = nixl_wrapper()
+    if wrapper is None or not hasattr(NixlPushConnectorWorker, "_xfer_blocks"):
+        return False
+    wrap_once(NixlPushConnectorWorker, "_xfer_blocks", lambda orig: wrap_xfer_blocks(orig, _POSTED))
+    wrap_once(wrapper, "get_xfer_telemetry", lambda orig: wrap_telemetry(orig, _POSTED))
     return True

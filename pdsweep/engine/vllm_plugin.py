@@ -46,6 +46,7 @@ MLA_BLOCKS_ENV_VAR = "PDSWEEP_CPU_MLA_LOGICAL_BLOCKS"
 DEBUG_MLA_KV_ENV_VAR = "PDSWEEP_DEBUG_MLA_KV"  # pdsweep.engine.vllm_debug, diagnostics only
 DEBUG_MQ_ENV_VAR = "PDSWEEP_DEBUG_MQ_DUMP"  # pdsweep.engine.vllm_debug: SIGUSR2 logs the shm RPC rings
 READ_LOG_ENV_VAR = "PDSWEEP_NIXL_READ_LOG"  # pdsweep.engine.readlog: bytes per prefill rank (decode instances)
+WRITE_LOG_ENV_VAR = "PDSWEEP_NIXL_WRITE_LOG"  # pdsweep.engine.readlog: push WRITEs per prefill rank (prefill)
 READ_FAULT_ENV_VAR = "PDSWEEP_FAIL_READ_EVERY"  # pdsweep.engine.readfault: the fail-read-1-in-K drill (decode)
 # linux/arch/x86/include/uapi/asm/prctl.h and asm/fpu/types.h
 _SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
@@ -359,6 +360,12 @@ def _install_nixl_read_log() -> bool:
     return install_nixl_read_log()
 
 
+def _install_nixl_write_log() -> bool:
+    from pdsweep.engine.readlog import install_nixl_write_log
+
+    return install_nixl_write_log()
+
+
 def _install_read_fault(every: int) -> None:
     from pdsweep.engine.readfault import install_read_fault
 
@@ -428,6 +435,7 @@ def register() -> None:
         (DEBUG_MLA_KV_ENV_VAR, _install_debug_mla_kv, "CPUMLAImpl"),
         (DEBUG_MQ_ENV_VAR, _install_debug_mq_dump, "the main thread (SIGUSR2 handler)"),
         (READ_LOG_ENV_VAR, _install_nixl_read_log, "NixlPullConnectorWorker._read_blocks"),
+        (WRITE_LOG_ENV_VAR, _install_nixl_write_log, "NixlPushConnectorWorker._xfer_blocks"),
     ):
         if not env_on(var):
             continue

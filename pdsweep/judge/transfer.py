@@ -1,19 +1,24 @@
-"""KV transfer, judged from transfer.json (``vllm:nixl_*`` counters, the NIXL READ log):
+"""KV transfer, judged from transfer.json (``vllm:nixl_*`` counters, the NIXL READ/WRITE log).
+In push mode (transfer.json ``transfer_mode: push``, ``NixlPushConnector``) prefill initiates
+the transfers (WRITEs, vLLM ``nixl/push_worker.py``): the counters, the split and the UCX tables
+are prefill's, recorded by ``pdsweep.measure.phases`` from the prefill instances.
 
 - :class:`TransferCheck`: transfers happened, no failed transfer beyond ``gate.max_failed_transfers``
   plus the READ failures a ``fail-read-1-in-K`` drill injected (each one counted by vLLM), no
   request failed after a KV load failure, no impossible total (:func:`impossible_totals`).
 - :class:`ReadPatternCheck`: ``reads_by_prefill_rank`` against the READs per request vLLM's read
   plan makes (:func:`pdsweep.plan.readplan.expected_read_split`, the function ``pdsweep bench
-  transfer`` runs): the split vLLM PR #49297 fixed.
+  transfer`` runs): the split vLLM PR #49297 fixed; in push mode ``writes_by_prefill_rank``
+  against :func:`pdsweep.plan.readplan.expected_write_split`.
 - :class:`TransportCheck`: the KV was READ over the UCX transport the sweep expects
   (``gate.transports``, e.g. ``[cma]`` on one CPU host, ``[cuda_ipc]`` or ``[rc]`` on GPUs). UCX
   falls back to ``tcp`` silently when the expected transport is unusable (vllm issue 52607: pull
   mode over cuda_ipc fell back to TCP, 0.5 vs 49 GB/s); the cell then passes every other check at a
   fraction of the bandwidth. The transports are transfer.json ``ucx_transports``
   (:func:`pdsweep.measure.metrics.ucx_transports_from_logs`: UCX's "remote memory read" protocol
-  tables, ``UCX_PROTO_INFO=y``), spelled ``<transport>/<device>`` (``cma/memory``, ``tcp/eth0``:
-  the device is the network interface). The expectation depends on the cell's placement (cell.json
+  tables, ``UCX_PROTO_INFO=y``; "remote memory write" in prefill's logs in push mode), spelled
+  ``<transport>/<device>`` (``cma/memory``, ``tcp/eth0``: the device is the network interface).
+  The expectation depends on the cell's placement (cell.json
   ``instances[].node`` and ``host``): on one host ``gate.transports``; when prefill and decode run on
   different hosts (:func:`pdsweep.plan.crossnode.cross_host`) ``gate.transports_cross_host`` (e.g.
   ``[tcp]``, ``[rc]``): shared-memory transports (``cma``, ``posix``, ``cuda_ipc``) cannot cross
@@ -25,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pdsweep.builds.fixprobes import NOTIFS_AFTER_EXPIRY
+from pdsweep.builds.fixprobes import FAILED_TRANSFER_ACCOUNTING, NOTIFS_AFTER_EXPIRY, accounting
 from pdsweep.core.logscan import READ_FAULT_TAG
 from pdsweep.core.stats import num, obj
 from pdsweep.judge.facts import (
@@ -34,14 +39,44 @@ from pdsweep.judge.facts import (
     show,
 )
 from pdsweep.plan.crossnode import cross_host
-from pdsweep.plan.readplan import expected_read_split
+from pdsweep.plan.readplan import expected_read_split, expected_write_split
 from pdsweep.plan.topology import tp_ratio
 from pdsweep.results import layout
 from pdsweep.spec.axes import read_fault_every
 
 
+class TransferFileCheck:
+    """A check of a PD cell's transfer.json: applies to every cell kind but ``ref``; a missing
+    or unreadable file fails; :meth:`judge` gets its content and its ``cell/transfer.json`` name."""
+
+    def applies(self, kind: str) -> bool:
+        return kind != "ref"
+
+    def fails(self, files: CellFiles) -> list[str]:
+        tr = files.get(layout.TRANSFER_FILE)
+        if tr is None:
+            return [files.problem(layout.TRANSFER_FILE)]
+        return self.judge(tr, files.where(layout.TRANSFER_FILE), files)
+
+    def judge(self, tr: dict[str, Any], w: str, files: CellFiles) -> list[str]:
+        raise NotImplementedError
+
+
+def is_push(tr: dict[str, Any] | None) -> bool:
+    """transfer.json says push mode (prefill WRITEs); runs before pdsweep recorded the mode were pull."""
+    return (tr or {}).get("transfer_mode") == "push"
+
+
+def build_accounting(files: CellFiles) -> str:
+    """What the cell's build counts in ``vllm:nixl_num_failed_transfers`` (cell.json
+    ``build.fixes``, probe :data:`~pdsweep.builds.fixprobes.FAILED_TRANSFER_ACCOUNTING`)."""
+    fixes = obj(obj(obj(files.get(layout.CELL_FILE)).get("build")).get("fixes"))
+    found = fixes.get(FAILED_TRANSFER_ACCOUNTING)
+    return accounting(found if isinstance(found, bool) else None)
+
+
 @dataclass(frozen=True)
-class TransferCheck:
+class TransferCheck(TransferFileCheck):
     """transfer.json totals (PD cells): KV was transferred (``num_transfers`` and
     ``bytes`` > 0), ``failed_transfers <= max_failed``, ``failed_notifications == 0``,
     no prefill request's KV lease expired (``expired_reqs == 0``: vLLM counts
@@ -71,14 +106,7 @@ class TransferCheck:
     max_failed: int = 0
     name: str = "transfer"
 
-    def applies(self, kind: str) -> bool:
-        return kind != "ref"
-
-    def fails(self, files: CellFiles) -> list[str]:
-        tr = files.get(layout.TRANSFER_FILE)
-        if tr is None:
-            return [files.problem(layout.TRANSFER_FILE)]
-        w = files.where(layout.TRANSFER_FILE)
+    def judge(self, tr: dict[str, Any], w: str, files: CellFiles) -> list[str]:
         totals = tr.get("totals")
         if not isinstance(totals, dict):
             return [f"{w}: no totals"]
@@ -94,11 +122,12 @@ class TransferCheck:
             if v is None:
                 out.append(f"{w}: totals.{key} is {show(totals.get(key))} (metric missing)")
             elif v > limit:
-                out.append(f"{w}: totals.{key} = {v:g} (allowed: {limit})")
+                how = f"; {build_accounting(files)}" if key == "failed_transfers" else ""
+                out.append(f"{w}: totals.{key} = {v:g} (allowed: {limit}{how})")
             elif key == "failed_transfers" and v < injected:
                 out.append(
                     f"{w}: vLLM counted {v:g} failed transfers for {injected} injected READ failures "
-                    "(vllm:nixl_num_failed_transfers): a failed READ went unseen"
+                    f"(vllm:nixl_num_failed_transfers; {build_accounting(files)}): a failed READ went unseen"
                 )
         out += stale_reads(files, totals, w)
         if failed_reqs := num(faults.get("failed_reqs")):
@@ -126,8 +155,9 @@ class TransferCheck:
             moved["num_transfers"] is not None
             and moved["num_transfers"] + (num(totals.get("failed_transfers")) or 0) < kv_requests
         ):
+            who = "prefill (push mode)" if is_push(tr) else "decode"
             out.append(
-                f"{w}: decode did {moved['num_transfers']:g} KV transfers for {kv_requests:g} PD requests "
+                f"{w}: {who} did {moved['num_transfers']:g} KV transfers for {kv_requests:g} PD requests "
                 "whose prompt spans >= 1 block: the others were recomputed on decode (silent recompute)"
             )
         return out
@@ -234,7 +264,8 @@ class ReadPatternCheck:
     ranks vLLM's read plan names, in its proportions (READs per request per rank, see
     :func:`~pdsweep.plan.readplan.expected_read_split`). A split that is not recorded fails
     (metric missing); a rank read more or less than the plan says, or not at all, fails
-    with the expected and the seen split."""
+    with the expected and the seen split. In push mode the same for ``writes_by_prefill_rank``
+    (WRITEs each prefill rank posted) against :func:`~pdsweep.plan.readplan.expected_write_split`."""
 
     name: str = "read-pattern"
 
@@ -256,32 +287,73 @@ class ReadPatternCheck:
                 "cannot check the read pattern (allowed attention: mla, gqa, mha)"
             ]
         p, d = cell.prefill_tp, cell.decode_tp
+        push = is_push(tr)
+        op = _PUSH if push else _PULL
         try:
-            want = expected_read_split(attention, ssm != "none", p, d)
+            want = (expected_write_split if push else expected_read_split)(attention, ssm != "none", p, d)
         except ValueError as e:
-            return [f"{w}: read pattern of p{p}d{d}: {e}"]
-        seen = tr.get("reads_by_prefill_rank")
+            return [f"{w}: {op.what} pattern of p{p}d{d}: {e}"]
+        seen = tr.get(op.key)
         label = f"p{p}d{d} {attention}{'+' + ssm if ssm != 'none' else ''} (tp_ratio {tp_ratio(p, d)})"
+        if push:
+            label += " in push mode"
         if not isinstance(seen, dict) or not seen:
             return [
-                f"{w}: reads_by_prefill_rank is {show(seen)} (metric missing: pdsweep's NIXL read log); "
-                f"cannot check the read pattern of {label}, which must read prefill ranks {_split(want)} per request"
+                f"{w}: {op.key} is {show(seen)} (metric missing: pdsweep's NIXL {op.log} log); "
+                f"cannot check the {op.what} pattern of {label}, which must {op.verb} prefill ranks {_split(want)} "
+                "per request"
             ]
-        got = {int(r): v.get("reads") for r, v in seen.items() if str(r).isdigit() and isinstance(v, dict)}
+        got = {int(r): v.get(op.count) for r, v in seen.items() if str(r).isdigit() and isinstance(v, dict)}
         counts = {r: x for r, x in got.items() if isinstance(x, int) and not isinstance(x, bool) and x >= 0}
         if len(counts) != len(got) or len(got) != len(seen):
-            return [f"{w}: reads_by_prefill_rank: impossible READ counts {show(seen)} (allowed: rank -> reads >= 0)"]
-        read = {r: x for r, x in counts.items() if x > 0}
-        if not read:
-            return [f"{w}: read pattern: no READ recorded from any prefill rank ({label} needs {_split(want)})"]
-        requests = {r: read.get(r, 0) / k for r, k in want.items()}
-        if set(read) != set(want) or len(set(requests.values())) != 1:
+            return [f"{w}: {op.key}: impossible {op.ops[:-1]} counts {show(seen)} (allowed: rank -> {op.count} >= 0)"]
+        done = {r: x for r, x in counts.items() if x > 0}
+        if not done:
+            none = f"no {op.ops[:-1]} recorded from any prefill rank"
+            return [f"{w}: {op.what} pattern: {none} ({label} needs {_split(want)})"]
+        requests = {r: done.get(r, 0) / k for r, k in want.items()}
+        if set(done) != set(want) or len(set(requests.values())) != 1:
             return [
-                f"{w}: read pattern of {label}: vLLM's read plan reads prefill ranks {_split(want)} READs per "
-                f"request, seen {_split(dict(sorted(got.items())))} READs (reads_by_prefill_rank): "
-                "decode did not read every rank it must (the split vLLM PR #49297 fixed)"
+                f"{w}: {op.what} pattern of {label}: {op.plan} {_split(want)} {op.ops} per "
+                f"request, seen {_split(dict(sorted(got.items())))} {op.ops} ({op.key}): {op.fault}"
             ]
         return []
+
+
+@dataclass(frozen=True)
+class _Op:
+    """How one transfer mode's split is recorded and named in reasons."""
+
+    key: str  # transfer.json field
+    count: str  # per-rank count in it
+    what: str
+    log: str
+    verb: str
+    ops: str
+    plan: str
+    fault: str
+
+
+_PULL = _Op(
+    "reads_by_prefill_rank",
+    "reads",
+    "read",
+    "read",
+    "read",
+    "READs",
+    "vLLM's read plan reads prefill ranks",
+    "decode did not read every rank it must (the split vLLM PR #49297 fixed)",
+)
+_PUSH = _Op(
+    "writes_by_prefill_rank",
+    "writes",
+    "write",
+    "WRITE",
+    "write from",
+    "WRITEs",
+    "vLLM's push plan (nixl/push_worker.py _xfer_blocks_for_req) has prefill ranks write",
+    "a prefill rank did not write what it must",
+)
 
 
 def _split(split: dict[int, Any]) -> str:
@@ -308,23 +380,17 @@ def placement(cell_json: dict | None) -> tuple[str, ...] | None:
 
 
 @dataclass(frozen=True)
-class TransportCheck:
-    """Fails a PD cell whose READs used a transport outside the expectation of its
-    placement (``expected`` on one host, ``across_hosts`` across hosts; empty: none given),
-    naming the transports used and expected, or whose transports are unknown (fail closed)."""
+class TransportCheck(TransferFileCheck):
+    """Fails a PD cell whose READs (in push mode: WRITEs) used a transport outside the
+    expectation of its placement (``expected`` on one host, ``across_hosts`` across hosts;
+    empty: none given), naming the transports used and expected, or whose transports are
+    unknown (fail closed)."""
 
     expected: tuple[str, ...]
     across_hosts: tuple[str, ...] = ()
     name: str = "transport"
 
-    def applies(self, kind: str) -> bool:
-        return kind != "ref"
-
-    def fails(self, files: CellFiles) -> list[str]:
-        tr = files.get(layout.TRANSFER_FILE)
-        if tr is None:
-            return [files.problem(layout.TRANSFER_FILE)]
-        w = files.where(layout.TRANSFER_FILE)
+    def judge(self, tr: dict[str, Any], w: str, files: CellFiles) -> list[str]:
         hosts = placement(files.get(layout.CELL_FILE))
         expected = self.across_hosts if hosts else self.expected
         if not expected:
@@ -336,14 +402,15 @@ class TransportCheck:
                 f"({', '.join(self.expected)}) is for one host"
             ]
         want = ", ".join(expected) + (f" (across hosts {', '.join(hosts)})" if hosts else "")
+        op, side = ("WRITE", "prefill") if is_push(tr) else ("READ", "decode")
         used = tr.get("ucx_transports")
         if not isinstance(used, list) or not used:
             return [
-                f"{w}: ucx_transports is {show(used)}: the UCX READ transport is unknown (expected: {want}; "
-                "no UCX protocol table in the decode logs, UCX_PROTO_INFO=y)"
+                f"{w}: ucx_transports is {show(used)}: the UCX {op} transport is unknown (expected: {want}; "
+                f"no UCX protocol table in the {side} logs, UCX_PROTO_INFO=y)"
             ]
         bad = [u for u in map(str, used) if not any(matches(transport_name(u), e) for e in expected)]
         if bad:
             fell = " (fell back to tcp)" if not hosts and any(transport_name(u) == "tcp" for u in bad) else ""
-            return [f"{w}: KV READ over UCX transport(s) {', '.join(map(str, used))}{fell}; expected: {want}"]
+            return [f"{w}: KV {op} over UCX transport(s) {', '.join(map(str, used))}{fell}; expected: {want}"]
         return []

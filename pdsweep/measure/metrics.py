@@ -3,8 +3,9 @@
 Metric names (vLLM ``vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py`` and
 ``vllm/v1/metrics/loggers.py``; labels ``model_name``, ``engine``):
 
-- NIXL histograms, one sample per transfer (READ) on the side that initiates it (decode
-  in pull mode): ``vllm:nixl_xfer_time_seconds``, ``vllm:nixl_post_time_seconds`` (s),
+- NIXL histograms, one sample per transfer on the side that initiates it (decode READs
+  in pull mode; prefill WRITEs in push mode, ``nixl/push_worker.py``):
+  ``vllm:nixl_xfer_time_seconds``, ``vllm:nixl_post_time_seconds`` (s),
   ``vllm:nixl_bytes_transferred`` (bytes), ``vllm:nixl_num_descriptors``;
 - NIXL counters: ``vllm:nixl_num_failed_transfers`` (since vLLM PR 55854 it also counts
   handshake and notification failures: ``stats.py`` ``NixlPromMetrics.observe``),
@@ -318,13 +319,14 @@ def _summary(
     }
 
 
-def summarize_transfer(deltas: dict[str, Snapshot], wall_s: float) -> dict[str, Any]:
+def summarize_transfer(deltas: dict[str, Snapshot], wall_s: float, initiator: str = "decode") -> dict[str, Any]:
     """The ``T`` dict of results/README.md (``transfer.json``) for one phase.
 
     ``deltas``: instance name (``prefill-N`` / ``decode-N`` / ``single-N``) -> :func:`delta`
-    over the phase; ``wall_s``: the phase's wall time in seconds.
+    over the phase; ``wall_s``: the phase's wall time in seconds; ``initiator``: the role
+    whose instances post the transfers (``decode``; ``prefill`` in push mode).
 
-    NIXL histograms come from decode instances (``num_transfers`` = xfer-time count, ``bytes``,
+    NIXL histograms come from the initiator's instances (``num_transfers`` = xfer-time count, ``bytes``,
     ``xfer_time_s`` / ``post_time_s`` = sums, p50/p90/p99 by :func:`histogram_quantile`,
     ``descriptors_per_transfer``); ``gbps_xfer = bytes / xfer_time_s / 1e9``,
     ``gbps_wall = bytes / wall_s / 1e9``. Failure counters are summed over all instances
@@ -336,7 +338,7 @@ def summarize_transfer(deltas: dict[str, Snapshot], wall_s: float) -> dict[str, 
     Raises ValueError for an unknown name prefix or mismatched bucket bounds.
     """
     roles = {name: role_of(name) for name in deltas}
-    nixl = [s for n, s in deltas.items() if roles[n] == "decode"]
+    nixl = [s for n, s in deltas.items() if roles[n] == initiator]
     latency = [s for n, s in deltas.items() if roles[n] in ("decode", "single")]
     return _summary(nixl, latency, list(deltas.values()), wall_s)
 
@@ -347,10 +349,13 @@ def instance_summary(name: str, d: Snapshot, wall_s: float) -> dict[str, Any]:
     return {"role": role_of(name), **_summary([d], [d], [d], wall_s)}
 
 
-def cell_transfer(phases: dict[str, dict[str, tuple[Snapshot, Snapshot, float]]]) -> dict[str, Any]:
+def cell_transfer(
+    phases: dict[str, dict[str, tuple[Snapshot, Snapshot, float]]], initiator: str = "decode"
+) -> dict[str, Any]:
     """The body of ``transfer.json`` (without ``cell_id``/``schema``, added by the caller).
 
-    ``phases``: phase -> instance name -> (before, after, wall_s). Returns
+    ``phases``: phase -> instance name -> (before, after, wall_s); ``initiator``: as for
+    :func:`summarize_transfer`. Returns
     ``{"phases": {phase: {"wall_s", "instances": {name: instance_summary}, "totals": T}},
     "totals": T}``; a phase's ``wall_s`` is the largest of its instances', the cell's
     totals sum each instance's deltas and the walls over phases. Raises ValueError as
@@ -365,23 +370,24 @@ def cell_transfer(phases: dict[str, dict[str, tuple[Snapshot, Snapshot, float]]]
         out[phase] = {
             "wall_s": wall,
             "instances": {name: instance_summary(name, d, wall) for name, d in deltas.items()},
-            "totals": summarize_transfer(deltas, wall),
+            "totals": summarize_transfer(deltas, wall, initiator),
         }
         for name, d in deltas.items():
             per_instance.setdefault(name, []).append(d)
         total_wall += wall
-    totals = summarize_transfer({name: merge(ds) for name, ds in per_instance.items()}, total_wall)
+    totals = summarize_transfer({name: merge(ds) for name, ds in per_instance.items()}, total_wall, initiator)
     return {"phases": out, "totals": totals}
 
 
 # ---------------------------------------------------------------- UCX transport
-def parse_ucx_proto_info(text: str) -> list[str]:
-    """Transports of UCX's 'remote memory read' protocol tables (``UCX_PROTO_INFO=y``
-    output), e.g. ``["cma/memory"]``; empty when none is found."""
+def parse_ucx_proto_info(text: str, op: str = "read") -> list[str]:
+    """Transports of UCX's 'remote memory <op>' protocol tables (``UCX_PROTO_INFO=y``
+    output; ``op``: ``read`` for pull mode's READs, ``write`` for push mode's WRITEs), e.g.
+    ``["cma/memory"]``; empty when none is found."""
     found: list[str] = []
     lines = text.splitlines()
     for i, line in enumerate(lines):
-        if "remote memory read" not in line:
+        if f"remote memory {op}" not in line:
             continue
         in_rows = False
         for row in lines[i + 1 : i + 60]:
@@ -396,13 +402,14 @@ def parse_ucx_proto_info(text: str) -> list[str]:
     return sorted(set(found))
 
 
-def ucx_transports_from_logs(paths: Iterable[Any]) -> list[str] | None:
-    """UCX READ transports found in instance logs written with ``UCX_PROTO_INFO=y``
-    (e.g. ``["cma/memory"]`` on one host); None when no log has a protocol table."""
+def ucx_transports_from_logs(paths: Iterable[Any], op: str = "read") -> list[str] | None:
+    """UCX READ (``op="write"``: WRITE) transports found in instance logs written with
+    ``UCX_PROTO_INFO=y`` (e.g. ``["cma/memory"]`` on one host); None when no log has a
+    protocol table."""
     found: set[str] = set()
     for p in paths:
         try:
-            found |= set(parse_ucx_proto_info(open(p, errors="replace").read()))
+            found |= set(parse_ucx_proto_info(open(p, errors="replace").read(), op))
         except OSError:
             continue
     return sorted(found) or None

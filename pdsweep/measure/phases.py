@@ -120,14 +120,20 @@ def measure_cell(
     from pdsweep.measure.metrics import cell_transfer, ucx_transports_from_logs
 
     t = time.monotonic()
-    ucx = ucx_transports_from_logs(h.log_path for h in dep.decode_handles) if cell.kind == "pd" else None
+    push = dep.transfer_mode == "push"  # prefill WRITEs: its logs and metrics are the transfer's
+    ucx = (
+        ucx_transports_from_logs((h.log_path for h in dep.initiator_handles), "write" if push else "read")
+        if cell.kind == "pd"
+        else None
+    )
     layout.write_json(
         cdir / layout.TRANSFER_FILE,
         {
             "cell_id": cell.id,
+            **({"transfer_mode": dep.transfer_mode} if cell.kind == "pd" else {}),
             "ucx_transports": ucx,
             **(read_split(dep) if cell.kind == "pd" else {}),
-            **cell_transfer(phases),
+            **cell_transfer(phases, "prefill" if push else "decode"),
         },
     )
     if spent is not None:
@@ -138,23 +144,37 @@ def read_split(dep: Deployment) -> dict[str, Any]:
     """From this cell's share of its decode logs: ``transfer_plans`` (vLLM's
     ``TransferTopology`` per prefill engine) and ``reads_by_prefill_rank`` (completed READs
     and NIXL bytes per prefill TP rank, whole cell: warm-up and every phase; None when no
-    READ line was logged, e.g. a build without pdsweep's vLLM plugin). See
+    READ line was logged, e.g. a build without pdsweep's vLLM plugin). In push mode the
+    plans and ``writes_by_prefill_rank`` (completed WRITEs per prefill TP rank) come from the
+    prefill logs instead. See
     :mod:`pdsweep.engine.readlog`, :func:`pdsweep.core.logscan.nixl_reads_by_rank`."""
-    from pdsweep.core.logscan import nixl_reads_by_rank, read_fault_counts, transfer_topologies
+    from pdsweep.core.logscan import nixl_reads_by_rank, nixl_writes_by_rank, read_fault_counts, transfer_topologies
 
-    offsets = {str(u.handle.log_path): u.log_offset for u in dep.uses}
-    text = ""
-    for h in dep.decode_handles:
-        try:
-            with open(h.log_path, errors="replace") as f:
-                f.seek(offsets.get(str(h.log_path), 0))
-                text += f.read()
-        except OSError:
-            continue
+    def text_of(handles: list[Any]) -> str:
+        offsets = {str(u.handle.log_path): u.log_offset for u in dep.uses}
+        text = ""
+        for h in handles:
+            try:
+                with open(h.log_path, errors="replace") as f:
+                    f.seek(offsets.get(str(h.log_path), 0))
+                    text += f.read()
+            except OSError:
+                continue
+        return text
+
+    decode = text_of(dep.decode_handles)
+    if dep.transfer_mode == "push":  # prefill handshakes with decode and WRITEs (nixl/push_worker.py)
+        prefill = text_of(dep.role("prefill"))
+        return {
+            "transfer_plans": transfer_topologies(prefill),
+            "reads_by_prefill_rank": None,
+            "writes_by_prefill_rank": nixl_writes_by_rank(prefill) or None,
+            "read_faults": read_fault_counts(decode),
+        }
     return {
-        "transfer_plans": transfer_topologies(text),
-        "reads_by_prefill_rank": nixl_reads_by_rank(text) or None,
-        "read_faults": read_fault_counts(text),
+        "transfer_plans": transfer_topologies(decode),
+        "reads_by_prefill_rank": nixl_reads_by_rank(decode) or None,
+        "read_faults": read_fault_counts(decode),
     }
 
 

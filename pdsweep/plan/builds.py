@@ -85,7 +85,7 @@ def build_info(ls: LoadedSweep, name: str) -> dict[str, Any]:
         info.update(vllm_version=v["vllm"], nixl_version=v["nixl"])
     except (subprocess.SubprocessError, OSError, ValueError, IndexError) as e:
         info["error"] = f"build {name}: cannot query {py}: {e}"
-    from pdsweep.builds.fixprobes import probe_python
+    from pdsweep.builds.fixprobes import FAILED_TRANSFER_ACCOUNTING, accounting_label, probe_python
     from pdsweep.builds.make import PROVENANCE_FIELDS, provenance, read_marker
 
     try:  # vLLM commit, torch, the nixl_cuXX actually imported, UCX (pdsweep.builds.make)
@@ -100,6 +100,8 @@ def build_info(ls: LoadedSweep, name: str) -> dict[str, Any]:
     made = read_marker(Path(py).parent.parent)
     info["made_by"] = made["inputs"] if made else None  # `pdsweep builds make` inputs, or None: a venv as is
     info["fixes"] = probe_python(py)[1]  # fix probe -> present (True) / absent (False) / unknown (None)
+    # what vllm:nixl_num_failed_transfers counts in this build (the gate's reasons name it)
+    info["failed_transfer_accounting"] = accounting_label(info["fixes"].get(FAILED_TRANSFER_ACCOUNTING))
     try:
         from pdsweep.builds.unfix import patched_files_sha256
 

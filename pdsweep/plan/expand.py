@@ -13,6 +13,7 @@ import fnmatch
 import itertools
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -372,6 +373,25 @@ def kv_transfer_config(cell: Cell, role: str, ls: LoadedSweep) -> dict[str, Any]
     return {**cfg, **extra}
 
 
+PUSH_CONNECTOR = "NixlPushConnector"  # vLLM kv_connector/factory.py: prefill WRITEs (nixl/push_worker.py)
+
+
+def transfer_mode(argv: Sequence[str]) -> str | None:
+    """``"push"`` when an instance's ``--kv-transfer-config`` names :data:`PUSH_CONNECTOR`,
+    ``"pull"`` for any other connector, None without one (a single instance) or when its
+    JSON cannot be read. Push: prefill initiates the NIXL WRITEs; pull: decode the READs."""
+    for i, a in enumerate(argv):
+        flag, eq, val = a.partition("=")
+        if flag != "--kv-transfer-config":
+            continue
+        try:
+            cfg = json.loads(val if eq else argv[i + 1])
+        except (ValueError, IndexError):
+            return None
+        return "push" if isinstance(cfg, dict) and cfg.get("kv_connector") == PUSH_CONNECTOR else "pull"
+    return None
+
+
 def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: str) -> list[InstanceSpec]:
     """Every instance of ``cell`` on ``slot``: prefill-i, then decode-i (or single-0).
 
@@ -451,6 +471,9 @@ def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: 
             env.setdefault("PDSWEEP_NIXL_READ_LOG", "1")  # pdsweep.engine.readlog, via pdsweep's vLLM plugin
             if every := read_fault_every(cell.fault):  # the READ-failure drill (pdsweep.engine.readfault)
                 env["PDSWEEP_FAIL_READ_EVERY"] = str(every)
+        if role == "prefill" and transfer_mode(argv) == "push":  # push: prefill WRITEs, so it logs them
+            env.setdefault("UCX_PROTO_INFO", "y")
+            env.setdefault("PDSWEEP_NIXL_WRITE_LOG", "1")  # pdsweep.engine.readlog's WRITE log
         if s.platform == "cuda":  # nvidia-smi's indices (PCI bus order): CUDA's only under PCI_BUS_ID
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"

@@ -368,3 +368,29 @@ def expected_read_split(attention: str, has_ssm: bool, prefill_tp: int, decode_t
     not multiples of each other)."""
     geometry = layout_geometry(attention, has_ssm, prefill_tp, decode_tp)
     return reads_per_request(plans_for(geometry, prefill_tp, decode_tp, "fixed", "builtin"))
+
+
+def write_targets(
+    geometry: KVGeometry, prefill_tp: int, decode_tp: int, prefill_rank: int, mapping: MappingImpl = "auto"
+) -> tuple[int, ...]:
+    """Decode ranks prefill rank ``prefill_rank`` WRITEs for one request in push mode, one NIXL
+    WRITE each (vLLM ``nixl/push_worker.py`` ``_xfer_blocks_for_req``: ``write_ranks``). Prefill
+    is the local side there: :func:`tp_mapping` with the roles swapped (local TP = prefill TP),
+    ``all_source_ranks``; pure MLA (no SSM) with prefill TP < decode TP (prefill's
+    ``tp_ratio < 0``) instead writes every decode rank it handshakes with
+    (``dst_xfer_side_handles``, :func:`~pdsweep.plan.topology.handshake_ranks` seen from prefill):
+    decode replicates the latent. Raises ``ValueError`` as :func:`tp_mapping`."""
+    m = tp_mapping(geometry, decode_tp, prefill_tp, prefill_rank, mapping)  # (remote, local, local rank)
+    if geometry.is_mla and not geometry.has_ssm and tp_ratio(decode_tp, prefill_tp) < 0:
+        return tuple(sorted(handshake_ranks(prefill_tp, decode_tp, prefill_rank)))
+    return m.all_source_ranks
+
+
+def expected_write_split(attention: str, has_ssm: bool, prefill_tp: int, decode_tp: int) -> dict[int, int]:
+    """WRITEs each prefill rank posts per request in push mode (:func:`write_targets`, the
+    ``builtin`` mapping as :func:`expected_read_split`), keyed by prefill rank. E.g. hybrid
+    MLA + SSM p2d1: ``{0: 1, 1: 1}`` (each rank writes the replicated latent and its SSM shard
+    into decode rank 0); pure MLA p1d2: ``{0: 2}``. Raises ``ValueError`` as
+    :func:`expected_read_split`."""
+    geometry = layout_geometry(attention, has_ssm, prefill_tp, decode_tp)
+    return {r: len(write_targets(geometry, prefill_tp, decode_tp, r, "builtin")) for r in range(prefill_tp)}

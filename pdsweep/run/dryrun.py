@@ -203,7 +203,9 @@ def build_record(ls, name: str) -> dict:
     """What the plan shows of build ``name``: its interpreter and, for a build made by
     ``pdsweep builds make``, the provenance its marker recorded (vLLM version and commit,
     torch, nixl meta and the nixl_cuXX imported, UCX); ``made: None`` for a venv as is
-    (``run`` asks its interpreter and records the same fields in cell.json)."""
+    (``run`` asks its interpreter and records the same fields in cell.json); and what its
+    ``vllm:nixl_num_failed_transfers`` counts (probe ``vllm#55854``, :mod:`pdsweep.builds.fixprobes`)."""
+    from pdsweep.builds.fixprobes import FAILED_TRANSFER_ACCOUNTING, accounting_label, probe_python
     from pdsweep.builds.make import PROVENANCE_FIELDS, read_marker
     from pdsweep.plan.builds import build_python
 
@@ -213,7 +215,8 @@ def build_record(ls, name: str) -> dict:
         return {"python": None, "made": None, "error": str(e)}
     marker = read_marker(Path(python).parent.parent)
     made = {k: marker["provenance"].get(k) for k in PROVENANCE_FIELDS} if marker else None
-    return {"python": python, "made": made}
+    counts = accounting_label(probe_python(python)[1].get(FAILED_TRANSFER_ACCOUNTING))
+    return {"python": python, "made": made, "failed_transfer_accounting": counts}
 
 
 def reuse_plan(cells, specs_of: dict) -> dict:
@@ -306,6 +309,8 @@ def print_plan(d: dict) -> None:
             what = ", ".join(f"{k} {v}" for k, v in b["made"].items())
         else:
             what = b.get("error") or "a venv as is (provenance recorded in cell.json at run time)"
+        if b.get("failed_transfer_accounting"):
+            what += f"; vllm:nixl_num_failed_transfers counts {b['failed_transfer_accounting']}"
         con.print(f"build {escape(name)}: {escape(str(b.get('python')))}: {escape(what)}")
     if d["rejected"]:
         r = Table(title=f"rejected: {len(d['rejected'])} cells")
