@@ -11,6 +11,9 @@ from _sweepfiles import SMALL, bad, good
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pdsweep.core.errors import UserError
+from pdsweep.spec.sweep import load_sweep
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -124,3 +127,41 @@ def test_property_a_flag_vllm_would_read_as_a_reserved_one_is_refused(name: str)
     assert (reserved_flag(arg) is not None) == bool(hits)
     assert (reserved_flag(arg + "=1") is not None) == bool(hits)
     assert (reserved_flag(arg + ".key") is not None) == bool(hits)
+
+
+HEAD = """name: t
+platform: cpu
+defaults: {prefill_block_size: 32, decode_block_size: 32}
+"""
+
+
+def sweep(tmp_path: Path, body: str, head: str = HEAD):
+    (tmp_path / "models.yaml").write_text((REPO / "sweeps" / "models.yaml").read_text())
+    p = tmp_path / "s.yaml"
+    p.write_text(head + body)
+    return load_sweep(p)
+
+
+@pytest.mark.parametrize(
+    "arg",
+    [
+        '--kv-transfer-config={"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}',
+        "--kv-transfer-config.kv_role=kv_both",
+        "--kv_transfer_config",
+    ],
+)
+def test_serve_args_replacing_the_kv_transfer_config_are_refused(tmp_path, arg):
+    with pytest.raises(UserError) as e:
+        sweep(
+            tmp_path,
+            f"""serve_args:
+  base: []
+  other: {{decode: ['{arg}']}}
+matrix: {{model: [tiny-llama], tp: [p1d1]}}
+""",
+        )
+    msg = str(e.value)
+    # refused by the spec's cell-defining-flag guard (pdsweep.spec.guards) before the
+    # kv_transfer_extra check: either names the file, line, field and the arg
+    assert "s.yaml:6: serve_args.other.decode" in msg and arg.split("=")[0][:18] in msg
+    assert "defines the cell" in msg and "kv_transfer_extra" in msg and "connector and role cannot change" in msg
