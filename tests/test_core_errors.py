@@ -1,5 +1,5 @@
 """pdsweep.core.errors.run_main: ``history show | head`` (a closed stdout) is no failure, another
-broken pipe still is (bad input of issue 37)."""
+broken pipe still is (bad input of issue 37); an internal error is exit 3 with its traceback (issue 15)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from pdsweep.cli import main
 from pdsweep.cli import main as cli_main
 from pdsweep.core.errors import run_main
 
@@ -49,3 +50,18 @@ def test_another_broken_pipe_is_still_a_failure(capsys: pytest.CaptureFixture[st
 
     assert run_main(main) == 3  # stdout is fine: not an early reader, a bug to report
     assert "BrokenPipeError" in capsys.readouterr().err
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_internal_error_is_exit_3_with_a_traceback(monkeypatch, capsys) -> None:
+    import pdsweep.plan.expand
+
+    def boom(*a, **k):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(pdsweep.plan.expand, "expand", boom)
+    assert main(["validate", str(REPO / "sweeps" / "cpu-smoke.yaml")]) == 3
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "RuntimeError: a bug" in err and "internal error in pdsweep (exit 3)" in err

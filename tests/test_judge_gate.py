@@ -1,5 +1,6 @@
 """pdsweep.judge.gate: files that disagree, recorded verdicts recomputed, results files typed, and no
-mutation of a failing run's files turns it PASSED (issue 23, "fail closed, round two")."""
+mutation of a failing run's files turns it PASSED (issue 23, "fail closed, round two"); a hostile cell id is bad input and odd values never crash
+gate or compare (issue 15)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pdsweep.cli import main
+from pdsweep.core.errors import UserError
 from pdsweep.judge.gate import FAIL, PASS, XFAIL, gate_run
 from pdsweep.results import layout
 
@@ -251,4 +253,68 @@ def test_a_cell_directory_that_is_a_symlink_loop_fails_the_cell(tmp_path: Path, 
     r = gate_run(run).cell(HYBRID.id)
     assert r.verdict == FAIL and any(x.startswith(f"{HYBRID.id}/status.json: ") for x in r.reasons), r.reasons
     assert main(["gate", str(run), "--junit", str(tmp_path / "j.xml"), "--summary", str(tmp_path / "s.md")]) == 1
+    assert "Traceback" not in capsys.readouterr().err
+
+
+HC = [HealthCheck.function_scoped_fixture]
+
+
+CELL = pd("tiny-llama", 1, 1)
+
+
+def _leaves(obj, path=()):
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _leaves(v, (*path, k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _leaves(v, (*path, i))
+    yield path
+
+
+JSON_ODD = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**30), 10**30),
+    st.sampled_from([10**400, -(10**400)]),
+    st.floats(allow_nan=False),
+    st.text(max_size=8),
+    st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
+
+
+def test_gate_of_a_run_json_with_a_hostile_cell_id_is_bad_input(tmp_path: Path) -> None:
+    run = write_run(tmp_path, "run", [case(CELL)])
+    index = json.loads((run / "run.json").read_text())
+    index["cells"]["../../outside"] = {"kind": "pd"}
+    (run / "run.json").write_text(json.dumps(index))
+    with pytest.raises(UserError, match="'../../outside' is not a safe directory name"):
+        gate_run(run)
+
+
+@given(
+    st.sampled_from(["cell.json", "status.json", "accuracy.json", "consistency.json", "transfer.json", "run.json"]),
+    st.integers(0, 10**6),
+    JSON_ODD,
+)
+@settings(max_examples=60, deadline=None, suppress_health_check=HC)
+def test_property_odd_results_values_never_crash_gate_or_compare(
+    tmp_path: Path, capsys, name: str, pick: int, value
+) -> None:
+    """Any leaf of any results file replaced by an odd JSON value: gate and compare give a
+    verdict (0/1) or refuse the input (2), never an internal error."""
+    root = Path(tempfile.mkdtemp(dir=tmp_path))
+    run = write_run(root, "run", [case(CELL), case(CELL.reference())])
+    path = run / name if name == "run.json" else run / CELL.id / name
+    data = json.loads(path.read_text())
+    leaves = [p for p in _leaves(data) if p and p != ("schema",)]
+    target = leaves[pick % len(leaves)]
+    cur = data
+    for k in target[:-1]:
+        cur = cur[k]
+    cur[target[-1]] = value
+    path.write_text(json.dumps(data))
+    assert main(["gate", str(run), "--junit", str(root / "j.xml"), "--summary", str(root / "s.md")]) in (0, 1, 2)
+    assert main(["compare", str(run), str(run), "--out", str(root)]) in (0, 1, 2)
     assert "Traceback" not in capsys.readouterr().err

@@ -394,7 +394,7 @@ def test_vllm_router_axis_runs_the_same_checks(tmp_path, tok):
 
 
 def test_load_check_without_reference_is_refused_before_any_server_starts(tmp_path, capsys):
-    from test_failclosed import SMALL, bad, good
+    from _sweepfiles import SMALL, bad, good
 
     no_ref = "eval: {reference: false, consistency: {enabled: false}}\ngate: {require_consistency: false}\n"
     msg = bad(tmp_path, SMALL + no_ref + "bench: {enabled: true}\n", capsys)

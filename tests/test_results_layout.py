@@ -1,5 +1,6 @@
-"""Result files are readable by others: 0666 less the umask (never mkstemp's 0600), kept
-through ``make nightly``'s ``cp -a`` into the baseline."""
+"""pdsweep.results.layout: result files are readable by others (0666 less the umask, never
+mkstemp's 0600, kept through ``make nightly``'s ``cp -a`` into the baseline); cell ids outside the
+run are refused (issue 15)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 from fixtures.make_runs import MIXED, MIXED_REJECTED, write_run
 
+from pdsweep.core.errors import UserError
 from pdsweep.judge.gate import gate_run
 from pdsweep.report.html import write_report
 from pdsweep.report.render import write_junit, write_summary
@@ -56,3 +58,15 @@ def test_explicit_mode_still_wins(tmp_path: Path, umask: None) -> None:
     path = layout.write_text(tmp_path / "x.sh", "#!/bin/sh\n", mode=0o755)
     assert stat.S_IMODE(path.stat().st_mode) == 0o755
     assert layout.current_umask() == 0o022
+
+
+def test_cell_dir_refuses_ids_outside_the_run(tmp_path: Path) -> None:
+    from pdsweep.results import layout
+
+    assert layout.cell_dir(tmp_path, "m.p1d1.b16-16.fixed") == tmp_path / "m.p1d1.b16-16.fixed"
+    for cid in ("../x", "a/b", "..", "", "a..b", 7):
+        with pytest.raises(UserError, match="not a safe directory name"):
+            layout.cell_dir(tmp_path, cid)
+    (tmp_path / "link").symlink_to(tmp_path.parent)
+    with pytest.raises(UserError, match="outside the run directory"):
+        layout.inside(tmp_path, tmp_path / "link" / "x")

@@ -55,3 +55,28 @@ def test_a_models_file_that_is_a_symlink_loop_is_bad_input(tmp_path: Path, capsy
     assert main(["validate", str(tmp_path / "s.yaml"), "--no-check-argv"]) == 2
     err = capsys.readouterr().err
     assert "models_file 'a': cannot resolve" in err and "Traceback" not in err, err
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+HEAD = """name: t
+platform: cpu
+defaults: {prefill_block_size: 32, decode_block_size: 32}
+"""
+
+
+def sweep(tmp_path: Path, body: str, head: str = HEAD):
+    (tmp_path / "models.yaml").write_text((REPO / "sweeps" / "models.yaml").read_text())
+    p = tmp_path / "s.yaml"
+    p.write_text(head + body)
+    return load_sweep(p)
+
+
+def test_reference_serve_args_must_exist(tmp_path):
+    with pytest.raises(
+        UserError,
+        match=r"s.yaml:6: serve_args.x.reference: unknown serve_args 'nope' "
+        r"\(allowed: base, x\)",
+    ):
+        sweep(tmp_path, "serve_args:\n  base: []\n  x: {reference: nope}\nmatrix: {model: [tiny-llama], tp: [p1d1]}\n")

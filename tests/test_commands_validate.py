@@ -1,0 +1,56 @@
+"""pdsweep validate runs every check plan and run run: eval tasks, probe lengths, tiny geometry,
+build interpreters (issue 15)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from _sweepfiles import SMALL, bad, write
+
+from pdsweep.cli import main
+from pdsweep.plan.expand import expand
+from pdsweep.run.feasible import feasibility_warnings
+from pdsweep.spec.sweep import load_sweep
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_unknown_lm_eval_task_is_found_at_validate(tmp_path: Path, capsys) -> None:
+    msg = bad(tmp_path, SMALL + "eval: {tasks: [gsm8k, gsm9k]}\n", capsys)
+    assert "eval.tasks: unknown lm-eval task(s) ['gsm9k']" in msg
+
+
+def test_unknown_pdsweep_task_needs_no_lm_eval_index(tmp_path: Path, capsys) -> None:
+    assert "unknown lm-eval task(s) ['pdsweep_arithm']" in bad(
+        tmp_path, SMALL + "eval: {tasks: [pdsweep_arithm]}\n", capsys
+    )
+
+
+def test_empty_probe_lengths_are_refused(tmp_path: Path, capsys) -> None:
+    assert "eval.consistency.lengths" in bad(tmp_path, SMALL + "eval: {consistency: {lengths: []}}\n", capsys)
+
+
+def test_probe_length_beyond_the_context_is_found_at_validate(tmp_path: Path, capsys) -> None:
+    msg = bad(tmp_path, SMALL + "eval: {consistency: {lengths: [100000]}}\n", capsys)
+    assert "eval.consistency.lengths: 100000 tokens is outside 1..503" in msg and "tiny-llama.p1d1" in msg
+
+
+def test_tiny_geometry_missing_names_the_real_catalogue(tmp_path: Path, capsys) -> None:
+    models = (
+        "models:\n  t:\n    tiny: {kind: llama}\n    architecture: LlamaForCausalLM\n"
+        "    attention: gqa\n    num_layers: 2\n    platforms: {cpu: {}}\n"
+    )
+    msg = bad(tmp_path, "name: x\nplatform: cpu\nmatrix: {model: [t], tp: [p1d1], block_size: [32]}\n", capsys, models)
+    assert msg.startswith(f"error: {tmp_path / 'models.yaml'}: models.t: tiny checkpoint needs")
+
+
+def test_build_python_that_does_not_exist_is_refused(tmp_path: Path, capsys) -> None:
+    msg = bad(tmp_path, SMALL.replace("matrix:", "builds: {fixed: {python: /nope/bin/python}}\nmatrix:"), capsys)
+    assert "builds.fixed.python: /nope/bin/python is not an executable file" in msg
+
+
+def test_build_venv_not_built_yet_is_a_warning(tmp_path: Path, capsys) -> None:
+    p = write(tmp_path, SMALL.replace("matrix:", "builds: {fixed: {venv: .venv-nope}}\nmatrix:"))
+    assert main(["validate", str(p)]) == 0
+    assert "warning: " in capsys.readouterr().err
+    assert feasibility_warnings(expand(load_sweep(p)), tasks=False)[0].endswith("until then cells of build fixed fail")
