@@ -167,13 +167,13 @@ def test_a_source_tree_is_planned_with_its_version_and_commit(tmp_path: Path, ca
     _git(tree, "commit", "-q", "-m", "tree")
     _git(tree, "tag", "v0.35.0")
     head = _git(tree, "rev-parse", "HEAD")
-    plan = make.plan_build(source=tree, root=tmp_path / "builds", deps_from=sys.executable)
+    plan = make.make_build(source=tree, root=tmp_path / "builds", deps_from=sys.executable, dry_run=True)[1]
     assert plan["inputs"]["commit"] == head and plan["inputs"]["diff_sha256"] is None
     assert plan["version"] == f"v0.35.0-0-g{head[:7]}" and plan["version_source"].startswith("git describe")
     assert plan["dest"] == (tmp_path / "builds" / f"source-vllm-src-{plan['key'][:12]}").absolute()
     assert plan["pip"][-1] == str(tree) and "--no-deps" in plan["pip"] and not plan["reused"]
     (tree / "vllm" / "__init__.py").write_text("X = 1\n")  # an uncommitted change: another build
-    dirty = make.plan_build(source=tree, root=tmp_path / "builds", deps_from=sys.executable)
+    dirty = make.make_build(source=tree, root=tmp_path / "builds", deps_from=sys.executable, dry_run=True)[1]
     assert dirty["inputs"]["diff_sha256"] and dirty["key"] != plan["key"] and dirty["inputs"]["commit"] == head
     (tree / "pyproject.toml").write_text(
         '[project]\nname = "vllm"\nversion = "0.35.1.dev3"\n\n[tool.x]\nversion = "no"\n'

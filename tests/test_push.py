@@ -112,7 +112,7 @@ def test_push_cells_are_judged_by_their_write_pattern_and_write_transport(tmp_pa
     assert judged("ok", push_files({"0": 100, "1": 100})).verdict == PASS  # no READ recorded: not a fault in push
     r = judged("one-rank", push_files({"0": 100}))
     assert r.verdict == FAIL and list(r.reasons) == [
-        f"{HYBRID.id}/{TR}: write pattern of p2d1 mla+kda (tp_ratio -2) in push mode: vLLM's push plan "
+        f"{HYBRID.id}/{TR}: write pattern of p2d1 mla+kda in push mode (prefill's tp_ratio 2): vLLM's push plan "
         "(nixl/push_worker.py _xfer_blocks_for_req) has prefill ranks write {0: 1, 1: 1} WRITEs per request, seen "
         "{0: 100} WRITEs (writes_by_prefill_rank): a prefill rank did not write what it must"
     ]

@@ -423,7 +423,10 @@ def test_run_records_build_fixes_and_resolves_build_conditional_expectations(tmp
         "vllm#48481": True,
         "vllm#55306": False,
         "vllm:nixl_num_notifications_after_expiry": True,
+        "vllm#55854": True,
+        "NixlPushConnectorWorker._xfer_blocks": True,
     }
+    assert cj["build"]["failed_transfer_accounting"] == "transfer+handshake+notification failures (vLLM PR 55854)"
     assert (cj["cell"]["expect_fail"], cj["cell"]["expect_note"]) == (
         False,
         "does not apply: build fixed contains vllm#49297",

@@ -256,24 +256,15 @@ def _site_of(python: str) -> str:
     return proc.stdout.strip()
 
 
-def plan_build(
-    *,
-    wheel: Path | None = None,
-    source: Path | None = None,
-    root: Path = Path(".cache/builds"),
-    deps_from: str | None = None,
-    constraints: Path | None = None,
-    index_url: str | None = None,
-    extra_index_url: str | None = None,
+def _plan(
+    wheel: Path | None,
+    source: Path | None,
+    root: Path,
+    deps_from: str | None,
+    constraints: Path | None,
+    index: list[str],
 ) -> dict[str, Any]:
-    """What :func:`make_build` would do, installing nothing: ``{"dest": venv path, "key",
-    "name", "inputs", "version": the vLLM version expected (a wheel's file name; a source
-    tree's :func:`source_version`, None when unknown), "version_source", "pip": the install
-    arguments, "reused": whether a verified build is already there}``. A source tree's
-    ``inputs`` hold its absolute path, ``commit`` (``git rev-parse HEAD``, None outside git) and
-    ``diff_sha256`` (of ``git diff HEAD``: uncommitted changes, None when clean). Raises
-    :class:`UserError` on bad input (not exactly one of wheel/source, not a wheel name, a tree
-    without ``pyproject.toml``/``setup.py``)."""
+    """The dry-run plan of :func:`make_build` (its docstring); ``index``: pip's index arguments."""
     if (wheel is None) == (source is None):
         raise UserError("pdsweep builds make: give exactly one of --vllm, --wheel, --source")
     base_python = deps_from or sys.executable
@@ -300,7 +291,7 @@ def plan_build(
         name = f"source-{source.absolute().name}"
     key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
     dest = (Path(root) / f"{name}-{key[:12]}").absolute()
-    args = ["install", "--no-input", *_index_args(index_url, extra_index_url)]
+    args = ["install", "--no-input", *index]
     if deps_from:
         args += ["--no-deps", "--ignore-installed"]
     elif constraints:
@@ -327,25 +318,28 @@ def make_build(
     constraints: Path | None = None,
     index_url: str | None = None,
     extra_index_url: str | None = None,
+    dry_run: bool = False,
 ) -> tuple[Path, dict[str, Any]]:
     """Make (or reuse) the build of ``wheel`` or ``source`` (exactly one) under ``root``;
     (venv path, marker dict). See the module docstring for the key, the two dependency
-    modes and the provenance recorded; :func:`plan_build` for the plan it follows (its
-    ``version``/``version_source`` are recorded as ``planned_version``/``planned_version_source``).
+    modes and the provenance recorded.
+
+    ``dry_run``: install nothing and return (venv path, plan): ``{"dest", "key", "name",
+    "inputs", "version": the vLLM version expected (a wheel's file name; a source tree's
+    :func:`source_version`, None when unknown), "version_source", "pip": the install
+    arguments, "reused": whether a verified build is already there}``. A source tree's
+    ``inputs`` hold its absolute path, ``commit`` (``git rev-parse HEAD``, None outside git) and
+    ``diff_sha256`` (of ``git diff HEAD``: uncommitted changes, None when clean); a made source
+    build's marker records the plan's version as ``planned_version``/``planned_version_source``.
 
     Fails closed: the made build's interpreter must report the vLLM version of the wheel
-    (a source tree: any vLLM, from that tree). Raises :class:`UserError` on bad input, a
-    pip failure, or a build that imports another vLLM; a failed build leaves no marker
-    (the next call rebuilds it)."""
-    plan = plan_build(
-        wheel=wheel,
-        source=source,
-        root=root,
-        deps_from=deps_from,
-        constraints=constraints,
-        index_url=index_url,
-        extra_index_url=extra_index_url,
-    )
+    (a source tree: any vLLM, from that tree). Raises :class:`UserError` on bad input (not
+    exactly one of wheel/source, not a wheel name, a tree without ``pyproject.toml``/
+    ``setup.py``), a pip failure, or a build that imports another vLLM; a failed build leaves
+    no marker (the next call rebuilds it)."""
+    plan = _plan(wheel, source, root, deps_from, constraints, _index_args(index_url, extra_index_url))
+    if dry_run:
+        return plan["dest"], plan
     dest, inputs, name = plan["dest"], plan["inputs"], plan["name"]
     version = plan["version"] if wheel is not None else None
     marker = read_marker(dest)
@@ -357,7 +351,7 @@ def make_build(
         shutil.rmtree(dest)
     t0 = time.perf_counter()
     dest.parent.mkdir(parents=True, exist_ok=True)
-    base_python = deps_from or sys.executable
+    base_python = deps_from or sys.executable  # as in _plan
     venv = subprocess.run([base_python, "-m", "venv", "--without-pip", str(dest)], capture_output=True, text=True)
     if venv.returncode != 0:
         raise UserError(f"{base_python} -m venv {dest} failed: {venv.stderr.strip()[-800:]}")
@@ -432,28 +426,16 @@ def main(args: argparse.Namespace) -> int:
     """Make the build; print its venv, the line for a sweep's ``builds:`` and its provenance
     (``--dry-run``: the plan, :func:`print_plan`)."""
     t0 = time.perf_counter()
-    if getattr(args, "dry_run", False):
-        if args.vllm or (args.wheel and not Path(args.wheel).is_file()):
-            raise UserError(
-                "--dry-run needs --source or a wheel file: a version or URL is keyed by the wheel it downloads"
-            )
-        wheel = Path(args.wheel).absolute() if args.wheel else None
-        print_plan(
-            plan_build(
-                wheel=wheel,
-                source=args.source,
-                root=args.root,
-                deps_from=args.deps_from,
-                constraints=args.constraints,
-                index_url=args.index_url,
-                extra_index_url=args.extra_index_url,
-            )
-        )
-        return EXIT_OK
+    dry = bool(getattr(args, "dry_run", False))
+    if dry and (args.vllm or (args.wheel and not Path(args.wheel).is_file())):
+        raise UserError("--dry-run needs --source or a wheel file: a version or URL is keyed by the wheel it downloads")
     wheel = None
     if args.vllm or args.wheel:
-        wheel = fetch_wheel(
-            args.vllm or args.wheel, Path(args.root) / "wheels", args.dist, args.index_url, args.extra_index_url
+        spec = args.vllm or args.wheel
+        wheel = (
+            Path(spec).absolute()
+            if dry
+            else fetch_wheel(spec, Path(args.root) / "wheels", args.dist, args.index_url, args.extra_index_url)
         )
     dest, marker = make_build(
         wheel=wheel,
@@ -463,7 +445,11 @@ def main(args: argparse.Namespace) -> int:
         constraints=args.constraints,
         index_url=args.index_url,
         extra_index_url=args.extra_index_url,
+        dry_run=dry,
     )
+    if dry:
+        print_plan(marker)
+        return EXIT_OK
     how = "reused" if marker.get("reused") else f"made in {marker['made_seconds']} s"
     print(f"build {dest.name}: {how} ({time.perf_counter() - t0:.1f} s in all)")
     print(f"  sweep YAML: builds: {{<name>: {{venv: {dest}}}}}")

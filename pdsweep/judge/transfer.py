@@ -294,9 +294,11 @@ class ReadPatternCheck:
         except ValueError as e:
             return [f"{w}: {op.what} pattern of p{p}d{d}: {e}"]
         seen = tr.get(op.key)
-        label = f"p{p}d{d} {attention}{'+' + ssm if ssm != 'none' else ''} (tp_ratio {tp_ratio(p, d)})"
+        kind = f"p{p}d{d} {attention}{'+' + ssm if ssm != 'none' else ''}"
+        # vLLM's tp_ratio is the local side's: decode's in pull mode, prefill's in push mode
+        label = f"{kind} (tp_ratio {tp_ratio(p, d)})"
         if push:
-            label += " in push mode"
+            label = f"{kind} in push mode (prefill's tp_ratio {tp_ratio(d, p)})"
         if not isinstance(seen, dict) or not seen:
             return [
                 f"{w}: {op.key} is {show(seen)} (metric missing: pdsweep's NIXL {op.log} log); "
