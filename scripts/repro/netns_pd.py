@@ -184,6 +184,12 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--autogroup", choices=("0", "1"), default=None)
     ap.add_argument("--cpu-group", action="store_true", help="both slurmd in one cpu cgroup (tests/_netns.py)")
+    ap.add_argument(
+        "--hog",
+        type=int,
+        default=0,
+        help="N busy-loop processes, each in a session of its own (other jobs' load), during each run",
+    )
     ap.add_argument("--sample-after", type=float, default=30)
     ap.add_argument("--budget", type=float, default=300, help="seconds per run before giving up")
     ap.add_argument("--keep", action="store_true", help="let each run finish (gate it) instead of stopping early")
@@ -206,9 +212,18 @@ def main() -> int:
                 env.update(dict(kv.split("=", 1) for kv in a.env))
                 for i in range(a.repeat):
                     t = time.monotonic()
-                    v = one_run(
-                        env, a.cells, out / f"run{i}", a.sample_after, a.budget, a.keep, out / "run0" if i else None
-                    )
+                    hogs = [  # killed below by their PIDs
+                        subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+                        for _ in range(a.hog)
+                    ]
+                    try:
+                        v = one_run(
+                            env, a.cells, out / f"run{i}", a.sample_after, a.budget, a.keep, out / "run0" if i else None
+                        )
+                    finally:
+                        for h in hogs:
+                            h.kill()
+                            h.wait()
                     results.append({"run": i, "verdict": v, "s": round(time.monotonic() - t, 1)})
                     print(f"run {i}: {v} ({results[-1]['s']} s)", flush=True)
             finally:
