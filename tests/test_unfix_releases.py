@@ -311,9 +311,10 @@ def test_no_nixl_package_names_the_modules_tried(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("site", FIXED, indirect=True, ids=FIXED)
 def test_push_worker_needs_the_split_handles_the_revert_removes(site: Path, request: pytest.FixtureRequest) -> None:
-    """Why the plan rejects unfixed push cells (rule unfixed-scope): push_worker.py is
-    not edited and still indexes per-source split handles for MLA with several source
-    ranks, which the unfixed base_worker never builds for MLA."""
+    """Why the plan rejects unfixed push cells at prefill TP < decode TP (rule unfixed-scope):
+    push_worker.py is not edited and still indexes per-source split handles for MLA with several
+    source ranks when prefill's (the local side's) tp_ratio < 0, which the unfixed base_worker
+    never builds for MLA. At prefill TP >= decode TP that branch is not taken."""
     version = request.node.callspec.params["site"]
     fn = _fn(ast.parse(_read(site, PUSH_WORKER)), "_xfer_blocks_for_req")
     uses = [ast.unparse(n.test) for n in _ifs(fn) if "src_xfer_handles_by_tp_ratio" in ast.unparse(n.body)]

@@ -369,7 +369,11 @@ def _unfixed_scope(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
       ``_xfer_blocks_for_req`` (not edited) still takes
       ``src_xfer_handles_by_tp_ratio[split_key][i]`` when ``tp_ratio < 0 and (not
       self.use_mla or len(plan.all_source_ranks) > 1)``, handles the edited base_worker
-      no longer builds for MLA (a KeyError, not the bug).
+      no longer builds for MLA (a KeyError, not the bug). Prefill is the local side there,
+      so this needs prefill TP < decode TP; with prefill TP >= decode TP (the core case
+      p2d1: prefill's ``tp_ratio`` +2) neither that condition nor base_worker's
+      ``_needs_split_local_xfer_handles`` is reached and decode never runs pull_worker's
+      ``_read_blocks_for_req``: the revert changes nothing on that path, and the cell runs.
     """
     build = ls.sweep.builds.get(c.build)
     if build is None or not build.is_unfixed(c.build):
@@ -383,12 +387,13 @@ def _unfixed_scope(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
             "path inconsistent (the restored notify-all after an MLA read also notifies the ranks DCP "
             "just read, nixl/pull_worker.py _read_blocks_for_req); run DCP on fixed builds only"
         )
-    if uses_push(c, m, ls):
+    if uses_push(c, m, ls) and c.prefill_tp < c.decode_tp:
         return (
             f"build '{c.build}' is the unfixed baseline and the cell uses the push connector "
             "(NixlPushConnector): the PR #49297 revert edits only the pull path, and the push worker still "
             "indexes the split handles the edited base_worker no longer builds for MLA "
-            "(nixl/push_worker.py _xfer_blocks_for_req); run push on fixed builds only"
+            f"at prefill TP {c.prefill_tp} < decode TP {c.decode_tp} (nixl/push_worker.py _xfer_blocks_for_req, "
+            "prefill's tp_ratio < 0); run push there on fixed builds only"
         )
     return None
 
