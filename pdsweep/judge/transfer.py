@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdsweep.builds.fixprobes import NOTIFS_AFTER_EXPIRY
+from pdsweep.core.faults import read_fault_every
 from pdsweep.core.logscan import READ_FAULT_TAG
 from pdsweep.core.stats import num, obj
 from pdsweep.judge.facts import (
@@ -37,7 +38,6 @@ from pdsweep.plan.crossnode import cross_host
 from pdsweep.plan.readplan import expected_read_split
 from pdsweep.plan.topology import tp_ratio
 from pdsweep.results import layout
-from pdsweep.spec.sweep import read_fault_every
 
 
 @dataclass(frozen=True)

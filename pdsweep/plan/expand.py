@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from pdsweep.core.errors import UserError
+from pdsweep.core.faults import READ_FAULT_ENV_VAR, read_fault_every
 from pdsweep.plan import rules
 from pdsweep.plan.blocks import arch_serve_args
 from pdsweep.plan.cell import Cell, Rejected
 from pdsweep.plan.crossnode import loopback_fields
-from pdsweep.spec.sweep import AXES, EXPECT_KEYS, REF_ENTRY_KEYS, LoadedSweep, ModelSpec, read_fault_every
+from pdsweep.spec.sweep import AXES, EXPECT_KEYS, REF_ENTRY_KEYS, LoadedSweep, ModelSpec
 
 MAX_INSTANCES = 12  # per cell; bounded by the per-slot port layout below
 PORTS_PER_SLOT = 200
@@ -448,7 +449,7 @@ def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: 
             env.setdefault("UCX_PROTO_INFO", "y")
             env.setdefault("PDSWEEP_NIXL_READ_LOG", "1")  # pdsweep.engine.readlog, via pdsweep's vLLM plugin
             if every := read_fault_every(cell.fault):  # the READ-failure drill (pdsweep.engine.readfault)
-                env["PDSWEEP_FAIL_READ_EVERY"] = str(every)
+                env[READ_FAULT_ENV_VAR] = str(every)
         if s.platform == "cuda":  # nvidia-smi's indices (PCI bus order): CUDA's only under PCI_BUS_ID
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"

@@ -27,10 +27,10 @@ from typing import Any
 from pdsweep import __version__
 from pdsweep.builds import attnprobe
 from pdsweep.core.errors import UserError
+from pdsweep.core.faults import ProxyFaults
 from pdsweep.core.logscan import first_exception
 from pdsweep.core.paths import REPO
 from pdsweep.deploy.deployment import CellFailed, Deployment, ReadyHang, Timeouts, blame, deploy
-from pdsweep.deploy.faults import Faults
 from pdsweep.deploy.instances import AltBlocks, Fresh, InstancePool, instance_id, instance_key, reuse_record
 from pdsweep.deploy.launchers import Launcher, LocalLauncher, tail
 from pdsweep.measure.phases import measure_cell
@@ -79,8 +79,8 @@ class RunOptions:
     preflight: bool = True  # weights, memory fit, driver, busy GPUs (pdsweep.run.preflight); False: --no-preflight
 
     @property
-    def faults(self) -> Faults:
-        return Faults(
+    def faults(self) -> ProxyFaults:
+        return ProxyFaults(
             self.drop_kv_transfer_params,
             self.scramble_kv_block_ids,
             self.scramble_every,

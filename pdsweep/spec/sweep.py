@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pdsweep.core.errors import UserError
+from pdsweep.core.faults import check_sweep_fault
 from pdsweep.spec import guards
 from pdsweep.spec.catalogue import Catalogue, KvBufferDevice, ModelSpec, NixlSupport, Platform, PlatformSupport
 from pdsweep.spec.catalogue import Strict as _Strict
@@ -63,24 +64,8 @@ Block = Annotated[int, Field(ge=1, le=MAX_BLOCK)]
 Dp = Annotated[int, Field(ge=1, le=MAX_DP)]
 Instances = Annotated[int, Field(ge=1, le=MAX_ROLE_INSTANCES)]
 Router = Literal["pdsweep", "vllm-router"]
-# Fault drills (pdsweep.run.drills): what pdsweep does to a running PD cell; the cell then
-# declares the failure it must end with (expect: fail + match), so the drill is XFAIL or FAIL
-# fail-read-1-in-K: decode reports every K-th NIXL READ that NIXL completed as failed (state
-# "ERR"), through pdsweep's vLLM plugin (pdsweep.engine.readfault); vLLM then applies the
-# cell's kv_load_failure_policy (recompute: the request recomputes the prompt; fail: it ends in error)
-# decode-after-lease-expiry: the PD proxy holds 1 in 4 decode legs longer than prefill's KV lease
-# (pdsweep.run.drills.lease_drill_faults), so decode reads blocks prefill already freed (stale reads)
-READ_FAULT_PATTERN = r"^fail-read-1-in-([1-9][0-9]{0,5})$"
-Fault = (
-    Literal["none", "kill-prefill-during-eval", "kill-decode-during-load", "decode-after-lease-expiry"]
-    | Annotated[str, StringConstraints(pattern=READ_FAULT_PATTERN)]
-)
-
-
-def read_fault_every(fault: str | None) -> int | None:
-    """K of a ``fail-read-1-in-K`` fault (1 <= K <= 999999), else None."""
-    m = re.match(READ_FAULT_PATTERN, fault or "")
-    return int(m.group(1)) if m else None
+# Fault drills: the names, where each acts and the failure it must end with are pdsweep.core.faults
+Fault = Annotated[str, AfterValidator(check_sweep_fault)]
 
 
 BOUND_WHY = {
