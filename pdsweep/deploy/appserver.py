@@ -1,5 +1,6 @@
 """Serving an ASGI app in-process: :class:`AppServer` (uvicorn in a background thread, with
-uvloop and httptools when installed: uvicorn's ``auto``) and :func:`bind_socket`. Used by the PD
+uvloop and httptools when installed: uvicorn's ``auto``) and :func:`bind_socket`; plain ASGI
+helpers (:func:`read_body`, :func:`respond`, :func:`disconnected`). Used by the PD
 proxy (:mod:`pdsweep.deploy.proxy`), the vllm-router passthrough and the tests' fake servers."""
 
 from __future__ import annotations
@@ -8,12 +9,41 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import uvicorn
 
 log = logging.getLogger(__name__)
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 SERVER_KEEPALIVE_S = 75  # above clients' idle timeouts (aiohttp in lm-eval: 15 s), so clients close first
+
+
+async def read_body(receive: Receive) -> bytes:
+    """The whole request body; raises ConnectionError when the client hung up first."""
+    chunks = []
+    while True:
+        m = await receive()
+        if m["type"] == "http.disconnect":
+            raise ConnectionError("client disconnected")
+        chunks.append(m.get("body", b""))
+        if not m.get("more_body"):
+            return b"".join(chunks)
+
+
+async def respond(send: Send, status: int, body: bytes, media_type: str = "application/json") -> None:
+    """Send one whole response: ``status``, ``body`` (bytes) as ``media_type``."""
+    headers = [(b"content-type", media_type.encode()), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def disconnected(receive: Receive) -> None:
+    """Return once the client has hung up (``http.disconnect``)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

@@ -31,7 +31,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +42,21 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pdsweep.core.faults import NO_PROXY_FAULTS, ProxyFaults
-from pdsweep.deploy.appserver import SERVER_KEEPALIVE_S, AppServer, bind_socket
+from pdsweep.deploy.appserver import (
+    SERVER_KEEPALIVE_S,
+    AppServer,
+    Receive,
+    Scope,
+    Send,
+    bind_socket,
+    disconnected,
+    read_body,
+    respond,
+)
 from pdsweep.deploy.proxy_faults import FaultInjector
 from pdsweep.deploy.proxy_metrics import ProxyMetrics, error_body, error_response
 
 log = logging.getLogger(__name__)
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 # What the prefill leg asks for: compute the prompt's KV, keep it for a remote decode.
 PREFILL_KV_PARAMS: dict[str, Any] = {
@@ -86,23 +93,6 @@ def _check_urls(role: str, urls: list[str]) -> list[str]:
 def _body_text(raw: bytes) -> str:
     text = raw.decode(errors="replace").strip()
     return text if len(text) <= MAX_ERROR_BODY else text[:MAX_ERROR_BODY] + "..."
-
-
-async def _request_body(receive: Receive) -> bytes:
-    chunks = []
-    while True:
-        m = await receive()
-        if m["type"] == "http.disconnect":
-            raise ConnectionError("client disconnected")
-        chunks.append(m.get("body", b""))
-        if not m.get("more_body"):
-            return b"".join(chunks)
-
-
-async def _respond(send: Send, status: int, body: bytes, media_type: str = JSON) -> None:
-    headers = [(b"content-type", media_type.encode()), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
 
 
 class _Proxy:
@@ -227,13 +217,15 @@ class _Proxy:
         requests, kv_requests = self._count[endpoint]
         requests.inc()
         try:
-            body = json.loads(await _request_body(receive))
+            body = json.loads(await read_body(receive))
+        except ConnectionError:
+            return  # the client hung up before its body arrived: nothing to answer
         except ValueError as e:
             m.errors.labels(endpoint, "request").inc()
-            return await _respond(send, 400, error_body("request", f"request body is not JSON: {e}"))
+            return await respond(send, 400, error_body("request", f"request body is not JSON: {e}"))
         if not isinstance(body, dict):
             m.errors.labels(endpoint, "request").inc()
-            return await _respond(send, 400, error_body("request", "request body must be a JSON object"))
+            return await respond(send, 400, error_body("request", "request body must be a JSON object"))
         req_id = str(uuid.uuid4())
         headers = {"X-Request-Id": req_id, "Content-Type": JSON}
         for k, v in scope["headers"]:
@@ -258,13 +250,13 @@ class _Proxy:
         except UpstreamError as e:
             m.errors.labels(endpoint, e.stage).inc()
             log.warning("%s %s failed (%d): %s", endpoint, req_id, e.status, e.message)
-            return await _respond(send, e.status, error_body(e.stage, e.message))
+            return await respond(send, e.status, error_body(e.stage, e.message))
         m.added.observe(t_decode - t0)  # what follows is the decode leg (and the relay of its answer)
         if prompt_tokens is not None and prompt_tokens >= self.block_size:
             kv_requests.inc()  # decode must have read this request's KV (gate)
         media_type = r.headers.get("content-type", JSON)
         if not stream:
-            return await _respond(send, r.status, raw, media_type)
+            return await respond(send, r.status, raw, media_type)
         await self._stream(r, endpoint, req_id, base, receive, send)
 
     async def _stream(
@@ -274,16 +266,19 @@ class _Proxy:
         event; a client that hangs up ends the relay (and the decode request with it)."""
         headers = [(b"content-type", r.headers.get("content-type", JSON).encode())]
         relay = asyncio.ensure_future(self._relay(r, endpoint, req_id, base, send, headers))
-        gone = asyncio.ensure_future(_disconnected(receive))
+        gone = asyncio.ensure_future(disconnected(receive))
+        clean = False
         try:
             await asyncio.wait({relay, gone}, return_when=asyncio.FIRST_COMPLETED)
+            clean = relay.done() and not relay.cancelled() and relay.exception() is None
         finally:
             gone.cancel()
-            if not relay.done():
-                relay.cancel()
+            relay.cancel()  # no-op once done
+            if not clean:
+                r.close()  # the decode connection goes: vLLM aborts the request
             with contextlib.suppress(asyncio.CancelledError):
                 await relay
-            r.close() if not relay.done() or relay.cancelled() else r.release()
+            r.release()
 
     async def _relay(
         self, r: aiohttp.ClientResponse, endpoint: str, req_id: str, base: str, send: Send, headers: list
@@ -313,11 +308,6 @@ class _Proxy:
             m.errors.labels("/v1/models", e.stage).inc()
             return error_response(e.status, e.stage, e.message)
         return Response(content=raw, status_code=r.status, media_type=r.headers.get("content-type", JSON))
-
-
-async def _disconnected(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 class _HotPath:
