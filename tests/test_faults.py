@@ -4,6 +4,7 @@ it, and every sweep's kill-drill cell declares the failure signature it names.""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from dataclasses import replace
@@ -13,6 +14,7 @@ import pytest
 
 from pdsweep.core.errors import UserError
 from pdsweep.core.faults import (
+    FAKE_FAULTS,
     KILL_DECODE_DURING_LOAD,
     KILL_PREFILL_DURING_EVAL,
     LEASE_EXPIRY,
@@ -38,7 +40,8 @@ def _sweep(tmp_path: Path, fault: str) -> Path:
 
 
 def test_every_fault_says_where_it_acts_and_the_schema_takes_exactly_the_sweep_faults(tmp_path: Path) -> None:
-    assert {k.where for k in SWEEP_FAULTS.values()} == set(WHERE)  # each place is used
+    assert {k.where for k in SWEEP_FAULTS.values()} == set(WHERE) - {"fake"}  # pdsweep injects in each place
+    assert {k.where for k in FAKE_FAULTS.values()} == {"fake"}
     assert {k.where for k in PROXY_OPTIONS.values()} == {"proxy"}
     assert set(PROXY_OPTIONS) == {f for f in ProxyFaults.__dataclass_fields__ if f != "decode_delay_every"}
     names = [KILL_PREFILL_DURING_EVAL, KILL_DECODE_DURING_LOAD, LEASE_EXPIRY, "fail-read-1-in-7", "none"]
@@ -92,3 +95,12 @@ def test_sweeps_declare_the_vocabulary_signature_of_each_kill_drill() -> None:
                 assert cell.expect_fail and cell.expect_match == kind.expects, (path.name, cell.id)
                 seen.add(cell.fault)
     assert seen == {KILL_PREFILL_DURING_EVAL, KILL_DECODE_DURING_LOAD}
+
+
+def test_the_fake_vllm_knobs_that_misbehave_are_the_vocabularys_fake_faults() -> None:
+    src = (REPO / "tests" / "fake_vllm.py").read_text()
+    knobs = set(re.findall(r"\bFAKE_[A-Z_]+[A-Z]\b", src))
+    not_faults = {"FAKE_STARTUP_S", "FAKE_READY_FILE", "FAKE_LIFE_LOG", "FAKE_SIGKILL_ROLE", "FAKE_MODEL_KINDS"}
+    assert knobs - not_faults == set(FAKE_FAULTS)
+    for name in FAKE_FAULTS:  # each one is read from the environment, not only documented
+        assert re.search(rf"environ(\.get\(|\[)\"{name}\"", src), name

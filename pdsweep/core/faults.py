@@ -9,13 +9,15 @@ Where a fault acts (:data:`WHERE`):
 
 - ``drill``: pdsweep's run loop SIGKILLs an instance as a phase begins (the launcher's process);
 - ``proxy``: the PD proxy changes or delays the decode leg (:class:`ProxyFaults`);
-- ``engine``: pdsweep's vLLM plugin inside decode's worker reports NIXL READs as failed.
+- ``engine``: pdsweep's vLLM plugin inside decode's worker reports NIXL READs as failed;
+- ``fake``: the fake vLLM of the tests (``tests/fake_vllm.py``) misbehaves as an engine would,
+  switched by an env knob (:data:`FAKE_FAULTS`); pdsweep never sets these.
 
 Two families: **sweep faults** are values of a sweep's ``fault`` axis (:data:`SWEEP_FAULTS`; a
 cell declares the failure with ``expect: fail`` + ``match:``); **proxy options** are the run's
 test-only switches (:data:`PROXY_OPTIONS`, ``pdsweep run --scramble-every`` ...), used by tests
-and benches to show a gate has teeth. The fake vLLM's ``FAKE_*`` knobs (``tests/fake_vllm.py``)
-stand in for an engine misbehaving in tests; they are not injected by pdsweep.
+and benches to show a gate has teeth; **fake faults** (:data:`FAKE_FAULTS`) are the fake vLLM's
+env knobs, which tests set in a sweep's ``env:`` variant (``tests/test_run_fake.py``).
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-Where = Literal["drill", "proxy", "engine"]
-WHERE: tuple[Where, ...] = ("drill", "proxy", "engine")
+Where = Literal["drill", "proxy", "engine", "fake"]
+WHERE: tuple[Where, ...] = ("drill", "proxy", "engine", "fake")
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,33 @@ PROXY_OPTIONS: dict[str, FaultKind] = {
         FaultKind("scramble_every", "proxy", "1 in k requests under concurrency scrambled", "load check"),
         FaultKind("stale_kv_transfer_params", "proxy", "the previous request's handle, if it covers", "load: stale"),
         FaultKind("decode_delay_s", "proxy", "sleep before 1 in decode_delay_every decode legs", "perf verdict"),
+    )
+}
+
+# name (the env knob) -> what the fake does, and the failure pdsweep must report (tests/test_run_fake.py)
+FAKE_FAULTS: dict[str, FaultKind] = {
+    k.name: k
+    for k in (
+        FaultKind(
+            "FAKE_EXIT_AT_STARTUP", "fake", "exit with this code during startup", "exited with code N during startup"
+        ),
+        FaultKind("FAKE_DIE_AFTER", "fake", "hard-exit after N completions", "the cell fails in its phase, no hang"),
+        FaultKind(
+            "FAKE_SIGKILL_AFTER", "fake", "SIGKILL after N completions (FAKE_SIGKILL_ROLE)", "killed by signal 9"
+        ),
+        FaultKind("FAKE_FAILED_XFERS", "fake", "N more vllm:nixl_num_failed_transfers per PD request", "transfer gate"),
+        FaultKind("FAKE_WRONG_EVERY", "fake", "every Nth arithmetic answer wrong", "accuracy gate"),
+        FaultKind("FAKE_DIVERGE", "fake", "decode shifts its first token (lost KV shape)", "consistency probe"),
+        FaultKind("FAKE_EXPIRED", "fake", "N more vllm:nixl_num_kv_expired_reqs per PD request", "totals.expired_reqs"),
+        FaultKind("FAKE_SKIP_XFER_EVERY", "fake", "every Nth PD request without a transfer", "silent recompute"),
+        FaultKind("FAKE_STREAM_HANG", "fake", "a streaming request never sends a chunk", "streaming request ..."),
+        FaultKind("FAKE_HANG_AFTER", "fake", "completions after N never answer", "lm-eval exceeded its budget"),
+        FaultKind("FAKE_HANG_ONCE_FILE", "fake", "the first completion never answers, once", "one redeploy"),
+        FaultKind(
+            "FAKE_BLOCK_SIZE", "fake", "reports this block size (cache_config_info), not --block-size", "block_mismatch"
+        ),
+        FaultKind("FAKE_BENCH_LOST", "fake", "vllm bench serve drops N requests as failed", "load gate"),
+        FaultKind("FAKE_BENCH_HANG", "fake", "vllm bench serve hangs", "vllm bench serve exceeded its budget"),
     )
 }
 
