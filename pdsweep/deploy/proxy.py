@@ -120,8 +120,6 @@ class _Proxy:
         self.inject = FaultInjector(faults, m.faults) if faults.active else None  # None: no fault work
         self.session: aiohttp.ClientSession | None = None
         self._next_prefill = self._next_decode = 0
-        # label children bound once: labels() costs a lock and a dict lookup per call
-        self._count = {ep: (m.requests.labels(ep), m.kv_requests.labels(ep)) for ep in ENDPOINTS}
 
     def new_session(self) -> aiohttp.ClientSession:
         """The upstream client: keep-alive pool without a connection limit; ``timeout_s`` bounds
@@ -214,8 +212,7 @@ class _Proxy:
         t0 = time.perf_counter()
         endpoint: str = scope["path"]
         m = self.metrics
-        requests, kv_requests = self._count[endpoint]
-        requests.inc()
+        m.requests.labels(endpoint).inc()
         try:
             body = json.loads(await read_body(receive))
         except ConnectionError:
@@ -253,7 +250,7 @@ class _Proxy:
             return await respond(send, e.status, error_body(e.stage, e.message))
         m.added.observe(t_decode - t0)  # what follows is the decode leg (and the relay of its answer)
         if prompt_tokens is not None and prompt_tokens >= self.block_size:
-            kv_requests.inc()  # decode must have read this request's KV (gate)
+            m.kv_requests.labels(endpoint).inc()  # decode must have read this request's KV (gate)
         media_type = r.headers.get("content-type", JSON)
         if not stream:
             return await respond(send, r.status, raw, media_type)
