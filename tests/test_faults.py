@@ -104,3 +104,19 @@ def test_the_fake_vllm_knobs_that_misbehave_are_the_vocabularys_fake_faults() ->
     assert knobs - not_faults == set(FAKE_FAULTS)
     for name in FAKE_FAULTS:  # each one is read from the environment, not only documented
         assert re.search(rf"environ(\.get\(|\[)\"{name}\"", src), name
+
+
+def test_pdsweep_run_options_carry_every_proxy_option_to_the_proxy() -> None:
+    from pdsweep.run.sweep import RunOptions
+
+    on = {
+        "drop_kv_transfer_params": True,
+        "scramble_kv_block_ids": True,
+        "scramble_every": 3,
+        "stale_kv_transfer_params": True,
+        "decode_delay_s": 0.5,
+    }
+    assert set(on) == set(PROXY_OPTIONS)
+    f = RunOptions(**on).faults
+    assert {k: getattr(f, k) for k in on} == on and f.active
+    assert not RunOptions().faults.active

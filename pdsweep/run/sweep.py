@@ -27,7 +27,7 @@ from typing import Any
 from pdsweep import __version__
 from pdsweep.builds import attnprobe
 from pdsweep.core.errors import UserError
-from pdsweep.core.faults import ProxyFaults
+from pdsweep.core.faults import PROXY_OPTIONS, ProxyFaults
 from pdsweep.core.logscan import first_exception
 from pdsweep.core.paths import REPO
 from pdsweep.deploy.deployment import CellFailed, Deployment, ReadyHang, Timeouts, blame, deploy
@@ -80,13 +80,8 @@ class RunOptions:
 
     @property
     def faults(self) -> ProxyFaults:
-        return ProxyFaults(
-            self.drop_kv_transfer_params,
-            self.scramble_kv_block_ids,
-            self.scramble_every,
-            self.stale_kv_transfer_params,
-            self.decode_delay_s,
-        )
+        """The proxy's faults: the options named in :data:`pdsweep.core.faults.PROXY_OPTIONS`."""
+        return ProxyFaults(**{name: getattr(self, name) for name in PROXY_OPTIONS})
 
 
 @dataclass
