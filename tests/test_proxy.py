@@ -461,6 +461,13 @@ def test_health_and_models_from_first_decode(fakes: dict[str, Fake]) -> None:
             assert c.get(f"{px.url}/v1/models").json()["data"] == [{"id": "model-of-decode-0"}]
 
 
+def test_completion_routes_answer_other_methods_with_405(fakes: dict[str, Fake]) -> None:
+    with _proxy(fakes) as px, _client() as c:
+        assert [c.get(f"{px.url}{p}").status_code for p in ("/v1/completions", "/v1/chat/completions")] == [405, 405]
+        assert c.get(f"{px.url}/v1/nothing").status_code == 404
+    assert not fakes["prefill-0"].requests
+
+
 def test_proxy_server_picks_free_port_and_stops_cleanly(tmp_path, fakes: dict[str, Fake]) -> None:
     log_path = tmp_path / "proxy.log"
     with _proxy(fakes, log_path=log_path) as px:

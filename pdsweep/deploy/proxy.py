@@ -40,6 +40,7 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.routing import Route
 
 from pdsweep.core.faults import NO_PROXY_FAULTS, ProxyFaults
 from pdsweep.deploy.appserver import (
@@ -197,8 +198,8 @@ class _Proxy:
         n = usage.get("prompt_tokens") if isinstance(usage, dict) else None
         return kv, n if isinstance(n, int) and not isinstance(n, bool) else None
 
-    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """ASGI handler of ``POST /v1/completions`` and ``/v1/chat/completions``."""
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """ASGI app of ``POST /v1/completions`` and ``/v1/chat/completions``."""
         inject = self.inject
         if inject is not None:
             inject.inflight += 1
@@ -308,7 +309,7 @@ class _Proxy:
 
 
 class _HotPath:
-    """ASGI middleware: the completion routes go straight to :meth:`_Proxy.handle`; every other
+    """ASGI middleware: the completion routes go straight to the :class:`_Proxy` ASGI app; every other
     request (and any other method on those paths) to the FastAPI app."""
 
     def __init__(self, app: Any, proxy: _Proxy) -> None:
@@ -316,7 +317,7 @@ class _HotPath:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in ENDPOINTS:
-            return await self.proxy.handle(scope, receive, send)
+            return await self.proxy(scope, receive, send)
         await self.app(scope, receive, send)
 
 
@@ -360,6 +361,8 @@ def create_app(
     app = FastAPI(title="pdsweep PD proxy", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.proxy = proxy
     app.add_middleware(_HotPath, proxy=proxy)
+    for path in ENDPOINTS:  # served by _HotPath; the routes give other methods FastAPI's 405
+        app.router.routes.append(Route(path, proxy, methods=["POST"]))
 
     @app.get("/v1/models")
     async def models() -> Response:
