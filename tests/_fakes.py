@@ -17,7 +17,7 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from pdsweep.deploy.proxy import AppServer
+from pdsweep.deploy.appserver import AppServer
 
 CORPUS = [
     "Q: What is 17 + 25?\nA: 42",
@@ -64,7 +64,7 @@ def build_tokenizer(out_dir: Path, vocab_size: int = 300) -> Path:
 
 @contextlib.contextmanager
 def serve(app: FastAPI) -> Iterator[str]:
-    """Run ``app`` on 127.0.0.1 (ephemeral port) in a thread (:class:`pdsweep.deploy.proxy.AppServer`,
+    """Run ``app`` on 127.0.0.1 (ephemeral port) in a thread (:class:`pdsweep.deploy.appserver.AppServer`,
     the proxy's own server); yields ``http://127.0.0.1:PORT``. The server is stopped and the
     thread joined on exit."""
     with AppServer(app, startup_timeout_s=20) as srv:

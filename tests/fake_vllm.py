@@ -1,10 +1,12 @@
 """A stand-in for ``vllm serve`` for orchestration tests: same CLI shape, /health,
 /v1/models, /v1/completions (PD kv_transfer_params flow, greedy logprobs), and /metrics
-with vLLM's ``vllm:nixl_*`` and latency metric names. Behaviour knobs (env):
+with vLLM's ``vllm:nixl_*`` and latency metric names. Behaviour knobs (env; those that misbehave
+are the fake faults of pdsweep's fault vocabulary, ``pdsweep.core.faults.FAKE_FAULTS``):
 
 FAKE_STARTUP_S       seconds before /health answers 200 (default 0.3)
 FAKE_READY_FILE      /health answers 200 only once this file exists (readiness bench)
 FAKE_EXIT_AT_STARTUP exit with this code during startup, after a log line
+FAKE_BLOCK_SIZE      the block size vllm:cache_config_info reports (an engine that chose another)
 FAKE_DIE_AFTER       hard-exit after this many completions (decode killed mid-run)
 FAKE_SIGKILL_AFTER   SIGKILL itself after this many completions, only the instance whose
                      --kv-transfer-config contains FAKE_SIGKILL_ROLE (kv_producer / kv_consumer)

@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "contributing.md"
-RECIPES = ("A gate check", "A load workload", "A metric", "A fault drill", "A model")
+RECIPES = ("A gate check", "A load workload", "A metric", "A fault", "A model")
 
 
 def recipe(title: str) -> str:
@@ -199,12 +199,12 @@ def test_metric_recipe(scratch: Path) -> None:
 
 def test_fault_drill_recipe(scratch: Path) -> None:
     says(
-        "A fault drill",
+        "A fault",
         "an env knob in `tests/fake_vllm.py` (the `FAKE_*` list in its docstring",
         "an `env:` variant of the sweep `make_sweep` writes",
         "`tests/test_run_fake.py`",
-        "`Fault`, `pdsweep/spec/axes.py`",
-        "`scramble_kv_block_ids` switch of `Faults` (`pdsweep/deploy/faults.py`)",
+        "`SWEEP_FAULTS` there",
+        "`scramble_kv_block_ids` switch of `ProxyFaults` (`pdsweep/core/faults.py`)",
     )
     edit(scratch, "tests/fake_vllm.py", "with vLLM's ``vllm:nixl_*`` and latency metric names. Behaviour knobs (env):\n\n",
          "FAKE_TRIVIAL         a new knob (this test's)\n")  # fmt: skip
@@ -216,7 +216,7 @@ def test_fault_drill_recipe(scratch: Path) -> None:
         import ast, re, tempfile
         from pathlib import Path
         from test_run_fake import make_sweep
-        from pdsweep.deploy.faults import Faults
+        from pdsweep.core.faults import SWEEP_FAULTS, ProxyFaults
         from pdsweep.spec.sweep import load_sweep
 
         src = Path("tests/fake_vllm.py").read_text()
@@ -227,7 +227,8 @@ def test_fault_drill_recipe(scratch: Path) -> None:
         sweep = make_sweep(tmp, tmp, matrix="  model: [fake-gqa]\\n  tp: [p1d1]\\n",
                            env="  base: {}\\n  trivial: {FAKE_TRIVIAL: '1'}")
         assert load_sweep(sweep).sweep.env["trivial"] == {"FAKE_TRIVIAL": "1"}
-        assert "scramble_kv_block_ids" in Faults.__dataclass_fields__
+        assert "scramble_kv_block_ids" in ProxyFaults.__dataclass_fields__
+        assert "kill-prefill-during-eval" in SWEEP_FAULTS
         """,
     )
 

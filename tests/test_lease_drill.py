@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from pdsweep.core.errors import UserError
-from pdsweep.deploy.faults import NO_FAULTS, Faults
+from pdsweep.core.faults import LEASE_EXPIRY, NO_PROXY_FAULTS, ProxyFaults
 from pdsweep.deploy.proxy import _Proxy
 from pdsweep.plan.expand import Slot, expand, instances
-from pdsweep.run.drills import LEASE_DRILL, armed, lease_drill_faults, lease_s
+from pdsweep.run.drills import armed, lease_drill_faults, lease_s
 from pdsweep.spec.sweep import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def _drill():
     ls = load_sweep(REPO / "sweeps" / "drills.yaml")
-    cells = [c for c in expand(ls).cells if c.fault == LEASE_DRILL]
+    cells = [c for c in expand(ls).cells if c.fault == LEASE_EXPIRY]
     assert len(cells) == 1
     return ls, cells[0]
 
@@ -30,7 +30,7 @@ def test_drill_cell_gets_a_short_lease_few_prefill_blocks_and_a_longer_decode_de
     ls, cell = _drill()
     assert cell.expect_fail and cell.kind == "pd"
     assert lease_s(cell, ls) == 1
-    f = lease_drill_faults(cell, ls, NO_FAULTS)
+    f = lease_drill_faults(cell, ls, NO_PROXY_FAULTS)
     assert (f.decode_delay_s, f.decode_delay_every) == (6.0, 4)  # lease 1 s + 5 s, 1 in 4 legs
     prefill, decode = instances(cell, Slot(0, (), 20000), ls, "/m", "python")
     kv = json.loads(prefill.argv[prefill.argv.index("--kv-transfer-config") + 1])
@@ -49,23 +49,25 @@ def test_drill_cell_gets_a_short_lease_few_prefill_blocks_and_a_longer_decode_de
 
 def test_other_cells_keep_the_runs_faults_and_a_long_lease_is_refused():
     ls, cell = _drill()
-    base = Faults(scramble_every=3)
+    base = ProxyFaults(scramble_every=3)
     assert lease_drill_faults(replace(cell, fault="none"), ls, base) is base
     with pytest.raises(UserError, match=r"kv_lease_duration is 30 s .*allowed: 1\.\.10"):
-        lease_drill_faults(replace(cell, serve_args="base"), ls, NO_FAULTS)  # vLLM's default lease
+        lease_drill_faults(replace(cell, serve_args="base"), ls, NO_PROXY_FAULTS)  # vLLM's default lease
 
     def on_phase(p: str) -> None:
         pass
 
-    assert armed(LEASE_DRILL, [], on_phase) is on_phase  # nothing killed: the proxy injects it
+    assert armed(LEASE_EXPIRY, [], on_phase) is on_phase  # nothing killed: the proxy injects it
 
 
 def test_proxy_holds_one_in_k_decode_legs_from_the_first():
     urls = (["http://127.0.0.1:1"], ["http://127.0.0.1:2"], 5.0)
-    p = _Proxy(*urls, faults=Faults(decode_delay_s=6.0, decode_delay_every=4))
+    p = _Proxy(*urls, faults=ProxyFaults(decode_delay_s=6.0, decode_delay_every=4)).inject
+    assert p is not None
     assert [p.delays_decode() for _ in range(9)] == [True, False, False, False, True, False, False, False, True]
-    every = _Proxy(*urls, faults=Faults(decode_delay_s=0.5))
+    every = _Proxy(*urls, faults=ProxyFaults(decode_delay_s=0.5)).inject
+    assert every is not None
     assert [every.delays_decode() for _ in range(3)] == [True, True, True]  # the perf-teeth slowdown
-    assert not _Proxy(*urls).delays_decode()
+    assert _Proxy(*urls).inject is None  # no fault on: the hot path does no fault work
     with pytest.raises(ValueError, match="decode_delay_every must be >= 1, got 0"):
-        Faults(decode_delay_s=1.0, decode_delay_every=0)
+        ProxyFaults(decode_delay_s=1.0, decode_delay_every=0)

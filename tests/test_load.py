@@ -141,23 +141,25 @@ def test_judge_counts_wrong_stale_and_first_example():
 
 
 def test_proxy_scrambles_only_under_load_and_hands_stale_params():
-    from pdsweep.deploy.faults import Faults
+    from pdsweep.core.faults import ProxyFaults
     from pdsweep.deploy.proxy import _Proxy
 
-    p = _Proxy(["http://p"], ["http://d"], 10, faults=Faults(scramble_every=2))
+    p = _Proxy(["http://p"], ["http://d"], 10, faults=ProxyFaults(scramble_every=2)).inject
+    assert p is not None
     kv = {"remote_block_ids": [1, 2]}
-    p._inflight = 1  # alone: never scrambled (the sequential probe sees clean KV)
+    p.inflight = 1  # alone: never scrambled (the sequential probe sees clean KV)
     assert [p.decode_kv(kv)["remote_block_ids"] for _ in range(4)] == [[1, 2]] * 4
-    p._inflight = 3  # under load: 1 in 2
+    p.inflight = 3  # under load: 1 in 2
     assert [p.decode_kv(kv)["remote_block_ids"] for _ in range(4)] == [[1, 2], [2, 1], [1, 2], [2, 1]]
-    s = _Proxy(["http://p"], ["http://d"], 10, faults=Faults(stale_kv_transfer_params=True))
+    s = _Proxy(["http://p"], ["http://d"], 10, faults=ProxyFaults(stale_kv_transfer_params=True)).inject
+    assert s is not None
     kvs = [{"n": i, "remote_block_ids": [[1, 2]]} for i in range(3)]
     assert [s.decode_kv(k)["n"] for k in kvs] == [0, 0, 1]  # each gets the previous request's
     # ... only when it covers the new request's blocks (else vLLM's decode worker asserts and dies)
     longer = {"n": 9, "remote_block_ids": [[1, 2, 3]]}
     assert s.decode_kv(longer)["n"] == 9 and s.decode_kv({"n": 10, "remote_block_ids": [[4]]})["n"] == 9
     with pytest.raises(ValueError, match="scramble_every"):
-        Faults(scramble_every=-1)
+        ProxyFaults(scramble_every=-1)
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 
-from pdsweep.deploy.proxy import AppServer
+from pdsweep.deploy.appserver import AppServer
 from pdsweep.measure.metrics import (
     Histogram,
     Snapshot,

@@ -11,10 +11,10 @@ from fixtures.make_runs import case, pd, write_run
 
 from pdsweep.builds.fixprobes import accounting
 from pdsweep.core.errors import UserError
+from pdsweep.core.faults import read_fault_every
 from pdsweep.core.logscan import read_fault_counts
 from pdsweep.engine.readfault import wrap_check_xfer_state
 from pdsweep.judge.gate import FAIL, PASS, XFAIL, XPASS, gate_run
-from pdsweep.spec.axes import read_fault_every
 
 # vLLM's own log lines (v1/core/sched/scheduler.py _handle_invalid_blocks), as printed
 RECOVERED = "WARNING 12-03 08:01:02 [scheduler.py:3394] Recovered from KV load failure: 2 request(s) rescheduled (64 tokens affected)."

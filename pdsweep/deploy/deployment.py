@@ -22,8 +22,8 @@ from typing import Any, Protocol
 
 import httpx
 
+from pdsweep.core.faults import NO_PROXY_FAULTS, ProxyFaults
 from pdsweep.core.logscan import first_exception, read_fault_counts
-from pdsweep.deploy.faults import NO_FAULTS, Faults
 from pdsweep.deploy.launchers import Handle, port_free, tail
 from pdsweep.plan.expand import Cell, InstanceSpec, Slot, transfer_mode
 
@@ -351,12 +351,12 @@ def check_ports(specs: list[InstanceSpec], slot: Slot) -> list[int]:
 
 
 @contextlib.contextmanager
-def _vllm_router(cell: Cell, dep: Deployment, slot: Slot, timeouts: Timeouts, faults: Faults) -> Iterator[Any]:
+def _vllm_router(cell: Cell, dep: Deployment, slot: Slot, timeouts: Timeouts, faults: ProxyFaults) -> Iterator[Any]:
     """:class:`pdsweep.deploy.router.VllmRouterServer` for ``router: vllm-router``; raises
     ``CellFailed('ready')`` when it cannot start, or a fault switch is on (pdsweep's proxy only)."""
     from pdsweep.deploy.router import VllmRouterServer
 
-    if faults != NO_FAULTS:
+    if faults.active:
         raise CellFailed("ready", f"router vllm-router: the test-only faults {faults} exist only in pdsweep's proxy")
     srv = VllmRouterServer(
         [h.url for h in dep.role("prefill")],
@@ -393,7 +393,7 @@ class DeployRequest:
     specs: list[InstanceSpec]
     log_dir: Path
     timeouts: Timeouts
-    faults: Faults = NO_FAULTS
+    faults: ProxyFaults = NO_PROXY_FAULTS
 
 
 @contextlib.contextmanager

@@ -27,8 +27,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from pdsweep.deploy.appserver import AppServer, bind_socket
 from pdsweep.deploy.launchers.base import own_group
-from pdsweep.deploy.proxy import AppServer, _Metrics, bind_socket, error_response
+from pdsweep.deploy.proxy_metrics import ProxyMetrics, error_response
 
 ROUTERS = ("pdsweep", "vllm-router")
 VLLM_ROUTER_VERSION = "0.1.17"  # the version pdsweep was tried with
@@ -51,7 +52,7 @@ def create_passthrough_app(upstream: str, timeout_s: float, block_size: int) -> 
     (``pdsweep_proxy_requests_total``, ``..._errors_total{stage="router"}``, and
     ``pdsweep_proxy_kv_requests_total`` for a non-streamed answer whose ``usage.prompt_tokens``
     >= ``block_size``). ``/health``: 200; ``/metrics``: those counters."""
-    m = _Metrics()
+    m = ProxyMetrics()
     app = FastAPI(title="pdsweep router passthrough", docs_url=None, redoc_url=None, openapi_url=None)
     client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), trust_env=False)
 

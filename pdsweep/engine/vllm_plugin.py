@@ -37,6 +37,8 @@ import time
 import types
 from typing import Any
 
+from pdsweep.core.faults import READ_FAULT_ENV_VAR  # pdsweep.engine.readfault: fail-read-1-in-K (decode)
+
 ENV_VAR = "PDSWEEP_NIXL_PROGRESS_DELAY_US"
 AMX_ENV_VAR = "PDSWEEP_CPU_AMX_PERMISSION"
 SHM_SPIN_ENV_VAR = "PDSWEEP_SHM_BUSY_LOOP_S"
@@ -47,7 +49,6 @@ DEBUG_MLA_KV_ENV_VAR = "PDSWEEP_DEBUG_MLA_KV"  # pdsweep.engine.vllm_debug, diag
 DEBUG_MQ_ENV_VAR = "PDSWEEP_DEBUG_MQ_DUMP"  # pdsweep.engine.vllm_debug: SIGUSR2 logs the shm RPC rings
 READ_LOG_ENV_VAR = "PDSWEEP_NIXL_READ_LOG"  # pdsweep.engine.readlog: bytes per prefill rank (decode instances)
 WRITE_LOG_ENV_VAR = "PDSWEEP_NIXL_WRITE_LOG"  # pdsweep.engine.readlog: push WRITEs per prefill rank (prefill)
-READ_FAULT_ENV_VAR = "PDSWEEP_FAIL_READ_EVERY"  # pdsweep.engine.readfault: the fail-read-1-in-K drill (decode)
 # linux/arch/x86/include/uapi/asm/prctl.h and asm/fpu/types.h
 _SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
 _MARK = "_pdsweep_progress_delay_us"

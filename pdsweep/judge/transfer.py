@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdsweep.builds.fixprobes import FAILED_TRANSFER_ACCOUNTING, NOTIFS_AFTER_EXPIRY, accounting
+from pdsweep.core.faults import read_fault_every
 from pdsweep.core.logscan import READ_FAULT_TAG
 from pdsweep.core.stats import num, obj
 from pdsweep.judge.facts import (
@@ -42,7 +43,6 @@ from pdsweep.plan.crossnode import cross_host
 from pdsweep.plan.readplan import expected_read_split, expected_write_split
 from pdsweep.plan.topology import tp_ratio
 from pdsweep.results import layout
-from pdsweep.spec.axes import read_fault_every
 
 
 class TransferFileCheck:

@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from pdsweep.core.errors import UserError
+from pdsweep.core.faults import READ_FAULT_ENV_VAR, read_fault_every
 from pdsweep.plan import rules
 from pdsweep.plan.blocks import arch_serve_args
 from pdsweep.plan.cell import Cell, Rejected
 from pdsweep.plan.crossnode import loopback_fields
-from pdsweep.spec.axes import AXES, EXPECT_KEYS, REF_ENTRY_KEYS, read_fault_every
+from pdsweep.spec.axes import AXES, EXPECT_KEYS, REF_ENTRY_KEYS
 from pdsweep.spec.catalogue import ModelSpec
 from pdsweep.spec.sweep import LoadedSweep
 
@@ -470,7 +471,7 @@ def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: 
             env.setdefault("UCX_PROTO_INFO", "y")
             env.setdefault("PDSWEEP_NIXL_READ_LOG", "1")  # pdsweep.engine.readlog, via pdsweep's vLLM plugin
             if every := read_fault_every(cell.fault):  # the READ-failure drill (pdsweep.engine.readfault)
-                env["PDSWEEP_FAIL_READ_EVERY"] = str(every)
+                env[READ_FAULT_ENV_VAR] = str(every)
         if role == "prefill" and transfer_mode(argv) == "push":  # push: prefill WRITEs, so it logs them
             env.setdefault("UCX_PROTO_INFO", "y")
             env.setdefault("PDSWEEP_NIXL_WRITE_LOG", "1")  # pdsweep.engine.readlog's WRITE log

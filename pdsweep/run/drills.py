@@ -1,4 +1,5 @@
-"""Fault drills: the sweep's ``fault`` axis (:data:`pdsweep.spec.axes.Fault`). A drill cell
+"""Fault drills: the sweep's ``fault`` axis (names, where each acts and the failure it must end
+with: :data:`pdsweep.core.faults.SWEEP_FAULTS`). A drill cell
 runs like any PD cell on instances of its own (``PDSWEEP_FAULT_DRILL`` in their env, so no
 other cell reuses them) and pdsweep injects the fault while the named phase runs:
 
@@ -45,24 +46,18 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from pdsweep.core.errors import UserError
-from pdsweep.deploy.faults import Faults
+from pdsweep.core.faults import LEASE_EXPIRY, ProxyFaults, sweep_fault
 from pdsweep.deploy.launchers import Handle
 from pdsweep.plan.cell import Cell
 from pdsweep.plan.expand import kv_transfer_config
-from pdsweep.spec.axes import read_fault_every
 from pdsweep.spec.sweep import LoadedSweep
 
 log = logging.getLogger(__name__)
 KILL_AFTER_S = 1.0  # into the phase: its client (lm-eval, vllm bench serve) has not sent a request yet
-LEASE_DRILL = "decode-after-lease-expiry"
 VLLM_DEFAULT_LEASE_S = 30  # nixl/base_worker.py: get_from_extra_config("kv_lease_duration", 30)
 LEASE_MARGIN_S = 5.0  # held decode legs wait lease + this: the lease has run out and other requests ran
 LEASE_DELAY_EVERY = 4  # 1 in 4 decode legs held; the other 3 keep prefill allocating (and reusing) blocks
 MAX_DRILL_LEASE_S = 10  # every held leg waits the lease: longer makes the drill cell minutes slower
-DRILLS = {  # fault -> (phase as on_phase names it, instance)
-    "kill-prefill-during-eval": ("eval", "prefill-0"),
-    "kill-decode-during-load": ("bench", "decode-0"),
-}
 
 
 def lease_s(cell: Cell, ls: LoadedSweep) -> int:
@@ -72,18 +67,18 @@ def lease_s(cell: Cell, ls: LoadedSweep) -> int:
     return int(extra.get("kv_lease_duration", VLLM_DEFAULT_LEASE_S))
 
 
-def lease_drill_faults(cell: Cell, ls: LoadedSweep, base: Faults) -> Faults:
+def lease_drill_faults(cell: Cell, ls: LoadedSweep, base: ProxyFaults) -> ProxyFaults:
     """The PD proxy's faults for ``cell``: ``base`` (the run's test-only options), or for the
     ``decode-after-lease-expiry`` drill the decode delay of the module docstring (seconds:
     lease + :data:`LEASE_MARGIN_S`, 1 in :data:`LEASE_DELAY_EVERY` legs). Raises UserError
     naming the cell and the field when the drill's lease exceeds :data:`MAX_DRILL_LEASE_S`
     (set ``serve_args.<variant>.kv_transfer_extra.kv_connector_extra_config.kv_lease_duration``)."""
-    if cell.fault != LEASE_DRILL:
+    if cell.fault != LEASE_EXPIRY:
         return base
     lease = lease_s(cell, ls)
     if lease > MAX_DRILL_LEASE_S:
         raise UserError(
-            f"cell {cell.id}: fault {LEASE_DRILL} needs a short KV lease: kv_lease_duration is {lease} s "
+            f"cell {cell.id}: fault {LEASE_EXPIRY} needs a short KV lease: kv_lease_duration is {lease} s "
             f"(serve_args.{cell.serve_args}.kv_transfer_extra.kv_connector_extra_config.kv_lease_duration "
             f"or defaults.kv_lease_duration_s; allowed: 1..{MAX_DRILL_LEASE_S})"
         )
@@ -91,12 +86,14 @@ def lease_drill_faults(cell: Cell, ls: LoadedSweep, base: Faults) -> Faults:
 
 
 def armed(fault: str, handles: list[Handle], on_phase: Callable[[str], None]) -> Callable[[str], None]:
-    """``on_phase`` that also injects ``fault`` (a key of :data:`DRILLS`, or ``"none"``: then
-    ``on_phase`` itself) when its phase begins. Raises ``KeyError`` for an unknown fault (the
-    spec's ``Fault`` type refuses it first)."""
-    if fault in ("none", LEASE_DRILL) or read_fault_every(fault):  # injected in decode's vLLM / the proxy
+    """``on_phase`` that also injects ``fault`` when its phase begins, for a fault that acts as a
+    ``drill`` (:data:`pdsweep.core.faults.SWEEP_FAULTS`: a kill with its phase and target); for
+    ``"none"`` and the faults the proxy or decode's vLLM inject, ``on_phase`` itself. Raises
+    ``ValueError`` for an unknown fault (the spec's ``Fault`` type refuses it first)."""
+    kind = sweep_fault(fault)
+    if kind is None or kind.where != "drill":
         return on_phase
-    phase, target = DRILLS[fault]
+    phase, target = kind.phase, kind.target
     fired = threading.Event()
 
     def kill() -> None:

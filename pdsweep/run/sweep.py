@@ -27,10 +27,10 @@ from typing import Any
 from pdsweep import __version__
 from pdsweep.builds import attnprobe
 from pdsweep.core.errors import UserError
+from pdsweep.core.faults import PROXY_OPTIONS, ProxyFaults
 from pdsweep.core.logscan import first_exception
 from pdsweep.core.paths import REPO
 from pdsweep.deploy.deployment import CellFailed, Deployment, DeployRequest, ReadyHang, Timeouts, blame, deploy
-from pdsweep.deploy.faults import Faults
 from pdsweep.deploy.instances import AltBlocks, Fresh, InstancePool, instance_id, instance_key, reuse_record
 from pdsweep.deploy.launchers import Launcher, LocalLauncher, tail
 from pdsweep.measure.phases import measure_cell
@@ -79,14 +79,9 @@ class RunOptions:
     preflight: bool = True  # weights, memory fit, driver, busy GPUs (pdsweep.run.preflight); False: --no-preflight
 
     @property
-    def faults(self) -> Faults:
-        return Faults(
-            self.drop_kv_transfer_params,
-            self.scramble_kv_block_ids,
-            self.scramble_every,
-            self.stale_kv_transfer_params,
-            self.decode_delay_s,
-        )
+    def faults(self) -> ProxyFaults:
+        """The proxy's faults: the options named in :data:`pdsweep.core.faults.PROXY_OPTIONS`."""
+        return ProxyFaults(**{name: getattr(self, name) for name in PROXY_OPTIONS})
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """The axes a sweep's matrix varies, their value types and upper bounds (each with where it
-comes from, shown in a bound's error), and the fault drills' names.
+comes from, shown in a bound's error), and the fault axis (its names: :mod:`pdsweep.core.faults`).
 
 Read by :mod:`pdsweep.spec.matrix` (the matrix schema), :mod:`pdsweep.spec.sweep` (bound
 errors) and :mod:`pdsweep.plan.expand` (cells).
@@ -7,10 +7,11 @@ errors) and :mod:`pdsweep.plan.expand` (cells).
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Literal
 
-from pydantic import Field, StringConstraints
+from pydantic import AfterValidator, Field
+
+from pdsweep.core.faults import check_sweep_fault
 
 # Axes a matrix may vary; each is also a field of a cell.
 AXES = (
@@ -48,24 +49,8 @@ Block = Annotated[int, Field(ge=1, le=MAX_BLOCK)]
 Dp = Annotated[int, Field(ge=1, le=MAX_DP)]
 Instances = Annotated[int, Field(ge=1, le=MAX_ROLE_INSTANCES)]
 Router = Literal["pdsweep", "vllm-router"]
-# Fault drills (pdsweep.run.drills): what pdsweep does to a running PD cell; the cell then
-# declares the failure it must end with (expect: fail + match), so the drill is XFAIL or FAIL
-# fail-read-1-in-K: decode reports every K-th NIXL READ that NIXL completed as failed (state
-# "ERR"), through pdsweep's vLLM plugin (pdsweep.engine.readfault); vLLM then applies the
-# cell's kv_load_failure_policy (recompute: the request recomputes the prompt; fail: it ends in error)
-# decode-after-lease-expiry: the PD proxy holds 1 in 4 decode legs longer than prefill's KV lease
-# (pdsweep.run.drills.lease_drill_faults), so decode reads blocks prefill already freed (stale reads)
-READ_FAULT_PATTERN = r"^fail-read-1-in-([1-9][0-9]{0,5})$"
-Fault = (
-    Literal["none", "kill-prefill-during-eval", "kill-decode-during-load", "decode-after-lease-expiry"]
-    | Annotated[str, StringConstraints(pattern=READ_FAULT_PATTERN)]
-)
-
-
-def read_fault_every(fault: str | None) -> int | None:
-    """K of a ``fail-read-1-in-K`` fault (1 <= K <= 999999), else None."""
-    m = re.match(READ_FAULT_PATTERN, fault or "")
-    return int(m.group(1)) if m else None
+# Fault drills: the names, where each acts and the failure it must end with are pdsweep.core.faults
+Fault = Annotated[str, AfterValidator(check_sweep_fault)]
 
 
 BOUND_WHY = {
