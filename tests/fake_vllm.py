@@ -21,7 +21,6 @@ FAKE_HANG_ONCE_FILE  the first completion of any instance whose env names this f
                      and never answers (a hang the next deployment does not repeat)
 FAKE_LIFE_LOG        append a JSON line at start (pid, CUDA_VISIBLE_DEVICES, every port it
                      binds) and one at exit (after the server closed): lifetimes for GPU tests
-FAKE_BLOCK_SIZE      the block size vllm:cache_config_info reports (the one the "engine" chose)
 FAKE_MODEL_KINDS     JSON {served name: [attention, has_ssm]}: the READs logged per request follow
                      vLLM's read plan for that kind (pdsweep.plan.readplan); else one from rank 0
 

@@ -206,7 +206,7 @@ def test_fault_drill_recipe(scratch: Path) -> None:
         "`SWEEP_FAULTS` there",
         "`scramble_kv_block_ids` switch of `ProxyFaults` (`pdsweep/core/faults.py`)",
     )
-    edit(scratch, "tests/fake_vllm.py", "with vLLM's ``vllm:nixl_*`` and latency metric names. Behaviour knobs (env):\n\n",
+    edit(scratch, "tests/fake_vllm.py", "``pdsweep.core.faults.FAKE_FAULTS``):\n\n",
          "FAKE_TRIVIAL         a new knob (this test's)\n")  # fmt: skip
     edit(scratch, "tests/fake_vllm.py", "    block = os.environ.get(", '    trivial = os.environ.get("FAKE_TRIVIAL")\n',
          after=False)  # fmt: skip

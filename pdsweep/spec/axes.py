@@ -7,6 +7,7 @@ errors) and :mod:`pdsweep.plan.expand` (cells).
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field
