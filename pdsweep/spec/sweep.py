@@ -39,6 +39,8 @@ AXES = (
     "num_prefill",
     "num_decode",
     "decode_dp",
+    "prefill_pp",
+    "kv_cache_layout",
     "kv_buffer_device",
     "build",
     "serve_args",
@@ -57,10 +59,15 @@ Pos = Annotated[int, Field(ge=1)]
 MAX_TP = 64
 MAX_BLOCK = 4096
 MAX_DP = 8
+MAX_PP = 8
 MAX_ROLE_INSTANCES = 11
 Tp = Annotated[int, Field(ge=1, le=MAX_TP)]
 Block = Annotated[int, Field(ge=1, le=MAX_BLOCK)]
 Dp = Annotated[int, Field(ge=1, le=MAX_DP)]
+Pp = Annotated[int, Field(ge=1, le=MAX_PP)]
+# decode's KV cache layout (VLLM_KV_CACHE_LAYOUT; vLLM's legacy names for LBHNC / LBNHC), upstream
+# run_accuracy_test.sh DECODER_KV_LAYOUT; prefill keeps the NIXL connector's LBHNC (nixl/connector.py)
+KvLayout = Literal["HND", "NHD"]
 Instances = Annotated[int, Field(ge=1, le=MAX_ROLE_INSTANCES)]
 Router = Literal["pdsweep", "vllm-router"]
 # Fault drills (pdsweep.run.drills): what pdsweep does to a running PD cell; the cell then
@@ -86,6 +93,7 @@ def read_fault_every(fault: str | None) -> int | None:
 BOUND_WHY = {
     "tp": f"a cell runs on one host; pdsweep takes TP up to {MAX_TP} ranks",
     "block": f"tokens per KV block; vLLM's attention backends and hybrid page alignment stay far below {MAX_BLOCK}",
+    "pp": f"pipeline stages of one prefill instance; pdsweep takes up to {MAX_PP}",
     "dp": f"pdsweep reserves {MAX_DP} NIXL side-channel ports per instance and vLLM adds the DP index to "
     "VLLM_NIXL_SIDE_CHANNEL_PORT (nixl/base_scheduler.py NixlConnectorScheduler.__init__)",
     "instances": "at most 12 instances per cell (pdsweep.plan.expand.MAX_INSTANCES: the per-cell port block)",
@@ -98,6 +106,7 @@ _BOUND_OF = {
     "prefill_block_size": "block",
     "decode_block_size": "block",
     "decode_dp": "dp",
+    "prefill_pp": "pp",
     "num_prefill": "instances",
     "num_decode": "instances",
     "port_base": "port_base",
@@ -184,7 +193,9 @@ class Defaults(_Strict):
     decode_block_size: Block = 16
     num_prefill: Instances = 1
     num_decode: Instances = 1
-    decode_dp: Dp = 1  # decode as data parallel (+ expert parallel), upstream DP_EP
+    decode_dp: Dp = 1  # decode as data parallel (+ expert parallel for MoE models), upstream DP_EP
+    prefill_pp: Pp = 1  # prefill pipeline stages (--pipeline-parallel-size), upstream PREFILLER_PP_SIZE
+    kv_cache_layout: KvLayout = "HND"  # decode's VLLM_KV_CACHE_LAYOUT, upstream DECODER_KV_LAYOUT
     kv_buffer_device: KvBufferDevice | None = None  # None: cuda on GPU, cpu on CPU
     build: str = "fixed"
     serve_args: str = "base"
@@ -347,6 +358,8 @@ class MatrixEntry(_Strict):
     num_prefill: Instances | None = None
     num_decode: Instances | None = None
     decode_dp: Dp | None = None
+    prefill_pp: Pp | None = None
+    kv_cache_layout: KvLayout | None = None
     kv_buffer_device: KvBufferDevice | None = None
     build: str | None = None
     serve_args: str | None = None
@@ -420,6 +433,8 @@ class Matrix(_Strict):
     num_prefill: list[Instances] | None = Field(default=None, min_length=1)
     num_decode: list[Instances] | None = Field(default=None, min_length=1)
     decode_dp: list[Dp] | None = Field(default=None, min_length=1)
+    prefill_pp: list[Pp] | None = Field(default=None, min_length=1)
+    kv_cache_layout: list[KvLayout] | None = Field(default=None, min_length=1)
     kv_buffer_device: list[KvBufferDevice] | None = Field(default=None, min_length=1)
     build: list[str] | None = Field(default=None, min_length=1)
     serve_args: list[str] | None = Field(default=None, min_length=1)
