@@ -24,7 +24,7 @@ from pdsweep.core.stats import num, obj
 from pdsweep.plan.cell import Cell
 from pdsweep.results import layout
 from pdsweep.results.schema import type_problem
-from pdsweep.spec.sweep import MAX_ROLE_INSTANCES, Block, Dp, GateSpec, Instances, Tp
+from pdsweep.spec.sweep import MAX_ROLE_INSTANCES, Block, Dp, GateSpec, Instances, Pp, Tp
 
 CELL_FILES = (
     layout.CELL_FILE,
@@ -182,6 +182,7 @@ _BOUNDED: dict[str, Any] = {
     "num_prefill": Annotated[int, Field(ge=0, le=MAX_ROLE_INSTANCES)],
     "num_decode": Instances,
     "decode_dp": Dp,
+    "prefill_pp": Pp,
 }
 _FIELDS: dict[str, Any] = {  # Any: a str-keyed ** could name create_model's own __config__ etc.
     f.name: (
