@@ -341,8 +341,10 @@ def derived_env(model: ModelSpec, role: str, layout: str = "HND") -> dict[str, s
     """Environment vLLM needs for this model and role (never hand-written in sweeps):
     ``VLLM_SSM_CONV_STATE_LAYOUT=DS`` for SSM models (nixl/base_worker.py asserts
     ``is_conv_state_dim_first``); ``VLLM_KV_CACHE_LAYOUT`` on decode (the cell's
-    ``kv_cache_layout``, upstream run_accuracy_test.sh DECODER_KV_LAYOUT): for non-MLA attention,
-    and for MLA when not the default HND (NIXL ignores an MLA cache's layout)."""
+    ``kv_cache_layout``, upstream run_accuracy_test.sh DECODER_KV_LAYOUT) for non-MLA attention;
+    for MLA only NHD is pinned: unpinned, vLLM takes its backend's first layout (CPU_MLA declares
+    none: LBNHC, i.e. NHD, "Using LBNHC KV cache layout." in tiny-mla's logs), and NIXL ignores an MLA
+    cache's layout (``NixlConnector.get_required_kvcache_layout`` returns None)."""
     env: dict[str, str] = {}
     if model.is_hybrid:
         env["VLLM_SSM_CONV_STATE_LAYOUT"] = "DS"

@@ -412,7 +412,7 @@ def _kv_cache_layout(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
       .get_required_kvcache_layout``), so decode must permute on receive
       (``enable_permute_local_kv``, which pdsweep sets), and the worker asserts
       ``not self._is_hma_required`` there (nixl/base_worker.py ``add_remote_agent``).
-    MLA: NIXL ignores the layout (no head axis); HND is the default and always valid."""
+    MLA: NIXL ignores the layout (no head axis), vLLM takes either."""
     if c.kind != "pd" or c.kv_cache_layout == "HND":
         return None
     try:
