@@ -5,7 +5,8 @@ AVX-512 and AVX512_BF16 (then ``--compare-runs`` for vLLM itself, docs/cpu.md "S
 every x86 host"): for every model whose answers sweeps/cpu-smoke.yaml gates, the smallest top-1
 minus top-2 logit over every greedy token of the consistency probe and the eval's questions, and
 the largest logit change between torch's AVX-512 and forced-AVX2 kernels (ATEN_CPU_CAPABILITY,
-MKL_ENABLE_INSTRUCTIONS, ONEDNN_MAX_CPU_ISA) along the same tokens.
+MKL_ENABLE_INSTRUCTIONS, ONEDNN_MAX_CPU_ISA; and under qemu-user's Haswell CPUID for two models)
+along the same tokens.
 
 K = 10: a greedy token flips only if the top-2 gap closes, and a gap moves by at most twice the
 largest logit change (2); the other 5x covers kernels the torch measurement does not run (vLLM's own
@@ -34,6 +35,7 @@ def drift(name: str) -> float:
     fp32, the measured bf16-vs-fp32 drift too (the margins are fp32's)."""
     d = max(FIX["drift"][e]["max_logit_diff"][name] for e in margins.ISA_ENVS)
     d = max([d, FIX["models"][name]["rerun_drift"]] + [c["max_abs_dlogprob"] for c in vllm_cells(name)])
+    d = max([d] + [c["max_logit_diff"][name] for c in FIX.get("cpuid", {}).values() if name in c["max_logit_diff"]])
     if CATALOGUE.models[name].dtype != "float32":
         d = max(d, FIX["models"][name]["bf16_drift"])
     return float(d)
@@ -62,6 +64,12 @@ def test_every_gated_greedy_token_has_a_margin_of_k_times_the_drift(name):
         f"{name}: smallest greedy margin {m['min_margin']} logits ({m['min_margin_at']}) < {K} x drift "
         f"{drift(name):.3g}: its answers may differ between x86 hosts"
     )
+
+
+def test_a_real_avx2_only_cpuid_gives_the_same_greedy_tokens():
+    """qemu-x86_64 -cpu Haswell: torch, MKL and oneDNN see no AVX-512 at all."""
+    q = FIX["cpuid"]["qemu-haswell"]
+    assert q["capability"] == "AVX2" and q["max_logit_diff"] and all(q["argmax_same"].values())
 
 
 def test_vllm_on_its_avx2_path_gives_the_same_answers():

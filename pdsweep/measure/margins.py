@@ -242,6 +242,21 @@ def compare_runs(a: Path, b: Path, suffix: str) -> dict[str, Any]:
     return out
 
 
+def compare_logits(a: Path, b: Path) -> dict[str, Any]:
+    """Two ``--child`` dumps of the same sequences (e.g. native and under ``qemu-x86_64 -cpu
+    Haswell``, a real AVX2-only CPUID for torch, MKL and oneDNN): b's capability, and per model
+    the largest logit difference and whether every greedy choice is the same."""
+    import torch
+
+    x, y = torch.load(a), torch.load(b)
+    out: dict[str, Any] = {"capability": str(y["capability"]), "max_logit_diff": {}, "argmax_same": {}}
+    for n, rows in y["logits"].items():
+        pairs = list(zip(x["logits"][n], rows))
+        out["max_logit_diff"][n] = float(max((u - v).abs().max() for u, v in pairs))
+        out["argmax_same"][n] = all(bool((u.argmax(-1) == v.argmax(-1)).all()) for u, v in pairs)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pdsweep.measure.margins", description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path, help="where to write the JSON measurement")
@@ -255,7 +270,19 @@ def main(argv: list[str] | None = None) -> int:
         metavar=("RUN_A", "RUN_B", "SUFFIX"),
         help="instead: add vLLM's cross-run comparison (compare_runs) to OUT under 'vllm'",
     )
+    ap.add_argument(
+        "--compare-logits",
+        nargs=3,
+        metavar=("A_PT", "B_PT", "LABEL"),
+        help="instead: add compare_logits of two --child dumps to OUT under 'cpuid' LABEL",
+    )
     a = ap.parse_args(argv)
+    if a.compare_logits:
+        data = json.loads(a.out.read_text())
+        pa, pb, label = a.compare_logits
+        data.setdefault("cpuid", {})[label] = compare_logits(Path(pa), Path(pb))
+        a.out.write_text(json.dumps(data, indent=1) + "\n")
+        return 0
     if a.compare_runs:
         data = json.loads(a.out.read_text())
         run_a, run_b, suffix = a.compare_runs
