@@ -80,3 +80,28 @@ def test_readme_cpu_default_figures() -> None:
     assert page == computed, "README.md: (cells, PD, fault drills, references) of sweeps/cpu-smoke.yaml"
     counters = set(re.findall(r"\[[1k]/(\d+)\]", (REPO / "README.md").read_text()))
     assert counters == {str(len(plan.cells))}, "README.md: the run's [i/N] counter counts every cell on CPU"
+
+
+def test_cpu_isa_margin_figures() -> None:
+    """docs/cpu.md "Same answers on every x86 host": each model's row is the committed measurement
+    (tests/fixtures/isa_margins.json, gated by tests/test_isa_margins.py), and every gated model has one."""
+    import json
+
+    from pdsweep.measure.margins import ISA_ENVS
+
+    fix = json.loads((REPO / "tests" / "fixtures" / "isa_margins.json").read_text())
+    text = (REPO / "docs" / "cpu.md").read_text()
+    rows = dict(re.findall(r"^\| (tiny-[\w-]+) \| (\d+ \|.*\|)$", text, re.M))
+    assert set(rows) == set(fix["models"]), "docs/cpu.md: one margin row per gated model"
+    for name, m in fix["models"].items():
+        drift = max(fix["drift"][e]["max_logit_diff"][name] for e in ISA_ENVS)
+        computed = (
+            f"{m['tokens']} | {m['min_margin']:.3g} ({m['min_margin_at']}) | {drift:.1e} | "
+            f"{int(m['min_margin'] / drift)} | {m['bf16_drift']:.2f} ({m['bf16_flipped_sequences']} flipped) |"
+        )
+        assert rows[name] == computed, f"docs/cpu.md: {name}'s margin row"
+    ratio = min(
+        int(m["min_margin"] / max(fix["drift"][e]["max_logit_diff"][n] for e in ISA_ENVS))
+        for n, m in fix["models"].items()
+    )
+    assert quoted("docs/cpu.md", r"every gated model passes by (\d+)x or more") == (ratio // 10,)

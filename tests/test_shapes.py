@@ -25,8 +25,6 @@ def _sweep(tmp_path: Path, body: str):
 @pytest.mark.parametrize(
     "arg,flag,why",
     [
-        ("--pipeline-parallel-size", "--pipeline-parallel-size", "pipeline parallelism is not an axis"),
-        ("-pp", "-pp", "pipeline parallelism is not an axis"),
         ("--kv-events-config", "--kv-events-config", "binds a port pdsweep does not allocate"),
         ("--grpc-port", "--grpc-port", "binds a port pdsweep does not allocate"),
         ("--data_parallel_rpc_port", "--data-parallel-rpc-port", "binds a port"),
@@ -116,20 +114,20 @@ def test_granite_geometry_puts_its_hetero_tp_cells_under_the_groups_rule(tmp_pat
     assert [(r.cell.id, r.rule) for r in plan.rejected] == [("granite-4.0-h-tiny.p2d1.b16-16.fixed", "mamba2-groups")]
 
 
-def test_pipeline_parallel_refusal_quotes_vllms_own_reasons():
-    """Issue 38 shape 5 (PP prefill in push mode, vLLM PR 45880): pdsweep runs pull only and has
-    no PP axis, so it refuses the flag, quoting each reason vLLM 0.32.0 raises verbatim (the
-    installed nixl/base_worker.py); a reason that drifts from vLLM's code fails here."""
+def test_pipeline_parallel_flag_names_the_axis_and_quotes_vllms_decode_refusal():
+    """Issue 38 shape 5 / issue 37: PP is the prefill_pp axis (its vLLM refusals are the rule
+    pipeline-parallel, tests/test_layout_pp.py); the flag in serve_args points there, quoting vLLM
+    0.32.0's refusal of decode PP verbatim (the installed nixl/base_worker.py)."""
     import ast
     import re
 
     from pdsweep.builds.unfix import _vllm_site
-    from pdsweep.spec.guards import REFUSED_FLAGS
+    from pdsweep.spec.guards import RESERVED_FLAGS
 
     site, _ = _vllm_site(sys.executable)
     src = (site / "vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py").read_text()
     raised = {n.value for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
-    quoted = re.findall(r'"([^"]+)"', REFUSED_FLAGS["--pipeline-parallel-size"])
-    assert len(quoted) == 3
-    assert all(q in raised for q in quoted), [q for q in quoted if q not in raised]
-    assert "prefill (kv_producer) only" in REFUSED_FLAGS["-pp"] and "PR 45880" in REFUSED_FLAGS["-pp"]
+    quoted = re.findall(r'"([^"]+)"', RESERVED_FLAGS["--pipeline-parallel-size"])
+    assert quoted == ["NixlPushConnector consumer (decode) does not support pipeline_parallel_size > 1."]
+    assert quoted[0] in raised
+    assert RESERVED_FLAGS["-pp"].startswith("the prefill_pp axis")

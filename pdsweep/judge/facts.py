@@ -24,7 +24,7 @@ from pdsweep.core.stats import num, obj
 from pdsweep.plan.cell import Cell
 from pdsweep.results import layout
 from pdsweep.results.schema import type_problem
-from pdsweep.spec.axes import MAX_ROLE_INSTANCES, Block, Dp, Instances, Tp
+from pdsweep.spec.axes import MAX_ROLE_INSTANCES, Block, Dp, Instances, Pp, Tp
 from pdsweep.spec.gatespec import GateSpec
 
 CELL_FILES = (
@@ -183,6 +183,7 @@ _BOUNDED: dict[str, Any] = {
     "num_prefill": Annotated[int, Field(ge=0, le=MAX_ROLE_INSTANCES)],
     "num_decode": Instances,
     "decode_dp": Dp,
+    "prefill_pp": Pp,
 }
 _FIELDS: dict[str, Any] = {  # Any: a str-keyed ** could name create_model's own __config__ etc.
     f.name: (

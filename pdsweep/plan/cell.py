@@ -29,6 +29,8 @@ class Cell:
     router: str = "pdsweep"  # PD router (pdsweep.deploy.router); a reference has none
     fault: str = "none"  # fault drill (pdsweep.run.drills); a reference has none
     decode_dp: int = 1
+    prefill_pp: int = 1  # prefill pipeline stages
+    kv_cache_layout: str = "HND"  # decode's VLLM_KV_CACHE_LAYOUT
     kind: str = "pd"
     platform: str = "cuda"
     expect_fail: bool = False
@@ -55,6 +57,10 @@ class Cell:
                 parts.append(f"{self.num_prefill}x{self.num_decode}")
             if self.decode_dp != 1:
                 parts.append(f"ddp{self.decode_dp}")
+            if self.prefill_pp != 1:
+                parts.append(f"ppp{self.prefill_pp}")
+            if self.kv_cache_layout != "HND":
+                parts.append(f"layout-{self.kv_cache_layout.lower()}")
         if self.kv_buffer_device != self.platform:  # e.g. host staging on a GPU node
             parts.append(f"kvbuf-{self.kv_buffer_device}")
         if self.serve_args != "base":
@@ -81,10 +87,12 @@ class Cell:
 
     @property
     def num_ranks(self) -> int:
-        """Model-executing ranks: num_prefill*prefill_tp + num_decode*decode_tp (ref: decode_tp)."""
+        """Model-executing ranks: num_prefill*prefill_tp*prefill_pp + num_decode*decode_tp*decode_dp
+        (ref: decode_tp)."""
         if self.kind == "ref":
             return self.decode_tp
-        return self.num_prefill * self.prefill_tp + self.num_decode * self.decode_tp * self.decode_dp
+        prefill = self.num_prefill * self.prefill_tp * self.prefill_pp
+        return prefill + self.num_decode * self.decode_tp * self.decode_dp
 
     @property
     def num_gpus(self) -> int:
@@ -108,6 +116,8 @@ class Cell:
             num_prefill=0,
             num_decode=1,
             decode_dp=1,
+            prefill_pp=1,
+            kv_cache_layout="HND",
             expect_fail=False,
             expect_reason=None,
             expect_ref=None,

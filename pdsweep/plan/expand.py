@@ -104,6 +104,8 @@ def _to_cell(combo: dict[str, Any], ls: LoadedSweep) -> Cell:
             "num_prefill",
             "num_decode",
             "decode_dp",
+            "prefill_pp",
+            "kv_cache_layout",
             "kv_buffer_device",
             "build",
             "serve_args",
@@ -339,17 +341,32 @@ def on_slot(specs: list[InstanceSpec], slot: Slot) -> list[InstanceSpec]:
     return out
 
 
-def derived_env(model: ModelSpec, role: str) -> dict[str, str]:
+def derived_env(model: ModelSpec, role: str, layout: str = "HND") -> dict[str, str]:
     """Environment vLLM needs for this model and role (never hand-written in sweeps):
     ``VLLM_SSM_CONV_STATE_LAYOUT=DS`` for SSM models (nixl/base_worker.py asserts
-    ``is_conv_state_dim_first``); ``VLLM_KV_CACHE_LAYOUT=HND`` on decode for non-MLA
-    attention (upstream run_accuracy_test.sh DECODER_KV_LAYOUT)."""
+    ``is_conv_state_dim_first``); ``VLLM_KV_CACHE_LAYOUT`` on decode (the cell's
+    ``kv_cache_layout``, upstream run_accuracy_test.sh DECODER_KV_LAYOUT) for non-MLA attention;
+    for MLA only NHD is pinned: unpinned, vLLM takes its backend's first layout (CPU_MLA declares
+    none: LBNHC, i.e. NHD, "Using LBNHC KV cache layout." in tiny-mla's logs), and NIXL ignores an MLA
+    cache's layout (``NixlConnector.get_required_kvcache_layout`` returns None)."""
     env: dict[str, str] = {}
     if model.is_hybrid:
         env["VLLM_SSM_CONV_STATE_LAYOUT"] = "DS"
-    if role == "decode" and model.attention != "mla":
-        env["VLLM_KV_CACHE_LAYOUT"] = "HND"
+    if role == "decode" and (model.attention != "mla" or layout != "HND"):
+        env["VLLM_KV_CACHE_LAYOUT"] = layout
     return env
+
+
+def parallel_args(cell: Cell, model: ModelSpec, role: str) -> list[str]:
+    """``vllm serve`` flags of the cell's parallelism beyond TP: prefill pipeline stages
+    (``prefill_pp``; vLLM takes PP on the producer only, :mod:`pdsweep.plan.rules`
+    ``pipeline-parallel``) and decode data parallel (``decode_dp``), with expert parallel for
+    mixture-of-experts models only (catalogue ``moe``; upstream DP_EP runs a MoE model)."""
+    if role == "prefill" and cell.prefill_pp > 1:
+        return ["--pipeline-parallel-size", str(cell.prefill_pp)]
+    if role == "decode" and cell.decode_dp > 1:
+        return ["--data-parallel-size", str(cell.decode_dp)] + (["--enable-expert-parallel"] if model.moe else [])
+    return []
 
 
 def kv_transfer_config(cell: Cell, role: str, ls: LoadedSweep) -> dict[str, Any]:
@@ -363,6 +380,9 @@ def kv_transfer_config(cell: Cell, role: str, ls: LoadedSweep) -> dict[str, Any]
         else {"prefill": "kv_producer", "decode": "kv_consumer"}[role],
         "kv_buffer_device": cell.kv_buffer_device,
     }
+    if role == "decode" and cell.kv_cache_layout == "NHD" and ls.catalogue.models[cell.model].attention != "mla":
+        # prefill's cache is LBHNC (the connector's choice): vLLM's way to read it into an LBNHC cache
+        cfg["enable_permute_local_kv"] = True
     if ls.sweep.defaults.kv_lease_duration_s:
         cfg["kv_connector_extra_config"] = {"kv_lease_duration": ls.sweep.defaults.kv_lease_duration_s}
     extra = dict(ls.sweep.serve_variant(cell.serve_args).kv_transfer_extra)
@@ -413,7 +433,7 @@ def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: 
     for k, (role, tp, block) in enumerate(roles):
         name = f"{role}-{counters[role]}"
         counters[role] += 1
-        dp = cell.decode_dp if role == "decode" else 1
+        dp = cell.decode_dp if role == "decode" else cell.prefill_pp if role == "prefill" else 1  # ranks per TP rank
         gpus = slot.gpus[gpu_i : gpu_i + tp * dp] if slot.gpus else ()
         gpu_i += tp * dp
         argv = [
@@ -443,8 +463,7 @@ def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: 
             argv += ["--dtype", model.dtype]
         if eager:
             argv.append("--enforce-eager")
-        if dp > 1:
-            argv += ["--data-parallel-size", str(dp), "--enable-expert-parallel"]
+        argv += parallel_args(cell, model, role)
         if d.max_num_seqs:
             argv += ["--max-num-seqs", str(d.max_num_seqs)]
         blocks = d.num_blocks or (
@@ -457,7 +476,7 @@ def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: 
         extra = list(model.serve_args) + arch_serve_args(model, s.platform) + list(variant.both)
         extra += list(variant.prefill if role == "prefill" else variant.decode if role == "decode" else [])
         argv = override_flags(argv, extra)
-        env = {**derived_env(model, role), **model.env, **s.ucx, **s.env[cell.env]}
+        env = {**derived_env(model, role, cell.kv_cache_layout), **model.env, **s.ucx, **s.env[cell.env]}
         env["VLLM_PORT"] = ""  # place() below: the ports keep their place in the env's order
         side = None
         if role != "single":

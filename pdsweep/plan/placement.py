@@ -45,10 +45,10 @@ class Cluster:
 
 def groups(cell: Cell) -> list[int]:
     """GPUs of each instance in instance order (prefill-i, then decode-i, or single-0):
-    TP, times DP for decode. Same order as :func:`pdsweep.plan.expand.instances`."""
+    TP, times PP for prefill and DP for decode. Same order as :func:`pdsweep.plan.expand.instances`."""
     if cell.kind == "ref":
         return [cell.decode_tp]
-    return [cell.prefill_tp] * cell.num_prefill + [cell.decode_tp * cell.decode_dp] * cell.num_decode
+    return [cell.prefill_tp * cell.prefill_pp] * cell.num_prefill + [cell.decode_tp * cell.decode_dp] * cell.num_decode
 
 
 def fit_groups(sizes: list[int], free: dict[str, list[int]]) -> list[tuple[str, tuple[int, ...]]] | None:

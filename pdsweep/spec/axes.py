@@ -26,6 +26,8 @@ AXES = (
     "num_prefill",
     "num_decode",
     "decode_dp",
+    "prefill_pp",
+    "kv_cache_layout",
     "kv_buffer_device",
     "build",
     "serve_args",
@@ -44,10 +46,15 @@ Pos = Annotated[int, Field(ge=1)]
 MAX_TP = 64
 MAX_BLOCK = 4096
 MAX_DP = 8
+MAX_PP = 8
 MAX_ROLE_INSTANCES = 11
 Tp = Annotated[int, Field(ge=1, le=MAX_TP)]
 Block = Annotated[int, Field(ge=1, le=MAX_BLOCK)]
 Dp = Annotated[int, Field(ge=1, le=MAX_DP)]
+Pp = Annotated[int, Field(ge=1, le=MAX_PP)]
+# decode's KV cache layout (VLLM_KV_CACHE_LAYOUT; vLLM's legacy names for LBHNC / LBNHC), upstream
+# run_accuracy_test.sh DECODER_KV_LAYOUT; prefill keeps the NIXL connector's LBHNC (nixl/connector.py)
+KvLayout = Literal["HND", "NHD"]
 Instances = Annotated[int, Field(ge=1, le=MAX_ROLE_INSTANCES)]
 Router = Literal["pdsweep", "vllm-router"]
 # Fault drills: the names, where each acts and the failure it must end with are pdsweep.core.faults
@@ -57,6 +64,7 @@ Fault = Annotated[str, AfterValidator(check_sweep_fault)]
 BOUND_WHY = {
     "tp": f"a cell runs on one host; pdsweep takes TP up to {MAX_TP} ranks",
     "block": f"tokens per KV block; vLLM's attention backends and hybrid page alignment stay far below {MAX_BLOCK}",
+    "pp": f"pipeline stages of one prefill instance; pdsweep takes up to {MAX_PP}",
     "dp": f"pdsweep reserves {MAX_DP} NIXL side-channel ports per instance and vLLM adds the DP index to "
     "VLLM_NIXL_SIDE_CHANNEL_PORT (nixl/base_scheduler.py NixlConnectorScheduler.__init__)",
     "instances": "at most 12 instances per cell (pdsweep.plan.expand.MAX_INSTANCES: the per-cell port block)",
@@ -69,6 +77,7 @@ BOUND_OF = {
     "prefill_block_size": "block",
     "decode_block_size": "block",
     "decode_dp": "dp",
+    "prefill_pp": "pp",
     "num_prefill": "instances",
     "num_decode": "instances",
     "port_base": "port_base",

@@ -130,6 +130,8 @@ class ModelSpec(Strict):
     serve_args_by_arch: dict[Annotated[str, StringConstraints(pattern=r"^sm\d{2,3}$")], list[str]] = {}
     env: dict[str, str] = {}
     min_gpus: int = Field(default=1, ge=1)
+    # mixture-of-experts: decode DP (the decode_dp axis) adds --enable-expert-parallel only then
+    moe: bool = False
     # weights on disk in GB (1e9 bytes, as the hub lists them, bf16): the preflight's memory fit
     # (pdsweep.run.preflight) when the checkpoint's model.safetensors.index.json is not local, and
     # the schedule's startup estimate (pdsweep.plan.startup)

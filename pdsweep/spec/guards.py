@@ -19,11 +19,16 @@ MAX_NAME = 40
 MAX_MODEL_NAME = 64
 # optional cell-id parts (pdsweep.plan.expand.Cell.id): a serve_args variant named like one would
 # make two different cells share an id
-ID_PART = re.compile(r"^(?:p\d+d\d+|b\d+(?:-\d+)?|ref-tp\d+|\d+x\d+|ddp\d+|kvbuf-.*|env-.*)$")
+ID_PART = re.compile(r"^(?:p\d+d\d+|b\d+(?:-\d+)?|ref-tp\d+|\d+x\d+|ddp\d+|ppp\d+|layout-.*|kvbuf-.*|env-.*)$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 # vllm serve flags pdsweep derives (pdsweep.plan.expand.instances), with the axis/setting instead
 _TP = "the tp axis (or prefill_tp/decode_tp)"
+_PP = (
+    "the prefill_pp axis (prefill pipeline stages; vLLM 0.32.0 refuses PP on the decode: "
+    '"NixlPushConnector consumer (decode) does not support pipeline_parallel_size > 1.", '
+    "nixl/base_worker.py NixlBaseConnectorWorker.__init__)"
+)
 RESERVED_FLAGS = {
     "--tensor-parallel-size": _TP,
     "-tp": _TP,
@@ -39,30 +44,18 @@ RESERVED_FLAGS = {
     ),
     "--served-model-name": "nothing: the proxy and lm-eval address the model by its catalogue name",
     "--config": "serve_args lists (a --config file could set any flag above)",
+    "--pipeline-parallel-size": _PP,
+    "-pp": _PP,
 }
-# vllm serve flags pdsweep refuses outright (no axis yet): pipeline parallelism, and every
-# flag that binds a port or socket pdsweep does not allocate (two concurrent cells would
-# share it). pdsweep allocates --port, VLLM_PORT and VLLM_NIXL_SIDE_CHANNEL_PORT per cell.
-_PP = (
-    "pipeline parallelism is not an axis: pdsweep gives an instance its TP GPUs only "
-    "(CUDA_VISIBLE_DEVICES) and pairs P/D ranks by TP (NIXL TransferTopology), so PP > 1 would not "
-    "get its GPUs; PP 1 is vLLM's default, drop the flag. vLLM itself (0.32.0, nixl/base_worker.py "
-    "NixlBaseConnectorWorker.__init__, PR 45880) takes PP > 1 on the prefill (kv_producer) only: "
-    "NixlPushConnector for attention and HMA layouts; NixlConnector (pull) refuses hybrid (HMA) layouts "
-    '("NixlConnector (pull) does not support pipeline_parallel_size > 1 with hybrid KV cache layouts (HMA); '
-    'use NixlPushConnector for PP + HMA."); neither takes Mamba/SSM hybrids ("NixlPushConnector does not '
-    'support pipeline_parallel_size > 1 with Mamba/SSM hybrid KV cache layouts yet.") nor PP on the decode '
-    '("NixlPushConnector consumer (decode) does not support pipeline_parallel_size > 1."); pdsweep runs '
-    "NixlConnector (pull) only"
-)
+# vllm serve flags pdsweep refuses outright: every flag that binds a port or socket pdsweep does
+# not allocate (two concurrent cells would share it). pdsweep allocates --port, VLLM_PORT and
+# VLLM_NIXL_SIDE_CHANNEL_PORT per cell.
 _PORT = (
     "binds a port pdsweep does not allocate, which concurrent cells would share; pdsweep "
     "allocates only --port, VLLM_PORT and VLLM_NIXL_SIDE_CHANNEL_PORT per cell"
 )
 REFUSED_FLAGS = {
     "--grpc": "serves gRPC on --port instead of the HTTP OpenAI API pdsweep's proxy, probes and lm-eval speak",
-    "--pipeline-parallel-size": _PP,
-    "-pp": _PP,
     "--kv-events-config": f"its publisher endpoint (e.g. tcp://*:5557) {_PORT}",
     "--grpc-port": _PORT,
     "--data-parallel-rpc-port": _PORT,
@@ -75,7 +68,7 @@ RESERVED_ENV = {
     "VLLM_PORT": "defaults.port_base (pdsweep gives each cell a private block of ports)",
     "VLLM_NIXL_SIDE_CHANNEL_PORT": "defaults.port_base (pdsweep gives each cell a private block of ports)",
     "VLLM_NIXL_SIDE_CHANNEL_HOST": "nothing: every instance of a cell runs on this host",
-    "VLLM_KV_CACHE_LAYOUT": "nothing: derived per model and role (pdsweep.plan.expand.derived_env)",
+    "VLLM_KV_CACHE_LAYOUT": "the kv_cache_layout axis (decode's layout; pdsweep.plan.expand.derived_env)",
     "VLLM_SSM_CONV_STATE_LAYOUT": "nothing: derived for SSM models (pdsweep.plan.expand.derived_env)",
     "CUDA_VISIBLE_DEVICES": "--gpus and the scheduler (pdsweep hands each cell its GPUs)",
 }
@@ -91,7 +84,8 @@ def unsafe_name(name: object, model: bool = False) -> str | None:
             f"starting and ending with a letter or digit, at most {limit} characters"
         )
     if not model and ID_PART.fullmatch(name):
-        return f"name {name!r} looks like a cell-id part (pPdD, bN-M, NxM, ddpN, kvbuf-, env-): ids would be ambiguous"
+        parts = "pPdD, bN-M, NxM, ddpN, pppN, layout-, kvbuf-, env-"
+        return f"name {name!r} looks like a cell-id part ({parts}): ids would be ambiguous"
     return None
 
 

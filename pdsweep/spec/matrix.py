@@ -20,6 +20,8 @@ from pdsweep.spec.axes import (
     Dp,
     Fault,
     Instances,
+    KvLayout,
+    Pp,
     Router,
     Tp,
 )
@@ -44,6 +46,8 @@ class MatrixEntry(_Strict):
     num_prefill: Instances | None = None
     num_decode: Instances | None = None
     decode_dp: Dp | None = None
+    prefill_pp: Pp | None = None
+    kv_cache_layout: KvLayout | None = None
     kv_buffer_device: KvBufferDevice | None = None
     build: str | None = None
     serve_args: str | None = None
@@ -117,6 +121,8 @@ class Matrix(_Strict):
     num_prefill: list[Instances] | None = Field(default=None, min_length=1)
     num_decode: list[Instances] | None = Field(default=None, min_length=1)
     decode_dp: list[Dp] | None = Field(default=None, min_length=1)
+    prefill_pp: list[Pp] | None = Field(default=None, min_length=1)
+    kv_cache_layout: list[KvLayout] | None = Field(default=None, min_length=1)
     kv_buffer_device: list[KvBufferDevice] | None = Field(default=None, min_length=1)
     build: list[str] | None = Field(default=None, min_length=1)
     serve_args: list[str] | None = Field(default=None, min_length=1)

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from pdsweep.spec.axes import Block, Dp, Fault, Instances, Router, Tp
+from pdsweep.spec.axes import Block, Dp, Fault, Instances, KvLayout, Pp, Router, Tp
 from pdsweep.spec.catalogue import KvBufferDevice
 from pdsweep.spec.catalogue import Strict as _Strict
 from pdsweep.spec.connector import KV_TRANSFER_EXTRA_KEYS, NIXL_EXTRA_KEYS, KvTransferExtra
@@ -92,7 +92,9 @@ class Defaults(_Strict):
     decode_block_size: Block = 16
     num_prefill: Instances = 1
     num_decode: Instances = 1
-    decode_dp: Dp = 1  # decode as data parallel (+ expert parallel), upstream DP_EP
+    decode_dp: Dp = 1  # decode as data parallel (+ expert parallel for MoE models), upstream DP_EP
+    prefill_pp: Pp = 1  # prefill pipeline stages (--pipeline-parallel-size), upstream PREFILLER_PP_SIZE
+    kv_cache_layout: KvLayout = "HND"  # decode's VLLM_KV_CACHE_LAYOUT, upstream DECODER_KV_LAYOUT
     kv_buffer_device: KvBufferDevice | None = None  # None: cuda on GPU, cpu on CPU
     build: str = "fixed"
     serve_args: str = "base"
