@@ -11,7 +11,6 @@ GPUs and port lanes. Chains are packed like cells (longest first, first fit). Us
 
 from __future__ import annotations
 
-import functools
 import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -99,12 +98,6 @@ def simulate(
     return starts, stops, fresh
 
 
-def _cost(c: Cell, keys: dict[str, list[str]], live: frozenset[str], left: list[Cell], rank: dict[str, int]):
-    need = set(keys.get(c.id, []))
-    later = sum(len(need & set(keys.get(d.id, []))) for d in left if d is not c)
-    return (len(need - live), -len(need & live), later, rank[c.id])
-
-
 def plan_chain(cells: list[Cell], keys: dict[str, list[str]], sizes: dict[str, int], max_gpus: int = 0) -> Chain:
     """The order of one chain's ``cells`` with the fewest instance starts on its GPU set (its
     largest cell's): greedily from each first cell, the next the one starting fewest new
@@ -124,21 +117,34 @@ def plan_chain(cells: list[Cell], keys: dict[str, list[str]], sizes: dict[str, i
 
 
 def _order(cells: list[Cell], keys: dict[str, list[str]], sizes: dict[str, int], capacity: int) -> Chain:
-    rank = {c.id: i for i, c in enumerate(cells)}
-    best: tuple[tuple[int, int, int], list[Cell], list[set[str]]] | None = None
-    for first in cells:
-        order, live, left = [first], set(keys.get(first.id, [])), [c for c in cells if c is not first]
+    """From each first cell, the next is the one with the least cost ``(new instances, -kept
+    instances, later uses of its instances by the cells left, position)``; the order with the
+    fewest starts (then fewest cells starting any, then earliest first cell) wins. Later uses
+    are counted per key as cells leave (``uses``), so one greedy pass is O(cells^2 x keys)."""
+    need = [frozenset(keys.get(c.id, [])) for c in cells]
+    best: tuple[tuple[int, int, int], list[int], list[set[str]]] | None = None
+    for first in range(len(cells)):
+        uses: dict[str, int] = {}
+        for i in range(len(cells)):
+            if i != first:
+                for k in need[i]:
+                    uses[k] = uses.get(k, 0) + 1
+        order, live, left = [first], set(need[first]), [i for i in range(len(cells)) if i != first]
         while left:
-            nxt = min(left, key=functools.partial(_cost, keys=keys, live=frozenset(live), left=left, rank=rank))
+            nxt = min(
+                left, key=lambda i: (len(need[i] - live), -len(need[i] & live), sum(uses[k] - 1 for k in need[i]), i)
+            )
             left.remove(nxt)
             order.append(nxt)
-            live |= set(keys.get(nxt.id, []))
-        n, stops, fresh = simulate(order, keys, sizes, capacity)
-        score = (n, sum(fresh), rank[first.id])
+            for k in need[nxt]:
+                uses[k] -= 1
+            live |= need[nxt]
+        n, stops, fresh = simulate([cells[i] for i in order], keys, sizes, capacity)
+        score = (n, sum(fresh), first)
         if best is None or score < best[0]:
             best = (score, order, stops)
     assert best is not None
-    return Chain(tuple(best[1]), tuple(frozenset(s) for s in best[2]), capacity)
+    return Chain(tuple(cells[i] for i in best[1]), tuple(frozenset(s) for s in best[2]), capacity)
 
 
 def starts(chain: Chain, keys: dict[str, list[str]]) -> dict[str, int]:
