@@ -9,8 +9,9 @@ collide on HTTP, ``VLLM_PORT`` or NIXL side-channel ports.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from pdsweep.core.errors import UserError
 from pdsweep.plan.expand import PORTS_PER_SLOT, Cell, Slot
@@ -193,16 +194,44 @@ def order(cells: list[Cell]) -> list[Cell]:
     return sorted(cells, key=lambda c: (c.kind != "ref", -c.num_gpus, -estimate_s(c)))
 
 
-def pack(cells: list[Cell], num_gpus: int, port_base: int = 20000, pool=None, estimate=None) -> Schedule:
+def not_runnable(cells: list[Cell], pool: Any, ref_of: Callable[[Cell], str] | None = None) -> dict[str, str]:
+    """Cell id -> why it is NOT-RUNNABLE on ``pool``: it does not fit (``pool.needs``), or it
+    is a reference cell (``ref_of``: PD cell -> its reference's id) that only PD cells of
+    ``cells`` that do not fit are compared with: running it would judge nothing. A reference
+    no PD cell of ``cells`` names (``--cells`` chose it alone) runs."""
+    out = {c.id: pool.needs(c) for c in cells if not pool.fits(c)}
+    if ref_of is None:
+        return out
+    users: dict[str, list[Cell]] = {}
+    for c in cells:
+        if c.kind == "pd":
+            users.setdefault(ref_of(c), []).append(c)
+    for c in cells:
+        pds = users.get(c.id, [])
+        if c.kind == "ref" and c.id not in out and pds and all(p.id in out for p in pds):
+            out[c.id] = f"reference of NOT-RUNNABLE cells only ({len(pds)}, e.g. {pds[0].id}): nothing to compare"
+    return out
+
+
+def pack(
+    cells: list[Cell],
+    num_gpus: int,
+    port_base: int = 20000,
+    pool=None,
+    estimate=None,
+    ref_of: Callable[[Cell], str] | None = None,
+) -> Schedule:
     """Simulate the run-time scheduler with estimated durations (``estimate``: cell ->
     seconds, default :func:`estimate_s`; :func:`pdsweep.plan.startup.estimator` by model size),
     on ``pool`` (default a :class:`GpuPool` of ``num_gpus``; a :class:`pdsweep.plan.placement.ClusterPool`
-    places over nodes). Returns placements whose concurrent cells hold disjoint GPUs and distinct lanes.
+    places over nodes); cells :func:`not_runnable` (with ``ref_of``) are left out with their reason.
+    Returns placements whose concurrent cells hold disjoint GPUs and distinct lanes.
     """
     estimate = estimate or estimate_s
     pool = pool or GpuPool(num_gpus, port_base)
-    runnable = [c for c in order(cells) if pool.fits(c)]
-    too_big = [c for c in cells if not pool.fits(c)]
+    why = not_runnable(cells, pool, ref_of)
+    runnable = [c for c in order(cells) if c.id not in why]
+    too_big = [c for c in cells if c.id in why]
     running: list[tuple[float, int, Slot]] = []  # heap of (end, start order, slot)
     out: list[Placement] = []
     t, pending = 0.0, list(runnable)
@@ -222,7 +251,7 @@ def pack(cells: list[Cell], num_gpus: int, port_base: int = 20000, pool=None, es
         if running:
             t, _, slot = heapq.heappop(running)
             pool.release(slot)
-    return Schedule(out, too_big, {c.id: pool.needs(c) for c in too_big})
+    return Schedule(out, too_big, why)
 
 
 # ---------------------------------------------------------------- reuse: order and lifecycle
@@ -236,7 +265,11 @@ def reuse_order(cells: list[Cell], keys: dict[str, set[str]]) -> list[Cell]:
     base = order(cells)
     refs, pd = [c for c in base if c.kind == "ref"], [c for c in base if c.kind != "ref"]
     rank = {c.id: i for i, c in enumerate(pd)}
-    nbrs = {c.id: {d.id for d in pd if d.id != c.id and keys.get(c.id, set()) & keys.get(d.id, set())} for c in pd}
+    users: dict[str, set[str]] = {}  # instance key -> the PD cells needing it
+    for c in pd:
+        for k in keys.get(c.id, ()):
+            users.setdefault(k, set()).add(c.id)
+    nbrs = {c.id: set().union(*(users[k] for k in keys.get(c.id, ()))) - {c.id} for c in pd}
     left, out = {c.id: c for c in pd}, []
     while left:
         first = next(iter(sorted(left, key=rank.__getitem__)))

@@ -135,7 +135,8 @@ def plan_dict(
         n = cluster.num_gpus
     from pdsweep.plan.startup import estimator
 
-    sched = pack(cells, n, ls.sweep.defaults.port_base, pool=pool, estimate=estimator(ls))
+    ref_of = (lambda c: reference_of(c, ls).id) if ls.sweep.eval.reference else None
+    sched = pack(cells, n, ls.sweep.defaults.port_base, pool=pool, estimate=estimator(ls), ref_of=ref_of)
     slots = {p.cell.id: p.slot for p in sched.placements}
     _check_slot_ports(slots, ls.sweep.defaults.port_base)
     out_cells, specs_of = [], {}
@@ -165,7 +166,13 @@ def plan_dict(
         order = {c.id: c for c in cells}
         todo = [order[cid] for cid in reuse["order"]]
         reuse["schedule"] = chain_schedule(todo, specs_of, n, ls.sweep.defaults.port_base, estimator(ls))
+    chained = reuse["schedule"] if reuse and reuse.get("schedule") else None
     return {
+        # the one schedule `run` follows: chains with reuse on this host's GPUs (pdsweep.run.gpureuse), else cells
+        "makespan": {
+            "s": chained["makespan_s"] if chained else round(sched.makespan_s, 1),
+            "follows": "reuse chains" if chained else "cells",
+        },
         "sweep": str(ls.path),
         "platform": ls.sweep.platform,
         "builds": {b: build_record(ls, b) for b in sorted({c.build for c in cells})},
@@ -288,38 +295,66 @@ def print_plan(d: dict) -> None:
         else:
             what = b.get("error") or "a venv as is (provenance recorded in cell.json at run time)"
         con.print(f"build {escape(name)}: {escape(str(b.get('python')))}: {escape(what)}")
-    if d["rejected"]:
-        r = Table(title=f"rejected: {len(d['rejected'])} cells")
-        r.add_column("cell")
-        r.add_column("rule")
-        r.add_column("reason")
-        for x in d["rejected"]:
-            r.add_row(x["cell_id"], x["rule"], x["reason"])
-        con.print(r)
+    con.file.write("".join(rejected_text(d["rejected"])))
     s = d["schedule"]
     for x in s["needs_more_gpus"]:
         why = x.get("reason") or f"needs {x['needs']} GPUs (host has {d['gpus']})"
         con.print(escape(f"NOT-RUNNABLE: {x['cell']}: {why}"))
     con.print("\n[bold]instances (dry run)[/bold]")
+    lines = []  # plain text: rich's markup pass costs seconds over thousands of argv lines
     for c in d["cells"]:
         for i in c.get("instances", []):
             env = " ".join(f"{k}={shlex.quote(v)}" for k, v in i["env"].items())
             on = f" on {i['node']}" if d["nodes"] else ""
-            con.print(escape(f"[{c['id']}] {i['name']}{on}: {env} {shlex.join(i['argv'])}"))
+            lines.append(f"[{c['id']}] {i['name']}{on}: {env} {shlex.join(i['argv'])}\n")
             if i.get("blocks"):
-                con.print(escape(f"    {i['name']}: {instance_blocks_text(i['blocks'])}"))
-    con.print("\n[bold]schedule[/bold]")
-    for p in s["placements"]:
-        gp = placement_text(p) if d["nodes"] else ",".join(map(str, p["gpus"])) or "cpu"
-        con.print(
-            f"  t={p['start_s']:7.0f}s..{p['end_s']:7.0f}s  lane {p['lane']} ports {p['port_base']}+  "
-            f"GPUs {gp:12} {p['cell']}"
-        )
-    con.print(
-        f"estimated makespan {s['makespan_s']:.0f} s vs {s['serial_s']:.0f} s one by one (ratio {s['ratio']:.2f})"
-    )
+                lines.append(f"    {i['name']}: {instance_blocks_text(i['blocks'])}\n")
+    con.file.write("".join(lines))
     if d.get("reuse"):
         _print_reuse(con, d["reuse"])
+    m = d["makespan"]
+    con.print("\n[bold]schedule[/bold]" + (" (reuse chains: what `run` follows)" if m["follows"] != "cells" else ""))
+    if m["follows"] == "cells":
+        rows = [
+            f"  t={p['start_s']:7.0f}s..{p['end_s']:7.0f}s  lane {p['lane']} ports {p['port_base']}+  "
+            f"GPUs {placement_text(p) if d['nodes'] else ','.join(map(str, p['gpus'])) or 'cpu':12} {p['cell']}\n"
+            for p in s["placements"]
+        ]
+        one_by_one = s["serial_s"]
+    else:
+        chains = d["reuse"]["schedule"]
+        rows = [
+            f"  t={ch['start_s']:7.0f}s..{ch['end_s']:7.0f}s  lane {ch['lane']} ports {ch['port_base']}+  "
+            f"GPUs {','.join(map(str, ch['gpus'])):12} {len(ch['cells'])} cells, {ch['instance_starts']} "
+            f"instance starts: {', '.join(ch['cells'])}\n"
+            for ch in chains["chains"]
+        ]
+        one_by_one = chains["sequential_s"]
+    con.file.write("".join(rows))
+    con.print(
+        f"estimated makespan {m['s']:.0f} s (the schedule `run` follows: {m['follows']}) "
+        f"vs {one_by_one:.0f} s one cell at a time"
+    )
+
+
+REJECTED_EXAMPLES = 3  # cell ids shown per distinct reason (all of them: --format json)
+
+
+def rejected_text(rejected: list[dict]) -> list[str]:
+    """Lines of the rejected cells grouped by rule, then by reason, each with its count and
+    a few cell ids (a 1000-cell sweep repeats one reason across builds and variants)."""
+    if not rejected:
+        return []
+    by_rule: dict[str, dict[str, list[str]]] = {}
+    for x in rejected:
+        by_rule.setdefault(x["rule"], {}).setdefault(x["reason"], []).append(x["cell_id"])
+    out = [f"\nrejected: {len(rejected)} cells by {len(by_rule)} rules (every cell id: --format json)\n"]
+    for rule, reasons in sorted(by_rule.items(), key=lambda kv: -sum(map(len, kv[1].values()))):
+        out.append(f"  {rule}: {sum(map(len, reasons.values()))} cells, {len(reasons)} distinct reason(s)\n")
+        for reason, ids in sorted(reasons.items(), key=lambda kv: -len(kv[1])):
+            more = f" and {len(ids) - REJECTED_EXAMPLES} more" if len(ids) > REJECTED_EXAMPLES else ""
+            out.append(f"    {len(ids):4d} x {reason}\n         e.g. {', '.join(ids[:REJECTED_EXAMPLES])}{more}\n")
+    return out
 
 
 def _print_reuse(con, reuse: dict) -> None:
@@ -336,12 +371,8 @@ def _print_reuse(con, reuse: dict) -> None:
     for r in shared:
         t.add_row(r["instance_id"], ", ".join(r["cells"]), r["stop_after"] or "-")
     con.print(t)
-    s = reuse.get("schedule")
-    if s:
-        con.print(
-            f"with reuse on GPUs: {len(s['chains'])} chains (cells sharing instances run in turn on one GPU set), "
-            f"estimated makespan {s['makespan_s']:.0f} s vs {s['sequential_s']:.0f} s one cell at a time"
-        )
+    if s := reuse.get("schedule"):
+        con.print(f"with reuse on GPUs: {len(s['chains'])} chains (cells sharing instances run in turn on one GPU set)")
 
 
 def placement_text(p: dict) -> str:
