@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 
 from pdsweep.deploy.instances import instance_key
-from pdsweep.plan.expand import Slot, expand, instances
+from pdsweep.plan.expand import expand
+from pdsweep.plan.instance import Slot, instances
 from pdsweep.plan.schedule import GpuPool, reuse_makespan_s, sequential_s
 from pdsweep.results import layout
 from pdsweep.run.sweep import RunOptions, run_sweep

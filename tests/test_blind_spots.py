@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from pdsweep.core.errors import UserError
-from pdsweep.plan.expand import Slot, expand, instances
+from pdsweep.plan.expand import expand
+from pdsweep.plan.instance import Slot, instances
 from pdsweep.spec.sweep import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
@@ -97,7 +98,8 @@ def test_push_connector_is_a_serve_args_axis_value(tmp_path):
     """kv_connector NixlPushConnector reaches the instances' --kv-transfer-config; the plan
     rejects the cell naming why pdsweep cannot judge push yet (rule push-evidence), and an
     unfixed build's push cell with the unfixed-scope reason."""
-    from pdsweep.plan.expand import expand, kv_transfer_config
+    from pdsweep.plan.expand import expand
+    from pdsweep.plan.instance import kv_transfer_config
 
     ls = sweep(
         tmp_path,

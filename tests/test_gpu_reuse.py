@@ -18,7 +18,8 @@ import yaml
 
 from pdsweep.deploy.instances import instance_key
 from pdsweep.judge.gate import gate_run
-from pdsweep.plan.expand import InstanceSpec, expand
+from pdsweep.plan.expand import expand
+from pdsweep.plan.instance import InstanceSpec
 from pdsweep.plan.reusepack import simulate
 from pdsweep.plan.startup import startup_s
 from pdsweep.results import layout

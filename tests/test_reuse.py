@@ -16,7 +16,8 @@ from pdsweep.deploy import instances as inst
 from pdsweep.deploy.instances import InstancePool, instance_id, instance_key, relocate
 from pdsweep.deploy.launchers import LocalLauncher
 from pdsweep.measure.metrics import parse
-from pdsweep.plan.expand import InstanceSpec, Slot, expand, instances
+from pdsweep.plan.expand import expand
+from pdsweep.plan.instance import InstanceSpec, Slot, instances
 from pdsweep.plan.schedule import estimate_s, lifecycle, reuse_makespan_s, reuse_order, sequential_s
 from pdsweep.results import layout
 from pdsweep.run.sweep import RunOptions, run_sweep

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pdsweep.plan.expand import Cell, Slot
+from pdsweep.plan.expand import Cell
+from pdsweep.plan.instance import Slot
 from pdsweep.plan.schedule import EVAL_S, GpuPool, estimate_s, reuse_order
 
 

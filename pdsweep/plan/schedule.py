@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pdsweep.core.errors import UserError
-from pdsweep.plan.expand import PORTS_PER_SLOT, Cell, Slot
+from pdsweep.plan.expand import Cell
 from pdsweep.plan.gpus import free_gpu_ids, inventory
+from pdsweep.plan.instance import PORTS_PER_SLOT, Slot, check_ports
 from pdsweep.plan.placement import LanePool
 
 # Rough per-cell durations for the makespan estimate (seconds); real runs log real ones.
@@ -41,21 +42,18 @@ def estimate_s(cell: Cell) -> float:
     return STARTUP_S[cell.platform] * (1 + 0.1 * (instances - 1)) + EVAL_S
 
 
-MAX_PORT = 65535  # the largest TCP port
-
-
 def check_port_range(num_gpus: int, port_base: int) -> None:
-    """Raise ``UserError`` unless every lane's port block fits below :data:`MAX_PORT`: up to
+    """Raise ``UserError`` unless every lane's port block fits below
+    :data:`pdsweep.plan.instance.MAX_PORT` (:func:`pdsweep.plan.instance.check_ports`): up to
     ``max(1, num_gpus)`` concurrent cells, ``PORTS_PER_SLOT`` ports each from ``port_base``."""
     if num_gpus < 0:
         raise UserError(f"--gpus {num_gpus}: a GPU count is >= 0")
     lanes = max(1, num_gpus)
-    last = port_base + lanes * PORTS_PER_SLOT - 1
-    if last > MAX_PORT:
-        raise UserError(
-            f"defaults.port_base {port_base} with {num_gpus} GPUs: up to {lanes} concurrent cells of "
-            f"{PORTS_PER_SLOT} ports reach port {last}, past {MAX_PORT} (lower port_base)"
-        )
+    check_ports(
+        port_base,
+        lanes * PORTS_PER_SLOT,
+        f"defaults.port_base {port_base} with {num_gpus} GPUs: up to {lanes} concurrent cells (lower port_base)",
+    )
 
 
 class HasGpus(Protocol):
@@ -172,7 +170,7 @@ class Schedule:
 
 def instance_placement(p: Placement) -> list[dict]:
     """Node and GPU ids of each instance of a placement (``prefill-0``, ``decode-0``, ...),
-    in the order :func:`pdsweep.plan.expand.instances` hands out ``slot.gpus``."""
+    in the order :func:`pdsweep.plan.instance.instances` hands out ``slot.gpus``."""
     from pdsweep.plan.placement import groups
 
     c, slot, out, i = p.cell, p.slot, [], 0

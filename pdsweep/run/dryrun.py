@@ -21,7 +21,7 @@ def check_cells_argv(ls, cells) -> None:
     """Parse every instance argv of ``cells`` with the installed vLLM (:mod:`pdsweep.builds.argcheck`);
     raises ``UserError`` naming cell, instance and vLLM's message."""
     from pdsweep.builds.argcheck import check_instances
-    from pdsweep.plan.expand import Slot, instances, model_path
+    from pdsweep.plan.instance import Slot, instances, model_path
 
     items = []
     for c in cells:
@@ -40,17 +40,16 @@ MAX_GPUS_PER_NODE = 64
 
 def _check_slot_ports(slots: dict, port_base: int) -> None:
     """Raise ``UserError`` when a lane the schedule placed (one host or a cluster) has ports
-    past :data:`pdsweep.plan.schedule.MAX_PORT`: lanes counted as the schedule uses them."""
-    from pdsweep.plan.schedule import MAX_PORT, PORTS_PER_SLOT
+    past :data:`pdsweep.plan.instance.MAX_PORT` (:func:`pdsweep.plan.instance.check_ports`)."""
+    from pdsweep.plan.instance import PORTS_PER_SLOT, check_ports
 
-    if not slots:
-        return
-    last = max(s.port_base for s in slots.values()) + PORTS_PER_SLOT - 1
-    if last > MAX_PORT:
+    if slots:
         lanes = len({s.port_base for s in slots.values()})
-        raise UserError(
-            f"defaults.port_base {port_base}: the schedule runs {lanes} lanes of {PORTS_PER_SLOT} ports, "
-            f"reaching port {last}, past {MAX_PORT} (lower port_base, or fewer nodes/GPUs)"
+        check_ports(
+            port_base,
+            max(s.port_base for s in slots.values()) + PORTS_PER_SLOT - port_base,
+            f"defaults.port_base {port_base}: the schedule runs {lanes} lanes of {PORTS_PER_SLOT} ports "
+            "(lower port_base, or fewer nodes/GPUs)",
         )
 
 
@@ -88,7 +87,8 @@ def plan_dict(
     ``gpu_check``: run :func:`pdsweep.run.preflight.preflight` first (``UserError`` on a problem;
     busy GPUs are left out of the schedule)."""
     from pdsweep.plan.builds import build_python
-    from pdsweep.plan.expand import expand, instances, model_path, planned_blocks, reference_of, select_cells
+    from pdsweep.plan.expand import expand, reference_of, select_cells
+    from pdsweep.plan.instance import instances, model_path, planned_blocks
     from pdsweep.plan.schedule import detect_gpus, pack
     from pdsweep.run.feasible import feasibility_warnings
     from pdsweep.spec.sweep import load_sweep

@@ -22,7 +22,8 @@ from dataclasses import replace
 from typing import Any
 
 from pdsweep.deploy.instances import InstancePool, instance_key
-from pdsweep.plan.expand import Cell, InstanceSpec, Slot, instances, model_path
+from pdsweep.plan.expand import Cell
+from pdsweep.plan.instance import InstanceSpec, Slot, instances, model_path
 from pdsweep.plan.reusepack import Chain, chain_s, chains
 from pdsweep.plan.schedule import GpuPool
 from pdsweep.plan.startup import estimator
@@ -84,7 +85,7 @@ def run_chain(ctx: Any, chain: Chain, slot: Slot, specs: dict[str, list[Instance
 
 
 def assign(held: dict[int, str], gpus: tuple[int, ...], planned: list[InstanceSpec]) -> tuple[int, ...] | None:
-    """GPU ids for ``planned`` in instance order (as :func:`pdsweep.plan.expand.instances`
+    """GPU ids for ``planned`` in instance order (as :func:`pdsweep.plan.instance.instances`
     hands out ``slot.gpus``): a live instance's own (``held``: GPU -> instance key), a new
     one the next ``len(spec.gpus)`` of ``gpus`` that no live instance holds; None when those
     do not suffice."""

@@ -35,19 +35,8 @@ from pdsweep.deploy.instances import AltBlocks, Fresh, InstancePool, instance_id
 from pdsweep.deploy.launchers import Launcher, LocalLauncher, tail
 from pdsweep.measure.phases import measure_cell
 from pdsweep.plan.builds import build_info
-from pdsweep.plan.expand import (
-    PORTS_PER_SLOT,
-    Cell,
-    InstanceSpec,
-    Plan,
-    Slot,
-    expand,
-    instances,
-    model_path,
-    planned_blocks,
-    reference_of,
-    select_cells,
-)
+from pdsweep.plan.expand import Cell, Plan, expand, reference_of, select_cells
+from pdsweep.plan.instance import PORTS_PER_SLOT, InstanceSpec, Slot, instances, model_path, planned_blocks
 from pdsweep.plan.schedule import GpuPool, detect_gpus, not_runnable, order, pack, reuse_order
 from pdsweep.results import layout
 from pdsweep.run.drills import armed, lease_drill_faults

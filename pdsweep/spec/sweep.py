@@ -88,7 +88,7 @@ BOUND_WHY = {
     "block": f"tokens per KV block; vLLM's attention backends and hybrid page alignment stay far below {MAX_BLOCK}",
     "dp": f"pdsweep reserves {MAX_DP} NIXL side-channel ports per instance and vLLM adds the DP index to "
     "VLLM_NIXL_SIDE_CHANNEL_PORT (nixl/base_scheduler.py NixlConnectorScheduler.__init__)",
-    "instances": "at most 12 instances per cell (pdsweep.plan.expand.MAX_INSTANCES: the per-cell port block)",
+    "instances": "at most 12 instances per cell (pdsweep.plan.instance.MAX_INSTANCES: the per-cell port block)",
     "port_base": "TCP ports end at 65535 and each concurrent cell takes a block of 200",
 }
 _BOUND_OF = {
@@ -204,7 +204,7 @@ class Defaults(_Strict):
     # kv_producer/kv_consumer per role ("split"), or kv_both on both (older vLLM, upstream scripts)
     kv_role: Literal["split", "both"] = "split"
     cpu_kvcache_space_gib: int = Field(default=1, ge=1)
-    # --num-gpu-blocks-override; None: 256 on CPU (see pdsweep.plan.expand.CPU_NUM_BLOCKS), vLLM's own on GPU
+    # --num-gpu-blocks-override; None: 256 on CPU (see pdsweep.plan.instance.CPU_NUM_BLOCKS), vLLM's own on GPU
     num_blocks: int | None = Field(default=None, ge=1, le=10_000_000)
     port_base: int = Field(default=20000, ge=1024, le=60000)
 
