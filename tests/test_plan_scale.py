@@ -1,6 +1,6 @@
 """`pdsweep plan` at scale (issue 40 item 3): vLLM's answers kept per install on disk
 (pdsweep.builds.answers), rejected cells grouped per rule, references of NOT-RUNNABLE cells
-left out, one makespan (the one `run` follows). The timings are in bench/test_plan_scale.py."""
+left out, one makespan (the one `run` follows). The timings are in bench/test_scale_1000.py."""
 
 from __future__ import annotations
 
