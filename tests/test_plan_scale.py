@@ -156,3 +156,22 @@ def test_plan_prints_one_makespan_the_one_run_follows(capsys) -> None:
     assert out.count("makespan") == 1
     assert "estimated makespan 81140 s (the schedule `run` follows: reuse chains) vs 90000 s one cell" in out
     assert "50218" not in out
+
+
+def test_chain_time_counts_run_prestarting_the_next_cells_instances() -> None:
+    from pdsweep.plan.reusepack import Chain, chain_s
+    from pdsweep.plan.schedule import EVAL_S
+
+    a, b = _pd(1, 1), _pd(2, 1)
+    keys = {a.id: ["P1", "D1"], b.id: ["P2", "D1"]}
+    sizes = {"P1": 1, "D1": 1, "P2": 2}
+
+    def est(c: Cell) -> float:
+        return 300.0 + EVAL_S["cuda"]  # startup 300 s
+
+    roomy = Chain((a, b), (frozenset({"P1"}), frozenset({"P2", "D1"})), gpus=4)
+    # b's new P2 (2 GPUs) fits beside P1 and D1 (live during a's eval) on 4 GPUs: its startup overlaps a's eval
+    assert chain_s(roomy, keys, est, sizes) == 420.0 + (300.0 - EVAL_S["cuda"]) + EVAL_S["cuda"]
+    tight = Chain((a, b), roomy.stops, gpus=3)  # no room: P2 starts after P1 stops
+    assert chain_s(tight, keys, est, sizes) == 420.0 + 420.0
+    assert chain_s(roomy, keys, est) == 840.0  # without GPU sizes: no prestart counted

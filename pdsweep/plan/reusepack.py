@@ -160,14 +160,35 @@ def starts(chain: Chain, keys: dict[str, list[str]]) -> dict[str, int]:
     return out
 
 
-def chain_s(chain: Chain, keys: dict[str, list[str]], estimate: Callable[[Cell], float] = estimate_s) -> float:
+def chain_s(
+    chain: Chain,
+    keys: dict[str, list[str]],
+    estimate: Callable[[Cell], float] = estimate_s,
+    sizes: dict[str, int] | None = None,
+) -> float:
     """Estimated seconds of ``chain``: a cell whose instances are all still up pays only
-    :data:`EVAL_S`, any other its full ``estimate`` (startup + eval)."""
-    t, live = 0.0, set[str]()
-    for c, stop in zip(chain.cells, chain.stops or [frozenset()] * len(chain.cells)):
+    :data:`EVAL_S`, any other its full ``estimate`` (startup + eval). With ``sizes`` (instance
+    key -> GPUs) the prestart of ``run`` is counted (:func:`pdsweep.run.gpureuse.prestart`): a
+    cell's new instances start during the previous cell's eval when they fit on the chain's
+    GPUs beside every instance live then, so only their startup beyond :data:`EVAL_S` is paid."""
+    t, live, during = 0.0, set[str](), set[str]()
+    for i, (c, stop) in enumerate(zip(chain.cells, chain.stops or [frozenset()] * len(chain.cells))):
         need = set(keys.get(c.id, []))
-        t += EVAL_S if need and need <= live else estimate(c)
-        live = (live | need) - stop
+        new = need - live
+        if need and not new:
+            t += EVAL_S[c.platform]
+        else:
+            startup = estimate(c) - EVAL_S[c.platform]
+            if (
+                sizes is not None
+                and chain.gpus > 0
+                and i > 0
+                and sum(sizes.get(k, 1) for k in during | new) <= chain.gpus
+            ):
+                startup = max(0.0, startup - EVAL_S[chain.cells[i - 1].platform])
+            t += startup + EVAL_S[c.platform]
+        during = live | need
+        live = during - stop
     return t
 
 
@@ -185,11 +206,15 @@ def pack_chains(
     num_gpus: int,
     port_base: int = 20000,
     estimate: Callable[[Cell], float] = estimate_s,
+    sizes: dict[str, int] | None = None,
 ) -> list[Placed]:
     """Place chains on ``num_gpus`` GPUs (longest first, first fit; each holds its
-    :attr:`Chain.need` GPUs and a port lane for its whole run). Chains larger than the host are left out."""
+    :attr:`Chain.need` GPUs and a port lane for its whole run; durations by :func:`chain_s`
+    with ``sizes``). Chains larger than the host are left out."""
     pool = GpuPool(num_gpus, port_base)
-    todo = sorted(((chain_s(ch, keys, estimate), i, ch) for i, ch in enumerate(chs)), key=lambda j: (-j[0], j[1]))
+    todo = sorted(
+        ((chain_s(ch, keys, estimate, sizes), i, ch) for i, ch in enumerate(chs)), key=lambda j: (-j[0], j[1])
+    )
     pending = [j for j in todo if pool.fits(j[2].need)]
     t = 0.0
     running: list[Any] = []

@@ -19,9 +19,11 @@ from pdsweep.plan.gpus import free_gpu_ids, inventory
 from pdsweep.plan.instance import PORTS_PER_SLOT, Slot, check_ports
 from pdsweep.plan.placement import LanePool
 
-# Rough per-cell durations for the makespan estimate (seconds); real runs log real ones.
-STARTUP_S = {"cuda": 300.0, "cpu": 90.0}
-EVAL_S = 120.0
+# Rough per-cell durations for the makespan estimate (seconds); real runs log real ones. CPU: the
+# medians of a cpu-smoke run on a shared 2-core box (40 instance starts 39.6 s, 24 cells' eval +
+# consistency + bench 37.2 s; bench/test_duration_model.py), was 90 s and 120 s (0.44x and 0.31x).
+STARTUP_S = {"cuda": 300.0, "cpu": 40.0}
+EVAL_S = {"cuda": 120.0, "cpu": 40.0}  # a cell's measured phases, per platform
 
 
 def detect_gpus() -> int:
@@ -39,7 +41,7 @@ def detect_gpu_ids() -> tuple[int, ...]:
 def estimate_s(cell: Cell) -> float:
     """Estimated wall time of one cell: startup (longer for more instances) + eval."""
     instances = 1 if cell.kind == "ref" else cell.num_prefill + cell.num_decode
-    return STARTUP_S[cell.platform] * (1 + 0.1 * (instances - 1)) + EVAL_S
+    return STARTUP_S[cell.platform] * (1 + 0.1 * (instances - 1)) + EVAL_S[cell.platform]
 
 
 def check_port_range(num_gpus: int, port_base: int) -> None:
@@ -336,7 +338,7 @@ def reuse_makespan_s(cells: list[Cell], keys: dict[str, list[str]], num_gpus: in
     def dur(chain: list[Cell]) -> float:
         t, prev = 0.0, set[str]()
         for c in chain:
-            t += EVAL_S if sets[c.id] <= prev else estimate_s(c)
+            t += EVAL_S[c.platform] if sets[c.id] <= prev else estimate_s(c)
             prev = sets[c.id]
         return t
 

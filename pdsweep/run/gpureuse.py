@@ -39,7 +39,7 @@ def run_chains(
     planned instances (identity only); ``run_cell(ctx, cell, slot, on_ready)`` runs one cell."""
     keys, sizes = identities(specs)
     est = estimator(ctx.ls)
-    pending = sorted(chains(todo, keys, sizes, pool.num_gpus), key=lambda ch: -chain_s(ch, keys, est))
+    pending = sorted(chains(todo, keys, sizes, pool.num_gpus), key=lambda ch: -chain_s(ch, keys, est, sizes))
     with cf.ThreadPoolExecutor(max_workers=max(1, pool.num_gpus), thread_name_prefix="chain") as ex:
         running: dict[cf.Future, Slot] = {}
         while pending or running:
@@ -144,4 +144,4 @@ def chain_schedule(
 
     keys, sizes = identities(specs)
     chs = chains(todo, keys, sizes, num_gpus)
-    return record(pack_chains(chs, keys, num_gpus, port_base, estimate), keys, estimate)
+    return record(pack_chains(chs, keys, num_gpus, port_base, estimate, sizes), keys, estimate)
