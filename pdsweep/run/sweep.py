@@ -348,7 +348,8 @@ def run_sweep(path: str | Path, opts: RunOptions) -> Path:
     write), ``KeyboardInterrupt`` after SIGINT/SIGTERM (every process stopped)."""
     t_run = time.monotonic()
     ctx, cells, pool, too_big = _open_run(path, opts)
-    runnable = [c for c in order(cells) if c.id not in {x.id for x in too_big}]
+    skip = {c.id for c in too_big}
+    runnable = [c for c in order(cells) if c.id not in skip]
     todo = [c for c in runnable if not (opts.resume and layout.cell_status(ctx.run_dir, c.id) in layout.FINAL_STATUSES)]
     prev = layout.read_json_or_none(ctx.run_dir / layout.RUN_FILE) if opts.resume else None
     started = (prev or {}).get("started") or now()  # a resumed run keeps when it began: its history key
