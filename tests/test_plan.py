@@ -320,7 +320,7 @@ def test_instances_argv_env_cuda():
 
 
 def test_moving_an_instance_to_another_port_block_equals_planning_it_there():
-    # issue 21: one owner of an instance's ports (plan.expand.place). The deploy layer moves planned
+    # issue 21: one owner of an instance's ports (plan.instance.place). The deploy layer moves planned
     # instances (a taken lane: AltBlocks, via on_slot; a pooled block: relocate) without planning again.
     ls = load_sweep(SWEEPS / "hybrid-mla-mamba.yaml")
     cell = next(c for c in expand(ls).cells if c.id == "kimi-linear.p2d1.b128-128.fixed")
