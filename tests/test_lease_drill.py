@@ -12,7 +12,8 @@ import pytest
 from pdsweep.core.errors import UserError
 from pdsweep.core.faults import LEASE_EXPIRY, NO_PROXY_FAULTS, ProxyFaults
 from pdsweep.deploy.proxy import _Proxy
-from pdsweep.plan.expand import Slot, expand, instances
+from pdsweep.plan.expand import expand
+from pdsweep.plan.instance import Slot, instances
 from pdsweep.run.drills import armed, lease_drill_faults, lease_s
 from pdsweep.spec.sweep import load_sweep
 

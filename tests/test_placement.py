@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pdsweep.cli import main
-from pdsweep.plan.expand import PORTS_PER_SLOT, Cell, expand, instances
+from pdsweep.plan.expand import Cell, expand
+from pdsweep.plan.instance import PORTS_PER_SLOT, instances
 from pdsweep.plan.placement import Cluster, ClusterPool, fit_groups, groups, min_nodes, needs
 from pdsweep.plan.schedule import pack
 from pdsweep.run.dryrun import plan_dict
@@ -130,7 +131,9 @@ def test_plan_cli_nodes(capsys):
     )
     d = json.loads(capsys.readouterr().out)
     assert {x["reason"] for x in d["schedule"]["needs_more_gpus"]} == {
-        "needs 12 GPUs on 2 nodes, allocation has 1 node x 8 GPUs"
+        "needs 12 GPUs on 2 nodes, allocation has 1 node x 8 GPUs",
+        # its reference: only the p8d4 cells are compared with it
+        "reference of NOT-RUNNABLE cells only (2, e.g. kimi-linear.p8d4.b128-128.fixed): nothing to compare",
     }
     assert main(["plan", str(HYBRID), "--nodes", "2"]) == 2
     assert "--gpus-per-node" in capsys.readouterr().err

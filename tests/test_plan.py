@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from pdsweep.core.errors import UserError
 from pdsweep.deploy.instances import relocate
 from pdsweep.plan import rules
-from pdsweep.plan.expand import Cell, Slot, expand, instances, matrix_combinations, on_slot
+from pdsweep.plan.expand import Cell, expand, matrix_combinations
+from pdsweep.plan.instance import Slot, instances, on_slot
 from pdsweep.spec.matrix import Matrix
 from pdsweep.spec.sweep import load_sweep
 
@@ -320,7 +321,7 @@ def test_instances_argv_env_cuda():
 
 
 def test_moving_an_instance_to_another_port_block_equals_planning_it_there():
-    # issue 21: one owner of an instance's ports (plan.expand.place). The deploy layer moves planned
+    # issue 21: one owner of an instance's ports (plan.instance.place). The deploy layer moves planned
     # instances (a taken lane: AltBlocks, via on_slot; a pooled block: relocate) without planning again.
     ls = load_sweep(SWEEPS / "hybrid-mla-mamba.yaml")
     cell = next(c for c in expand(ls).cells if c.id == "kimi-linear.p2d1.b128-128.fixed")
@@ -434,7 +435,7 @@ def test_every_emitted_cell_satisfies_vllm_rules(ptp, dtp, pbs, dbs, model):
 
 
 def test_variant_flags_replace_pdsweep_flags():
-    from pdsweep.plan.expand import override_flags
+    from pdsweep.plan.instance import override_flags
 
     base = ["serve", "m", "--max-model-len", "512", "--enforce-eager", "--gpu-memory-utilization", "0.8"]
     assert override_flags(base, ["--gpu-memory-utilization", "0.6", "--enforce-eager"]) == [
@@ -461,7 +462,7 @@ def test_variant_flags_replace_pdsweep_flags():
 
 
 def test_cpu_num_blocks_scale_with_context():
-    from pdsweep.plan.expand import CPU_NUM_BLOCKS, cpu_num_blocks
+    from pdsweep.plan.instance import CPU_NUM_BLOCKS, cpu_num_blocks
 
     assert cpu_num_blocks(512, 4) == CPU_NUM_BLOCKS == 256
     assert cpu_num_blocks(8192, 4) == 4 * 512 + 1  # 8192-token sequences still fit

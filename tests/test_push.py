@@ -170,7 +170,8 @@ def test_failed_transfer_accounting_is_probed_by_code_shape(tmp_path: Path) -> N
 def test_push_instances_log_writes_on_prefill_and_the_rule_follows_the_build(tmp_path: Path) -> None:
     from pdsweep.builds import fixprobes
     from pdsweep.core.paths import REPO
-    from pdsweep.plan.expand import expand, instances, transfer_mode
+    from pdsweep.plan.expand import expand
+    from pdsweep.plan.instance import instances, transfer_mode
     from pdsweep.spec.sweep import load_sweep
 
     (tmp_path / "models.yaml").write_text((REPO / "sweeps" / "models.yaml").read_text())
@@ -182,7 +183,7 @@ def test_push_instances_log_writes_on_prefill_and_the_rule_follows_the_build(tmp
     ls = load_sweep(tmp_path / "s.yaml")
     plan = expand(ls)
     assert [c.id for c in plan.pd_cells] == ["tiny-mla-mamba2.p2d1.b128-128.fixed.push"] and not plan.rejected
-    from pdsweep.plan.expand import Slot
+    from pdsweep.plan.instance import Slot
 
     specs = instances(plan.pd_cells[0], Slot(0, (), 20000), ls, "/m", "/py")
     env = {s.name: s.env for s in specs}

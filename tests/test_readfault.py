@@ -65,7 +65,8 @@ def test_fault_axis_takes_fail_read_1_in_k_and_refuses_k_0(tmp_path) -> None:
 
 
 def test_decode_alone_gets_the_fault_env() -> None:
-    from pdsweep.plan.expand import Slot, expand, instances
+    from pdsweep.plan.expand import expand
+    from pdsweep.plan.instance import Slot, instances
     from pdsweep.spec.sweep import load_sweep
 
     ls = load_sweep("sweeps/cpu-smoke.yaml")

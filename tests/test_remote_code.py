@@ -14,7 +14,8 @@ import yaml
 
 from pdsweep.core.errors import UserError
 from pdsweep.measure.prompts import _load_tokenizer, build_prompts
-from pdsweep.plan.expand import Slot, expand, instances
+from pdsweep.plan.expand import expand
+from pdsweep.plan.instance import Slot, instances
 from pdsweep.spec.catalogue import ModelSpec
 from pdsweep.spec.sweep import load_catalogue, load_sweep
 from pdsweep.tiny.checkpoints import META_FILE, checkpoint_dir

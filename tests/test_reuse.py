@@ -16,8 +16,9 @@ from pdsweep.deploy import instances as inst
 from pdsweep.deploy.instances import InstancePool, instance_id, instance_key, relocate
 from pdsweep.deploy.launchers import LocalLauncher
 from pdsweep.measure.metrics import parse
-from pdsweep.plan.expand import InstanceSpec, Slot, expand, instances
-from pdsweep.plan.schedule import estimate_s, lifecycle, reuse_makespan_s, reuse_order, sequential_s
+from pdsweep.plan.expand import expand
+from pdsweep.plan.instance import InstanceSpec, Slot, instances
+from pdsweep.plan.schedule import estimate_s, lifecycle, reuse_order
 from pdsweep.results import layout
 from pdsweep.run.sweep import RunOptions, run_sweep
 from pdsweep.spec.sweep import load_sweep
@@ -115,14 +116,14 @@ def test_plan_shows_which_instances_run_shares(capsys):
 
 
 def test_gpu_makespan_model_with_packing_and_reuse_beats_sequential():
+    from pdsweep.run.gpureuse import chain_schedule
+
     cells, specs = smoke_specs()
     cuda = [replace(c, platform="cuda") for c in cells]
-    keys = {c.id: [instance_key(s) for s in specs[c.id]] for c in cells}
-    seq = sequential_s([c for c in cuda if c.kind == "pd"])
-    assert seq == sum(estimate_s(c) for c in cuda if c.kind == "pd")
-    one_gpu_set = reuse_makespan_s(cuda, keys, 4)
-    eight = reuse_makespan_s(cuda, keys, 8)
-    assert 0 < eight <= one_gpu_set and eight < seq
+    specs = {c.id: [replace(s, gpus=(0,) * s.tp) for s in specs[c.id]] for c in cells}  # one GPU per rank
+    four, eight = (chain_schedule(cuda, specs, n, 20000, estimate_s) for n in (4, 8))
+    assert eight["sequential_s"] == sum(estimate_s(c) for c in cuda)
+    assert 0 < eight["makespan_s"] <= four["makespan_s"] and eight["makespan_s"] < eight["sequential_s"]
 
 
 def _hits(run: Path, cell: str, inst_name: str, phase: str) -> float:

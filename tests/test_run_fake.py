@@ -145,8 +145,8 @@ def test_startup_crash_fails_cell_and_sweep_goes_on(tmp_path, tok):
 
 def test_taken_port_moves_cell_to_free_block(tmp_path, tok):
     sweep = make_sweep(tmp_path, tok, matrix="  model: [fake-gqa]\n  tp: [p1d1]\n", port_base=32000)
-    with socket.socket() as s:  # someone else holds the first decode's HTTP port of lane 0
-        s.bind(("127.0.0.1", 32002))
+    with socket.socket() as s:  # someone else holds the first decode's HTTP port of lane 0 (its block: +8 + 16)
+        s.bind(("127.0.0.1", 32024))
         s.listen()
         run = run_sweep(
             sweep, RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True, cells="fake-gqa.p1d1*", reuse=False)
@@ -162,7 +162,7 @@ def test_taken_port_moves_cell_to_free_block(tmp_path, tok):
     st = status(run, "fake-gqa.p1d1.b16-16.fixed")
     assert st["status"] == "ok", st
     ports = [i["port"] for i in layout.read_json(run / "fake-gqa.p1d1.b16-16.fixed" / "cell.json")["instances"]]
-    assert 32002 not in ports and all(p >= 32000 + 64 * 200 for p in ports)
+    assert 32024 not in ports and all(p >= 32000 + 64 * 200 for p in ports)
     # with reuse every instance takes a free block of 16 ports of its own past lane 0
     st = status(pooled, "fake-gqa.p1d1.b16-16.fixed")
     assert st["status"] == "ok", st

@@ -5,7 +5,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pdsweep.plan.expand import PORTS_PER_SLOT, Cell, expand
+from pdsweep.plan.expand import Cell, expand
+from pdsweep.plan.instance import PORTS_PER_SLOT
 from pdsweep.plan.schedule import GpuPool, pack
 from pdsweep.spec.sweep import load_sweep
 

@@ -114,7 +114,7 @@ def test_node_never_answers(tmp_path, tok, in_alloc):  # noqa: F811
     run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True, launcher="slurm", skip_eval=True))
     st = status(run, PD)
     assert st["status"] == "failed" and st["phase"] == "start"
-    assert f"prefill-0 at {NODES[0]} {NODE_ADDR}:25801 (step {os.environ['SLURM_JOB_ID']}." in st["reason"]
+    assert f"prefill-0 at {NODES[0]} {NODE_ADDR}:25808 (step {os.environ['SLURM_JOB_ID']}." in st["reason"]
     assert "not healthy after 4 s" in st["reason"]
     assert not ours(tmp_path)
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import yaml
 
 from pdsweep.plan.blocks import flag
-from pdsweep.plan.expand import Slot, expand, instances, model_path
+from pdsweep.plan.expand import expand
+from pdsweep.plan.instance import Slot, instances, model_path
 from pdsweep.spec.sweep import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
@@ -97,7 +98,7 @@ def covers(specs, req: dict) -> bool:
                     return False
             elif flag(argv, name) != value:
                 return False
-        # pdsweep derives VLLM_KV_CACHE_LAYOUT per role (HND on decode; pdsweep.plan.expand.derived_env)
+        # pdsweep derives VLLM_KV_CACHE_LAYOUT per role (HND on decode; pdsweep.plan.instance.derived_env)
         env = {k: v for k, v in req["env"].items() if k != "VLLM_KV_CACHE_LAYOUT" or s.name.startswith("decode")}
         if any(s.env.get(k) != v for k, v in env.items()):
             return False

@@ -111,8 +111,40 @@ def check_argv(argv: Iterable[str]) -> str | None:
     return None
 
 
+CHECK_PORT = "8000"  # every argv is checked with this --port value: ports are pdsweep's, checked by the plan
+
+
+def normal_args(argv: Iterable[str]) -> tuple[str, ...]:
+    """The serve args vLLM is asked about: :func:`serve_args` with the model replaced by an
+    existing directory (see :func:`check_argv`) and the ``--port`` value by :data:`CHECK_PORT`,
+    so two instances that differ only in where they run share one answer."""
+    args = serve_args(argv)
+    if args and not args[0].startswith("-"):
+        args = [tempfile.gettempdir(), *args[1:]]
+    return tuple(CHECK_PORT if i and args[i - 1] == "--port" else a for i, a in enumerate(args))
+
+
 def check_instances(items: Iterable[tuple[str, str, Iterable[str]]]) -> list[str]:
-    """``"CELL instance NAME: message"`` for each ``(cell_id, instance name, argv)`` vLLM refuses."""
-    return [
-        f"{cell_id} instance {name}: {msg}" for cell_id, name, argv in items if (msg := check_argv(argv)) is not None
-    ]
+    """``"CELL instance NAME: message"`` for each ``(cell_id, instance name, argv)`` vLLM refuses.
+    Each distinct :func:`normal_args` is asked once, of the answer store of this interpreter's
+    vLLM (:mod:`pdsweep.builds.answers`) first: vLLM is imported only for args never asked."""
+    import json
+    import sys
+
+    from pdsweep.builds import answers
+
+    st = answers.store("argv", sys.executable)
+    verdicts: dict[tuple[str, ...], str | None] = {}
+    out = []
+    for cell_id, name, argv in items:
+        args = normal_args(argv)
+        if args not in verdicts:
+            key = json.dumps(args)
+            got = st.get(key)
+            if got is None:
+                got = {"error": check_argv(["serve", *args])}
+                st.put(key, got)
+            verdicts[args] = got["error"]
+        if (msg := verdicts[args]) is not None:
+            out.append(f"{cell_id} instance {name}: {msg}")
+    return out

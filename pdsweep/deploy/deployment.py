@@ -25,7 +25,8 @@ import httpx
 from pdsweep.core.faults import NO_PROXY_FAULTS, ProxyFaults
 from pdsweep.core.logscan import first_exception, read_fault_counts
 from pdsweep.deploy.launchers import Handle, port_free, tail
-from pdsweep.plan.expand import Cell, InstanceSpec, Slot, transfer_mode
+from pdsweep.plan.expand import Cell
+from pdsweep.plan.instance import InstanceSpec, Slot, transfer_mode
 
 log = logging.getLogger(__name__)
 
@@ -344,8 +345,9 @@ def _tails(dep: Deployment, n: int = 25) -> list[str]:
     return out
 
 
-def check_ports(specs: list[InstanceSpec], slot: Slot) -> list[int]:
-    """Ports of ``slot`` that something else already holds."""
+def taken_ports(specs: list[InstanceSpec], slot: Slot) -> list[int]:
+    """Ports of ``slot`` (its proxy's, each instance's HTTP and side-channel base) that
+    something else already holds on this host."""
     ports = [slot.proxy_port()] + [p for s in specs for p in (s.port, s.side_channel_port) if p]
     return [p for p in ports if not port_free(p)]
 

@@ -34,18 +34,16 @@ from typing import Any
 
 import httpx
 
-from pdsweep.deploy.deployment import CellFailed, Use, check_ports
+from pdsweep.deploy.deployment import CellFailed, Use, taken_ports
 from pdsweep.deploy.launchers import Handle, Launcher, port_free
 from pdsweep.deploy.launchers.base import LaunchRequest
-from pdsweep.plan.expand import PORTS_PER_SLOT, InstanceSpec, Slot, on_slot, place
+from pdsweep.plan.instance import BLOCK_PORTS, PORTS_PER_SLOT, InstanceSpec, Slot, on_slot, place_block, ports_fit
 
 log = logging.getLogger(__name__)
 
 DEV_MODE_ENV = {"VLLM_SERVER_DEV_MODE": "1"}  # vllm/envs.py: registers /reset_prefix_cache
 PORT_ENV = ("VLLM_PORT", "VLLM_NIXL_SIDE_CHANNEL_PORT")  # where it listens: not what it is
 GPU_ENV = "CUDA_VISIBLE_DEVICES"  # which GPUs it got: not what it is (it keeps them while shared)
-BLOCK_PORTS = 16  # per pooled instance: http, spare, VLLM_PORT..+5, side channel..+7
-VLLM_PORT_OFFSET, SIDE_CHANNEL_OFFSET = 2, 8
 MAX_BLOCKS = 256
 RESET_TRIES, RESET_WAIT_S = 5, 0.5
 
@@ -83,12 +81,9 @@ def instance_id(spec: InstanceSpec) -> str:
 
 
 def relocate(spec: InstanceSpec, base: int) -> InstanceSpec:
-    """``spec`` listening on the port block at ``base`` (:data:`BLOCK_PORTS` ports: HTTP at
-    ``base``, ``VLLM_PORT`` at +2, the NIXL side channel at +8), with
-    ``VLLM_SERVER_DEV_MODE=1``; its :func:`instance_key` is unchanged. Ports are written by
-    :func:`pdsweep.plan.expand.place`, as for every instance."""
-    side = None if spec.side_channel_port is None else base + SIDE_CHANNEL_OFFSET
-    moved = place(spec, base, base + VLLM_PORT_OFFSET, side)
+    """``spec`` listening on the port block at ``base`` (:func:`pdsweep.plan.instance.place_block`:
+    the one port layout), with ``VLLM_SERVER_DEV_MODE=1``; its :func:`instance_key` is unchanged."""
+    moved = place_block(spec, base)
     return replace(moved, env={**moved.env, **DEV_MODE_ENV})
 
 
@@ -220,7 +215,7 @@ class InstancePool:
     def _free_block(self) -> int:
         bases = (self.port_base + j * BLOCK_PORTS for j in range(MAX_BLOCKS))
         base = self.blocks.claim(
-            (b for b in bases if b + BLOCK_PORTS <= 65535),
+            (b for b in bases if ports_fit(b, BLOCK_PORTS)),
             lambda b: all(port_free(p) for p in range(b, b + BLOCK_PORTS)),
         )
         if base is None:
@@ -455,18 +450,18 @@ class AltBlocks:
         """``slot`` and ``specs`` (planned on it) if none of their ports is taken
         (``proxy_only``: its proxy port, when the instances get their ports elsewhere,
         :class:`InstancePool`), else the same slot on the first free alternate block with
-        ``specs`` moved there (:func:`pdsweep.plan.expand.on_slot`). Raises
+        ``specs`` moved there (:func:`pdsweep.plan.instance.on_slot`). Raises
         ``CellFailed('start')`` when no block is free."""
-        if not check_ports([] if proxy_only else specs, slot):
+        if not taken_ports([] if proxy_only else specs, slot):
             return slot, specs
         first = slot.port_base - slot.index * PORTS_PER_SLOT
         bases = (first + j * PORTS_PER_SLOT for j in range(ALT_BLOCKS_FROM, ALT_BLOCKS_FROM + 64))
 
         def free(base: int) -> bool:
             alt = replace(slot, port_base=base)
-            return not check_ports([] if proxy_only else on_slot(specs, alt), alt)
+            return not taken_ports([] if proxy_only else on_slot(specs, alt), alt)
 
-        base = self.blocks.claim((b for b in bases if b + PORTS_PER_SLOT <= 65535), free)
+        base = self.blocks.claim((b for b in bases if ports_fit(b, PORTS_PER_SLOT)), free)
         if base is None:
             raise CellFailed("start", f"no free block of {PORTS_PER_SLOT} ports found near {slot.port_base}")
         alt = replace(slot, port_base=base)

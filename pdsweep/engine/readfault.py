@@ -3,7 +3,7 @@
 Installed by pdsweep's vLLM plugin when ``PDSWEEP_FAIL_READ_EVERY=K``
 (:data:`pdsweep.core.faults.READ_FAULT_ENV_VAR`; the fault's entry in the vocabulary:
 :data:`pdsweep.core.faults.SWEEP_FAULTS`; pdsweep sets it on the
-decode instances of a ``fail-read-1-in-K`` cell, :func:`pdsweep.plan.expand.instances`). It
+decode instances of a ``fail-read-1-in-K`` cell, :func:`pdsweep.plan.instance.instances`). It
 wraps ``NixlWrapper.check_xfer_state`` (NIXL ``nixl_agent``; vLLM
 ``distributed/nixl_utils.py``), which vLLM's ``_pop_done_transfers``
 (``kv_connector/v1/nixl/base_worker.py``) polls for every outstanding READ: every K-th READ

@@ -405,7 +405,7 @@ def align_hybrid(block: int, attn_page: int, mamba_page_bytes: int, backend: Bac
 
 def role_flags(cell: Cell, role: str, ls: LoadedSweep) -> list[str]:
     """The block-relevant ``vllm serve`` flags of ``cell``'s ``role`` (prefill | decode |
-    single) in the order :func:`pdsweep.plan.expand.instances` writes them (later wins)."""
+    single) in the order :func:`pdsweep.plan.instance.instances` writes them (later wins)."""
     model = ls.catalogue.models[cell.model]
     variant = ls.sweep.serve_variant(cell.serve_args)
     block = cell.prefill_block_size if role == "prefill" else cell.decode_block_size

@@ -6,6 +6,7 @@ downstream reads them."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from functools import cached_property
 from typing import Any
 
 from pdsweep.plan.topology import tp_ratio
@@ -41,9 +42,10 @@ class Cell:
     expect_without: tuple[str, ...] = ()  # ... and lacking one of these fixes (pdsweep.builds.fixprobes)
     expect_note: str | None = None  # whether it applies to this cell's build, and why
 
-    @property
+    @cached_property
     def id(self) -> str:
-        """Stable, readable id, e.g. ``kimi-linear.p2d1.b128-128.fixed``."""
+        """Stable, readable id, e.g. ``kimi-linear.p2d1.b128-128.fixed`` (computed once per cell:
+        a 1000-cell plan asks it millions of times)."""
         if self.kind == "ref":
             parts = [self.model, f"ref-tp{self.decode_tp}", f"b{self.decode_block_size}", self.build]
         else:

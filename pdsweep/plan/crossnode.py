@@ -1,7 +1,7 @@
 """Addresses on a cross-host path (issue 39): a PD cell whose instances sit on different
 hosts must hand out each node's reachable address, never a loopback one.
 
-What crosses hosts, per instance (:class:`pdsweep.plan.expand.InstanceSpec`):
+What crosses hosts, per instance (:class:`pdsweep.plan.instance.InstanceSpec`):
 
 - ``host``: where pdsweep polls readiness (``http://HOST:PORT/health``) and where the PD
   proxy, running on the host of pdsweep, sends its requests (the proxy's upstreams);
@@ -34,7 +34,7 @@ _IN_TEXT = re.compile(
 )
 
 
-class _Spec(Protocol):  # pdsweep.plan.expand.InstanceSpec (frozen: read-only attributes)
+class _Spec(Protocol):  # pdsweep.plan.instance.InstanceSpec (frozen: read-only attributes)
     @property
     def name(self) -> str: ...
     @property

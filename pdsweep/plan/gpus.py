@@ -156,7 +156,7 @@ def visible(inv: Inventory, env: Mapping[str, str] | None = None) -> tuple[tuple
     indices, or GPU UUIDs (``GPU-...``, a unique prefix is enough, as CUDA accepts); an
     empty value means no GPU. Integer indices follow ``CUDA_DEVICE_ORDER`` (see
     :func:`_cuda_index_order_problem`). Each instance later gets its share as nvidia-smi
-    indices with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (:func:`pdsweep.plan.expand.instances`).
+    indices with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (:func:`pdsweep.plan.instance.instances`).
     Then GPUs a listed process holds (:meth:`Gpu.busy`) and GPUs whose memory is in use by
     a process nvidia-smi does not list (:meth:`Gpu.hidden_use`) are left out.
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from pdsweep.plan.expand import PORTS_PER_SLOT, Cell, Slot
+from pdsweep.plan.expand import Cell
+from pdsweep.plan.instance import PORTS_PER_SLOT, Slot
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class Cluster:
 
 def groups(cell: Cell) -> list[int]:
     """GPUs of each instance in instance order (prefill-i, then decode-i, or single-0):
-    TP, times PP for prefill and DP for decode. Same order as :func:`pdsweep.plan.expand.instances`."""
+    TP, times PP for prefill and DP for decode. Same order as :func:`pdsweep.plan.instance.instances`."""
     if cell.kind == "ref":
         return [cell.decode_tp]
     return [cell.prefill_tp * cell.prefill_pp] * cell.num_prefill + [cell.decode_tp * cell.decode_dp] * cell.num_decode

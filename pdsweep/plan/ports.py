@@ -56,22 +56,23 @@ def plan_python(ls: Any, build: str) -> str:
         return sys.executable
 
 
-def overlap(cell: Any, ls: Any, stride: int, slot_ports: int, first: int) -> str | None:
-    """Reason the cell's side-channel ranges overlap, or None. Instance ``k`` starts at
-    ``first + stride * k`` of its slot (:meth:`pdsweep.plan.expand.Slot.side_channel_port`); its
-    range must end before the next instance's and inside the ``slot_ports`` of the slot."""
+def overlap(cell: Any, ls: Any) -> str | None:
+    """Reason an instance of the cell binds more NIXL side-channel ports than its port block
+    reserves (:data:`pdsweep.plan.instance.SIDE_CHANNEL_PORTS`: its range would overlap the
+    next block), or None."""
+    from pdsweep.plan.instance import SIDE_CHANNEL_PORTS
+
     python = plan_python(ls, cell.build)
     roles = [("prefill", 1, cell.prefill_tp)] * cell.num_prefill + [
         ("decode", cell.decode_dp, cell.decode_tp)
     ] * cell.num_decode
     for k, (role, dp, tp) in enumerate(roles):
         width = side_channel_width(python, dp, tp)
-        end = first + stride * k + width
-        if width > stride or end > slot_ports:
+        if width > SIDE_CHANNEL_PORTS:
             layout = "one per DP rank" if per_engine_listener(python) else "one per DP x TP rank"
             return (
                 f"{role} instance {k} (DP {dp} x TP {tp}) binds {width} NIXL side-channel ports ({layout}, "
                 f"vLLM NixlConnectorScheduler side_channel_port in {Path(python).name}'s vLLM), more than the "
-                f"{stride} reserved per instance: its range would overlap the next instance's"
+                f"{SIDE_CHANNEL_PORTS} reserved per instance: its range would overlap the next instance's"
             )
     return None

@@ -11,13 +11,13 @@ GPUs and port lanes. Chains are packed like cells (longest first, first fit). Us
 
 from __future__ import annotations
 
-import functools
 import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pdsweep.plan.expand import Cell, Slot
+from pdsweep.plan.expand import Cell
+from pdsweep.plan.instance import Slot
 from pdsweep.plan.schedule import EVAL_S, GpuPool, estimate_s, reuse_order
 
 
@@ -99,12 +99,6 @@ def simulate(
     return starts, stops, fresh
 
 
-def _cost(c: Cell, keys: dict[str, list[str]], live: frozenset[str], left: list[Cell], rank: dict[str, int]):
-    need = set(keys.get(c.id, []))
-    later = sum(len(need & set(keys.get(d.id, []))) for d in left if d is not c)
-    return (len(need - live), -len(need & live), later, rank[c.id])
-
-
 def plan_chain(cells: list[Cell], keys: dict[str, list[str]], sizes: dict[str, int], max_gpus: int = 0) -> Chain:
     """The order of one chain's ``cells`` with the fewest instance starts on its GPU set (its
     largest cell's): greedily from each first cell, the next the one starting fewest new
@@ -124,21 +118,34 @@ def plan_chain(cells: list[Cell], keys: dict[str, list[str]], sizes: dict[str, i
 
 
 def _order(cells: list[Cell], keys: dict[str, list[str]], sizes: dict[str, int], capacity: int) -> Chain:
-    rank = {c.id: i for i, c in enumerate(cells)}
-    best: tuple[tuple[int, int, int], list[Cell], list[set[str]]] | None = None
-    for first in cells:
-        order, live, left = [first], set(keys.get(first.id, [])), [c for c in cells if c is not first]
+    """From each first cell, the next is the one with the least cost ``(new instances, -kept
+    instances, later uses of its instances by the cells left, position)``; the order with the
+    fewest starts (then fewest cells starting any, then earliest first cell) wins. Later uses
+    are counted per key as cells leave (``uses``), so one greedy pass is O(cells^2 x keys)."""
+    need = [frozenset(keys.get(c.id, [])) for c in cells]
+    best: tuple[tuple[int, int, int], list[int], list[set[str]]] | None = None
+    for first in range(len(cells)):
+        uses: dict[str, int] = {}
+        for i in range(len(cells)):
+            if i != first:
+                for k in need[i]:
+                    uses[k] = uses.get(k, 0) + 1
+        order, live, left = [first], set(need[first]), [i for i in range(len(cells)) if i != first]
         while left:
-            nxt = min(left, key=functools.partial(_cost, keys=keys, live=frozenset(live), left=left, rank=rank))
+            nxt = min(
+                left, key=lambda i: (len(need[i] - live), -len(need[i] & live), sum(uses[k] - 1 for k in need[i]), i)
+            )
             left.remove(nxt)
             order.append(nxt)
-            live |= set(keys.get(nxt.id, []))
-        n, stops, fresh = simulate(order, keys, sizes, capacity)
-        score = (n, sum(fresh), rank[first.id])
+            for k in need[nxt]:
+                uses[k] -= 1
+            live |= need[nxt]
+        n, stops, fresh = simulate([cells[i] for i in order], keys, sizes, capacity)
+        score = (n, sum(fresh), first)
         if best is None or score < best[0]:
             best = (score, order, stops)
     assert best is not None
-    return Chain(tuple(best[1]), tuple(frozenset(s) for s in best[2]), capacity)
+    return Chain(tuple(cells[i] for i in best[1]), tuple(frozenset(s) for s in best[2]), capacity)
 
 
 def starts(chain: Chain, keys: dict[str, list[str]]) -> dict[str, int]:
@@ -153,14 +160,35 @@ def starts(chain: Chain, keys: dict[str, list[str]]) -> dict[str, int]:
     return out
 
 
-def chain_s(chain: Chain, keys: dict[str, list[str]], estimate: Callable[[Cell], float] = estimate_s) -> float:
+def chain_s(
+    chain: Chain,
+    keys: dict[str, list[str]],
+    estimate: Callable[[Cell], float] = estimate_s,
+    sizes: dict[str, int] | None = None,
+) -> float:
     """Estimated seconds of ``chain``: a cell whose instances are all still up pays only
-    :data:`EVAL_S`, any other its full ``estimate`` (startup + eval)."""
-    t, live = 0.0, set[str]()
-    for c, stop in zip(chain.cells, chain.stops or [frozenset()] * len(chain.cells)):
+    :data:`EVAL_S`, any other its full ``estimate`` (startup + eval). With ``sizes`` (instance
+    key -> GPUs) the prestart of ``run`` is counted (:func:`pdsweep.run.gpureuse.prestart`): a
+    cell's new instances start during the previous cell's eval when they fit on the chain's
+    GPUs beside every instance live then, so only their startup beyond :data:`EVAL_S` is paid."""
+    t, live, during = 0.0, set[str](), set[str]()
+    for i, (c, stop) in enumerate(zip(chain.cells, chain.stops or [frozenset()] * len(chain.cells))):
         need = set(keys.get(c.id, []))
-        t += EVAL_S if need and need <= live else estimate(c)
-        live = (live | need) - stop
+        new = need - live
+        if need and not new:
+            t += EVAL_S[c.platform]
+        else:
+            startup = estimate(c) - EVAL_S[c.platform]
+            if (
+                sizes is not None
+                and chain.gpus > 0
+                and i > 0
+                and sum(sizes.get(k, 1) for k in during | new) <= chain.gpus
+            ):
+                startup = max(0.0, startup - EVAL_S[chain.cells[i - 1].platform])
+            t += startup + EVAL_S[c.platform]
+        during = live | need
+        live = during - stop
     return t
 
 
@@ -178,11 +206,15 @@ def pack_chains(
     num_gpus: int,
     port_base: int = 20000,
     estimate: Callable[[Cell], float] = estimate_s,
+    sizes: dict[str, int] | None = None,
 ) -> list[Placed]:
     """Place chains on ``num_gpus`` GPUs (longest first, first fit; each holds its
-    :attr:`Chain.need` GPUs and a port lane for its whole run). Chains larger than the host are left out."""
+    :attr:`Chain.need` GPUs and a port lane for its whole run; durations by :func:`chain_s`
+    with ``sizes``). Chains larger than the host are left out."""
     pool = GpuPool(num_gpus, port_base)
-    todo = sorted(((chain_s(ch, keys, estimate), i, ch) for i, ch in enumerate(chs)), key=lambda j: (-j[0], j[1]))
+    todo = sorted(
+        ((chain_s(ch, keys, estimate, sizes), i, ch) for i, ch in enumerate(chs)), key=lambda j: (-j[0], j[1])
+    )
     pending = [j for j in todo if pool.fits(j[2].need)]
     t = 0.0
     running: list[Any] = []

@@ -9,17 +9,21 @@ collide on HTTP, ``VLLM_PORT`` or NIXL side-channel ports.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from pdsweep.core.errors import UserError
-from pdsweep.plan.expand import PORTS_PER_SLOT, Cell, Slot
+from pdsweep.plan.expand import Cell
 from pdsweep.plan.gpus import free_gpu_ids, inventory
+from pdsweep.plan.instance import PORTS_PER_SLOT, Slot, check_ports
 from pdsweep.plan.placement import LanePool
 
-# Rough per-cell durations for the makespan estimate (seconds); real runs log real ones.
-STARTUP_S = {"cuda": 300.0, "cpu": 90.0}
-EVAL_S = 120.0
+# Rough per-cell durations for the makespan estimate (seconds); real runs log real ones. CPU: the
+# medians of a cpu-smoke run on a shared 2-core box (40 instance starts 39.6 s, 24 cells' eval +
+# consistency + bench 37.2 s; bench/test_duration_model.py), was 90 s and 120 s (0.44x and 0.31x).
+STARTUP_S = {"cuda": 300.0, "cpu": 40.0}
+EVAL_S = {"cuda": 120.0, "cpu": 40.0}  # a cell's measured phases, per platform
 
 
 def detect_gpus() -> int:
@@ -37,24 +41,21 @@ def detect_gpu_ids() -> tuple[int, ...]:
 def estimate_s(cell: Cell) -> float:
     """Estimated wall time of one cell: startup (longer for more instances) + eval."""
     instances = 1 if cell.kind == "ref" else cell.num_prefill + cell.num_decode
-    return STARTUP_S[cell.platform] * (1 + 0.1 * (instances - 1)) + EVAL_S
-
-
-MAX_PORT = 65535  # the largest TCP port
+    return STARTUP_S[cell.platform] * (1 + 0.1 * (instances - 1)) + EVAL_S[cell.platform]
 
 
 def check_port_range(num_gpus: int, port_base: int) -> None:
-    """Raise ``UserError`` unless every lane's port block fits below :data:`MAX_PORT`: up to
+    """Raise ``UserError`` unless every lane's port block fits below
+    :data:`pdsweep.plan.instance.MAX_PORT` (:func:`pdsweep.plan.instance.check_ports`): up to
     ``max(1, num_gpus)`` concurrent cells, ``PORTS_PER_SLOT`` ports each from ``port_base``."""
     if num_gpus < 0:
         raise UserError(f"--gpus {num_gpus}: a GPU count is >= 0")
     lanes = max(1, num_gpus)
-    last = port_base + lanes * PORTS_PER_SLOT - 1
-    if last > MAX_PORT:
-        raise UserError(
-            f"defaults.port_base {port_base} with {num_gpus} GPUs: up to {lanes} concurrent cells of "
-            f"{PORTS_PER_SLOT} ports reach port {last}, past {MAX_PORT} (lower port_base)"
-        )
+    check_ports(
+        port_base,
+        lanes * PORTS_PER_SLOT,
+        f"defaults.port_base {port_base} with {num_gpus} GPUs: up to {lanes} concurrent cells (lower port_base)",
+    )
 
 
 class HasGpus(Protocol):
@@ -171,7 +172,7 @@ class Schedule:
 
 def instance_placement(p: Placement) -> list[dict]:
     """Node and GPU ids of each instance of a placement (``prefill-0``, ``decode-0``, ...),
-    in the order :func:`pdsweep.plan.expand.instances` hands out ``slot.gpus``."""
+    in the order :func:`pdsweep.plan.instance.instances` hands out ``slot.gpus``."""
     from pdsweep.plan.placement import groups
 
     c, slot, out, i = p.cell, p.slot, [], 0
@@ -193,16 +194,44 @@ def order(cells: list[Cell]) -> list[Cell]:
     return sorted(cells, key=lambda c: (c.kind != "ref", -c.num_gpus, -estimate_s(c)))
 
 
-def pack(cells: list[Cell], num_gpus: int, port_base: int = 20000, pool=None, estimate=None) -> Schedule:
+def not_runnable(cells: list[Cell], pool: Any, ref_of: Callable[[Cell], str] | None = None) -> dict[str, str]:
+    """Cell id -> why it is NOT-RUNNABLE on ``pool``: it does not fit (``pool.needs``), or it
+    is a reference cell (``ref_of``: PD cell -> its reference's id) that only PD cells of
+    ``cells`` that do not fit are compared with: running it would judge nothing. A reference
+    no PD cell of ``cells`` names (``--cells`` chose it alone) runs."""
+    out = {c.id: pool.needs(c) for c in cells if not pool.fits(c)}
+    if ref_of is None:
+        return out
+    users: dict[str, list[Cell]] = {}
+    for c in cells:
+        if c.kind == "pd":
+            users.setdefault(ref_of(c), []).append(c)
+    for c in cells:
+        pds = users.get(c.id, [])
+        if c.kind == "ref" and c.id not in out and pds and all(p.id in out for p in pds):
+            out[c.id] = f"reference of NOT-RUNNABLE cells only ({len(pds)}, e.g. {pds[0].id}): nothing to compare"
+    return out
+
+
+def pack(
+    cells: list[Cell],
+    num_gpus: int,
+    port_base: int = 20000,
+    pool=None,
+    estimate=None,
+    ref_of: Callable[[Cell], str] | None = None,
+) -> Schedule:
     """Simulate the run-time scheduler with estimated durations (``estimate``: cell ->
     seconds, default :func:`estimate_s`; :func:`pdsweep.plan.startup.estimator` by model size),
     on ``pool`` (default a :class:`GpuPool` of ``num_gpus``; a :class:`pdsweep.plan.placement.ClusterPool`
-    places over nodes). Returns placements whose concurrent cells hold disjoint GPUs and distinct lanes.
+    places over nodes); cells :func:`not_runnable` (with ``ref_of``) are left out with their reason.
+    Returns placements whose concurrent cells hold disjoint GPUs and distinct lanes.
     """
     estimate = estimate or estimate_s
     pool = pool or GpuPool(num_gpus, port_base)
-    runnable = [c for c in order(cells) if pool.fits(c)]
-    too_big = [c for c in cells if not pool.fits(c)]
+    why = not_runnable(cells, pool, ref_of)
+    runnable = [c for c in order(cells) if c.id not in why]
+    too_big = [c for c in cells if c.id in why]
     running: list[tuple[float, int, Slot]] = []  # heap of (end, start order, slot)
     out: list[Placement] = []
     t, pending = 0.0, list(runnable)
@@ -222,7 +251,7 @@ def pack(cells: list[Cell], num_gpus: int, port_base: int = 20000, pool=None, es
         if running:
             t, _, slot = heapq.heappop(running)
             pool.release(slot)
-    return Schedule(out, too_big, {c.id: pool.needs(c) for c in too_big})
+    return Schedule(out, too_big, why)
 
 
 # ---------------------------------------------------------------- reuse: order and lifecycle
@@ -236,7 +265,11 @@ def reuse_order(cells: list[Cell], keys: dict[str, set[str]]) -> list[Cell]:
     base = order(cells)
     refs, pd = [c for c in base if c.kind == "ref"], [c for c in base if c.kind != "ref"]
     rank = {c.id: i for i, c in enumerate(pd)}
-    nbrs = {c.id: {d.id for d in pd if d.id != c.id and keys.get(c.id, set()) & keys.get(d.id, set())} for c in pd}
+    users: dict[str, set[str]] = {}  # instance key -> the PD cells needing it
+    for c in pd:
+        for k in keys.get(c.id, ()):
+            users.setdefault(k, set()).add(c.id)
+    nbrs = {c.id: set().union(*(users[k] for k in keys.get(c.id, ()))) - {c.id} for c in pd}
     left, out = {c.id: c for c in pd}, []
     while left:
         first = next(iter(sorted(left, key=rank.__getitem__)))
@@ -280,48 +313,3 @@ def lifecycle(cells: list[Cell], keys: dict[str, list[str]], ids: dict[str, str]
         for k in [k for k in live if k not in nxt]:
             live.pop(k)["stop_after"] = c.id
     return rows
-
-
-def sequential_s(cells: list[Cell]) -> float:
-    """Upstream's approach in the duration model: every cell one after the other, each
-    starting its own instances (``config_sweep_accuracy_test.sh``: a fresh pair per config)."""
-    return sum(estimate_s(c) for c in cells)
-
-
-def reuse_makespan_s(cells: list[Cell], keys: dict[str, list[str]], num_gpus: int, port_base: int = 20000) -> float:
-    """Makespan in the duration model with packing and reuse: :func:`reuse_order` chains
-    (consecutive cells sharing an instance) run on one GPU set each, the chain holding
-    its largest cell's GPUs; in a chain a cell whose instances are all up already pays no
-    startup (:data:`STARTUP_S`), only the eval (:data:`EVAL_S`); chains are packed like
-    cells (:func:`pack`'s first fit, longest first)."""
-    sets = {c.id: set(keys.get(c.id, [])) for c in cells}
-    chains: list[list[Cell]] = []
-    for c in reuse_order(cells, sets):
-        if chains and chains[-1][-1].kind == c.kind == "pd" and sets[chains[-1][-1].id] & sets[c.id]:
-            chains[-1].append(c)
-        else:
-            chains.append([c])
-
-    def dur(chain: list[Cell]) -> float:
-        t, prev = 0.0, set[str]()
-        for c in chain:
-            t += EVAL_S if sets[c.id] <= prev else estimate_s(c)
-            prev = sets[c.id]
-        return t
-
-    pool = GpuPool(num_gpus, port_base)
-    jobs = sorted(((dur(ch), max(ch, key=lambda c: c.num_gpus)) for ch in chains), key=lambda j: -j[0])
-    running: list[tuple[float, int, Slot]] = []  # heap of (end, id, slot)
-    t, pending = 0.0, [j for j in jobs if pool.fits(j[1])]
-    while pending or running:
-        for j in list(pending):
-            slot = pool.try_acquire(j[1])
-            if slot:
-                heapq.heappush(running, (t + j[0], id(slot), slot))
-                pending.remove(j)
-        if running:
-            t, _, slot = heapq.heappop(running)
-            pool.release(slot)
-        elif pending:
-            break
-    return t

@@ -41,4 +41,4 @@ def cell_startup_s(cell: Cell, ls: LoadedSweep) -> float:
 def estimator(ls: LoadedSweep) -> Callable[[Cell], float]:
     """Estimated wall time of one cell of ``ls`` (startup by model size + :data:`EVAL_S`),
     the ``estimate`` of :func:`pdsweep.plan.schedule.pack` and :mod:`pdsweep.plan.reusepack`."""
-    return lambda cell: cell_startup_s(cell, ls) + EVAL_S
+    return lambda cell: cell_startup_s(cell, ls) + EVAL_S[cell.platform]

@@ -16,7 +16,7 @@ load phase ("killed ... during bench") and failed the drill's signature (a fresh
 
 - ``fail-read-1-in-K``: not injected here: decode's vLLM reports every K-th completed NIXL
   READ as failed (:mod:`pdsweep.engine.readfault`, ``PDSWEEP_FAIL_READ_EVERY`` set by
-  :func:`pdsweep.plan.expand.instances`), and the gate's transfer check holds vLLM's count to
+  :func:`pdsweep.plan.instance.instances`), and the gate's transfer check holds vLLM's count to
   the injected one (:class:`pdsweep.judge.gate.TransferCheck`).
 
 - ``decode-after-lease-expiry``: not a kill: the PD proxy holds 1 in :data:`LEASE_DELAY_EVERY`
@@ -49,7 +49,7 @@ from pdsweep.core.errors import UserError
 from pdsweep.core.faults import LEASE_EXPIRY, ProxyFaults, sweep_fault
 from pdsweep.deploy.launchers import Handle
 from pdsweep.plan.cell import Cell
-from pdsweep.plan.expand import kv_transfer_config
+from pdsweep.plan.instance import kv_transfer_config
 from pdsweep.spec.sweep import LoadedSweep
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ def check_cells_argv(ls, cells) -> None:
     """Parse every instance argv of ``cells`` with the installed vLLM (:mod:`pdsweep.builds.argcheck`);
     raises ``UserError`` naming cell, instance and vLLM's message."""
     from pdsweep.builds.argcheck import check_instances
-    from pdsweep.plan.expand import Slot, instances, model_path
+    from pdsweep.plan.instance import Slot, instances, model_path
 
     items = []
     for c in cells:
@@ -40,17 +40,16 @@ MAX_GPUS_PER_NODE = 64
 
 def _check_slot_ports(slots: dict, port_base: int) -> None:
     """Raise ``UserError`` when a lane the schedule placed (one host or a cluster) has ports
-    past :data:`pdsweep.plan.schedule.MAX_PORT`: lanes counted as the schedule uses them."""
-    from pdsweep.plan.schedule import MAX_PORT, PORTS_PER_SLOT
+    past :data:`pdsweep.plan.instance.MAX_PORT` (:func:`pdsweep.plan.instance.check_ports`)."""
+    from pdsweep.plan.instance import PORTS_PER_SLOT, check_ports
 
-    if not slots:
-        return
-    last = max(s.port_base for s in slots.values()) + PORTS_PER_SLOT - 1
-    if last > MAX_PORT:
+    if slots:
         lanes = len({s.port_base for s in slots.values()})
-        raise UserError(
-            f"defaults.port_base {port_base}: the schedule runs {lanes} lanes of {PORTS_PER_SLOT} ports, "
-            f"reaching port {last}, past {MAX_PORT} (lower port_base, or fewer nodes/GPUs)"
+        check_ports(
+            port_base,
+            max(s.port_base for s in slots.values()) + PORTS_PER_SLOT - port_base,
+            f"defaults.port_base {port_base}: the schedule runs {lanes} lanes of {PORTS_PER_SLOT} ports "
+            "(lower port_base, or fewer nodes/GPUs)",
         )
 
 
@@ -87,7 +86,7 @@ def plan_dict(
     schedule; over ``cluster`` (nodes x GPUs) when given, else over one host's ``gpus``.
     ``gpu_check``: run :func:`pdsweep.run.preflight.preflight` first (``UserError`` on a problem;
     busy GPUs are left out of the schedule)."""
-    from pdsweep.plan.expand import expand, select_cells
+    from pdsweep.plan.expand import expand, reference_of, select_cells
     from pdsweep.plan.schedule import detect_gpus, pack
     from pdsweep.run.feasible import feasibility_warnings
     from pdsweep.spec.sweep import load_sweep
@@ -106,7 +105,8 @@ def plan_dict(
     pool, fitted, n = _pool(ls, cells, gpus, n, cluster, gpu_check)
     from pdsweep.plan.startup import estimator
 
-    sched = pack(cells, n, ls.sweep.defaults.port_base, pool=pool, estimate=estimator(ls))
+    ref_of = (lambda c: reference_of(c, ls).id) if ls.sweep.eval.reference else None
+    sched = pack(cells, n, ls.sweep.defaults.port_base, pool=pool, estimate=estimator(ls), ref_of=ref_of)
     slots = {p.cell.id: p.slot for p in sched.placements}
     _check_slot_ports(slots, ls.sweep.defaults.port_base)
     out_cells, specs_of = _cell_entries(ls, cells, slots)
@@ -119,7 +119,13 @@ def plan_dict(
         order = {c.id: c for c in cells}
         todo = [order[cid] for cid in reuse["order"]]
         reuse["schedule"] = chain_schedule(todo, specs_of, n, ls.sweep.defaults.port_base, estimator(ls))
+    chained = reuse["schedule"] if reuse and reuse.get("schedule") else None
     return {
+        # the one schedule `run` follows: chains with reuse on this host's GPUs (pdsweep.run.gpureuse), else cells
+        "makespan": {
+            "s": chained["makespan_s"] if chained else round(sched.makespan_s, 1),
+            "follows": "reuse chains" if chained else "cells",
+        },
         "sweep": str(ls.path),
         "platform": ls.sweep.platform,
         "builds": {b: build_record(ls, b) for b in sorted({c.build for c in cells})},
@@ -176,7 +182,8 @@ def _cell_entries(ls, cells, slots: dict) -> tuple[list[dict], dict]:
     """(one dict per cell for the dry run, the instance specs of each scheduled cell by id):
     the cell, its TP ratio, GPUs, blocks and reference, and per instance argv/env and blocks."""
     from pdsweep.plan.builds import build_python
-    from pdsweep.plan.expand import instances, model_path, planned_blocks, reference_of
+    from pdsweep.plan.expand import reference_of
+    from pdsweep.plan.instance import instances, model_path, planned_blocks
 
     out_cells, specs_of = [], {}
     for c in cells:
@@ -312,38 +319,66 @@ def print_plan(d: dict) -> None:
         if b.get("failed_transfer_accounting"):
             what += f"; vllm:nixl_num_failed_transfers counts {b['failed_transfer_accounting']}"
         con.print(f"build {escape(name)}: {escape(str(b.get('python')))}: {escape(what)}")
-    if d["rejected"]:
-        r = Table(title=f"rejected: {len(d['rejected'])} cells")
-        r.add_column("cell")
-        r.add_column("rule")
-        r.add_column("reason")
-        for x in d["rejected"]:
-            r.add_row(x["cell_id"], x["rule"], x["reason"])
-        con.print(r)
+    con.file.write("".join(rejected_text(d["rejected"])))
     s = d["schedule"]
     for x in s["needs_more_gpus"]:
         why = x.get("reason") or f"needs {x['needs']} GPUs (host has {d['gpus']})"
         con.print(escape(f"NOT-RUNNABLE: {x['cell']}: {why}"))
     con.print("\n[bold]instances (dry run)[/bold]")
+    lines = []  # plain text: rich's markup pass costs seconds over thousands of argv lines
     for c in d["cells"]:
         for i in c.get("instances", []):
             env = " ".join(f"{k}={shlex.quote(v)}" for k, v in i["env"].items())
             on = f" on {i['node']}" if d["nodes"] else ""
-            con.print(escape(f"[{c['id']}] {i['name']}{on}: {env} {shlex.join(i['argv'])}"))
+            lines.append(f"[{c['id']}] {i['name']}{on}: {env} {shlex.join(i['argv'])}\n")
             if i.get("blocks"):
-                con.print(escape(f"    {i['name']}: {instance_blocks_text(i['blocks'])}"))
-    con.print("\n[bold]schedule[/bold]")
-    for p in s["placements"]:
-        gp = placement_text(p) if d["nodes"] else ",".join(map(str, p["gpus"])) or "cpu"
-        con.print(
-            f"  t={p['start_s']:7.0f}s..{p['end_s']:7.0f}s  lane {p['lane']} ports {p['port_base']}+  "
-            f"GPUs {gp:12} {p['cell']}"
-        )
-    con.print(
-        f"estimated makespan {s['makespan_s']:.0f} s vs {s['serial_s']:.0f} s one by one (ratio {s['ratio']:.2f})"
-    )
+                lines.append(f"    {i['name']}: {instance_blocks_text(i['blocks'])}\n")
+    con.file.write("".join(lines))
     if d.get("reuse"):
         _print_reuse(con, d["reuse"])
+    m = d["makespan"]
+    con.print("\n[bold]schedule[/bold]" + (" (reuse chains: what `run` follows)" if m["follows"] != "cells" else ""))
+    if m["follows"] == "cells":
+        rows = [
+            f"  t={p['start_s']:7.0f}s..{p['end_s']:7.0f}s  lane {p['lane']} ports {p['port_base']}+  "
+            f"GPUs {placement_text(p) if d['nodes'] else ','.join(map(str, p['gpus'])) or 'cpu':12} {p['cell']}\n"
+            for p in s["placements"]
+        ]
+        one_by_one = s["serial_s"]
+    else:
+        chains = d["reuse"]["schedule"]
+        rows = [
+            f"  t={ch['start_s']:7.0f}s..{ch['end_s']:7.0f}s  lane {ch['lane']} ports {ch['port_base']}+  "
+            f"GPUs {','.join(map(str, ch['gpus'])):12} {len(ch['cells'])} cells, {ch['instance_starts']} "
+            f"instance starts: {', '.join(ch['cells'])}\n"
+            for ch in chains["chains"]
+        ]
+        one_by_one = chains["sequential_s"]
+    con.file.write("".join(rows))
+    con.print(
+        f"estimated makespan {m['s']:.0f} s (the schedule `run` follows: {m['follows']}) "
+        f"vs {one_by_one:.0f} s one cell at a time"
+    )
+
+
+REJECTED_EXAMPLES = 3  # cell ids shown per distinct reason (all of them: --format json)
+
+
+def rejected_text(rejected: list[dict]) -> list[str]:
+    """Lines of the rejected cells grouped by rule, then by reason, each with its count and
+    a few cell ids (a 1000-cell sweep repeats one reason across builds and variants)."""
+    if not rejected:
+        return []
+    by_rule: dict[str, dict[str, list[str]]] = {}
+    for x in rejected:
+        by_rule.setdefault(x["rule"], {}).setdefault(x["reason"], []).append(x["cell_id"])
+    out = [f"\nrejected: {len(rejected)} cells by {len(by_rule)} rules (every cell id: --format json)\n"]
+    for rule, reasons in sorted(by_rule.items(), key=lambda kv: -sum(map(len, kv[1].values()))):
+        out.append(f"  {rule}: {sum(map(len, reasons.values()))} cells, {len(reasons)} distinct reason(s)\n")
+        for reason, ids in sorted(reasons.items(), key=lambda kv: -len(kv[1])):
+            more = f" and {len(ids) - REJECTED_EXAMPLES} more" if len(ids) > REJECTED_EXAMPLES else ""
+            out.append(f"    {len(ids):4d} x {reason}\n         e.g. {', '.join(ids[:REJECTED_EXAMPLES])}{more}\n")
+    return out
 
 
 def _print_reuse(con, reuse: dict) -> None:
@@ -360,12 +395,8 @@ def _print_reuse(con, reuse: dict) -> None:
     for r in shared:
         t.add_row(r["instance_id"], ", ".join(r["cells"]), r["stop_after"] or "-")
     con.print(t)
-    s = reuse.get("schedule")
-    if s:
-        con.print(
-            f"with reuse on GPUs: {len(s['chains'])} chains (cells sharing instances run in turn on one GPU set), "
-            f"estimated makespan {s['makespan_s']:.0f} s vs {s['sequential_s']:.0f} s one cell at a time"
-        )
+    if s := reuse.get("schedule"):
+        con.print(f"with reuse on GPUs: {len(s['chains'])} chains (cells sharing instances run in turn on one GPU set)")
 
 
 def placement_text(p: dict) -> str:

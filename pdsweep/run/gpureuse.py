@@ -22,7 +22,8 @@ from dataclasses import replace
 from typing import Any
 
 from pdsweep.deploy.instances import InstancePool, instance_key
-from pdsweep.plan.expand import Cell, InstanceSpec, Slot, instances, model_path
+from pdsweep.plan.expand import Cell
+from pdsweep.plan.instance import InstanceSpec, Slot, instances, model_path
 from pdsweep.plan.reusepack import Chain, chain_s, chains
 from pdsweep.plan.schedule import GpuPool
 from pdsweep.plan.startup import estimator
@@ -38,7 +39,7 @@ def run_chains(
     planned instances (identity only); ``run_cell(ctx, cell, slot, on_ready)`` runs one cell."""
     keys, sizes = identities(specs)
     est = estimator(ctx.ls)
-    pending = sorted(chains(todo, keys, sizes, pool.num_gpus), key=lambda ch: -chain_s(ch, keys, est))
+    pending = sorted(chains(todo, keys, sizes, pool.num_gpus), key=lambda ch: -chain_s(ch, keys, est, sizes))
     with cf.ThreadPoolExecutor(max_workers=max(1, pool.num_gpus), thread_name_prefix="chain") as ex:
         running: dict[cf.Future, Slot] = {}
         while pending or running:
@@ -84,7 +85,7 @@ def run_chain(ctx: Any, chain: Chain, slot: Slot, specs: dict[str, list[Instance
 
 
 def assign(held: dict[int, str], gpus: tuple[int, ...], planned: list[InstanceSpec]) -> tuple[int, ...] | None:
-    """GPU ids for ``planned`` in instance order (as :func:`pdsweep.plan.expand.instances`
+    """GPU ids for ``planned`` in instance order (as :func:`pdsweep.plan.instance.instances`
     hands out ``slot.gpus``): a live instance's own (``held``: GPU -> instance key), a new
     one the next ``len(spec.gpus)`` of ``gpus`` that no live instance holds; None when those
     do not suffice."""
@@ -143,4 +144,4 @@ def chain_schedule(
 
     keys, sizes = identities(specs)
     chs = chains(todo, keys, sizes, num_gpus)
-    return record(pack_chains(chs, keys, num_gpus, port_base, estimate), keys, estimate)
+    return record(pack_chains(chs, keys, num_gpus, port_base, estimate, sizes), keys, estimate)

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 from pdsweep.core.errors import UserError
 from pdsweep.plan.cell import Cell
-from pdsweep.plan.expand import model_path
+from pdsweep.plan.instance import model_path
 from pdsweep.spec.sweep import LoadedSweep
 
 

@@ -303,7 +303,7 @@ def memory_fit(ls: Any, cells: list[Any], weights: dict[str, Weights], gpus: Ite
     instance that does not fit is *unfit* (NOT-RUNNABLE with the arithmetic; the rest run),
     never an error. Errors: ``free < total x gpu_memory_utilization`` (vLLM
     ``Worker.init_device`` refuses every start) and weights of unknown size (fail closed)."""
-    from pdsweep.plan.expand import Slot, instances, model_path
+    from pdsweep.plan.instance import Slot, instances, model_path
 
     gpus = list(gpus)
     out = MemoryFit([], [], {}, node_shape(gpus))

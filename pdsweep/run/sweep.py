@@ -35,20 +35,9 @@ from pdsweep.deploy.instances import AltBlocks, Fresh, InstancePool, instance_id
 from pdsweep.deploy.launchers import Launcher, LocalLauncher, tail
 from pdsweep.measure.phases import measure_cell
 from pdsweep.plan.builds import build_info
-from pdsweep.plan.expand import (
-    PORTS_PER_SLOT,
-    Cell,
-    InstanceSpec,
-    Plan,
-    Slot,
-    expand,
-    instances,
-    model_path,
-    planned_blocks,
-    reference_of,
-    select_cells,
-)
-from pdsweep.plan.schedule import GpuPool, detect_gpus, order, pack, reuse_order
+from pdsweep.plan.expand import Cell, Plan, expand, reference_of, select_cells
+from pdsweep.plan.instance import PORTS_PER_SLOT, InstanceSpec, Slot, instances, model_path, planned_blocks
+from pdsweep.plan.schedule import GpuPool, detect_gpus, not_runnable, order, pack, reuse_order
 from pdsweep.results import layout
 from pdsweep.run.drills import armed, lease_drill_faults
 from pdsweep.run.prebuild import prebuild_checkpoints
@@ -356,7 +345,8 @@ def run_sweep(path: str | Path, opts: RunOptions) -> Path:
     write), ``KeyboardInterrupt`` after SIGINT/SIGTERM (every process stopped)."""
     t_run = time.monotonic()
     ctx, cells, pool, too_big = _open_run(path, opts)
-    runnable = [c for c in order(cells) if pool.fits(c)]
+    skip = {c.id for c in too_big}
+    runnable = [c for c in order(cells) if c.id not in skip]
     todo = [c for c in runnable if not (opts.resume and layout.cell_status(ctx.run_dir, c.id) in layout.FINAL_STATUSES)]
     prev = layout.read_json_or_none(ctx.run_dir / layout.RUN_FILE) if opts.resume else None
     started = (prev or {}).get("started") or now()  # a resumed run keeps when it began: its history key
@@ -464,18 +454,19 @@ def _open_run(path: str | Path, opts: RunOptions) -> tuple[RunContext, list[Cell
         ls, opts, num_gpus, gpu_ids, unfit
     )  # outside an allocation: refused before any write
     run_dir.mkdir(parents=True, exist_ok=True)
+    why = not_runnable(cells, pool, (lambda c: reference_of(c, ls).id) if ls.sweep.eval.reference else None)
     ctx = RunContext(
         ls,
         plan,
         run_dir,
         opts,
         launcher=launcher,
-        needs=pool.needs,
+        needs=lambda c: why.get(c.id) or pool.needs(c),
         git_shas=git_shas,
         sweep_sha256=sha,
         git_sha=current,
     )
-    return ctx, cells, pool, [c for c in cells if not pool.fits(c)]
+    return ctx, cells, pool, [c for c in cells if c.id in why]  # a reference only they need, too
 
 
 def planned_specs(ctx: RunContext, cell: Cell, pool: Any) -> list[InstanceSpec]:
@@ -506,7 +497,12 @@ def _write_plan(
         "cells": [c.to_dict() for c in cells],
         "rejected": [{"cell": r.cell.to_dict(), "rule": r.rule, "reason": r.reason} for r in plan.rejected],
         "schedule": pack(
-            cells, pool.num_gpus, ls.sweep.defaults.port_base, pool=fresh_pool(pool), estimate=est
+            cells,
+            pool.num_gpus,
+            ls.sweep.defaults.port_base,
+            pool=fresh_pool(pool),
+            estimate=est,
+            ref_of=(lambda c: reference_of(c, ls).id) if ls.sweep.eval.reference else None,
         ).to_dict(),
     }
     if keys:

@@ -67,7 +67,7 @@ BOUND_WHY = {
     "pp": f"pipeline stages of one prefill instance; pdsweep takes up to {MAX_PP}",
     "dp": f"pdsweep reserves {MAX_DP} NIXL side-channel ports per instance and vLLM adds the DP index to "
     "VLLM_NIXL_SIDE_CHANNEL_PORT (nixl/base_scheduler.py NixlConnectorScheduler.__init__)",
-    "instances": "at most 12 instances per cell (pdsweep.plan.expand.MAX_INSTANCES: the per-cell port block)",
+    "instances": "at most 12 instances per cell (pdsweep.plan.instance.MAX_INSTANCES: the per-cell port block)",
     "port_base": "TCP ports end at 65535 and each concurrent cell takes a block of 200",
 }
 BOUND_OF = {

@@ -22,7 +22,7 @@ MAX_MODEL_NAME = 64
 ID_PART = re.compile(r"^(?:p\d+d\d+|b\d+(?:-\d+)?|ref-tp\d+|\d+x\d+|ddp\d+|ppp\d+|layout-.*|kvbuf-.*|env-.*)$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
-# vllm serve flags pdsweep derives (pdsweep.plan.expand.instances), with the axis/setting instead
+# vllm serve flags pdsweep derives (pdsweep.plan.instance.instances), with the axis/setting instead
 _TP = "the tp axis (or prefill_tp/decode_tp)"
 _PP = (
     "the prefill_pp axis (prefill pipeline stages; vLLM 0.32.0 refuses PP on the decode: "
@@ -68,8 +68,8 @@ RESERVED_ENV = {
     "VLLM_PORT": "defaults.port_base (pdsweep gives each cell a private block of ports)",
     "VLLM_NIXL_SIDE_CHANNEL_PORT": "defaults.port_base (pdsweep gives each cell a private block of ports)",
     "VLLM_NIXL_SIDE_CHANNEL_HOST": "nothing: every instance of a cell runs on this host",
-    "VLLM_KV_CACHE_LAYOUT": "the kv_cache_layout axis (decode's layout; pdsweep.plan.expand.derived_env)",
-    "VLLM_SSM_CONV_STATE_LAYOUT": "nothing: derived for SSM models (pdsweep.plan.expand.derived_env)",
+    "VLLM_KV_CACHE_LAYOUT": "the kv_cache_layout axis (decode's layout; pdsweep.plan.instance.derived_env)",
+    "VLLM_SSM_CONV_STATE_LAYOUT": "nothing: derived for SSM models (pdsweep.plan.instance.derived_env)",
     "CUDA_VISIBLE_DEVICES": "--gpus and the scheduler (pdsweep hands each cell its GPUs)",
 }
 

@@ -114,6 +114,6 @@ class Defaults(_Strict):
     # kv_producer/kv_consumer per role ("split"), or kv_both on both (older vLLM, upstream scripts)
     kv_role: Literal["split", "both"] = "split"
     cpu_kvcache_space_gib: int = Field(default=1, ge=1)
-    # --num-gpu-blocks-override; None: 256 on CPU (see pdsweep.plan.expand.CPU_NUM_BLOCKS), vLLM's own on GPU
+    # --num-gpu-blocks-override; None: 256 on CPU (see pdsweep.plan.instance.CPU_NUM_BLOCKS), vLLM's own on GPU
     num_blocks: int | None = Field(default=None, ge=1, le=10_000_000)
     port_base: int = Field(default=20000, ge=1024, le=60000)

@@ -26,7 +26,8 @@ import httpx
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from pdsweep.deploy.launchers.base import own_group  # noqa: E402
-from pdsweep.plan import expand as P  # noqa: E402
+from pdsweep.plan import instance as P  # noqa: E402
+from pdsweep.plan.cell import Cell  # noqa: E402
 from pdsweep.spec.sweep import load_sweep  # noqa: E402
 
 
@@ -225,7 +226,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     ls = load_sweep(a.sweep)
     model = ls.catalogue.models[a.model]
-    cell = P.Cell(
+    cell = Cell(
         model=a.model,
         prefill_tp=a.prefill_tp,
         decode_tp=a.decode_tp,
