@@ -105,7 +105,7 @@ class Deployment:
     @property
     def transfer_mode(self) -> str | None:
         """``"push"`` or ``"pull"`` from the instances' ``--kv-transfer-config``
-        (:func:`pdsweep.plan.expand.transfer_mode`); None for a single instance."""
+        (:func:`pdsweep.plan.instance.transfer_mode`); None for a single instance."""
         modes = {transfer_mode(u.spec.argv) for u in self.uses} - {None}
         return "push" if "push" in modes else ("pull" if modes else None)
 
