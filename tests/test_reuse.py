@@ -19,7 +19,8 @@ from pdsweep.measure.metrics import parse
 from pdsweep.plan.expand import InstanceSpec, Slot, expand, instances
 from pdsweep.plan.schedule import estimate_s, lifecycle, reuse_makespan_s, reuse_order, sequential_s
 from pdsweep.results import layout
-from pdsweep.run.sweep import RunOptions, run_sweep
+from pdsweep.run.context import RunOptions
+from pdsweep.run.sweep import run_sweep
 from pdsweep.spec.sweep import load_sweep
 
 HERE = Path(__file__).resolve().parent

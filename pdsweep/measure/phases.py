@@ -7,7 +7,8 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,23 +69,28 @@ def scrape_phase(
         phases[name] = {n: (before[n], after[n], wall) for n in before if n in after}
 
 
-def measure_cell(
-    ls: LoadedSweep,
-    cell: Cell,
-    dep: Deployment,
-    cdir: Path,
-    mpath: str,
-    on_phase,
-    blocks: dict[str, Any] | None = None,
-    skip_eval: bool = False,
-    spent: dict[str, float] | None = None,
-) -> None:
+@dataclass
+class CellMeasure:
+    """How to measure one ready cell: its directory ``cdir``, the model path ``mpath``, the
+    ``on_phase`` callback (phase name), the read-back ``blocks`` (None: the plan's), whether to
+    ``skip_eval``, and ``spent`` (seconds pdsweep itself spends, by item: the harness share)."""
+
+    cdir: Path
+    mpath: str
+    on_phase: Callable[[str], None]
+    blocks: dict[str, Any] | None = None
+    skip_eval: bool = False
+    spent: dict[str, float] | None = None
+
+
+def measure_cell(ls: LoadedSweep, cell: Cell, dep: Deployment, m: CellMeasure) -> None:
     """The measured phases: eval (lm-eval), consistency probe, optional load; each
-    bracketed by /metrics scrapes of every instance (transfer.json). ``spent`` collects
-    the seconds pdsweep itself spends (scrapes, transfer.json) for the harness share."""
+    bracketed by /metrics scrapes of every instance (transfer.json). ``m.spent`` collects
+    the seconds pdsweep itself spends (scrapes, transfer.json, the load driver's start-up)."""
+    cdir, mpath, on_phase, blocks, spent = m.cdir, m.mpath, m.on_phase, m.blocks, m.spent
     ev = ls.sweep.eval
     phases: dict[str, Any] = {}
-    if not skip_eval and ev.tasks:
+    if not m.skip_eval and ev.tasks:
         on_phase("eval")
         model = ls.catalogue.models[cell.model]
         from pdsweep.measure.evalproc import run_lm_eval_bounded
