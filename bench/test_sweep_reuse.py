@@ -27,7 +27,8 @@ from pdsweep.deploy.instances import instance_key
 from pdsweep.plan.expand import Slot, expand, instances
 from pdsweep.plan.schedule import GpuPool, reuse_makespan_s, sequential_s
 from pdsweep.results import layout
-from pdsweep.run.sweep import RunOptions, run_sweep
+from pdsweep.run.context import RunOptions
+from pdsweep.run.sweep import run_sweep
 from pdsweep.spec.sweep import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
