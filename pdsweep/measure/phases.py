@@ -93,20 +93,14 @@ def measure_cell(ls: LoadedSweep, cell: Cell, dep: Deployment, m: CellMeasure) -
     if not m.skip_eval and ev.tasks:
         on_phase("eval")
         model = ls.catalogue.models[cell.model]
-        from pdsweep.measure.evalproc import run_lm_eval_bounded
+        from pdsweep.measure.evalproc import EvalTarget, run_lm_eval_bounded
         from pdsweep.plan.budgets import eval_budget_s
 
+        target = EvalTarget(
+            f"{dep.url}/v1/completions", cell.model, model.tokenizer or mpath, model.chat, model.trust_remote_code
+        )
         with scrape_phase(dep, phases, "eval", spent=spent):
-            results = run_lm_eval_bounded(
-                f"{dep.url}/v1/completions",
-                cell.model,
-                model.tokenizer or mpath,
-                ev,
-                cdir,
-                model.chat,
-                eval_budget_s(ev),
-                trust_remote_code=model.trust_remote_code,
-            )
+            results = run_lm_eval_bounded(target, ev, cdir, eval_budget_s(ev))
         layout.write_json(cdir / layout.EVAL_RAW, {"cell_id": cell.id, "tasks": results})
     if ev.consistency.enabled:
         on_phase("consistency")
@@ -337,7 +331,7 @@ def run_checked(
     ``bench.concurrencies`` point, on the reference cell once at concurrency 1 (its answers
     are the reference). Raises ``CellFailed('bench')`` past a run's budget."""
     from pdsweep.measure.endpoints import completions_url
-    from pdsweep.measure.loadcheck import budget_s, run_workload
+    from pdsweep.measure.loadcheck import WorkloadTarget, budget_s, run_workload
     from pdsweep.measure.prompts import probe_text
     from pdsweep.measure.workloads import build
 
@@ -348,17 +342,14 @@ def run_checked(
     text = probe_text(ls.sweep.eval.consistency.text, model.tiny is not None and model.tiny.train is not None)
     concs = [1] if cell.kind == "ref" else list(b.concurrencies)
     kv = (lambda: decode_kv_bytes(dep)) if cell.kind == "pd" else (lambda: None)
+    target = WorkloadTarget(completions_url(dep.url), cell.model, d.request_timeout_s, kv)
     out = []
     for w in b.workloads:
         reqs = build(w, b, model.tokenizer or mpath, block, max_len, text, model.trust_remote_code)
         for conc in concs:
             budget = b.budget_s or budget_s(reqs, conc, d.request_timeout_s)
             try:
-                out.append(
-                    run_workload(
-                        completions_url(dep.url), cell.model, w.name, reqs, conc, d.request_timeout_s, budget, kv
-                    )
-                )
+                out.append(run_workload(target, w.name, reqs, conc, budget))
             except TimeoutError:
                 raise CellFailed(
                     "bench", f"load workload {w.name} (concurrency {conc}) exceeded its budget of {budget:.0f} s"
