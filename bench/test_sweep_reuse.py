@@ -25,7 +25,8 @@ import pytest
 
 from pdsweep.plan.expand import expand
 from pdsweep.results import layout
-from pdsweep.run.sweep import RunOptions, run_sweep
+from pdsweep.run.context import RunOptions
+from pdsweep.run.sweep import run_sweep
 from pdsweep.spec.sweep import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent

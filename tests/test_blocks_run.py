@@ -11,7 +11,8 @@ from test_run_fake import make_sweep
 
 from pdsweep.plan.blocks import mismatches, runtime_blocks
 from pdsweep.results import layout
-from pdsweep.run.sweep import RunOptions, run_sweep
+from pdsweep.run.context import RunOptions
+from pdsweep.run.sweep import run_sweep
 
 
 @pytest.fixture(autouse=True)

@@ -69,7 +69,7 @@ def test_chosen_path_is_the_leading_command_words(argv: list[str], path: list[st
 
 
 def test_run_options_come_from_the_flags_of_the_same_name() -> None:
-    from pdsweep.run.sweep import RunOptions
+    from pdsweep.run.context import RunOptions
 
     ns = build_parser(["run"]).parse_args(["run", "s.yaml", "--quiet", "--gpus", "2", "--cells", "tiny*"])
     args = RunArgs.from_cli_args(ns)

@@ -91,7 +91,8 @@ def test_run_with_a_planted_loopback_node_addr_is_refused_before_any_write(monke
     import types
 
     import pdsweep.deploy.launchers as launchers
-    from pdsweep.run.sweep import RunOptions, launcher_and_pool
+    from pdsweep.run.context import RunOptions
+    from pdsweep.run.sweep import launcher_and_pool
 
     fake = types.SimpleNamespace(
         nodes=["pdsweep-n1", "pdsweep-n2"],

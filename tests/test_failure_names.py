@@ -9,7 +9,8 @@ import re
 import pytest
 from test_run_fake import make_sweep, ours, status, tok  # noqa: F401  (tok: the fixture)
 
-from pdsweep.run.sweep import RunOptions, run_sweep
+from pdsweep.run.context import RunOptions
+from pdsweep.run.sweep import run_sweep
 
 
 @pytest.mark.parametrize(("role", "name"), [("kv_producer", "prefill-0"), ("kv_consumer", "decode-0")])

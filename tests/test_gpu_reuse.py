@@ -23,8 +23,9 @@ from pdsweep.plan.instance import InstanceSpec
 from pdsweep.plan.reusepack import simulate
 from pdsweep.plan.startup import startup_s
 from pdsweep.results import layout
+from pdsweep.run.context import RunOptions
 from pdsweep.run.gpureuse import assign
-from pdsweep.run.sweep import RunOptions, run_sweep
+from pdsweep.run.sweep import run_sweep
 from pdsweep.spec.sweep import load_catalogue, load_sweep
 
 HERE = Path(__file__).resolve().parent

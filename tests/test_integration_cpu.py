@@ -21,7 +21,8 @@ import pytest
 from pdsweep.cli import main
 from pdsweep.judge.gate import XFAIL, gate_run
 from pdsweep.results import layout
-from pdsweep.run.sweep import RunOptions, run_sweep
+from pdsweep.run.context import RunOptions
+from pdsweep.run.sweep import run_sweep
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 REPO = Path(__file__).resolve().parent.parent

@@ -14,7 +14,8 @@ import psutil
 import pytest
 
 from pdsweep.results import layout
-from pdsweep.run.sweep import RunOptions, run_sweep
+from pdsweep.run.context import RunOptions
+from pdsweep.run.sweep import run_sweep
 
 pytestmark = [pytest.mark.integration, pytest.mark.nightly, pytest.mark.timeout(1200)]
 REPO = Path(__file__).resolve().parent.parent

@@ -18,7 +18,8 @@ import yaml
 
 from pdsweep.judge.gate import gate_run
 from pdsweep.results import layout
-from pdsweep.run.sweep import RunOptions, run_sweep
+from pdsweep.run.context import RunOptions
+from pdsweep.run.sweep import run_sweep
 from pdsweep.spec.sweep import load_sweep
 from pdsweep.tiny.checkpoints import checkpoint_dir
 

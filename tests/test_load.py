@@ -199,7 +199,8 @@ PD = "fake-gqa.p1d1.b16-16.fixed"
 
 
 def _run(tmp_path, tok, **faults):
-    from pdsweep.run.sweep import RunOptions, run_sweep
+    from pdsweep.run.context import RunOptions
+    from pdsweep.run.sweep import run_sweep
 
     sweep = make_sweep(
         tmp_path,
@@ -372,7 +373,8 @@ def test_vllm_router_axis_runs_the_same_checks(tmp_path, tok):
     the load answers and the transfer gate are checked through it like through pdsweep's proxy."""
     pytest.importorskip("vllm_router", reason="vllm-router is not installed (pip install vllm-router==0.1.17)")
     from pdsweep.judge.gate import gate_run
-    from pdsweep.run.sweep import RunOptions, run_sweep
+    from pdsweep.run.context import RunOptions
+    from pdsweep.run.sweep import run_sweep
 
     sweep = make_sweep(
         tmp_path,

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from pdsweep.measure.repeats import planned_repeats, run_repeats
+from pdsweep.measure.repeats import Probes, planned_repeats, run_repeats
 from pdsweep.spec.phases import BenchSpec
 
 
@@ -65,7 +65,7 @@ def test_three_repeats_keep_every_raw_figure_and_their_interval(cdir: Path) -> N
     log = cdir / "decode.log"
     log.write_text("PDSWEEP_NIXL_READ remote_engine=e remote_rank=0 bytes=1 descs=1 req=old t0=1.0 t1=2.0 xfer_us=1\n")
     fake = FakeLoad([100.0, 110.0, 90.0], log)
-    body = run_repeats(_ls(), None, None, "m", cdir, fake, [log], clock=fake.clock)
+    body = run_repeats(_ls(), None, None, "m", cdir, fake, Probes((log,), clock=fake.clock))
     assert fake.calls == 3 and [r["repeat"] for r in body["runs"]] == [0, 1, 2]
     assert [r["ttft_ms"]["p50"] for r in body["runs"]] == [100.0, 110.0, 90.0]
     for i, ttft in enumerate((100.0, 110.0, 90.0)):  # vLLM's own result file of each repeat, kept
@@ -84,22 +84,22 @@ def test_three_repeats_keep_every_raw_figure_and_their_interval(cdir: Path) -> N
 
 def test_target_ci_stops_once_converged(cdir: Path) -> None:
     fake = FakeLoad([100.0, 100.5, 100.2, 100.1, 100.3])
-    body = run_repeats(_ls(target_ci=0.05, max_repeats=5), None, None, "m", cdir, fake, clock=fake.clock)
+    body = run_repeats(_ls(target_ci=0.05, max_repeats=5), None, None, "m", cdir, fake, Probes(clock=fake.clock))
     assert fake.calls == 2 and body["repeat_plan"]["stop_reason"].startswith("converged")
 
 
 def test_target_ci_is_bounded_by_max_repeats(cdir: Path) -> None:
     fake = FakeLoad([100.0, 200.0, 50.0, 150.0, 80.0, 1.0])
-    body = run_repeats(_ls(target_ci=0.01, max_repeats=4), None, None, "m", cdir, fake, clock=fake.clock)
+    body = run_repeats(_ls(target_ci=0.01, max_repeats=4), None, None, "m", cdir, fake, Probes(clock=fake.clock))
     assert fake.calls == 4 and body["repeat_plan"]["stop_reason"].startswith("max_repeats 4 reached")
 
 
 def test_cpu_default_stops_at_its_budget_with_at_least_two(cdir: Path) -> None:
     fake = FakeLoad([100.0] * 3, step_s=100.0)
-    body = run_repeats(_ls("cpu", repeats_budget_s=250), None, None, "m", cdir, fake, clock=fake.clock)
+    body = run_repeats(_ls("cpu", repeats_budget_s=250), None, None, "m", cdir, fake, Probes(clock=fake.clock))
     assert fake.calls == 2 and body["repeat_plan"]["stop_reason"].startswith("CPU budget")
     fake = FakeLoad([100.0] * 3, step_s=10.0)
-    assert len(run_repeats(_ls("cpu"), None, None, "m", cdir, fake, clock=fake.clock)["repeats"]) == 3
+    assert len(run_repeats(_ls("cpu"), None, None, "m", cdir, fake, Probes(clock=fake.clock))["repeats"]) == 3
 
 
 def test_planned_repeats() -> None:
@@ -107,3 +107,15 @@ def test_planned_repeats() -> None:
     assert planned_repeats(BenchSpec(), "cpu") == (2, 3, 3)
     assert planned_repeats(BenchSpec(repeats=5), "cpu") == (5, 5, 5)
     assert planned_repeats(BenchSpec(target_ci=0.05, max_repeats=7), "cuda") == (2, 3, 7)
+
+
+def test_each_repeat_records_engine_cpu_ms_per_completed_request(cdir: Path) -> None:
+    fake = FakeLoad([100.0, 110.0])
+    used = iter([5.0, 5.8, 5.8, 7.0])  # engine CPU seconds before and after each repeat
+    body = run_repeats(_ls(repeats=2), None, None, "m", cdir, fake, Probes(cpu_s=lambda: next(used), clock=fake.clock))
+    cpu = [r["cpu"] for r in body["repeats"]]
+    assert [c["requests"] for c in cpu] == [8, 8]
+    assert [c["ms_per_request"] for c in cpu] == pytest.approx([800 / 8, 1200 / 8])
+    assert body["summary"]["cpu"]["engine_cpu_ms.per_request"]["values"] == pytest.approx([100.0, 150.0])
+    gone = run_repeats(_ls(repeats=1), None, None, "m", cdir, FakeLoad([1.0]), Probes(cpu_s=lambda: None))
+    assert gone["repeats"][0]["cpu"] is None and "cpu" not in gone["summary"]  # unknown, never 0

@@ -9,6 +9,7 @@ from pdsweep.core.errors import UserError
 from pdsweep.plan.expand import expand
 from pdsweep.run import prebuild
 from pdsweep.run import sweep as run_sweep_mod
+from pdsweep.run.context import RunOptions
 from pdsweep.spec.sweep import load_sweep
 
 SMOKE = load_sweep(Path(__file__).resolve().parent.parent / "sweeps" / "cpu-smoke.yaml")
@@ -47,6 +48,6 @@ def test_run_sweep_builds_checkpoints_before_any_instance(monkeypatch):
     import tempfile
 
     with tempfile.TemporaryDirectory() as d:
-        opts = run_sweep_mod.RunOptions(out=Path(d) / "run", quiet=True)
+        opts = RunOptions(out=Path(d) / "run", quiet=True)
         run_sweep_mod.run_sweep(SMOKE.path, opts)
     assert order[0] == "prebuild" and order[-1] == "cells" and "plan" in order

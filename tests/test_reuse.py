@@ -20,7 +20,8 @@ from pdsweep.plan.expand import expand
 from pdsweep.plan.instance import InstanceSpec, Slot, instances
 from pdsweep.plan.schedule import estimate_s, lifecycle, reuse_order
 from pdsweep.results import layout
-from pdsweep.run.sweep import RunOptions, run_sweep
+from pdsweep.run.context import RunOptions
+from pdsweep.run.sweep import run_sweep
 from pdsweep.spec.sweep import load_sweep
 
 HERE = Path(__file__).resolve().parent

@@ -19,7 +19,8 @@ from _fakes import build_tokenizer
 
 from pdsweep.cli import main
 from pdsweep.results import layout
-from pdsweep.run.sweep import RunOptions, run_sweep
+from pdsweep.run.context import RunOptions
+from pdsweep.run.sweep import run_sweep
 
 HERE = Path(__file__).resolve().parent
 FAKE_PY = HERE / "fake_build" / "python"

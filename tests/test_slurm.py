@@ -27,7 +27,8 @@ from test_run_fake import make_sweep, ours, status, tok  # noqa: F401  (tok: fix
 from pdsweep.cli import main
 from pdsweep.core.errors import UserError
 from pdsweep.results import layout
-from pdsweep.run.sweep import RunOptions, run_sweep
+from pdsweep.run.context import RunOptions
+from pdsweep.run.sweep import run_sweep
 
 PD = "fake-gqa.p1d1.b16-16.fixed"
 REPO = Path(__file__).resolve().parent.parent

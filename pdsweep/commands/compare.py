@@ -67,10 +67,10 @@ class CompareArgs:
             a_build=self.a_build,
             b_build=self.b_build,
         )
-        from pdsweep.report.perf_compare import COMPARE_JUNIT, perf_headline, write_compare_junit
+        from pdsweep.report.perf_compare import COMPARE_JUNIT, perf_headline, perf_teeth, write_compare_junit
 
         verdict = f"compare: {'REGRESSED' if res.regressed else 'NO REGRESSION'} of {self.b} against {self.a}"
-        verdict += f"\n{perf_headline(res)}"
+        verdict += f"\n{perf_headline(res)}\n{perf_teeth(res)}"
 
         def write() -> Path:
             md = write_compare_markdown(res, self.out / layout.COMPARE_MD)

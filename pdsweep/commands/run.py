@@ -15,14 +15,14 @@ from pdsweep.core.errors import EXIT_INTERRUPTED, UserError
 
 @dataclass(frozen=True)
 class RunArgs:
-    """``pdsweep run``. Every flag whose dest names a :class:`pdsweep.run.sweep.RunOptions`
+    """``pdsweep run``. Every flag whose dest names a :class:`pdsweep.run.context.RunOptions`
     field is passed on as that field: a new option is a field there plus a flag here."""
 
     parser_name: ClassVar[str] = "run"
     parser_help: ClassVar[str] = "deploy and measure every cell"
 
     sweep: str
-    opts: Any  # pdsweep.run.sweep.RunOptions (imported with the run command only)
+    opts: Any  # pdsweep.run.context.RunOptions (imported with the run command only)
     history: Path | None = None  # None: not appended
 
     @classmethod
@@ -71,7 +71,7 @@ class RunArgs:
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> RunArgs:
-        from pdsweep.run.sweep import RunOptions
+        from pdsweep.run.context import RunOptions
 
         given = {f.name: getattr(ns, f.name) for f in dataclasses.fields(RunOptions) if hasattr(ns, f.name)}
         opts = RunOptions(**given)

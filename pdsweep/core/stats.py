@@ -155,3 +155,42 @@ def union_seconds(intervals: list[tuple[float, float]]) -> float:
             total += e - end
             end = e
     return total
+
+
+def paired_ratio_interval(
+    a: list[float], b: list[float], confidence: float = 0.95
+) -> tuple[float | None, float | None, float | None, str]:
+    """Ratio B/A from paired repeats: ``a[i]`` and ``b[i]`` ran back to back (interleaved, one
+    machine-load epoch per pair), so load drift cancels in ``d_i = log b_i - log a_i``.
+    Returns ``(ratio, lo, hi, "paired")``: ``ratio = exp(mean d)`` (geometric mean of the per-pair
+    ratios) and the Student-t interval of ``mean d``
+    (``scipy.stats.ttest_1samp(d, 0).confidence_interval``), exponentiated (Kalibera and Jones,
+    "Rigorous benchmarking in reasonable time", ISMM 2013: judge the paired differences).
+    Pairs with a missing or non-positive value on either side are dropped; fewer than 2 pairs
+    left: ``(ratio or None, None, None, "paired")``. Raises ``ValueError`` when ``a`` and ``b``
+    differ in length (not paired)."""
+    if len(a) != len(b):
+        raise ValueError(f"paired values need equal lengths, got {len(a)} and {len(b)}")
+    pairs = [(x, y) for x, y in ((num(p), num(q)) for p, q in zip(a, b)) if x and y and x > 0 and y > 0]
+    d = [math.log(y / x) for x, y in pairs]
+    ratio = math.exp(sum(d) / len(d)) if d else None
+    if len(d) < 2:
+        return ratio, None, None, "paired"
+    if max(d) == min(d):  # no spread: the ratio is exact
+        return ratio, ratio, ratio, "paired"
+    from scipy import stats
+
+    ci = stats.ttest_1samp(d, 0.0).confidence_interval(confidence)
+    return ratio, math.exp(float(ci.low)), math.exp(float(ci.high)), "paired"
+
+
+def detectable_slowdown(lo: float | None, hi: float | None, threshold: float) -> float | None:
+    """The smallest slowdown factor an interval of this width judges a regression at
+    ``threshold`` (a fraction): a ratio interval ``[lo, hi]`` has log half-width
+    ``h = log(hi / lo) / 2``; centred on a slowdown ``s`` it clears ``1 + threshold`` once
+    ``s >= (1 + threshold) * exp(h)``. A centred interval is the typical one, so a slowdown of
+    exactly this size is caught about half the time; twice ``h`` above it, almost always.
+    None without an interval (or a non-positive bound)."""
+    if lo is None or hi is None or lo <= 0 or hi < lo:
+        return None
+    return (1 + threshold) * math.sqrt(hi / lo)

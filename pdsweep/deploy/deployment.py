@@ -76,7 +76,7 @@ class CellFailed(Exception):
 class ReadyHang(CellFailed):
     """The first request through a ready deployment timed out: the engine hangs (no
     instance died, nothing answered wrong). The one failure ``defaults.ready_retries``
-    redeploys for (``pdsweep.run.sweep.run_cell``)."""
+    redeploys for (``pdsweep.run.cell.run_cell``)."""
 
 
 @dataclass

@@ -186,7 +186,8 @@ def run_cell_for_real(sweep: Path, cell_id: str, run_dir: Path, resume: bool = F
     """Run ``cell_id`` (and its reference) with ``pdsweep run`` (``--resume``: a final
     cell is kept) and gate it."""
     from pdsweep.judge.gate import gate_run
-    from pdsweep.run.sweep import RunOptions, run_sweep
+    from pdsweep.run.context import RunOptions
+    from pdsweep.run.sweep import run_sweep
 
     run_sweep(str(sweep), RunOptions(out=run_dir, cells=cell_id, quiet=True, resume=resume and run_dir.exists()))
     c = gate_run(run_dir).cell(cell_id)

@@ -2,7 +2,7 @@
 
 The run redeploys a cell whose first request hung (:class:`pdsweep.deploy.deployment.ReadyHang`)
 and records each failed attempt in status.json ``retries`` (``{phase, reason, log_tail}``,
-pdsweep/run/sweep.py ``_attempts``). A PASS with a non-empty ``retries`` is not a PASS: it is
+pdsweep/run/cell.py ``_attempts``). A PASS with a non-empty ``retries`` is not a PASS: it is
 FLAKY, with one reason per attempt. Whether FLAKY fails the gate is the sweep's choice
 (``gate.flaky_fails_nightly``, default true, for ``pdsweep gate --nightly``;
 ``gate.flaky_fails_sweep``, default false, for ``make sweep``).

@@ -1,8 +1,8 @@
 """The noise-aware performance verdict of one cell in A (baseline) and B (candidate).
 
 For each metric of the load phase's repeats (:func:`pdsweep.measure.repeats.series`: series
-``c<C>`` per concurrency, ``kv`` for the KV transfer) the ratio of means B/A and its
-confidence interval (:func:`pdsweep.core.stats.ratio_interval`) are turned into *badness*
+``c<C>`` per concurrency, ``kv`` for the KV transfer) the ratio B/A and its confidence
+interval are turned into *badness*
 (B/A for a latency, A/B for a rate) and judged against the metric's threshold ``t``
 (``gate.perf[family]``, else ``gate.perf_default``):
 
@@ -15,6 +15,14 @@ confidence interval (:func:`pdsweep.core.stats.ratio_interval`) are turned into 
                 it and says so; ``gate.perf_noisy_fails`` makes it fail the comparison.
 ==============  ==========================================================================
 
+The interval: *paired* when A's and B's repeats were interleaved (both load.json carry the same
+``pairing.id``, :mod:`pdsweep.measure.paired`): the Student-t interval of the mean per-pair log
+ratio (:func:`pdsweep.core.stats.paired_ratio_interval`; load drift hits both sides of a pair
+and cancels); else the ratio of means over independent repeats
+(:func:`pdsweep.core.stats.ratio_interval`). Each verdict carries ``detectable``: the smallest
+slowdown an interval of its width would call a regression
+(:func:`pdsweep.core.stats.detectable_slowdown`), the teeth of this run for that metric.
+
 A metric A has and B lacks is a ``regression`` (fail closed: "metric missing in B").
 The two-sided Mann-Whitney U p-value is reported next to each ratio, not judged.
 vLLM's perf-eval (REGRESSION / NOISY / PASS against a baseline image) and AIPerf's
@@ -26,12 +34,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from pdsweep.core.stats import mann_whitney_p, ratio_interval
+from pdsweep.core.stats import detectable_slowdown, mann_whitney_p, paired_ratio_interval, ratio_interval
 from pdsweep.spec.gatespec import PERF_METRICS, GateSpec
 
 REGRESSION, IMPROVEMENT, SAME, NOISY = "regression", "improvement", "same", "noisy"
 PERF_VERDICTS = (REGRESSION, IMPROVEMENT, SAME, NOISY)
 NOT_JUDGED = ("kv_gbps.sum",)  # vLLM's sum-of-durations figure: shown, never judged (vllm issue 48224)
+OPT_IN = ("engine_cpu_ms",)  # judged only when gate.perf names the family
 
 
 def family(metric: str) -> str:
@@ -44,12 +53,15 @@ def lower_is_better(metric: str) -> bool:
     return family(metric).endswith("_ms")
 
 
-def judged(metric: str, requests: int | None = None) -> bool:
-    """Whether ``metric`` gets a verdict: a ``gate.perf`` family, not vLLM's sum-of-durations GB/s,
+def judged(metric: str, requests: int | None = None, named: tuple[str, ...] = ()) -> bool:
+    """Whether ``metric`` gets a verdict: a ``gate.perf`` family (one of :data:`OPT_IN` only when
+    in ``named``, the families ``gate.perf`` names), not vLLM's sum-of-durations GB/s,
     and a percentile ``pQ`` only when each repeat has at least one request beyond it
     (``requests x (1 - Q/100) >= 1``): the p99 of 8 requests is their maximum, and on a shared
     host the maximum of two runs of one build differed 4x (docs/performance.md)."""
     if family(metric) not in PERF_METRICS or metric in NOT_JUDGED:
+        return False
+    if family(metric) in OPT_IN and family(metric) not in named:
         return False
     q = metric.rsplit(".", 1)[-1]
     if q.startswith("p") and q[1:].isdigit():
@@ -68,7 +80,9 @@ def _requests(load: dict[str, Any]) -> int | None:
 class PerfDelta:
     """One metric of one series: means of A and B, ``ratio`` = B/A with its interval
     ``[lo, hi]`` (None: fewer than 2 repeats a side), the ``threshold``, the ``verdict`` and
-    why (``note``); ``n_a``/``n_b`` repeats, ``method`` of the interval, ``p_mw`` Mann-Whitney."""
+    why (``note``); ``n_a``/``n_b`` repeats, ``method`` of the interval (``welch``,
+    ``bootstrap``, ``paired``), ``p_mw`` Mann-Whitney, ``detectable`` the smallest slowdown
+    factor this interval's width calls a regression (None without an interval)."""
 
     series: str
     metric: str
@@ -84,6 +98,7 @@ class PerfDelta:
     method: str = ""
     p_mw: float | None = None
     note: str = ""
+    detectable: float | None = None
 
     @property
     def name(self) -> str:
@@ -92,8 +107,10 @@ class PerfDelta:
     def describe(self) -> str:
         iv = "no interval" if self.lo is None else f"[{self.lo:.3f}, {self.hi:.3f}]"
         r = "n/a" if self.ratio is None else f"{self.ratio:.3f}x"
-        return f"{self.name}: {r} {iv} (threshold {self.threshold:.0%}, n {self.n_a}/{self.n_b}) {self.verdict}" + (
-            f": {self.note}" if self.note else ""
+        det = "" if self.detectable is None else f", detects >= {self.detectable:.2f}x"
+        return (
+            f"{self.name}: {r} {iv} (threshold {self.threshold:.0%}, n {self.n_a}/{self.n_b}{det}) {self.verdict}"
+            + (f": {self.note}" if self.note else "")
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -115,10 +132,15 @@ def verdict_of(ratio: float | None, lo: float | None, hi: float | None, t: float
 
 
 def judge_metric(
-    series: str, metric: str, a: list[float], b: list[float], t: float, confidence: float = 0.95
+    series: str, metric: str, a: list[float], b: list[float], t: float, confidence: float = 0.95, paired: bool = False
 ) -> PerfDelta:
-    """Judge one metric from its per-repeat values in A and B (module doc)."""
-    ratio, lo, hi, method = ratio_interval(a, b, confidence)
+    """Judge one metric from its per-repeat values in A and B (module doc). ``paired``: ``a[i]``
+    and ``b[i]`` ran interleaved (equal lengths), judged by their per-pair ratios; unequal
+    lengths fall back to the independent interval."""
+    if paired and len(a) == len(b):
+        ratio, lo, hi, method = paired_ratio_interval(a, b, confidence)
+    else:
+        ratio, lo, hi, method = ratio_interval(a, b, confidence)
     v = verdict_of(ratio, lo, hi, t, lower_is_better(metric))
     note = ""
     if v == NOISY:
@@ -129,13 +151,28 @@ def judge_metric(
         )
     mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
     return PerfDelta(
-        series, metric, mean(a), mean(b), ratio, lo, hi, t, v, len(a), len(b), method, mann_whitney_p(a, b), note
+        series,
+        metric,
+        mean(a),
+        mean(b),
+        ratio,
+        lo,
+        hi,
+        t,
+        v,
+        len(a),
+        len(b),
+        method,
+        mann_whitney_p(a, b),
+        note,
+        detectable_slowdown(lo, hi, t),
     )
 
 
 def perf_deltas(load_a: dict[str, Any] | None, load_b: dict[str, Any] | None, gate: GateSpec) -> list[PerfDelta]:
     """Every judged metric of every series in A's load.json against B's (either None: no
-    load phase; nothing to judge when A has none). Confidence: B's ``repeat_plan``, else 0.95."""
+    load phase; nothing to judge when A has none). Confidence: B's ``repeat_plan``, else 0.95.
+    Paired (:func:`paired_with`) when both carry one ``pairing.id``."""
     from pdsweep.measure.repeats import repeat_series
 
     if not load_a:
@@ -143,10 +180,11 @@ def perf_deltas(load_a: dict[str, Any] | None, load_b: dict[str, Any] | None, ga
     sa, sb = repeat_series(load_a), repeat_series(load_b or {})
     requests = _requests(load_a)
     conf = ((load_b or {}).get("repeat_plan") or {}).get("confidence") or 0.95
+    paired = paired_with(load_a, load_b)
     out = []
     for name, metrics in sa.items():
         for metric, xa in metrics.items():
-            if not judged(metric, requests):
+            if not judged(metric, requests, tuple(gate.perf)):
                 continue
             t = gate.perf.get(family(metric), gate.perf_default)
             xb = sb.get(name, {}).get(metric)
@@ -168,8 +206,15 @@ def perf_deltas(load_a: dict[str, Any] | None, load_b: dict[str, Any] | None, ga
                     )
                 )
                 continue
-            out.append(judge_metric(name, metric, xa, xb, t, conf))
+            out.append(judge_metric(name, metric, xa, xb, t, conf, paired))
     return out
+
+
+def paired_with(load_a: dict[str, Any] | None, load_b: dict[str, Any] | None) -> bool:
+    """Whether two load.json bodies are the two sides of one interleaved measurement: both carry
+    ``pairing.id`` (:mod:`pdsweep.measure.paired`), equal, on opposite sides."""
+    pa, pb = ((x or {}).get("pairing") or {} for x in (load_a, load_b))
+    return bool(pa.get("id")) and pa.get("id") == pb.get("id") and pa.get("side") != pb.get("side")
 
 
 def counts(deltas: list[PerfDelta]) -> dict[str, int]:

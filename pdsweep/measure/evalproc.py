@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,32 +26,39 @@ from pdsweep.spec.phases import EvalSpec
 REQUEST, RESULT, LOG = "request.json", "result.json", "lm_eval.log"
 
 
+@dataclass(frozen=True)
+class EvalTarget:
+    """What lm-eval talks to: the completions URL ``base_url``, the served ``model`` name, the
+    ``tokenizer`` (path or hub id), whether the model is a ``chat`` one and needs
+    ``trust_remote_code``."""
+
+    base_url: str
+    model: str
+    tokenizer: str
+    chat: bool
+    trust_remote_code: bool = False
+
+
 def run_lm_eval_bounded(
-    base_url: str,
-    model: str,
-    tokenizer: str,
-    eval_spec: EvalSpec,
-    out_dir: Path,
-    chat: bool,
-    budget_s: float,
-    trust_remote_code: bool = False,
+    target: EvalTarget, eval_spec: EvalSpec, out_dir: Path, budget_s: float
 ) -> dict[str, dict[str, Any]]:
-    """:func:`pdsweep.measure.accuracy.run_lm_eval` in a child process (same interpreter); returns
-    its result. Raises ``CellFailed('eval')`` when it runs past ``budget_s`` seconds (the
-    child's process group is killed), RuntimeError (its last output line) when it fails."""
+    """:func:`pdsweep.measure.accuracy.run_lm_eval` against ``target`` in a child process (same
+    interpreter); returns its result. Raises ``CellFailed('eval')`` when it runs past
+    ``budget_s`` seconds (the child's process group is killed), RuntimeError (its last output
+    line) when it fails."""
     d = Path(out_dir) / layout.LM_EVAL_DIR
     d.mkdir(parents=True, exist_ok=True)
     (d / RESULT).unlink(missing_ok=True)
     (d / REQUEST).write_text(
         json.dumps(
             {
-                "base_url": base_url,
-                "model": model,
-                "tokenizer": str(tokenizer),
+                "base_url": target.base_url,
+                "model": target.model,
+                "tokenizer": str(target.tokenizer),
                 "eval": eval_spec.model_dump(),
                 "out_dir": str(out_dir),
-                "chat": chat,
-                "trust_remote_code": trust_remote_code,
+                "chat": target.chat,
+                "trust_remote_code": target.trust_remote_code,
                 "result": str(d / RESULT),
             }
         )

@@ -16,6 +16,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -77,23 +78,28 @@ async def _drive(url: str, model: str, reqs: list[LoadRequest], concurrency: int
         return list(await asyncio.gather(*(one(r) for r in reqs)))
 
 
+@dataclass(frozen=True)
+class WorkloadTarget:
+    """Where a workload goes: the ``/v1/completions`` ``url``, the served ``model``, each
+    request's ``timeout_s`` (seconds) and ``kv_bytes()`` (decode's cumulative NIXL bytes, or None)."""
+
+    url: str
+    model: str
+    timeout_s: float
+    kv_bytes: Callable[[], float | None] = lambda: None
+
+
 def run_workload(
-    url: str,
-    model: str,
-    name: str,
-    reqs: list[LoadRequest],
-    concurrency: int,
-    timeout_s: float,
-    budget_s: float,
-    kv_bytes: Callable[[], float | None] = lambda: None,
+    target: WorkloadTarget, name: str, reqs: list[LoadRequest], concurrency: int, budget_s: float
 ) -> dict[str, Any]:
-    """Send ``reqs`` to ``url`` (the ``/v1/completions`` URL) at most ``concurrency`` at a time,
-    pass by pass (``LoadRequest.pass_no``); ``kv_bytes()`` (decode's cumulative NIXL bytes, or
-    None) is read before the first pass and after each. Returns one ``load.json``
-    ``workloads`` entry: ``workload``, ``concurrency``, ``num_prompts``, ``completed``,
-    ``errors``, ``wall_s``, ``req_s``, ``output_tok_s``, ``e2el_ms`` (mean/p50/p90/p99),
-    ``kv_bytes_by_pass`` and the ``requests`` (tokens, logprobs, error). A failed request is
-    recorded, never raised. Raises ``TimeoutError`` past ``budget_s`` seconds."""
+    """Send ``reqs`` to ``target`` at most ``concurrency`` at a time, pass by pass
+    (``LoadRequest.pass_no``); ``target.kv_bytes()`` is read before the first pass and after
+    each. Returns one ``load.json`` ``workloads`` entry: ``workload``, ``concurrency``,
+    ``num_prompts``, ``completed``, ``errors``, ``wall_s``, ``req_s``, ``output_tok_s``,
+    ``e2el_ms`` (mean/p50/p90/p99), ``kv_bytes_by_pass`` and the ``requests`` (tokens, logprobs,
+    error). A failed request is recorded, never raised. Raises ``TimeoutError`` past ``budget_s``
+    seconds."""
+    url, model, timeout_s, kv_bytes = target.url, target.model, target.timeout_s, target.kv_bytes
     passes = sorted({r.pass_no for r in reqs})
     rows: list[dict[str, Any]] = []
     by_pass: list[float | None] = []

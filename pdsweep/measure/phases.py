@@ -6,9 +6,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,39 +69,38 @@ def scrape_phase(
         phases[name] = {n: (before[n], after[n], wall) for n in before if n in after}
 
 
-def measure_cell(
-    ls: LoadedSweep,
-    cell: Cell,
-    dep: Deployment,
-    cdir: Path,
-    mpath: str,
-    on_phase,
-    blocks: dict[str, Any] | None = None,
-    skip_eval: bool = False,
-    spent: dict[str, float] | None = None,
-) -> None:
+@dataclass
+class CellMeasure:
+    """How to measure one ready cell: its directory ``cdir``, the model path ``mpath``, the
+    ``on_phase`` callback (phase name), the read-back ``blocks`` (None: the plan's), whether to
+    ``skip_eval``, and ``spent`` (seconds pdsweep itself spends, by item: the harness share)."""
+
+    cdir: Path
+    mpath: str
+    on_phase: Callable[[str], None]
+    blocks: dict[str, Any] | None = None
+    skip_eval: bool = False
+    spent: dict[str, float] | None = None
+
+
+def measure_cell(ls: LoadedSweep, cell: Cell, dep: Deployment, m: CellMeasure) -> None:
     """The measured phases: eval (lm-eval), consistency probe, optional load; each
-    bracketed by /metrics scrapes of every instance (transfer.json). ``spent`` collects
-    the seconds pdsweep itself spends (scrapes, transfer.json) for the harness share."""
+    bracketed by /metrics scrapes of every instance (transfer.json). ``m.spent`` collects
+    the seconds pdsweep itself spends (scrapes, transfer.json, the load driver's start-up)."""
+    cdir, mpath, on_phase, blocks, spent = m.cdir, m.mpath, m.on_phase, m.blocks, m.spent
     ev = ls.sweep.eval
     phases: dict[str, Any] = {}
-    if not skip_eval and ev.tasks:
+    if not m.skip_eval and ev.tasks:
         on_phase("eval")
         model = ls.catalogue.models[cell.model]
-        from pdsweep.measure.evalproc import run_lm_eval_bounded
+        from pdsweep.measure.evalproc import EvalTarget, run_lm_eval_bounded
         from pdsweep.plan.budgets import eval_budget_s
 
+        target = EvalTarget(
+            f"{dep.url}/v1/completions", cell.model, model.tokenizer or mpath, model.chat, model.trust_remote_code
+        )
         with scrape_phase(dep, phases, "eval", spent=spent):
-            results = run_lm_eval_bounded(
-                f"{dep.url}/v1/completions",
-                cell.model,
-                model.tokenizer or mpath,
-                ev,
-                cdir,
-                model.chat,
-                eval_budget_s(ev),
-                trust_remote_code=model.trust_remote_code,
-            )
+            results = run_lm_eval_bounded(target, ev, cdir, eval_budget_s(ev))
         layout.write_json(cdir / layout.EVAL_RAW, {"cell_id": cell.id, "tasks": results})
     if ev.consistency.enabled:
         on_phase("consistency")
@@ -110,12 +109,18 @@ def measure_cell(
         layout.write_json(cdir / layout.PROBE_RAW, {"cell_id": cell.id, **probe})
     if ls.sweep.bench.enabled:
         on_phase("bench")
-        from pdsweep.measure.repeats import run_repeats
+        from pdsweep.measure.repeats import Probes, engine_cpu_s, run_repeats
 
-        logs = [h.log_path for h in dep.decode_handles] if cell.kind == "pd" else []
+        logs = tuple(h.log_path for h in dep.decode_handles) if cell.kind == "pd" else ()
+        pids = [h.pid for h in dep.handles]
+        probes = Probes(logs, lambda: engine_cpu_s(pids))
         with scrape_phase(dep, phases, "bench", spent=spent):  # repeats: a loop around run_load
-            load = run_repeats(ls, cell, dep, mpath, cdir, run_load, logs)
+            load = run_repeats(ls, cell, dep, mpath, cdir, run_load, probes)
             load["workloads"] = run_checked(ls, cell, dep, mpath, blocks)  # every answer checked, once
+        if spent is not None:  # the load driver's own seconds: start-up and result files, not the requests
+            spent["load_driver_s"] = sum(
+                r["driver_s"] - (r.get("duration_s") or 0.0) for r in load["runs"] if r.get("driver_s") is not None
+            )
         layout.write_json(cdir / layout.LOAD_FILE, {"cell_id": cell.id, **load})
     from pdsweep.measure.metrics import cell_transfer, ucx_transports_from_logs
 
@@ -276,11 +281,14 @@ def collect_probe(
 
 def run_load(ls: LoadedSweep, cell: Cell, dep: Deployment, mpath: str, cdir: Path) -> dict[str, Any]:
     """One repeat of the load phase's performance runs: with a ``random`` workload, ``vllm
-    bench serve`` (random dataset, local tokenizer) at each concurrency of the sweep's
-    ``bench`` section (``runs``), each within :func:`pdsweep.plan.budgets.bench_budget_s`.
+    bench serve`` (random dataset, local tokenizer; in this process when it can be:
+    :mod:`pdsweep.measure.benchserve`) at each concurrency of the sweep's ``bench`` section
+    (``runs``), each within :func:`pdsweep.plan.budgets.bench_budget_s`.
     :func:`pdsweep.measure.repeats.run_repeats` loops it; the checked workloads
-    (:func:`run_checked`) run once after the repeats. Returns ``{"runs": [...]}``. Raises
-    ``CellFailed('bench')`` past a budget, RuntimeError on a non-zero exit."""
+    (:func:`run_checked`) run once after the repeats. Returns ``{"runs": [...]}``, each run with
+    ``driver_s`` (its wall seconds, start-up included). Raises ``CellFailed('bench')`` past a
+    budget, RuntimeError on a non-zero exit."""
+    from pdsweep.measure import benchserve
     from pdsweep.plan.budgets import bench_budget_s
 
     b = ls.sweep.bench
@@ -288,84 +296,32 @@ def run_load(ls: LoadedSweep, cell: Cell, dep: Deployment, mpath: str, cdir: Pat
     model = ls.catalogue.models[cell.model]
     runs = []
     for conc in b.concurrencies if any(w.name == "random" for w in b.workloads) else []:
-        name = f"load-c{conc}.json"
-        argv = [
-            python,
-            "-m",
-            "vllm.entrypoints.cli.main",
-            "bench",
-            "serve",
-            "--backend",
-            "openai",
-            "--base-url",
+        load = benchserve.LoadRun(
             dep.url,
-            "--endpoint",
-            "/v1/completions",
-            "--model",
             cell.model,
-            "--tokenizer",
             model.tokenizer or mpath,
-            *(["--trust-remote-code"] if model.trust_remote_code else []),
-            "--dataset-name",
-            "random",
-            "--random-input-len",
-            str(b.input_len),
-            "--random-output-len",
-            str(b.output_len),
-            "--num-prompts",
-            str(b.num_prompts),
-            "--max-concurrency",
-            str(conc),
-            "--ignore-eos",
-            "--percentile-metrics",
-            "ttft,tpot,itl,e2el",
-            "--metric-percentiles",
-            "50,90,99",
-            "--save-result",
-            "--result-dir",
-            str(cdir / "logs"),
-            "--result-filename",
-            name,
-        ]
+            model.trust_remote_code,
+            b.input_len,
+            b.output_len,
+            b.num_prompts,
+            conc,
+            cdir / "logs",
+            f"load-c{conc}.json",
+        )
         budget = bench_budget_s(b, ls.sweep.defaults, conc)
-        with open(cdir / "logs" / f"load-c{conc}.log", "w") as logf:
-            try:
-                rc = subprocess.run(argv, stdout=logf, stderr=subprocess.STDOUT, timeout=budget).returncode
-            except subprocess.TimeoutExpired:
-                raise CellFailed(
-                    "bench",
-                    f"vllm bench serve (concurrency {conc}) exceeded its wall-clock budget of "
-                    f"{budget:.0f} s (bench phase); see logs/load-c{conc}.log",
-                ) from None
+        try:
+            rc, secs = benchserve.run(python, load, cdir / "logs" / f"load-c{conc}.log", budget)
+        except TimeoutError:
+            raise CellFailed(
+                "bench",
+                f"vllm bench serve (concurrency {conc}) exceeded its wall-clock budget of "
+                f"{budget:.0f} s (bench phase); see logs/load-c{conc}.log",
+            ) from None
         if rc != 0:
             raise RuntimeError(f"vllm bench serve (concurrency {conc}) exited {rc}; see logs/load-c{conc}.log")
-        r = json.loads((cdir / "logs" / name).read_text())
-
-        def pct(metric: str) -> dict[str, Any]:
-            return {
-                "mean": r.get(f"mean_{metric}_ms"),
-                "p50": r.get(f"p50_{metric}_ms", r.get(f"median_{metric}_ms")),
-                "p90": r.get(f"p90_{metric}_ms"),
-                "p99": r.get(f"p99_{metric}_ms"),
-            }
-
-        runs.append(
-            {
-                "concurrency": conc,
-                "num_prompts": b.num_prompts,
-                "input_len": b.input_len,
-                "output_len": b.output_len,
-                "ttft_ms": pct("ttft"),
-                "tpot_ms": pct("tpot"),
-                "itl_ms": pct("itl"),
-                "e2el_ms": pct("e2el"),
-                "output_tok_s": r.get("output_throughput"),
-                "req_s": r.get("request_throughput"),
-                "output_tokens": r.get("total_output_tokens"),  # 0 with every request "completed": nothing served
-                "completed": r.get("completed"),
-                "errors": r.get("failed", b.num_prompts - (r.get("completed") or 0)),
-            }
-        )
+        run = benchserve.figures(benchserve.read_result(load), load)
+        run["driver_s"] = secs  # the call, start-up included; the harness overhead is driver_s - duration_s
+        runs.append(run)
     return {"runs": runs}
 
 
@@ -395,7 +351,7 @@ def run_checked(
     ``bench.concurrencies`` point, on the reference cell once at concurrency 1 (its answers
     are the reference). Raises ``CellFailed('bench')`` past a run's budget."""
     from pdsweep.measure.endpoints import completions_url
-    from pdsweep.measure.loadcheck import budget_s, run_workload
+    from pdsweep.measure.loadcheck import WorkloadTarget, budget_s, run_workload
     from pdsweep.measure.prompts import probe_text
     from pdsweep.measure.workloads import build
 
@@ -406,17 +362,14 @@ def run_checked(
     text = probe_text(ls.sweep.eval.consistency.text, model.tiny is not None and model.tiny.train is not None)
     concs = [1] if cell.kind == "ref" else list(b.concurrencies)
     kv = (lambda: decode_kv_bytes(dep)) if cell.kind == "pd" else (lambda: None)
+    target = WorkloadTarget(completions_url(dep.url), cell.model, d.request_timeout_s, kv)
     out = []
     for w in b.workloads:
         reqs = build(w, b, model.tokenizer or mpath, block, max_len, text, model.trust_remote_code)
         for conc in concs:
             budget = b.budget_s or budget_s(reqs, conc, d.request_timeout_s)
             try:
-                out.append(
-                    run_workload(
-                        completions_url(dep.url), cell.model, w.name, reqs, conc, d.request_timeout_s, budget, kv
-                    )
-                )
+                out.append(run_workload(target, w.name, reqs, conc, budget))
             except TimeoutError:
                 raise CellFailed(
                     "bench", f"load workload {w.name} (concurrency {conc}) exceeded its budget of {budget:.0f} s"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +60,9 @@ def flatten_kv(kv: dict[str, Any] | None) -> dict[str, float | None]:
 
 def repeat_series(body: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
     """A load.json body as ``series -> metric -> [value per repeat]``: ``c<C>`` per concurrency
-    (from ``runs``), ``kv`` (from ``repeats[].kv``). A load.json of a single run (before repeats)
-    gives one value per metric."""
+    (from ``runs``), ``kv`` (from ``repeats[].kv``), ``cpu`` (``engine_cpu_ms.per_request``: CPU ms
+    of the engine processes per completed request, from ``repeats[].cpu``). A load.json of a
+    single run (before repeats) gives one value per metric."""
     out: dict[str, dict[str, list[float]]] = {}
     for r in body.get("runs") or []:
         if not isinstance(r, dict):
@@ -73,6 +75,9 @@ def repeat_series(body: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
         for k, v in flatten_kv(rep.get("kv") if isinstance(rep, dict) else None).items():
             if v is not None:
                 out.setdefault("kv", {}).setdefault(k, []).append(v)
+        cpu = num(obj(obj(rep).get("cpu")).get("ms_per_request"))
+        if cpu is not None:
+            out.setdefault("cpu", {}).setdefault("engine_cpu_ms.per_request", []).append(cpu)
     return out
 
 
@@ -113,41 +118,56 @@ def planned_repeats(b: Any, platform: str) -> tuple[int, int, int]:
     return (2 if b.repeats is None and platform == "cpu" else planned), planned, planned
 
 
+@dataclass(frozen=True)
+class Probes:
+    """What each repeat reads besides the load's own figures: ``decode_logs`` (the cell's decode
+    instance logs, whose timed READ lines give the repeat's ``kv`` figures), ``cpu_s`` (CPU
+    seconds, user + system, of the engine processes so far: :func:`engine_cpu_s`; None: unknown)
+    and the ``clock`` (seconds)."""
+
+    decode_logs: tuple[Path, ...] = ()
+    cpu_s: Callable[[], float | None] = lambda: None
+    clock: Callable[[], float] = time.monotonic
+
+
+def engine_cpu_s(pids: list[int]) -> float | None:
+    """CPU seconds (user + system) used so far by the processes ``pids`` and all their live
+    descendants (vLLM's API server, engine core and workers): ``psutil.Process.cpu_times``.
+    On a shared host this is far less noisy per request than wall time (other tenants' load
+    delays a request, it does not make it burn more cycles). None when a process is gone."""
+    import psutil
+
+    total = 0.0
+    try:
+        for pid in pids:
+            root = psutil.Process(pid)
+            for p in [root, *root.children(recursive=True)]:
+                try:
+                    t = p.cpu_times()
+                except psutil.NoSuchProcess:  # a child that ended meanwhile
+                    continue
+                total += t.user + t.system
+    except psutil.Error:
+        return None
+    return total
+
+
 def run_repeats(
-    ls: Any,
-    cell: Any,
-    dep: Any,
-    mpath: str,
-    cdir: Path,
-    load: Callable[..., dict[str, Any]],
-    decode_logs: list[Path] = (),  # type: ignore[assignment]
-    clock: Callable[[], float] = time.monotonic,
+    ls: Any, cell: Any, dep: Any, mpath: str, cdir: Path, load: Callable[..., dict[str, Any]], probes: Probes = Probes()
 ) -> dict[str, Any]:
     """Run ``load(ls, cell, dep, mpath, cdir)`` (:func:`pdsweep.measure.phases.run_load`) once per
-    repeat and return the load.json body (module doc). ``decode_logs``: the cell's decode
-    instance logs, whose timed READ lines each repeat's ``kv`` figures come from. Stops at the
-    bound, when converged (``target_ci``), or, on CPU with ``repeats`` unset, past ``minimum``
-    when one more repeat would overrun ``repeats_budget_s``. Raises what ``load`` raises."""
-    from pdsweep.core.logscan import nixl_read_records
-    from pdsweep.measure.kvtiming import read_stats
-
+    repeat and return the load.json body (module doc); ``probes`` (:class:`Probes`) give each
+    repeat's ``kv`` figures and ``cpu`` (``engine_s``, ``ms_per_request``). Stops at the bound,
+    when converged (``target_ci``), or, on CPU with ``repeats`` unset, past ``minimum`` when one
+    more repeat would overrun ``repeats_budget_s``. Raises what ``load`` raises."""
     b = ls.sweep.bench
+    clock = probes.clock
     platform = ls.sweep.platform
     minimum, planned, bound = planned_repeats(b, platform)
     body: dict[str, Any] = {"runs": [], "repeats": []}
     t_all, reason = clock(), "planned repeats done"
     for i in range(bound):
-        offsets = {p: _size(p) for p in decode_logs}
-        t = clock()
-        one = load(ls, cell, dep, mpath, cdir)
-        wall = clock() - t
-        for r in one.get("runs", []):
-            conc = r.get("concurrency")
-            raw = _keep_raw(cdir / "logs", f"load-c{conc}", i)
-            body["runs"].append({**r, "repeat": i, "raw_file": raw})
-        text = "".join(_read_from(p, off) for p, off in offsets.items())
-        recs = nixl_read_records(text)
-        body["repeats"].append({"repeat": i, "wall_s": wall, "kv": read_stats(recs) if recs else None})
+        body["repeats"].append(one_repeat(lambda: load(ls, cell, dep, mpath, cdir), cdir, probes, i, body["runs"]))
         n = i + 1
         if n < minimum:
             continue
@@ -175,6 +195,31 @@ def run_repeats(
     }
     body["summary"] = summarize_repeats(body, b.confidence)
     return body
+
+
+def one_repeat(
+    call: Callable[[], dict[str, Any]], cdir: Path, probes: Probes, i: int, runs: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Repeat ``i`` (``call``: one load, ``{"runs": [...]}``): its load runs appended to ``runs``
+    (vLLM's result files kept as ``.r<i>``); returns ``{"repeat", "wall_s", "kv", "cpu"}``."""
+    from pdsweep.core.logscan import nixl_read_records
+    from pdsweep.measure.kvtiming import read_stats
+
+    offsets = {p: _size(p) for p in probes.decode_logs}
+    cpu0, t = probes.cpu_s(), probes.clock()
+    one = call()
+    wall, cpu1 = probes.clock() - t, probes.cpu_s()
+    requests = 0
+    for r in one.get("runs", []):
+        conc = r.get("concurrency")
+        raw = _keep_raw(cdir / "logs", f"load-c{conc}", i)
+        runs.append({**r, "repeat": i, "raw_file": raw})
+        requests += r.get("completed") or 0
+    recs = nixl_read_records("".join(_read_from(p, off) for p, off in offsets.items()))
+    cpu = None
+    if cpu0 is not None and cpu1 is not None and requests:
+        cpu = {"engine_s": cpu1 - cpu0, "requests": requests, "ms_per_request": (cpu1 - cpu0) * 1e3 / requests}
+    return {"repeat": i, "wall_s": wall, "kv": read_stats(recs) if recs else None, "cpu": cpu}
 
 
 def _size(p: Path) -> int:

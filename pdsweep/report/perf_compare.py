@@ -13,7 +13,7 @@ from pdsweep.judge.perf import NOISY, PERF_VERDICTS, REGRESSION
 from pdsweep.results import layout
 
 COMPARE_JUNIT = "compare-junit.xml"
-PERF_COLUMNS = ("cell", "metric", "A", "B", "B/A", "interval", "threshold", "n A/B", "p (MWU)", "verdict")
+PERF_COLUMNS = ("cell", "metric", "A", "B", "B/A", "interval", "threshold", "n A/B", "p (MWU)", "verdict", "detects")
 
 
 def _v(x: float | None, fmt: str = ".4g") -> str:
@@ -34,6 +34,7 @@ def perf_rows(result: CompareResult) -> list[tuple[str, ...]]:
             f"{d.n_a}/{d.n_b}",
             _v(d.p_mw, ".2g"),
             f"**{d.verdict}**" if d.verdict in (REGRESSION, NOISY) else d.verdict,
+            "—" if d.detectable is None else f">= {d.detectable:.2f}x",
         )
         for c in result.cells
         for d in c.perf
@@ -56,11 +57,27 @@ def perf_headline(result: CompareResult) -> str:
     )
 
 
+def perf_teeth(result: CompareResult) -> str:
+    """Per judged metric, the smallest slowdown this comparison could have called a regression
+    (:attr:`pdsweep.judge.perf.PerfDelta.detectable`; the largest over cells: detectable in every
+    one), one line; metrics without an interval are listed as such."""
+    worst: dict[str, float | None] = {}
+    for c in result.cells:
+        for d in c.perf:
+            prev = worst.get(d.name, 0.0)
+            worst[d.name] = None if d.detectable is None or prev is None else max(prev, d.detectable)
+    if not worst:
+        return "smallest detectable slowdown: no load repeats to judge"
+    parts = [f"{k} {'no interval' if v is None else f'>= {v:.2f}x'}" for k, v in sorted(worst.items())]
+    return "smallest detectable slowdown (this run's noise): " + ", ".join(parts)
+
+
 PERF_LEGEND = (
-    "B/A of the means over repeats with its confidence interval (Welch t on logs; bootstrap from 8 "
-    "repeats a side). Regression / improvement: the whole interval beyond the metric's threshold; "
-    "same: the whole interval within it; noisy: it straddles a bound. Latencies are worse higher, "
-    "rates worse lower."
+    "B/A with its confidence interval: paired repeats (A and B interleaved) by the t interval of the "
+    "per-pair log ratios; else of the means over repeats (Welch t on logs; bootstrap from 8 repeats a "
+    "side). Regression / improvement: the whole interval beyond the metric's threshold; same: the whole "
+    "interval within it; noisy: it straddles a bound. Latencies are worse higher, rates worse lower. "
+    "Detects: the smallest slowdown an interval this wide calls a regression."
 )
 
 

