@@ -29,7 +29,8 @@ def test_glm_blocks_per_tp_come_from_vllms_sparse_backend_and_alignment():
     e = got[2]
     # sparse MLA on SM90: the dense MLA backends say "sparse not supported"; head 512 puts FlashInfer's first
     assert e.backend == "FLASHINFER_MLA_SPARSE_SM90" and e.arch == "sm90"
-    assert e.backend_source == "vLLM 0.32.0 (blocks: Platform._align_hybrid_block_size)"
+    assert e.backend_source == "vLLM 0.32.0"
+    assert e.blocks_source == "vLLM 0.32.0 Platform._align_hybrid_block_size + select_common_block_size"
     sizes = attnprobe.select((9, 0), use_mla=True, head_size=512, dtype="bfloat16", selected=e.backend, use_sparse=True)
     assert sizes["backends"][0]["sizes"] == {"exact": [], "multiple_of": 64}  # MultipleOf(64): kernel = logical
     dense = attnprobe.select(

@@ -113,6 +113,8 @@ class EffectiveBlocks:
     arch: str | None = None  # target GPU architecture (sm90, ...); None off CUDA
     backend_source: str = "pdsweep table"  # "vLLM <version>" when vLLM chose it
     unverified: tuple[str, ...] = ()  # the chosen backend's checks this CPU box cannot run
+    # who computed logical/kernel: vLLM's own functions (KDA hybrids on CUDA) or pdsweep's mirror
+    blocks_source: str = "pdsweep"
 
     @property
     def physical_per_logical(self) -> int | None:
@@ -434,8 +436,8 @@ def effective_blocks(
         if platform == "cuda" and source.startswith("vLLM") and ssm_flag in (None, "auto"):
             got = vllm_kda_blocks(model, tp, block, name, serve)
             if got is not None:  # vLLM's own alignment and kernel split
-                common["backend_source"] = f"{source} (blocks: Platform._align_hybrid_block_size)"
-                return EffectiveBlocks(logical=got[0], kernel=got[1], **common)
+                where = "Platform._align_hybrid_block_size + select_common_block_size"
+                return EffectiveBlocks(logical=got[0], kernel=got[1], blocks_source=f"{source} {where}", **common)
         block = align_hybrid(block, attn_page, mpage, backend, mla=model.attention == "mla")
     return EffectiveBlocks(logical=block, kernel=kernel_block(block, backend), **common)
 
