@@ -82,7 +82,7 @@ WHEELS = REPO / "build" / "device"
 FETCH = (
     "python -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "
     "--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 "
-    "-d build/device/py312 numpy==2.3.5 pyyaml==6.0.3; the same for nixl-cu13==1.5.1 into /tmp, then "
+    "-d build/py312 numpy==2.3.5 pyyaml==6.0.3 (not under build/device: that is carried); the same for nixl-cu13==1.5.1 into /tmp, then "
     "python scripts/trim-nixl-wheel.py /tmp/nixl_cu13-1.5.1-cp312-*.whl build/device/"
 )
 
@@ -95,7 +95,7 @@ def test_device_check_dry_run_under_python312_without_pydantic(tmp_path):
     3.12 with numpy and PyYAML only (the device has those and torch, no pydantic), installing the
     trimmed cp312 nixl_cu13 wheel itself: Kimi and GLM geometry at p2d1/p4d1/p4d2 byte-verified
     over real NIXL/UCX, the busy GPU left out, the unfixed plan refused."""
-    deps = sorted((WHEELS / "py312").glob("*-cp312-*.whl"))
+    deps = sorted((REPO / "build" / "py312").glob("*-cp312-*.whl"))  # the device has these (and torch)
     if len(deps) < 2 or not list(WHEELS.glob("nixl_cu13-*-cp312-cp312-*.whl")):
         pytest.skip(f"the cp312 wheels are not in {WHEELS}: {FETCH}")
     venv = tmp_path / "venv312"
