@@ -8,7 +8,7 @@ PyYAML). Writes ``OUT/device-check.json``;
 exit 0 when every check passed, 1 otherwise.
 
 ``--device cpu`` is the dry run for machines without a GPU (CI): a fake ``nvidia-smi``
-(tests/_fakes.py) lists the holder process on GPU 0, and the bench uses host memory.
+(tests/_fakesmi.py) lists the holder process on GPU 0, and the bench uses host memory.
 """
 
 from __future__ import annotations
@@ -77,9 +77,9 @@ def torch_facts() -> dict:
 
 @contextlib.contextmanager
 def fake_smi_with(pid: int):
-    """CPU dry run: a fake 2-GPU nvidia-smi (tests/_fakes.py) first on PATH, GPU 0 held by ``pid``."""
+    """CPU dry run: a fake 2-GPU nvidia-smi (tests/_fakesmi.py) first on PATH, GPU 0 held by ``pid``."""
     sys.path.insert(0, str(REPO / "tests"))
-    from _fakes import fake_nvidia_smi
+    from _fakesmi import fake_nvidia_smi
 
     with tempfile.TemporaryDirectory(prefix="pdsweep-fake-smi-") as d:
         fake_nvidia_smi(Path(d), 2, busy={0: (pid, "python3", 256)})

@@ -13,8 +13,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 LIMIT = 64 * 2**20
 CARRY = REPO / "build" / "device"
-# the files the device check reads besides pdsweep/ (tests/_fakes.py: the --device cpu dry run only)
-NEEDED = ("scripts/device-check.sh", "scripts/device_check.py", "sweeps/models.yaml", "tests/_fakes.py")
+# the files the device check reads besides pdsweep/ (tests/_fakesmi.py: the --device cpu dry run only)
+NEEDED = ("scripts/device-check.sh", "scripts/device_check.py", "sweeps/models.yaml", "tests/_fakesmi.py")
 
 
 def tracked() -> dict[str, int]:
