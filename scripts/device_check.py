@@ -153,7 +153,7 @@ def busy_check(device: str) -> dict:
 
 def bench(device: str, out_dir: Path, model: str, p: int, d: int, plan: str, opts: argparse.Namespace) -> dict:
     """One ``pdsweep bench transfer`` run (a subprocess, as a user runs it; ``python -m
-    pdsweep.xfer.bench``: the ``pdsweep`` CLI imports the sweep schema, i.e. pydantic)."""
+    pdsweep.xfer.bench``: the bench module alone, no other subcommand's imports)."""
     js = out_dir / f"bench-{model}-p{p}d{d}-{plan}.json"
     cmd = [sys.executable, "-m", "pdsweep.xfer.bench", "--model", model, "--prefill-tp", str(p)]
     cmd += ["--decode-tp", str(d), "--block-size", "128", "--blocks", str(opts.blocks), "--iters", str(opts.iters)]
