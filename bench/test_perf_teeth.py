@@ -238,7 +238,7 @@ def teeth_experiment(dep, cell, mpath: str, out: Path) -> dict:
     order (vLLM's benchmark in this process, :mod:`pdsweep.measure.benchserve`); verdict ``j`` of
     side X judges X against A over blocks ``j*PAIRS .. (j+1)*PAIRS - 1`` (paired). Returns the
     per-side TTFT p50 lists, the delays and the verdicts."""
-    from pdsweep.deploy.faults import Faults
+    from pdsweep.core.faults import ProxyFaults
     from pdsweep.deploy.proxy import ProxyServer
     from pdsweep.measure import benchserve
 
@@ -269,7 +269,7 @@ def teeth_experiment(dep, cell, mpath: str, out: Path) -> dict:
         name = f"B{round(s * 100)}"
         delays[name] = s * base / 1e3
         srv = ProxyServer(
-            **urls, timeout_s=300, block_size=cell.decode_block_size, faults=Faults(decode_delay_s=delays[name])
+            **urls, timeout_s=300, block_size=cell.decode_block_size, faults=ProxyFaults(decode_delay_s=delays[name])
         )
         servers.append(srv.start())
         sides[name] = srv.url

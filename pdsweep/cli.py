@@ -22,6 +22,7 @@ from typing import Any
 
 from pdsweep.commands.bisect import BisectArgs
 from pdsweep.commands.compare import CompareArgs
+from pdsweep.commands.fetch import FetchArgs
 from pdsweep.commands.gate import GateArgs
 from pdsweep.commands.history import DashboardArgs, HistoryAddArgs, HistoryShowArgs
 from pdsweep.commands.plan import PlanArgs
@@ -67,6 +68,7 @@ class Command:
 SUBCOMMANDS: tuple[Command, ...] = (
     Command.of(ValidateArgs),
     Command.of(PlanArgs),
+    Command.of(FetchArgs),
     Command.of(RunArgs),
     Command.of(GateArgs),
     Command.of(CompareArgs),

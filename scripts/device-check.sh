@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check for the day a GPU is at hand (docs/gpu-preflight.md): nvidia-smi facts,
 # detect_gpus / busy-GPU detection against a torch process it starts, and `pdsweep bench
-# transfer` with Kimi-Linear geometry in GPU memory (p2d1, p4d1, p1d2 byte-verified; the
+# transfer` with Kimi-Linear and GLM-5.3-Flash-4L geometry in GPU memory (p2d1, p4d1, p4d2 byte-verified; the
 # unfixed plan refused) with the UCX transports used; saved as JSON (OUT/device-check.json).
 #
 #   scripts/device-check.sh                 # on a GPU machine (one H200 is enough, < 8 min)

@@ -1,11 +1,14 @@
 """The GPU check behind scripts/device-check.sh (run that, not this): nvidia-smi facts,
 ``detect_gpus`` and busy-GPU detection against a torch process it starts, and
-``pdsweep bench transfer`` with Kimi-Linear geometry (p2d1, p4d1, p1d2 byte-verified; the
-unfixed plan refused), with the UCX transports used. Writes ``OUT/device-check.json``;
+``pdsweep bench transfer`` with Kimi-Linear and GLM-5.3-Flash-4L geometry (p2d1, p4d1, p4d2
+byte-verified; the unfixed plan refused), with the UCX transports used. Imports no pydantic: the
+bench runs as ``python -m pdsweep.xfer.bench`` and reads the catalogue through
+:mod:`pdsweep.xfer.light` where pydantic is missing (the lent device: python 3.12, torch, numpy,
+PyYAML). Writes ``OUT/device-check.json``;
 exit 0 when every check passed, 1 otherwise.
 
 ``--device cpu`` is the dry run for machines without a GPU (CI): a fake ``nvidia-smi``
-(tests/_fakes.py) lists the holder process on GPU 0, and the bench uses host memory.
+(tests/_fakesmi.py) lists the holder process on GPU 0, and the bench uses host memory.
 """
 
 from __future__ import annotations
@@ -22,11 +25,16 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PAIRS = ((2, 1), (4, 1), (1, 2))
+PAIRS = ((2, 1), (4, 1), (4, 2))
+MODELS = ("kimi-linear", "glm-5.3-flash-4l")
 HOLD_GPU = (
-    "import sys, time, torch\n"
+    "import sys, time\n"
     "dev = sys.argv[1]\n"
-    "x = torch.ones(256 << 20, dtype=torch.uint8, device=dev)  # 256 MiB: a CUDA context on GPU 0\n"
+    "if dev == 'cpu':\n"
+    "    x = bytearray(1 << 20)  # the dry run: a process for the fake nvidia-smi to list (no torch needed)\n"
+    "else:\n"
+    "    import torch\n"
+    "    x = torch.ones(256 << 20, dtype=torch.uint8, device=dev)  # 256 MiB: a CUDA context on GPU 0\n"
     "print('ready', flush=True)\n"
     "time.sleep(600)\n"
 )
@@ -69,9 +77,9 @@ def torch_facts() -> dict:
 
 @contextlib.contextmanager
 def fake_smi_with(pid: int):
-    """CPU dry run: a fake 2-GPU nvidia-smi (tests/_fakes.py) first on PATH, GPU 0 held by ``pid``."""
+    """CPU dry run: a fake 2-GPU nvidia-smi (tests/_fakesmi.py) first on PATH, GPU 0 held by ``pid``."""
     sys.path.insert(0, str(REPO / "tests"))
-    from _fakes import fake_nvidia_smi
+    from _fakesmi import fake_nvidia_smi
 
     with tempfile.TemporaryDirectory(prefix="pdsweep-fake-smi-") as d:
         fake_nvidia_smi(Path(d), 2, busy={0: (pid, "python3", 256)})
@@ -143,13 +151,14 @@ def busy_check(device: str) -> dict:
     return out
 
 
-def bench(device: str, out_dir: Path, blocks: int, iters: int, p: int, d: int, plan: str, mapping: str) -> dict:
-    """One ``pdsweep bench transfer`` run (a subprocess, as a user runs it)."""
-    js = out_dir / f"bench-p{p}d{d}-{plan}.json"
-    cmd = [sys.executable, "-m", "pdsweep", "bench", "transfer", "--model", "kimi-linear", "--prefill-tp", str(p)]
-    cmd += ["--decode-tp", str(d), "--block-size", "128", "--blocks", str(blocks), "--iters", str(iters)]
+def bench(device: str, out_dir: Path, model: str, p: int, d: int, plan: str, opts: argparse.Namespace) -> dict:
+    """One ``pdsweep bench transfer`` run (a subprocess, as a user runs it; ``python -m
+    pdsweep.xfer.bench``: the bench module alone, no other subcommand's imports)."""
+    js = out_dir / f"bench-{model}-p{p}d{d}-{plan}.json"
+    cmd = [sys.executable, "-m", "pdsweep.xfer.bench", "--model", model, "--prefill-tp", str(p)]
+    cmd += ["--decode-tp", str(d), "--block-size", "128", "--blocks", str(opts.blocks), "--iters", str(opts.iters)]
     cmd += ["--device", device, "--plan", plan, "--json", str(js), "--models", str(REPO / "sweeps" / "models.yaml")]
-    cmd += ["--mapping", mapping]
+    cmd += ["--mapping", opts.mapping]
     t = time.monotonic()
     r = run(cmd, 240, cwd=REPO)
     res = {"cmd": " ".join(cmd[1:]), "rc": r.returncode, "wall_s": round(time.monotonic() - t, 1)}
@@ -187,11 +196,12 @@ def main() -> int:
     report["nvidia_smi"] = smi_facts()
     report["torch"] = torch_facts()
     report["busy_gpu"] = busy_check(args.device)
+    report["pydantic_imported"] = "pydantic" in sys.modules
     report["bench"] = {
-        f"p{p}d{d}": bench(args.device, args.out, args.blocks, args.iters, p, d, "fixed", args.mapping)
-        for p, d in PAIRS
+        f"{m} p{p}d{d}": bench(args.device, args.out, m, p, d, "fixed", args) for m in MODELS for p, d in PAIRS
     }
-    report["bench"]["p2d1-unfixed"] = bench(args.device, args.out, args.blocks, 1, 2, 1, "unfixed", args.mapping)
+    once = argparse.Namespace(**{**vars(args), "iters": 1})
+    report["bench"]["kimi-linear p2d1-unfixed"] = bench(args.device, args.out, "kimi-linear", 2, 1, "unfixed", once)
     report["ucx_transports"] = sorted({b["transport"] for b in report["bench"].values() if b.get("transport")})
     checks = {"busy_gpu": report["busy_gpu"]["ok"], **{f"bench {k}": b["ok"] for k, b in report["bench"].items()}}
     if args.device == "cuda":

@@ -1,7 +1,8 @@
 """Trim a nixl-cu13 (or nixl-cu12) wheel to what `pdsweep bench transfer` needs: the Python
 bindings, NIXL's UCX backend plugin, UCX's transport modules and the shared libraries
 those need (ELF ``DT_NEEDED`` closure, read with ``readelf -d``). The other backend plugins
-(GDS, POSIX, OBJ/S3, Azure, libfabric, ...) and their libraries (AWS SDK, gRPC, ...) go,
+(GDS, POSIX, OBJ/S3, Azure, libfabric, ...) and their libraries (AWS SDK, gRPC, ...) go, and so do
+the expert-parallel package ``nixl_ep_*``, the bundled executables and UCX's perftest module,
 so the wheel plus the tree fit the device machine's 64 MiB carry (scripts/device-check.sh).
 
     python scripts/trim-nixl-wheel.py nixl_cu13-1.5.1-cp311-cp311-manylinux_2_28_x86_64.whl build/device/
@@ -50,7 +51,10 @@ def trim(wheel: Path, out_dir: Path) -> Path:
             keep.add(n)
             if ".so" in n and (root / n).is_file():
                 todo += [by_name[s] for s in needed(root / n) if s in by_name]
-        kept = [n for n in names if not n.startswith(libs) or n in keep]
+        # not read by the bench: the expert-parallel package (nixl_ep_*: 3 torch-ABI builds, 26.6 MiB
+        # compressed in the cp312 wheel), the example/telemetry executables and UCX's perftest module
+        drop = (f"{pkg.replace('nixl_', 'nixl_ep_')}/", f"{pkg}.scripts/", f"{pkg}.libs/ucx/libucx_perftest")
+        kept = [n for n in names if (not n.startswith(libs) or n in keep) and not n.startswith(drop)]
         record = next(n for n in names if n.endswith(".dist-info/RECORD"))
         out_dir.mkdir(parents=True, exist_ok=True)
         out = out_dir / wheel.name

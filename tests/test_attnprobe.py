@@ -167,7 +167,10 @@ def test_plan_on_a_fake_8gpu_sm90_node_shows_vllms_backend_and_refuses_nothing_v
                 assert dd["kernel"] % p["kernel"] == 0, c["id"]
     assert seen["kimi-linear"] == "FLASHMLA"
     assert seen["deepseek-v2-lite-chat"] == "FLASH_ATTN_MLA" and seen["qwen3.5-0.8b"] == "FLASH_ATTN"
-    assert {r["rule"] for r in d["rejected"]} == {"nixl-support", "hybrid-prefix-caching"}
+    assert seen["glm-5.3-flash-4l"] == "FLASHINFER_MLA_SPARSE_SM90"  # sparse MLA (tests/test_glm_sparse.py)
+    rules = {r["cell_id"]: r["rule"] for r in d["rejected"]}
+    assert set(rules.values()) == {"nixl-support", "hybrid-prefix-caching", "block-ratio"}
+    assert all(c.startswith("glm-5.3-flash-4l.") for c, rule in rules.items() if rule == "block-ratio")
 
 
 def test_gpu_arch_flag(capsys):

@@ -18,6 +18,7 @@ def test_command_names_are_unique_and_every_leaf_has_an_entry_point() -> None:
     assert names == [
         "validate",
         "plan",
+        "fetch",
         "run",
         "gate",
         "compare",

@@ -76,3 +76,60 @@ def test_device_check_refuses_a_wheel_for_another_python(tmp_path):
     assert r.returncode == 2
     assert "no nixl_cu13 wheel for cp312" in r.stderr
     assert "found: nixl_cu13-1.5.1-cp311-cp311-manylinux_2_28_x86_64.whl" in r.stderr
+
+
+WHEELS = REPO / "build" / "device"
+FETCH = (
+    "python -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "
+    "--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 "
+    "-d build/py312 numpy==2.3.5 pyyaml==6.0.3 (not under build/device: that is carried); the same for nixl-cu13==1.5.1 into /tmp, then "
+    "python scripts/trim-nixl-wheel.py /tmp/nixl_cu13-1.5.1-cp312-*.whl build/device/"
+)
+
+
+@pytest.mark.nixl
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not PY312.exists(), reason=f"no python 3.12 at {PY312}")
+def test_device_check_dry_run_under_python312_without_pydantic(tmp_path):
+    """The exact script the device runs (scripts/device-check.sh -> device_check.py), on python
+    3.12 with numpy and PyYAML only (the device has those and torch, no pydantic), installing the
+    trimmed cp312 nixl_cu13 wheel itself: Kimi and GLM geometry at p2d1/p4d1/p4d2 byte-verified
+    over real NIXL/UCX, the busy GPU left out, the unfixed plan refused."""
+    deps = sorted((REPO / "build" / "py312").glob("*-cp312-*.whl"))  # the device has these (and torch)
+    if len(deps) < 2 or not list(WHEELS.glob("nixl_cu13-*-cp312-cp312-*.whl")):
+        pytest.skip(f"the cp312 wheels are not in {WHEELS}: {FETCH}")
+    venv = tmp_path / "venv312"
+    subprocess.run([str(PY312), "-m", "venv", str(venv)], check=True, timeout=180)
+    py = str(venv / "bin" / "python")
+    subprocess.run(
+        [py, "-m", "pip", "install", "-q", "--no-index", "--no-deps", *map(str, deps)], check=True, timeout=300
+    )
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "PYTHON": py,
+        "OUT": str(tmp_path / "out"),
+        "NIXL_WHEEL_DIR": str(WHEELS),
+        "CHECK_TIMEOUT_S": "500",
+    }
+    r = subprocess.run(
+        ["bash", str(REPO / "scripts" / "device-check.sh"), "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=560,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "device-check: nixl_cu13 from " in r.stdout and "cp312-cp312" in r.stdout  # installed from the wheel
+    d = json.loads((tmp_path / "out" / "device-check.json").read_text())
+    assert d["pydantic_imported"] is False and d["ok"] is True
+    found = subprocess.run(
+        [py, "-c", "import importlib.util as u; print(u.find_spec('pydantic'))"], capture_output=True
+    )
+    assert found.stdout.strip() == b"None"
+    for model, min_bytes in (("kimi-linear", 80_000_000), ("glm-5.3-flash-4l", 12_000_000)):
+        for pair in ("p2d1", "p4d1", "p4d2"):
+            b = d["bench"][f"{model} {pair}"]
+            assert b["rc"] == 0 and b["verified_bytes"] > min_bytes and b["gbps"] > 0, b
+    assert d["bench"]["kimi-linear p2d1-unfixed"]["refused"] is True
+    assert d["busy_gpu"]["during"] == [1]

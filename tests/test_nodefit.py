@@ -138,14 +138,14 @@ def test_flashmla_pin_is_hopper_only_from_vllms_own_check(tmp_path, env, capsys)
 
     kimi = load_sweep(SWEEP).catalogue.models["kimi-linear"]
     with pytest.raises(blocks.BackendError) as e:
-        blocks.cuda_backend(kimi, 1, "sm100", "bfloat16", "auto", 128, "FLASHMLA", True)
+        blocks.cuda_backend(kimi, 1, "sm100", blocks.Serve("bfloat16", "auto", 128, "FLASHMLA", True))
     assert "Reason: ['FlashMLA Dense is only supported on Hopper devices.']" in str(e.value)
-    ok = blocks.cuda_backend(kimi, 1, "sm90", "bfloat16", "auto", 128, "FLASHMLA", True)
+    ok = blocks.cuda_backend(kimi, 1, "sm90", blocks.Serve("bfloat16", "auto", 128, "FLASHMLA", True))
     assert ok is not None and ok.backend.name == "FLASHMLA" and ok.backend.exact == (64,)
     for arch, pinned in (("sm90", True), ("sm100", False)):
         env.setenv("PDSWEEP_GPU_ARCH", arch)
         d, _ = plan_json(capsys, "--gpus", "8", "--cells", "kimi-linear.p2d1.b128-128.*")
-        assert {r["rule"] for r in d["rejected"]} <= {"hybrid-prefix-caching", "nixl-support"}
+        assert {r["rule"] for r in d["rejected"]} <= {"hybrid-prefix-caching", "nixl-support", "block-ratio"}
         for c in d["cells"]:
             for i in c["instances"]:
                 argv = " ".join(i["argv"])

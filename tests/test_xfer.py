@@ -73,7 +73,7 @@ def test_gqa_heads_per_rank_at_least_one():
 
 @pytest.mark.parametrize(
     ("name", "field"),
-    [("jamba2-3b", "ssm_state"), ("deepseek-vl2-tiny", "attn"), ("glm-5.3-flash-4l", "ssm_state")],
+    [("jamba2-3b", "ssm_state"), ("deepseek-vl2-tiny", "attn"), ("ling-2.5", "ssm_state")],
 )
 def test_missing_geometry_names_the_field(name, field):
     with pytest.raises(ValueError, match=f"'{field}' is missing"):

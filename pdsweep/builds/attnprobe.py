@@ -115,11 +115,23 @@ def sizes(cls):
         else: out["exact"].append(int(s))
     return out
 
+_VC = []
+def _config_ctx():
+    # some backends' checks build CustomOps, which read get_current_vllm_config(): a default VllmConfig
+    # (as vLLM's tests' default_vllm_config fixture), so their generic reasons (sparse, ...) still decide
+    if not _VC:
+        try:
+            from vllm.config import VllmConfig
+            _VC.append(VllmConfig())
+        except Exception: _VC.append(None)
+    from vllm.config.vllm import set_current_vllm_config
+    return set_current_vllm_config(_VC[0]) if _VC[0] is not None else contextlib.nullcontext()
+
 def info(b, q, cap):
     cls, err = load(b)
     if cls is None: return {"name": b.name, "reasons": [], "unverified": [err], "sizes": None}
     try:
-        with _on_target(cap):
+        with _on_target(cap), _config_ctx():
             r = cls.validate_configuration(head_size=q["head_size"], dtype=getattr(torch, q["dtype"]),
             kv_cache_dtype=q["kv_cache_dtype"], block_size=q["block_size"], use_mla=q["use_mla"], has_sink=False,
                 use_sparse=q.get("use_sparse", False), use_mm_prefix=False, use_per_head_quant_scales=False,
@@ -143,10 +155,60 @@ def answer(q):
         head_size=q["head_size"])
     return {"priorities": [b.name for b in pr], "backends": [info(b, q, cap) for b in pr]}
 
+def hybrid(q):
+    # vLLM's own Platform._align_hybrid_block_size (vllm/platforms/interface.py) on a stub VllmConfig
+    # holding what it reads; the model class it resolves is replaced by the two classmethods a KDA model
+    # has (Glm5NextForCausalLM / KimiLinearForCausalLM: MambaStateShapeCalculator.kda_state_shape,
+    # MambaStateDtypeCalculator.kda_state_dtype): resolving the real class needs the CUDA kernels.
+    # Then select_common_block_size (vllm/v1/worker/utils.py) for the kernel block.
+    from types import SimpleNamespace as NS
+    from vllm.platforms.cuda import CudaPlatform
+    from vllm.model_executor.models import ModelRegistry
+    from vllm.model_executor.layers.mamba.mamba_utils import MambaStateShapeCalculator, MambaStateDtypeCalculator
+    from vllm.v1.worker.utils import select_common_block_size
+    b, err = load(AttentionBackendEnum[q["backend"]])
+    if b is None: raise RuntimeError(f"{q['backend']}: {err}")
+    class Kda:
+        @classmethod
+        def get_mamba_state_shape_from_config(cls, vc):
+            h = vc.model_config.hf_text_config
+            return MambaStateShapeCalculator.kda_state_shape(vc.parallel_config.tensor_parallel_size,
+                h.linear_num_heads, h.linear_head_dim, conv_kernel_size=h.linear_conv_kernel_dim, num_spec=0)
+        @classmethod
+        def get_mamba_state_dtype_from_config(cls, vc):
+            c = vc.cache_config
+            return MambaStateDtypeCalculator.kda_state_dtype(vc.model_config.dtype, c.mamba_cache_dtype,
+                c.mamba_ssm_cache_dtype)
+    hf = NS(linear_num_heads=q["ssm_heads"], linear_head_dim=q["ssm_head_dim"], linear_conv_kernel_dim=q["conv_kernel"])
+    mc = NS(dtype=getattr(torch, q["dtype"]), use_mla=True, get_num_kv_heads=lambda pc: 1,
+        get_head_size=lambda: q["head_size"], architecture=q["architecture"], hf_text_config=hf)
+    cc = NS(cache_dtype=q["kv_cache_dtype"], block_size=q["block_size"], mamba_cache_mode="none",
+        mamba_page_size_padded=None, mamba_cache_dtype="auto", mamba_ssm_cache_dtype=q["ssm_cache_dtype"])
+    vc = NS(cache_config=cc, model_config=mc, parallel_config=NS(tensor_parallel_size=q["tp"]), speculative_config=None)
+    saved = (ModelRegistry.resolve_model_cls, CudaPlatform.__dict__.get("_find_non_ssm_backends"))
+    ModelRegistry.resolve_model_cls = lambda *a, **k: (Kda, q["architecture"])
+    CudaPlatform._find_non_ssm_backends = classmethod(lambda cls, vc: [b])  # the model's one attention backend
+    try: CudaPlatform._align_hybrid_block_size(vc, b)
+    finally:
+        ModelRegistry.resolve_model_cls = saved[0]
+        if saved[1] is not None: CudaPlatform._find_non_ssm_backends = saved[1]
+    try: kernel, kerr = select_common_block_size(cc.block_size, [b]), None
+    except ValueError as e: kernel, kerr = None, str(e)
+    return {"logical": cc.block_size, "kernel": kernel, "kernel_error": kerr,
+            "mamba_page_padded": cc.mamba_page_size_padded}
+
+def ratio(q):
+    # NIXL's handshake: TransferTopology.block_size_ratio (kv_connector/utils.py) on decode's kernel block
+    from types import SimpleNamespace as NS
+    from vllm.distributed.kv_transfer.kv_connector.utils import TransferTopology
+    try: return {"ratio": TransferTopology.block_size_ratio(NS(block_size=q["local"]), q["remote"]), "error": None}
+    except AssertionError as e: return {"ratio": None, "error": str(e)}
+
+KINDS = {"select": answer, "hybrid": hybrid, "ratio": ratio}
 import vllm
 print(json.dumps({"ready": vllm.__version__}), flush=True)
 for line in sys.stdin:
-    try: out = answer(json.loads(line)); out["stubbed"] = sorted(set(STUBBED))
+    try: q = json.loads(line); out = KINDS[q.pop("kind", "select")](q); out["stubbed"] = sorted(set(STUBBED))
     except Exception as e: out = {"error": f"{type(e).__name__}: {e}"}
     print(json.dumps(out), flush=True)
 """
@@ -263,7 +325,7 @@ class LayerQuery(TypedDict, total=False):
     ``block_size`` the user's ``--block-size`` (vLLM passes it to the selector only when the
     user set it; default None); ``selected`` the ``--attention-backend`` (default None);
     ``num_heads`` per rank (default None); ``kv_cache_dtype`` default ``auto``;
-    ``use_kv_connector`` default True."""
+    ``use_kv_connector`` default True; ``use_sparse`` a DSA sparse MLA layer (default False)."""
 
     use_mla: Required[bool]
     head_size: Required[int]
@@ -273,6 +335,7 @@ class LayerQuery(TypedDict, total=False):
     selected: str | None
     num_heads: int | None
     use_kv_connector: bool
+    use_sparse: bool
 
 
 _LAYER_DEFAULTS: dict[str, Any] = {
@@ -281,6 +344,7 @@ _LAYER_DEFAULTS: dict[str, Any] = {
     "selected": None,
     "num_heads": None,
     "use_kv_connector": True,
+    "use_sparse": False,
 }
 
 
@@ -297,3 +361,61 @@ def select(capability: tuple[int, int], python: str | None = None, **layer: Unpa
     if "error" in out:
         raise ValueError(f"vLLM backend probe: {out['error']}")
     return out
+
+
+def _query(kind: str, python: str | None, **q: Any) -> dict[str, Any]:
+    out = _ask(python or sys.executable, json.dumps({"kind": kind, **q}, sort_keys=True))
+    if "error" in out and kind != "ratio":
+        raise ValueError(f"vLLM {kind} probe: {out['error']}")
+    return out
+
+
+def kda_hybrid_block(
+    backend: str,
+    *,
+    tp: int,
+    block_size: int,
+    head_size: int,
+    ssm: tuple[int, int, int],
+    dtypes: tuple[str, str, str],
+    architecture: str,
+    python: str | None = None,
+) -> dict[str, Any]:
+    """The logical (KV manager) and kernel block of a KDA + MLA hybrid instance, by vLLM's own code:
+    ``Platform._align_hybrid_block_size`` (vllm/platforms/interface.py) raising ``block_size``
+    (tokens) until one attention page holds one KDA state page
+    (``MambaStateShapeCalculator.kda_state_shape`` / ``MambaStateDtypeCalculator.kda_state_dtype``,
+    vllm/model_executor/layers/mamba/mamba_utils.py, as Glm5NextForCausalLM and KimiLinearForCausalLM
+    call them), then ``select_common_block_size`` (vllm/v1/worker/utils.py) with ``backend``'s class.
+
+    ``head_size``: MLA ``kv_lora_rank + qk_rope_head_dim``; ``ssm``: ``(linear_num_heads,
+    linear_head_dim, conv_kernel)`` from config.json; ``dtypes``: ``(model dtype, --kv-cache-dtype,
+    --mamba-ssm-cache-dtype)``. Returns ``{"logical", "kernel", "kernel_error",
+    "mamba_page_padded"}`` (tokens, tokens, vLLM's message or None, bytes). Raises ``UserError``
+    when vLLM cannot be imported, ``ValueError`` with the probe's error."""
+    heads, head_dim, conv = ssm
+    dtype, kv_dtype, ssm_dtype = dtypes
+    return _query(
+        "hybrid",
+        python,
+        backend=backend,
+        tp=tp,
+        block_size=block_size,
+        head_size=head_size,
+        ssm_heads=heads,
+        ssm_head_dim=head_dim,
+        conv_kernel=conv,
+        dtype=dtype,
+        kv_cache_dtype=kv_dtype,
+        ssm_cache_dtype=ssm_dtype,
+        architecture=architecture,
+    )
+
+
+def block_size_ratio(local: int, remote: int, python: str | None = None) -> tuple[int | None, str | None]:
+    """NIXL's ``TransferTopology.block_size_ratio`` (vllm/distributed/kv_transfer/kv_connector/utils.py)
+    on the decode (``local``) and prefill (``remote``) kernel blocks (tokens), as the handshake
+    calls it: ``(ratio, None)``, or ``(None, vLLM's assertion message)`` when it refuses. Raises
+    ``UserError`` when vLLM cannot be imported."""
+    out = _query("ratio", python, local=local, remote=remote)
+    return out.get("ratio"), out.get("error")

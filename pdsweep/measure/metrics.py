@@ -30,9 +30,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
-
 NIXL_XFER_TIME = "vllm:nixl_xfer_time_seconds"
 NIXL_POST_TIME = "vllm:nixl_post_time_seconds"
 NIXL_BYTES = "vllm:nixl_bytes_transferred"
@@ -82,6 +79,8 @@ class Snapshot:
 
 
 def _metrics_url(url: str) -> str:
+    import httpx  # here, not at import: the device check reads parse_ucx_proto_info without httpx
+
     u = httpx.URL(url)
     return str(u.copy_with(path="/metrics")) if u.path in ("", "/") else url
 
@@ -90,6 +89,8 @@ def scrape_sync(url: str, timeout: float = 10) -> str:
     """GET ``url`` (an instance base URL or its ``/metrics`` URL) -> exposition text, with
     its own client; ``timeout`` in seconds. Raises ``httpx.HTTPError`` (transport errors,
     non-2xx status)."""
+    import httpx
+
     with httpx.Client(timeout=timeout, trust_env=False) as client:
         r = client.get(_metrics_url(url))
         r.raise_for_status()
@@ -113,6 +114,8 @@ def parse(text: str) -> Snapshot:
     Raises ValueError for text prometheus_client cannot parse, or a histogram whose label
     sets have different bucket bounds.
     """
+    from prometheus_client.parser import text_string_to_metric_families
+
     snap = Snapshot()
     seen: dict[str, set[str]] = {k: set() for k in KEPT_LABELS}
     for fam in text_string_to_metric_families(text):

@@ -113,6 +113,8 @@ class EffectiveBlocks:
     arch: str | None = None  # target GPU architecture (sm90, ...); None off CUDA
     backend_source: str = "pdsweep table"  # "vLLM <version>" when vLLM chose it
     unverified: tuple[str, ...] = ()  # the chosen backend's checks this CPU box cannot run
+    # who computed logical/kernel: vLLM's own functions (KDA hybrids on CUDA) or pdsweep's mirror
+    blocks_source: str = "pdsweep"
 
     @property
     def physical_per_logical(self) -> int | None:
@@ -221,12 +223,24 @@ def _head_size(model: ModelSpec) -> int | None:
     return model.attn.head_dim if model.attn else None
 
 
-def cuda_backend(
-    model: ModelSpec, tp: int, arch: str, dtype: str, kv_cache_dtype: str, block: int, selected: str | None, nixl: bool
-) -> Choice | None:
+@dataclass(frozen=True)
+class Serve:
+    """The ``vllm serve`` settings vLLM's backend selection reads: ``dtype`` (torch dtype name),
+    ``kv_cache_dtype`` (``--kv-cache-dtype``), ``block`` (``--block-size``, tokens),
+    ``selected`` (``--attention-backend``), ``nixl`` (a KV connector is configured)."""
+
+    dtype: str
+    kv_cache_dtype: str = "auto"
+    block: int = 16
+    selected: str | None = None
+    nixl: bool = False
+
+
+def cuda_backend(model: ModelSpec, tp: int, arch: str, serve: Serve) -> Choice | None:
     """vLLM's attention backend for ``model`` at ``tp`` on ``arch`` (``CudaPlatform
-    .get_attn_backend_cls``: ``selected`` validated alone, else the first backend of
-    ``_get_backend_priorities`` whose configuration checks pass). None where vLLM cannot
+    .get_attn_backend_cls``: ``serve.selected`` validated alone, else the first backend of
+    ``_get_backend_priorities`` whose configuration checks pass; a sparse (DSA) MLA model asks
+    with ``use_sparse``, so only the ``*_MLA_SPARSE`` backends pass). None where vLLM cannot
     be asked (no head geometry, vLLM not importable). Raises :class:`BackendError` with
     vLLM's message when it refuses ``selected`` or finds no valid backend."""
     from pdsweep.builds import attnprobe
@@ -235,17 +249,19 @@ def cuda_backend(
     if head is None:
         return None
     cap = parse_arch(arch)
+    selected = serve.selected
     try:
         out = attnprobe.select(
             cap,
             use_mla=model.attention == "mla",
             head_size=head,
-            dtype=dtype,
-            kv_cache_dtype=kv_cache_dtype,
-            block_size=block,
+            dtype=serve.dtype,
+            kv_cache_dtype=serve.kv_cache_dtype,
+            block_size=serve.block,
             selected=selected,
             num_heads=(model.num_attention_heads // tp) if model.num_attention_heads else None,
-            use_kv_connector=nixl,
+            use_kv_connector=serve.nixl,
+            use_sparse=bool(model.mla and model.mla.sparse),
         )
         version = attnprobe.vllm_version()
     except UserError:
@@ -266,6 +282,34 @@ def cuda_backend(
         )
     reasons = ", ".join(f"{b['name']}: [{', '.join(b['reasons'])}]" for b in out["backends"])
     raise BackendError(f"No valid attention backend found for cuda. Reasons: {{{reasons}}} ({where})")
+
+
+def vllm_kda_blocks(model: ModelSpec, tp: int, block: int, backend: str, serve: Serve) -> tuple[int, int] | None:
+    """``(logical, kernel)`` blocks (tokens) of a KDA + MLA hybrid on CUDA from vLLM's own
+    ``Platform._align_hybrid_block_size`` and ``select_common_block_size``
+    (:func:`pdsweep.builds.attnprobe.kda_hybrid_block`), with the catalogue's config.json fields
+    (``mla``, ``ssm_state``). None when vLLM cannot be asked or the geometry is missing. Raises
+    ``ValueError`` with vLLM's message when no kernel block divides the logical block."""
+    from pdsweep.builds import attnprobe
+
+    s, head = model.ssm_state, _head_size(model)
+    if model.ssm != "kda" or s is None or head is None:
+        return None
+    try:
+        out = attnprobe.kda_hybrid_block(
+            backend,
+            tp=tp,
+            block_size=block,
+            head_size=head,
+            ssm=(s.num_heads, s.head_dim, s.conv_kernel),
+            dtypes=(serve.dtype, serve.kv_cache_dtype, "auto" if s.state_dtype == "float32" else s.state_dtype),
+            architecture=model.architecture,
+        )
+    except (UserError, ValueError):
+        return None
+    if out["kernel"] is None:
+        raise ValueError(f"{out['kernel_error']} (vLLM vllm/v1/worker/utils.py select_common_block_size)")
+    return int(out["logical"]), int(out["kernel"])
 
 
 def attn_page_1_token(model: ModelSpec, tp: int, kv_bytes: int) -> int | None:
@@ -354,7 +398,8 @@ def effective_blocks(
         arch = target_arch()[0]
         if nixl is None:
             nixl = any(a.startswith("--kv-transfer-config") for a in argv)
-        choice = cuda_backend(model, tp, arch, dtype, kv_dtype, configured, selected, nixl)
+        serve = Serve(dtype, kv_dtype, configured, selected, nixl)
+        choice = cuda_backend(model, tp, arch, serve)
         if choice is not None:
             backend, source, unverified = choice.backend, choice.source, choice.unverified
             name = backend.name
@@ -387,6 +432,12 @@ def effective_blocks(
                 else ("mla" if model.attention == "mla" else "attn, num_kv_heads")
             )
             return EffectiveBlocks(logical=None, kernel=None, unknown=f"catalogue entry lacks {missing}", **common)
+        ssm_flag = flag(argv, "--mamba-ssm-cache-dtype")
+        if platform == "cuda" and source.startswith("vLLM") and ssm_flag in (None, "auto"):
+            got = vllm_kda_blocks(model, tp, block, name, serve)
+            if got is not None:  # vLLM's own alignment and kernel split
+                where = "Platform._align_hybrid_block_size + select_common_block_size"
+                return EffectiveBlocks(logical=got[0], kernel=got[1], blocks_source=f"{source} {where}", **common)
         block = align_hybrid(block, attn_page, mpage, backend, mla=model.attention == "mla")
     return EffectiveBlocks(logical=block, kernel=kernel_block(block, backend), **common)
 

@@ -76,14 +76,22 @@ def _block_ratio(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
     NIXL exchanges (``_sync_block_size_with_kernel``): decode's must be a multiple of
     prefill's."""
     p, d, eff = _kernels(c, m, ls)
-    if d % p:
-        return (
-            f"decode kernel block {d} is not a multiple of prefill kernel block {p}"
-            + (f" ({_describe(eff)})" if eff else "")
-            + f": vLLM TransferTopology.block_size_ratio (kv_connector/utils.py) asserts "
-            f"'Local block size {d} is not divisible by remote block size {p} or vice versa.'"
-        )
-    return None
+    if d % p == 0:
+        return None
+    said = f"'Local block size {d} is not divisible by remote block size {p} or vice versa.'"
+    if eff and all(e.backend_source.startswith("vLLM") for e in eff.values()):
+        from pdsweep.builds import attnprobe
+        from pdsweep.core.errors import UserError
+
+        try:  # the handshake's own function on the installed vLLM: its message, verbatim
+            said = f"'{attnprobe.block_size_ratio(d, p)[1]}' (called here)"
+        except (UserError, ValueError):
+            pass
+    return (
+        f"decode kernel block {d} is not a multiple of prefill kernel block {p}"
+        + (f" ({_describe(eff)})" if eff else "")
+        + f": vLLM TransferTopology.block_size_ratio (kv_connector/utils.py) asserts {said}"
+    )
 
 
 def _hybrid_blocks_unknown(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:

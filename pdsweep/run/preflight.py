@@ -410,7 +410,13 @@ def preflight(
     models = list(dict.fromkeys(c.model for c in cells))
     weights = {n: resolve_weights(n, ls.catalogue.models[n], hub, env, cache) for n in models}
     errors = [w.error for w in weights.values() if w.error]
-    warnings: list[str] = []
+    # resolvable on the hub but not downloaded: vLLM would download inside the startup budget
+    warnings: list[str] = [
+        f"model {n}: {w.where[4:]} is not downloaded: vLLM would fetch it at startup, inside the startup "
+        f"budget; run `pdsweep fetch {ls.path}` first (pdsweep.run.fetch)"
+        for n, w in weights.items()
+        if w.where and w.where.startswith("hub:")
+    ]
     ids: tuple[int, ...] = tuple(range(gpus or 0))
     unfit: dict[str, str] = {}
     shape = None

@@ -29,7 +29,10 @@ class MlaGeometry(Strict):
     replicated on every TP rank (vLLM ``MLAAttentionSpec``)."""
 
     kv_lora_rank: int = Field(gt=0)
-    qk_rope_head_dim: int = Field(gt=0)
+    qk_rope_head_dim: int = Field(ge=0)  # 0: NoPE (GLM-5.3's DSA layers)
+    # DSA sparse MLA (``config.index_topk`` set): vLLM's selector passes ``use_sparse`` and only
+    # the ``*_MLA_SPARSE`` backends serve it (``AttentionBackend.validate_configuration``)
+    sparse: bool = False
 
 
 class AttnGeometry(Strict):

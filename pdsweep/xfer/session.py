@@ -10,6 +10,7 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,18 @@ from pdsweep.plan.geometry import KVGeometry
 from pdsweep.plan.readplan import ReadPlan, handshake_ranks
 from pdsweep.xfer.memory import Requests, check_device, rank_layout
 from pdsweep.xfer.rank import DEFAULT_PROGRESS_DELAY_US, DecodeRankConfig, PrefillRankConfig, decode_main, prefill_main
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """How a :class:`TransferSession` runs: cache memory on ``device`` (cpu | cuda), NIXL's
+    progress-thread delay ``progress_delay_us`` (microseconds), ``timeout_s`` (seconds) per
+    answer of a rank process, the pattern ``seed``."""
+
+    device: str = "cpu"
+    progress_delay_us: int = DEFAULT_PROGRESS_DELAY_US
+    timeout_s: float = 120.0
+    seed: int = 0
 
 
 class TransferSession:
@@ -36,13 +49,11 @@ class TransferSession:
         decode_tp: int,
         plans: list[ReadPlan],
         requests: Requests,
-        device: str = "cpu",
-        progress_delay_us: int = DEFAULT_PROGRESS_DELAY_US,
-        timeout_s: float = 120.0,
-        seed: int = 0,
+        opts: SessionOptions | None = None,
     ):
+        o = opts or SessionOptions()
         self.geometry, self.P, self.D, self.plans, self.requests = geometry, prefill_tp, decode_tp, plans, requests
-        self.device, self.delay_us, self.timeout_s, self.seed = device, progress_delay_us, timeout_s, seed
+        self.device, self.delay_us, self.timeout_s, self.seed = o.device, o.progress_delay_us, o.timeout_s, o.seed
         for d, p in enumerate(plans):
             bad = [r for r in (*p.transfers, *p.notify_ranks) if not 0 <= r < prefill_tp]
             fits = (p.prefill_tp, p.decode_tp, p.decode_rank) == (prefill_tp, decode_tp, d)
