@@ -79,12 +79,7 @@ def test_device_check_refuses_a_wheel_for_another_python(tmp_path):
 
 
 WHEELS = REPO / "build" / "device"
-FETCH = (
-    "python -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "
-    "--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 "
-    "-d build/py312 numpy==2.3.5 pyyaml==6.0.3 (not under build/device: that is carried); the same for nixl-cu13==1.5.1 into /tmp, then "
-    "python scripts/trim-nixl-wheel.py /tmp/nixl_cu13-1.5.1-cp312-*.whl build/device/"
-)
+FETCH = "bash scripts/device-wheels.sh (pip download of the cp312 wheels, nixl_cu13 trimmed; CI runs it)"
 
 
 @pytest.mark.nixl
