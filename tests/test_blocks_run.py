@@ -9,7 +9,7 @@ import pytest
 from _fakes import build_tokenizer
 from test_run_fake import make_sweep
 
-from pdsweep.plan.blocks import mismatches, runtime_blocks
+from pdsweep.plan.runtimeblocks import mismatches, runtime_blocks
 from pdsweep.results import layout
 from pdsweep.run.context import RunOptions
 from pdsweep.run.sweep import run_sweep

@@ -10,7 +10,8 @@ import pytest
 
 from pdsweep.builds import fixprobes
 from pdsweep.builds.fixprobes import FIXES, probe_python, probe_site
-from pdsweep.builds.unfix import EDITS, _vllm_site
+from pdsweep.builds.unfix import EDITS
+from pdsweep.builds.vllmsite import vllm_site
 from pdsweep.core.errors import UserError
 from pdsweep.plan.expand import Cell, expand
 from pdsweep.spec.expectations import applies, resolve
@@ -48,7 +49,7 @@ def test_every_fix_probe_is_found_in_the_installed_vllm():
 
 
 def test_unfixed_copy_lacks_49297_only(tmp_path):
-    site, version = _vllm_site(sys.executable)
+    site, version = vllm_site(sys.executable)
     for p in {f.file for f in FIXES.values()}:
         (tmp_path / p).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / p).write_text((site / p).read_text())

@@ -97,11 +97,11 @@ def test_negative_read_counts_fail_and_the_report_does_not_print_them(tmp_path: 
 
 # ---------------------------------------------------------------- Want 6: no traceback on bad input
 def test_a_build_python_that_prints_nothing_is_a_user_error() -> None:
-    from pdsweep.builds import unfix
+    from pdsweep.builds import vllmsite
     from pdsweep.core.errors import UserError
 
     with pytest.raises(UserError, match=r"'/bin/true' is not a Python interpreter pdsweep can probe .*no output"):
-        unfix.vllm_version("/bin/true")
+        vllmsite.vllm_version("/bin/true")
 
 
 # ---------------------------------------------------------------- the last two cases of "Found"

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from pdsweep.builds.unfix import _vllm_site
+from pdsweep.builds.vllmsite import vllm_site
 from pdsweep.core.errors import UserError
 from pdsweep.plan.expand import expand
 from pdsweep.plan.instance import Slot, instances
 from pdsweep.spec.sweep import load_sweep
 
 SWEEPS = Path(__file__).resolve().parent.parent / "sweeps"
-SITE, _ = _vllm_site(sys.executable)
+SITE, _ = vllm_site(sys.executable)
 NIXL = SITE / "vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py"
 
 

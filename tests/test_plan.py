@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from pdsweep.core.errors import UserError
 from pdsweep.deploy.instances import relocate
-from pdsweep.plan import rules
+from pdsweep.plan import pushrules, rules
 from pdsweep.plan.expand import Cell, expand, matrix_combinations
 from pdsweep.plan.instance import Slot, instances, on_slot
 from pdsweep.spec.matrix import Matrix
@@ -523,12 +523,12 @@ matrix:
         # the rule's push branch is checked on its own
         cell = next(c for c in plan.pd_cells if c.id == f"qwen3-0.6b.p1d1.b16-16.{build}")
         m = ls.catalogue.models[cell.model]
-        with mock.patch.object(rules, "_serve_args", return_value=["--kv-transfer-config", push]):
-            reason = rules._unfixed_scope(replace(cell, decode_tp=2), m, ls)  # prefill TP < decode TP
+        with mock.patch.object(pushrules, "serve_args", return_value=["--kv-transfer-config", push]):
+            reason = pushrules.unfixed_scope(replace(cell, decode_tp=2), m, ls)  # prefill TP < decode TP
             assert "push connector (NixlPushConnector)" in reason and "push_worker.py _xfer_blocks_for_req" in reason
             assert "at prefill TP 1 < decode TP 2" in reason
             for tp in ((1, 1), (2, 1)):  # prefill's tp_ratio >= 1: the split path is never reached
-                assert rules._unfixed_scope(replace(cell, prefill_tp=tp[0], decode_tp=tp[1]), m, ls) is None
+                assert pushrules.unfixed_scope(replace(cell, prefill_tp=tp[0], decode_tp=tp[1]), m, ls) is None
         assert {f"qwen3-0.6b.p1d1.b16-16.{build}", f"qwen3-0.6b.p1d1.b16-16.{build}.dcp1"} <= ok
     for build in ("fixed", "patched"):  # fixed builds run DCP and push
         assert {f"qwen3-0.6b.p1d1.b16-16.{build}.{v}" for v in ("dcp2", "dcp2-decode")} <= ok
@@ -536,8 +536,8 @@ matrix:
 
 
 def test_dcp_values_follow_vllm_flag_spellings():
-    assert rules.dcp_values(
+    assert pushrules.dcp_values(
         ["-dcp", "2", "--decode-context-parallel-size=4", "--decode_context_parallel_size", "8"]
     ) == ["2", "4", "8"]
-    assert rules.dcp_values(["--dcp-comm-backend", "x", "--tensor-parallel-size", "2"]) == []
-    assert rules.dcp_values(["-dcp"]) == [""]  # a dangling flag is DCP too (fail closed)
+    assert pushrules.dcp_values(["--dcp-comm-backend", "x", "--tensor-parallel-size", "2"]) == []
+    assert pushrules.dcp_values(["-dcp"]) == [""]  # a dangling flag is DCP too (fail closed)

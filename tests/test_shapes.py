@@ -121,10 +121,10 @@ def test_pipeline_parallel_flag_names_the_axis_and_quotes_vllms_decode_refusal()
     import ast
     import re
 
-    from pdsweep.builds.unfix import _vllm_site
+    from pdsweep.builds.vllmsite import vllm_site
     from pdsweep.spec.guards import RESERVED_FLAGS
 
-    site, _ = _vllm_site(sys.executable)
+    site, _ = vllm_site(sys.executable)
     src = (site / "vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py").read_text()
     raised = {n.value for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
     quoted = re.findall(r'"([^"]+)"', RESERVED_FLAGS["--pipeline-parallel-size"])

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pdsweep.builds import baseline, unfix
+from pdsweep.builds import baseline, unfix, vllmsite
 from pdsweep.core.errors import UserError
 from pdsweep.core.paths import sha256_file
 
@@ -28,7 +28,7 @@ def _installed_site() -> Path | None:
         return None
     site = Path(list(spec.submodule_search_locations)[0]).parent
     try:
-        version = unfix.vllm_version(sys.executable)
+        version = vllmsite.vllm_version(sys.executable)
     except UserError:
         return None
     return site if unfix.version_key(version) == VERSION else None
@@ -205,8 +205,8 @@ def test_baseline_env_leaves_fixed_files_untouched(fake_fixed: tuple[str, Path],
     assert python == dest / "bin" / "python"
     for rel, (data, ino) in orig.items():  # fixed copy: same bytes, same inode
         assert (fixed_site / rel).read_bytes() == data and (fixed_site / rel).stat().st_ino == ino
-    assert unfix.patched_files_sha256(fixed_python) == {rel: sha256_file(fixed_site / rel) for rel in orig}
-    new_sha = unfix.patched_files_sha256(str(python))
+    assert vllmsite.patched_files_sha256(fixed_python) == {rel: sha256_file(fixed_site / rel) for rel in orig}
+    new_sha = vllmsite.patched_files_sha256(str(python))
     site = dest / baseline._purelib_rel(sys.executable)
     for rel in unfix.PATCHED_FILES:
         assert not os.path.samefile(site / rel, fixed_site / rel)
@@ -214,7 +214,7 @@ def test_baseline_env_leaves_fixed_files_untouched(fake_fixed: tuple[str, Path],
     assert "and read_specs:" in (site / unfix.PULL_WORKER).read_text()
     connector = f"{unfix.NIXL_DIR}/connector.py"
     assert os.path.samefile(site / connector, fixed_site / connector)  # the rest: hardlinks
-    assert unfix.vllm_version(str(python)) == "0.32.0"  # metadata comes from the fixed site
+    assert vllmsite.vllm_version(str(python)) == "0.32.0"  # metadata comes from the fixed site
 
     # Idempotent: a current env is reused as is.
     ino = (site / unfix.PULL_WORKER).stat().st_ino
@@ -276,7 +276,7 @@ def test_baseline_env_of_an_unlisted_build_is_matched_by_shape(
     assert set(marker["patched_sha256"]) == {pull, f"{nixl_dir}/base_worker.py"}
     assert "and read_specs:" in (site / pull).read_text() and "and read_specs:" not in (fixed_site / pull).read_text()
     assert os.path.samefile(site / nixl_dir / "connector.py", fixed_site / nixl_dir / "connector.py")
-    assert unfix.patched_files_sha256(str(dest / "bin" / "python")) == marker["patched_sha256"]
+    assert vllmsite.patched_files_sha256(str(dest / "bin" / "python")) == marker["patched_sha256"]
 
 
 def test_baseline_env_refuses_changed_fix_lines_of_an_unlisted_build(tmp_path: Path) -> None:
@@ -297,13 +297,13 @@ def test_baseline_env_refuses_changed_fix_lines_of_an_unlisted_build(tmp_path: P
 @needs_installed
 def test_baseline_env_from_installed_vllm(tmp_path: Path) -> None:
     """Builds from this interpreter's vllm (hardlinks: ~15 s, mostly one vllm import)."""
-    fixed_before = unfix.patched_files_sha256(sys.executable)
+    fixed_before = vllmsite.patched_files_sha256(sys.executable)
     python = baseline.make_baseline_env(sys.executable, tmp_path / ".venv-unfixed")
-    assert unfix.patched_files_sha256(sys.executable) == fixed_before
+    assert vllmsite.patched_files_sha256(sys.executable) == fixed_before
     code = (
         "import inspect, vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker as m;"
         "print(m.__file__); print('and read_specs:' in inspect.getsource(m))"
     )
     out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out[-2].startswith(str(tmp_path)) and out[-1] == "True"
-    assert unfix.patched_files_sha256(str(python)) != fixed_before
+    assert vllmsite.patched_files_sha256(str(python)) != fixed_before

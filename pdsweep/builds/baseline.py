@@ -21,11 +21,11 @@ from pathlib import Path
 
 from pdsweep.builds.unfix import (
     Resolved,
-    _vllm_site,
     apply_unfix,
     resolve,
     select_edits,
 )
+from pdsweep.builds.vllmsite import vllm_site
 from pdsweep.core.errors import EXIT_OK, InternalError, UserError, run_main
 from pdsweep.core.paths import sha256_file
 
@@ -174,7 +174,7 @@ def make_baseline_env(fixed_python: str, dest: Path, undo: tuple[int, ...] | Non
     lines are missing), a foreign ``dest``, or a failed check.
     """
     dest = Path(dest).absolute()
-    fixed_site, version = _vllm_site(fixed_python)
+    fixed_site, version = vllm_site(fixed_python)
     res = resolve(fixed_site, version)  # refuse before building anything
     select_edits(res.shape, undo)
     fixed_sha = {rel: sha256_file(fixed_site / rel) for rel in res.location.files}

@@ -157,11 +157,11 @@ def probe_site(site: Path) -> dict[str, bool | None]:
 def probe_python(python: str) -> tuple[str | None, dict[str, bool | None]]:
     """(vLLM version, :func:`probe_site`) of the vLLM that interpreter ``python`` imports;
     ``(None, {fix: None})`` when it cannot be found."""
-    from pdsweep.builds.unfix import _vllm_site
+    from pdsweep.builds.vllmsite import vllm_site
     from pdsweep.core.errors import UserError
 
     try:
-        site, version = _vllm_site(python)
+        site, version = vllm_site(python)
     except UserError:
         return None, dict.fromkeys(FIXES)
     return version, probe_site(site)

@@ -316,13 +316,12 @@ def make_build(
     root: Path = Path(".cache/builds"),
     deps_from: str | None = None,
     constraints: Path | None = None,
-    index_url: str | None = None,
-    extra_index_url: str | None = None,
+    index: tuple[str | None, str | None] = (None, None),
     dry_run: bool = False,
 ) -> tuple[Path, dict[str, Any]]:
     """Make (or reuse) the build of ``wheel`` or ``source`` (exactly one) under ``root``;
     (venv path, marker dict). See the module docstring for the key, the two dependency
-    modes and the provenance recorded.
+    modes and the provenance recorded. ``index``: pip's ``(--index-url, --extra-index-url)``.
 
     ``dry_run``: install nothing and return (venv path, plan): ``{"dest", "key", "name",
     "inputs", "version": the vLLM version expected (a wheel's file name; a source tree's
@@ -337,7 +336,7 @@ def make_build(
     exactly one of wheel/source, not a wheel name, a tree without ``pyproject.toml``/
     ``setup.py``), a pip failure, or a build that imports another vLLM; a failed build leaves
     no marker (the next call rebuilds it)."""
-    plan = _plan(wheel, source, root, deps_from, constraints, _index_args(index_url, extra_index_url))
+    plan = _plan(wheel, source, root, deps_from, constraints, _index_args(*index))
     if dry_run:
         return plan["dest"], plan
     dest, inputs, name = plan["dest"], plan["inputs"], plan["name"]
@@ -443,8 +442,7 @@ def main(args: argparse.Namespace) -> int:
         root=args.root,
         deps_from=args.deps_from,
         constraints=args.constraints,
-        index_url=args.index_url,
-        extra_index_url=args.extra_index_url,
+        index=(args.index_url, args.extra_index_url),
         dry_run=dry,
     )
     if dry:

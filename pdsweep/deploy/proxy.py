@@ -389,7 +389,6 @@ class ProxyServer(AppServer):
         self,
         prefill_urls: list[str],
         decode_urls: list[str],
-        host: str = "127.0.0.1",
         port: int = 0,
         timeout_s: float = 300,
         log_path: Path | None = None,
@@ -398,8 +397,7 @@ class ProxyServer(AppServer):
     ) -> None:
         super().__init__(
             create_app(prefill_urls, decode_urls, timeout_s, block_size, faults),
-            host,
-            port,
+            port=port,
         )
         self.log_path = Path(log_path) if log_path else None
         self._handler: logging.Handler | None = None

@@ -184,11 +184,11 @@ def read_split(dep: Deployment) -> dict[str, Any]:
 
 
 def read_back_blocks(dep: Deployment, planned: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Per instance ``{"planned", "runtime", "mismatch"}`` (:func:`pdsweep.plan.blocks.runtime_blocks`
+    """Per instance ``{"planned", "runtime", "mismatch"}`` (:func:`pdsweep.plan.runtimeblocks.runtime_blocks`
     from its ``/metrics`` and log; ``planned`` by instance name). A scrape that fails leaves
     the runtime values to the log; nothing here raises."""
     from pdsweep.measure.metrics import scrape_sync
-    from pdsweep.plan.blocks import mismatches, runtime_blocks
+    from pdsweep.plan.runtimeblocks import mismatches, runtime_blocks
 
     out: dict[str, Any] = {}
     for h in dep.handles:

@@ -103,7 +103,7 @@ def build_info(ls: LoadedSweep, name: str) -> dict[str, Any]:
     # what vllm:nixl_num_failed_transfers counts in this build (the gate's reasons name it)
     info["failed_transfer_accounting"] = accounting_label(info["fixes"].get(FAILED_TRANSFER_ACCOUNTING))
     try:
-        from pdsweep.builds.unfix import patched_files_sha256
+        from pdsweep.builds.vllmsite import patched_files_sha256
 
         info["patched_files_sha256"] = patched_files_sha256(py)
     except Exception as e:  # noqa: BLE001 -- recorded, not fatal: the cell itself will fail if vLLM is broken

@@ -226,10 +226,12 @@ def roles(cell: Cell) -> list[tuple[str, str, int, int, int]]:
 
 
 def serve_argv(
-    cell: Cell, role: str, tp: int, block: int, ls: LoadedSweep, model_path: str, python: str, host: str
+    cell: Cell, instance: tuple[str, str, int, int, int], ls: LoadedSweep, model_path: str, python: str, host: str
 ) -> list[str]:
-    """The ``vllm serve`` argv of one instance (``--port 0``: :func:`place` writes it); the
-    catalogue's and the serve-args variant's flags replace pdsweep's (:func:`override_flags`)."""
+    """The ``vllm serve`` argv of one instance, ``instance`` an entry of :func:`roles`
+    (``--port 0``: :func:`place` writes it); the catalogue's and the serve-args variant's flags
+    replace pdsweep's (:func:`override_flags`)."""
+    _, role, tp, block, _ = instance
     s, d = ls.sweep, ls.sweep.defaults
     model, variant = ls.catalogue.models[cell.model], s.serve_variant(cell.serve_args)
     max_len = d.max_model_len or model.max_model_len
@@ -288,10 +290,11 @@ def instances(cell: Cell, slot: Slot, ls: LoadedSweep, model_path: str, python: 
     """
     d = ls.sweep.defaults
     out, gpu_i, placed = [], 0, {"prefill": 0, "decode": 0, "single": 0}
-    for k, (name, role, tp, block, dp) in enumerate(roles(cell)):
+    for k, entry in enumerate(roles(cell)):
+        name, role, tp, _, dp = entry
         gpus = slot.gpus[gpu_i : gpu_i + tp * dp] if slot.gpus else ()
         gpu_i += tp * dp
-        argv = serve_argv(cell, role, tp, block, ls, model_path, python, slot.host(k))
+        argv = serve_argv(cell, entry, ls, model_path, python, slot.host(k))
         env = serve_env(cell, role, ls, slot.host(k) if slot.hosts else None)
         if ls.sweep.platform == "cuda":  # nvidia-smi's indices (PCI bus order): CUDA's only under PCI_BUS_ID
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))

@@ -26,11 +26,11 @@ def per_engine_listener(python: str) -> bool:
     """True when the vLLM that ``python`` imports binds one side-channel port per DP rank
     (the 0.32 layout, read from its ``base_scheduler.py``); False when it binds one per
     DP x TP rank or cannot be read."""
-    from pdsweep.builds.unfix import _vllm_site
+    from pdsweep.builds.vllmsite import vllm_site
     from pdsweep.core.errors import UserError
 
     try:
-        site, _ = _vllm_site(python)
+        site, _ = vllm_site(python)
         text = (site / BASE_SCHEDULER).read_text()
     except (UserError, OSError):
         return False

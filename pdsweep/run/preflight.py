@@ -398,7 +398,6 @@ def preflight(
     gpus: int | None = None,
     hub: Hub | None = None,
     inv: Inventory | None = None,
-    torch_cuda: Callable[[], str | None] | None = None,
     env: dict[str, str] | None = None,
     cache: Callable[[str], Path | None] | None = None,
 ) -> Preflight:
@@ -425,7 +424,7 @@ def preflight(
         if inv.error:
             errors.append(inv.error)
         if inv.gpus:
-            errors += driver_problems(inv.driver, (torch_cuda or torch_cuda_version)())
+            errors += driver_problems(inv.driver, torch_cuda_version())
             usable, left_out = visible(inv, os.environ if env is None else env)
             warnings += left_out
             free = tuple(g.index for g in usable)
