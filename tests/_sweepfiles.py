@@ -1,12 +1,14 @@
 """Sweep files for tests of bad input: ``write`` one beside a copy of sweeps/models.yaml, and
 run ``pdsweep validate`` on it expecting refusal (``bad``: exit 2, no traceback) or success
-(``good``); ``SMALL`` is a one-cell CPU sweep."""
+(``good``); ``sweep`` loads one (after ``HEAD``, a CPU sweep with 32-token blocks, unless told);
+``SMALL`` is a one-cell CPU sweep."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from pdsweep.cli import main
+from pdsweep.spec.sweep import LoadedSweep, load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -16,6 +18,17 @@ def write(tmp_path: Path, body: str, models: str | None = None) -> Path:
     p = tmp_path / "s.yaml"
     p.write_text(body)
     return p
+
+
+HEAD = """name: t
+platform: cpu
+defaults: {prefill_block_size: 32, decode_block_size: 32}
+"""
+
+
+def sweep(tmp_path: Path, body: str, head: str = HEAD) -> LoadedSweep:
+    """The loaded sweep of ``head + body``, written by :func:`write` as ``s.yaml``."""
+    return load_sweep(write(tmp_path, head + body))
 
 
 def bad(tmp_path: Path, body: str, capsys, models: str | None = None) -> str:

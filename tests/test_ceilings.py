@@ -1,5 +1,6 @@
 """Ceilings on derived budgets (pdsweep.plan.budgets.ceiling_errors): a sweep whose eval, load,
-startup or readiness budget is above its ceiling is refused at validate, with the arithmetic."""
+startup or readiness budget is above its ceiling is refused at validate, with the arithmetic; the
+phase budgets themselves derive from the sweep (issue 11)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pdsweep.plan import budgets
 from pdsweep.plan.expand import expand
 from pdsweep.spec.sweep import load_sweep
 
+REPO = Path(__file__).resolve().parent.parent
 SMOKE = load_sweep(Path(__file__).resolve().parent.parent / "sweeps" / "cpu-smoke.yaml")
 
 
@@ -60,3 +62,16 @@ def test_load_startup_and_request_ceilings():
     assert budgets.ceiling_errors(slow.sweep, "s.yaml")[-1] == (
         "s.yaml: defaults.request_timeout_s: 4,000 s is above the ceiling 3,600 s"
     )
+
+
+def test_phase_budgets_derive_from_the_sweep():
+    from pdsweep.plan.budgets import bench_budget_s, eval_budget_s
+    from pdsweep.spec.phases import BenchSpec, EvalSpec
+    from pdsweep.spec.serve import Defaults
+
+    ls = load_sweep(REPO / "sweeps" / "cpu-smoke.yaml")  # 20 docs, 2 at a time, 300 s timeout, 3 retries
+    assert eval_budget_s(ls.sweep.eval) == 120 + 10 * 300 * 4
+    assert eval_budget_s(EvalSpec(tasks=["gsm8k"], num_concurrent=64, timeout_s=60, max_retries=0)) == 120 + 32 * 60
+    assert eval_budget_s(EvalSpec(budget_s=99)) == 99
+    assert bench_budget_s(BenchSpec(num_prompts=16), Defaults(request_timeout_s=30), 4) == 120 + 4 * 30
+    assert bench_budget_s(BenchSpec(budget_s=5), Defaults(), 1) == 5

@@ -1,11 +1,14 @@
 """One owner of an instance's identity (issue 34 item 4): argv, env and ports from
-pdsweep.plan.instance, in one port layout for a cell's slot and a pooled instance's block."""
+pdsweep.plan.instance, in one port layout for a cell's slot and a pooled instance's block; a
+serve-args variant's kv_transfer_extra merged into the --kv-transfer-config JSON (issue 11)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from _sweepfiles import sweep
 
 from pdsweep.core.errors import UserError
 from pdsweep.deploy.instances import relocate
@@ -45,3 +48,31 @@ def test_one_range_check_for_every_port_block() -> None:
     check_ports(65336, 200, "lane")  # ends at 65535
     with pytest.raises(UserError, match="lane: 200 ports from 65337 reach port 65536, past 65535"):
         check_ports(65337, 200, "lane")
+
+
+def kv_json(spec) -> dict:
+    argv = list(spec.argv)
+    return json.loads(argv[argv.index("--kv-transfer-config") + 1])
+
+
+def test_kv_transfer_extra_is_merged_into_pdsweeps_json(tmp_path):
+    ls = sweep(
+        tmp_path,
+        """defaults: {prefill_block_size: 32, decode_block_size: 32, kv_lease_duration_s: 600}
+serve_args:
+  base: []
+  fail-policy: {kv_transfer_extra: {kv_load_failure_policy: recompute, kv_connector_extra_config: {num_threads: 2}}}
+matrix: {model: [tiny-llama], tp: [p1d1], serve_args: [fail-policy]}
+""",
+        head="name: t\nplatform: cpu\n",
+    )
+    (cell,) = expand(ls).pd_cells
+    pre, dec = instances(cell, Slot(0, (), 20000), ls, "/m", "python")
+    assert kv_json(pre) == {
+        "kv_connector": "NixlConnector",
+        "kv_role": "kv_producer",
+        "kv_buffer_device": "cpu",
+        "kv_connector_extra_config": {"kv_lease_duration": 600, "num_threads": 2},
+        "kv_load_failure_policy": "recompute",
+    }
+    assert kv_json(dec)["kv_role"] == "kv_consumer" and kv_json(dec)["kv_load_failure_policy"] == "recompute"

@@ -13,6 +13,7 @@ import pytest
 from fixtures.make_runs import (
     ACC,
     CON,
+    HYBRID,
     LOAD,
     MIXED,
     ST,
@@ -20,7 +21,10 @@ from fixtures.make_runs import (
     acc,
     case,
     crashed,
+    edit,
+    one,
     pd,
+    reads_split,
     totals,
     write_run,
 )
@@ -31,20 +35,6 @@ from pdsweep.cli import main
 from pdsweep.core.errors import UserError
 from pdsweep.judge.gate import FAIL, PASS, XFAIL, gate_run
 from pdsweep.results import layout
-
-HYBRID = pd("kimi-linear", 2, 1)  # the fixture's cell.json model is MLA + KDA: a hybrid MLA + SSM cell
-
-
-def edit(path: Path, fn) -> None:
-    data = json.loads(path.read_text())
-    fn(data)
-    path.write_text(json.dumps(data))
-
-
-def one(tmp_path: Path, *patches, cell=HYBRID, **kw):
-    run = write_run(tmp_path, "run", [case(cell, *patches, **kw)])
-    return run, gate_run(run).cell(cell.id)
-
 
 FAILING = {
     "no_kv": case(HYBRID, totals(num_transfers=0, bytes=0)),
@@ -201,6 +191,20 @@ def test_load_json_tolerates_added_fields(tmp_path: Path) -> None:
     run = {"concurrency": 1, "num_prompts": 16, "completed": 16, "errors": 0, "output_tokens": 64, "goodput": {"x": 1}}
     body = {"runs": [run]}
     assert one(tmp_path, {LOAD: body})[1].verdict == PASS
+
+
+def test_negative_read_counts_fail_and_the_report_does_not_print_them(tmp_path: Path) -> None:
+    from pdsweep.report.html import write_report
+
+    neg = {"0": {"reads": -100, "bytes": -100, "descriptors": 1, "engines": 1}, "1": reads_split(HYBRID)["1"]}
+    run, r = one(tmp_path, {TR: {"reads_by_prefill_rank": neg}})
+    assert r.verdict == FAIL
+    assert (
+        f"{HYBRID.id}/{TR}: unreadable: reads_by_prefill_rank.0.reads: Input should be greater than or equal to 0"
+        in (r.reasons[0])
+    )
+    md = write_report(run)["markdown"].read_text()
+    assert "-100 B" not in md and "111.1%" not in md
 
 
 def test_invalid_frozen_gate_is_an_error_not_the_defaults(tmp_path: Path, capsys) -> None:

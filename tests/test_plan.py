@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pdsweep.cli import main
 from pdsweep.core.errors import UserError
 from pdsweep.deploy.instances import relocate
 from pdsweep.plan import pushrules, rules
@@ -125,6 +126,20 @@ def test_kind_ref_entry_errors_name_the_entry(tmp_path, entry, why):
     with pytest.raises(UserError) as e:
         expand(sweep(tmp_path, REF_SWEEP + f"    - {entry}\n"))
     assert why in str(e.value)
+
+
+def test_a_ref_expectation_with_references_off_is_refused(tmp_path: Path, capsys) -> None:
+    (tmp_path / "models.yaml").write_text((REPO / "sweeps" / "models.yaml").read_text())
+    body = (
+        "name: x\nplatform: cpu\neval: {reference: false}\n"
+        "gate: {require_accuracy: false, require_consistency: false}\n"
+        "matrix:\n  model: [tiny-llama]\n  tp: [p1d1]\n  block_size: [32]\n"
+        "  include:\n    - {kind: ref, model: tiny-llama, expect: fail, match: x, reason: r}\n"
+    )
+    (tmp_path / "s.yaml").write_text(body)
+    assert main(["validate", str(tmp_path / "s.yaml"), "--no-check-argv"]) == 2
+    err = capsys.readouterr().err
+    assert "matrix.include[0] (kind: ref)" in err and "eval.reference is false" in err, err
 
 
 def test_hybrid_matrix_lists_kimi_hetero_tp_and_rejections():

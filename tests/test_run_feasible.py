@@ -1,5 +1,6 @@
 """pdsweep.run.feasible: a sweep whose cells cannot pass (no reference, no expected score, a
-required check disabled) is refused at validate; every shipped sweep can pass (issue 15)."""
+required check disabled) is refused at validate; every shipped sweep can pass; an include that
+replaces product cells is refused and an exclude that matches nothing warns (issue 15)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,15 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from _sweepfiles import SMALL, bad, write
+from _sweepfiles import SMALL, bad, good, write
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pdsweep.cli import main
+from pdsweep.core.errors import UserError
 from pdsweep.measure.accuracy import load_expected
 from pdsweep.plan.expand import expand, reference_of
-from pdsweep.run.feasible import cannot_pass
+from pdsweep.run.feasible import cannot_pass, feasibility_warnings
 from pdsweep.spec.sweep import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
@@ -87,3 +89,52 @@ def test_property_validate_refuses_exactly_the_contradictions(
     # tiny-nemotron-h-g1 has no expected score: accuracy can pass only against a reference
     contradiction = (req_con and not (probe and reference)) or (req_acc and not (tasks and reference))
     assert bool(cannot_pass(plan)) == contradiction
+
+
+# ---------------------------------------------------------------- matrix semantics
+MATRIX = "name: x\nplatform: cpu\nmatrix:\n  model: [tiny-llama, tiny-mla]\n  tp: [p1d1]\n  block_size: [32]\n"
+
+
+def test_include_that_replaces_axis_cells_is_an_error(tmp_path: Path, capsys) -> None:
+    msg = bad(tmp_path, MATRIX + "  include:\n    - {model: tiny-llama, num_decode: 2}\n", capsys)
+    assert "matrix.include[0] sets num_decode (not an axis) on 1 product combination(s)" in msg
+    assert "make num_decode an axis" in msg
+
+
+def test_include_that_adds_a_cell_or_an_expectation_is_fine(tmp_path: Path, capsys) -> None:
+    body = MATRIX + (
+        "  include:\n    - {model: tiny-mla, tp: p1d1, expect: fail, reason: known, match: x}\n"
+        "    - {model: tiny-nemotron-h, tp: p1d1, block_size: 64}\n"
+    )
+    assert "valid: 3 PD cells" in good(tmp_path, body, capsys)
+
+
+def test_exclude_matching_nothing_warns(tmp_path: Path, capsys) -> None:
+    p = write(tmp_path, MATRIX + "  exclude:\n    - {model: tiny-llama, tp: p2d1}\n")
+    assert main(["validate", str(p)]) == 0
+    assert "matrix.exclude[0] {'model': 'tiny-llama', 'tp': 'p2d1'} matches no combination" in capsys.readouterr().err
+
+
+@given(
+    st.sampled_from(["tiny-llama", "tiny-mla", "tiny-qwen3-next"]),
+    st.sampled_from(
+        [("num_decode", 2), ("decode_dp", 2), ("kv_buffer_device", "cpu"), ("serve_args", "base"), ("expect", "fail")]
+    ),
+)
+@settings(max_examples=15, deadline=None, suppress_health_check=HC)
+def test_property_an_include_never_silently_replaces_a_cell(tmp_path: Path, model: str, kv: tuple) -> None:
+    """Either the include's cell-defining keys leave every product cell in the plan (added or
+    extended with an expectation), or validate refuses it."""
+    key, value = kv
+    extra = ", reason: r, match: any" if key == "expect" else ""
+    body = MATRIX + f"  include:\n    - {{model: {model}, {key}: {value}{extra}}}\n"
+    root = Path(tempfile.mkdtemp(dir=tmp_path))
+    plan = expand(load_sweep(write(root, body)))
+    product = {f"{m}.p1d1.b32-32.fixed" for m in ("tiny-llama", "tiny-mla")}
+    ids = {c.id for c in plan.cells} | {r.cell.id for r in plan.rejected}
+    try:
+        feasibility_warnings(plan, tasks=False)
+    except UserError as e:
+        assert "replaces those cells" in str(e) and not product <= ids
+    else:
+        assert product <= ids

@@ -1,10 +1,14 @@
-"""Scheduler: disjoint GPUs and port lanes for concurrent cells; makespan ratio."""
+"""Scheduler: disjoint GPUs and port lanes for concurrent cells; makespan ratio; the GPU count and
+the pool's port range are bounded (issue 15)."""
 
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pdsweep.cli import main
+from pdsweep.core.errors import UserError
 from pdsweep.plan.expand import Cell, expand
 from pdsweep.plan.instance import PORTS_PER_SLOT
 from pdsweep.plan.schedule import GpuPool, pack
@@ -60,3 +64,12 @@ def test_pool_release_returns_gpus_and_lane():
     assert pool.try_acquire(c) is None
     pool.release(s1)
     assert pool.try_acquire(c).gpus == (0, 1, 2)
+
+
+def test_gpu_count_and_port_range(capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["plan", str(SWEEPS / "cpu-smoke.yaml"), "--gpus", "-1"])
+    assert e.value.code == 2 and "-1 GPUs: allowed 0..4096" in capsys.readouterr().err
+    with pytest.raises(UserError, match="reach port 80199, past 65535"):
+        GpuPool(301, 20000)
+    assert GpuPool(8, 60000).port_base == 60000

@@ -1,5 +1,6 @@
 """pdsweep.builds.unfix: the PR #49297 revert on copies of the installed NIXL files, and the
-hardlinked baseline env (never touching the fixed files)."""
+hardlinked baseline env (never touching the fixed files); a build python that prints nothing is
+a user error (issue 23)."""
 
 from __future__ import annotations
 
@@ -307,3 +308,8 @@ def test_baseline_env_from_installed_vllm(tmp_path: Path) -> None:
     out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out[-2].startswith(str(tmp_path)) and out[-1] == "True"
     assert vllmsite.patched_files_sha256(str(python)) != fixed_before
+
+
+def test_a_build_python_that_prints_nothing_is_a_user_error() -> None:
+    with pytest.raises(UserError, match=r"'/bin/true' is not a Python interpreter pdsweep can probe .*no output"):
+        vllmsite.vllm_version("/bin/true")
