@@ -5,24 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from _sweepfiles import sweep
 
 from pdsweep.core.errors import UserError
-from pdsweep.spec.sweep import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-HEAD = """name: t
-platform: cpu
-defaults: {prefill_block_size: 32, decode_block_size: 32}
-"""
-
-
-def sweep(tmp_path: Path, body: str, head: str = HEAD):
-    (tmp_path / "models.yaml").write_text((REPO / "sweeps" / "models.yaml").read_text())
-    p = tmp_path / "s.yaml"
-    p.write_text(head + body)
-    return load_sweep(p)
 
 
 @pytest.mark.parametrize("value", ["LMCacheConnectorV1", "v"])

@@ -7,12 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
-from _sweepfiles import SMALL, bad, good
+from _sweepfiles import SMALL, bad, good, sweep
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pdsweep.core.errors import UserError
-from pdsweep.spec.sweep import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -127,19 +126,6 @@ def test_property_a_flag_vllm_would_read_as_a_reserved_one_is_refused(name: str)
     assert (reserved_flag(arg) is not None) == bool(hits)
     assert (reserved_flag(arg + "=1") is not None) == bool(hits)
     assert (reserved_flag(arg + ".key") is not None) == bool(hits)
-
-
-HEAD = """name: t
-platform: cpu
-defaults: {prefill_block_size: 32, decode_block_size: 32}
-"""
-
-
-def sweep(tmp_path: Path, body: str, head: str = HEAD):
-    (tmp_path / "models.yaml").write_text((REPO / "sweeps" / "models.yaml").read_text())
-    p = tmp_path / "s.yaml"
-    p.write_text(head + body)
-    return load_sweep(p)
 
 
 @pytest.mark.parametrize(

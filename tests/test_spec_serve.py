@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from _sweepfiles import sweep
 
 from pdsweep.cli import main
 from pdsweep.core.errors import UserError
-from pdsweep.spec.sweep import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -34,19 +34,6 @@ def test_connector_settings_known_and_bounded(tmp_path: Path, capsys, extra: str
     assert main(["validate", str(tmp_path / "s.yaml"), "--no-check-argv"]) == 2
     err = capsys.readouterr().err
     assert why in err and "Traceback" not in err, err
-
-
-HEAD = """name: t
-platform: cpu
-defaults: {prefill_block_size: 32, decode_block_size: 32}
-"""
-
-
-def sweep(tmp_path: Path, body: str, head: str = HEAD):
-    (tmp_path / "models.yaml").write_text((REPO / "sweeps" / "models.yaml").read_text())
-    p = tmp_path / "s.yaml"
-    p.write_text(head + body)
-    return load_sweep(p)
 
 
 @pytest.mark.parametrize("key", ["kv_role", "kv_buffer_device", "kv_connector_module_path"])

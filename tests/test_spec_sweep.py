@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from _sweepfiles import sweep
 
 from pdsweep.cli import main
 from pdsweep.core.errors import UserError
@@ -58,19 +59,6 @@ def test_a_models_file_that_is_a_symlink_loop_is_bad_input(tmp_path: Path, capsy
 
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-HEAD = """name: t
-platform: cpu
-defaults: {prefill_block_size: 32, decode_block_size: 32}
-"""
-
-
-def sweep(tmp_path: Path, body: str, head: str = HEAD):
-    (tmp_path / "models.yaml").write_text((REPO / "sweeps" / "models.yaml").read_text())
-    p = tmp_path / "s.yaml"
-    p.write_text(head + body)
-    return load_sweep(p)
 
 
 def test_reference_serve_args_must_exist(tmp_path):
