@@ -73,3 +73,24 @@ def test_failures_in_process_are_what_the_cli_would_report(tmp_path, tokenizer):
     rc, _ = benchserve.run(sys.executable, bad, tmp_path / "y.log", 120, in_process=True)
     assert rc == 1 and "Traceback" in (tmp_path / "y.log").read_text()  # an exception: exit 1, kept in the log
     assert not (tmp_path / "y.json").exists()
+
+
+def test_vllm_log_records_go_to_the_phase_log_not_stderr(capsys, tmp_path) -> None:
+    """In process, vLLM's warnings (e.g. its dataset's re-encoding note) land in the bench log, as
+    they did when `vllm bench serve` was a subprocess; pdsweep's stderr keeps one line per phase."""
+    import logging
+
+    from pdsweep.measure.benchserve import vllm_logs_to
+
+    root = logging.getLogger()
+    stream = logging.StreamHandler()  # pdsweep's own stderr handler, as the CLI sets it up
+    root.addHandler(stream)
+    try:
+        with open(tmp_path / "bench.log", "w") as logf, vllm_logs_to(logf):
+            logging.getLogger("vllm.benchmarks.datasets").warning("there were 4 more tokens than expected")
+        logging.getLogger("vllm.other").warning("after the phase")
+    finally:
+        root.removeHandler(stream)
+    assert "there were 4 more tokens" in (tmp_path / "bench.log").read_text()
+    err = capsys.readouterr().err
+    assert "there were 4 more tokens" not in err and "after the phase" in err

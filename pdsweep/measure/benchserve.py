@@ -15,11 +15,13 @@ import asyncio
 import contextlib
 import glob
 import json
+import logging
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 
 @dataclass(frozen=True)
@@ -86,18 +88,32 @@ def run(
     return rc, time.monotonic() - t
 
 
+@contextlib.contextmanager
+def vllm_logs_to(stream: IO[str]) -> Iterator[None]:
+    """While active, records of the ``vllm`` logger (its import-time warnings, the benchmark's
+    dataset notes) go to ``stream`` (the phase's log) instead of pdsweep's stderr, as they did
+    when ``vllm bench serve`` was a subprocess."""
+    lg = logging.getLogger("vllm")
+    saved = lg.handlers[:], lg.propagate
+    lg.handlers, lg.propagate = [logging.StreamHandler(stream)], False
+    try:
+        yield
+    finally:
+        lg.handlers, lg.propagate = saved
+
+
 def _in_process(argv: list[str], log_path: Path, timeout_s: float) -> int:
     """vLLM's parser and ``main_async`` on ``argv``; stdout into ``log_path``. An exception is
     logged there and returned as exit code 1 (what the CLI would exit)."""
     import traceback
 
-    from vllm.benchmarks.serve import add_cli_args, main_async
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    parser = FlexibleArgumentParser(prog="vllm bench serve")
-    add_cli_args(parser)
-    with open(log_path, "w") as logf, contextlib.redirect_stdout(logf):
+    with open(log_path, "w") as logf, contextlib.redirect_stdout(logf), vllm_logs_to(logf):
         print("pdsweep: vllm bench serve in-process:", " ".join(argv), flush=True)
+        from vllm.benchmarks.serve import add_cli_args, main_async
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+        parser = FlexibleArgumentParser(prog="vllm bench serve")
+        add_cli_args(parser)
         try:
             args = parser.parse_args(argv)
             asyncio.run(asyncio.wait_for(main_async(args), timeout_s))
