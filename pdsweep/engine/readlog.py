@@ -37,6 +37,7 @@ parsed by :func:`pdsweep.core.logscan.nixl_writes_by_rank`.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import time
 from typing import Any, Callable
@@ -141,30 +142,27 @@ def wrap_once(owner: Any, attr: str, make: Callable[[Callable[..., Any]], Callab
 _POSTED: dict[Any, tuple[Any, ...]] = {}
 
 
-def install_nixl_read_log() -> bool:
-    """Install both wrappers once; False when vLLM's pull worker or NIXL is absent."""
+def _install(module: str, cls: str, method: str, wrap: Any) -> bool:
+    """Wrap ``module.cls.method`` with ``wrap(orig, _POSTED)`` and NIXL's ``get_xfer_telemetry``
+    once; False when that vLLM worker, its method or NIXL is absent."""
     try:
-        from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlPullConnectorWorker
+        worker = getattr(importlib.import_module(f"vllm.distributed.kv_transfer.kv_connector.v1.nixl.{module}"), cls)
     except Exception:  # noqa: BLE001 - another vLLM layout: the plugin warns
         return False
     wrapper = nixl_wrapper()
-    if wrapper is None or not hasattr(NixlPullConnectorWorker, "_read_blocks"):
+    if wrapper is None or not hasattr(worker, method):
         return False
-    wrap_once(NixlPullConnectorWorker, "_read_blocks", lambda orig: wrap_read_blocks(orig, _POSTED))
+    wrap_once(worker, method, lambda orig: wrap(orig, _POSTED))
     wrap_once(wrapper, "get_xfer_telemetry", lambda orig: wrap_telemetry(orig, _POSTED))
     return True
+
+
+def install_nixl_read_log() -> bool:
+    """Install both wrappers once; False when vLLM's pull worker or NIXL is absent."""
+    return _install("pull_worker", "NixlPullConnectorWorker", "_read_blocks", wrap_read_blocks)
 
 
 def install_nixl_write_log() -> bool:
     """Install the push WRITE wrapper and the telemetry wrapper once; False when vLLM's push
     worker (``nixl/push_worker.py``, vLLM >= 0.27.0) or NIXL is absent."""
-    try:
-        from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import NixlPushConnectorWorker
-    except Exception:  # noqa: BLE001 - another vLLM layout: the plugin warns
-        return False
-    wrapper = nixl_wrapper()
-    if wrapper is None or not hasattr(NixlPushConnectorWorker, "_xfer_blocks"):
-        return False
-    wrap_once(NixlPushConnectorWorker, "_xfer_blocks", lambda orig: wrap_xfer_blocks(orig, _POSTED))
-    wrap_once(wrapper, "get_xfer_telemetry", lambda orig: wrap_telemetry(orig, _POSTED))
-    return True
+    return _install("push_worker", "NixlPushConnectorWorker", "_xfer_blocks", wrap_xfer_blocks)
