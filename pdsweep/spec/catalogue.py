@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
 Attention = Literal["mla", "gqa", "mha"]
 Ssm = Literal["none", "mamba1", "mamba2", "gdn", "kda", "linear"]
@@ -21,6 +21,16 @@ class Strict(BaseModel):
     """Unknown keys are errors; values are not coerced (no bool as int, no \"3\" as 3)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)  # no bool-as-int, no "3" as 3
+
+
+def validate_nested(model: type[BaseModel], value: Any, where: str) -> None:
+    """``model.model_validate(value)`` for a validator checking a nested value; raises
+    ``ValueError`` naming ``where.<field path>``, pydantic's first message and the value given."""
+    try:
+        model.model_validate(value)
+    except ValidationError as err:
+        x = err.errors()[0]
+        raise ValueError(f"{where}.{'.'.join(map(str, x['loc']))}: {x['msg']} (got {x.get('input')!r})") from None
 
 
 # ---------------------------------------------------------------- model catalogue

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from pdsweep.spec.axes import (
     AXES,
@@ -25,7 +25,7 @@ from pdsweep.spec.axes import (
     Router,
     Tp,
 )
-from pdsweep.spec.catalogue import KvBufferDevice
+from pdsweep.spec.catalogue import KvBufferDevice, validate_nested
 from pdsweep.spec.catalogue import Strict as _Strict
 
 
@@ -169,13 +169,7 @@ class Matrix(_Strict):
                         else ""
                     )
                     raise ValueError(f"{kind}[{i}]: unknown key(s) {bad}{what}; allowed: {', '.join(allowed_here)}")
-                try:
-                    MatrixEntry.model_validate(e)
-                except ValidationError as err:
-                    x = err.errors()[0]
-                    raise ValueError(
-                        f"{kind}[{i}].{'.'.join(map(str, x['loc']))}: {x['msg']} (got {x.get('input')!r})"
-                    ) from None
+                validate_nested(MatrixEntry, e, f"{kind}[{i}]")
                 if "tp" in e and ("prefill_tp" in e or "decode_tp" in e):
                     raise ValueError(f"{kind}[{i}]: give 'tp' or 'prefill_tp'/'decode_tp', not both")
                 if "block_size" in e and ("prefill_block_size" in e or "decode_block_size" in e):

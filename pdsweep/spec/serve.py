@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from pdsweep.spec.axes import Block, Dp, Fault, Instances, KvLayout, Pp, Router, Tp
-from pdsweep.spec.catalogue import KvBufferDevice
+from pdsweep.spec.catalogue import KvBufferDevice, validate_nested
 from pdsweep.spec.catalogue import Strict as _Strict
 from pdsweep.spec.connector import KV_TRANSFER_EXTRA_KEYS, NIXL_EXTRA_KEYS, KvTransferExtra
 
@@ -75,13 +75,7 @@ class ServeArgsVariant(_Strict):
                 f"kv_transfer_extra.kv_connector_extra_config: key(s) {unknown} unknown "
                 f"(allowed: {', '.join(NIXL_EXTRA_KEYS)}: the keys vLLM's NIXL connector reads)"
             )
-        try:
-            KvTransferExtra.model_validate(v)
-        except ValidationError as e:
-            x = e.errors()[0]
-            raise ValueError(
-                f"kv_transfer_extra.{'.'.join(map(str, x['loc']))}: {x['msg']} (got {x.get('input')!r})"
-            ) from None
+        validate_nested(KvTransferExtra, v, "kv_transfer_extra")
         return v
 
 
