@@ -5,20 +5,18 @@ identical instance, :func:`pdsweep.deploy.instances.instance_key`), in
 :func:`pdsweep.plan.schedule.reuse_order`'s path order. A chain runs its cells one after
 the other on one GPU set, as large as its largest cell; an instance keeps its GPUs while
 consecutive cells use it, so chains share no instance and concurrent chains hold disjoint
-GPUs and port lanes. Chains are packed like cells (longest first, first fit). Used by
-``pdsweep run`` (:mod:`pdsweep.run.gpureuse`) and shown by ``pdsweep plan``.
+GPUs and port lanes. :mod:`pdsweep.plan.chainorder` gives each chain back the GPUs its later
+cells do not need and picks the order chains start in. Used by ``pdsweep run``
+(:mod:`pdsweep.run.gpureuse`) and shown by ``pdsweep plan``.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from pdsweep.plan.expand import Cell
-from pdsweep.plan.instance import Slot
-from pdsweep.plan.schedule import EVAL_S, GpuPool, estimate_s, reuse_order
+from pdsweep.plan.schedule import EVAL_S, estimate_s, reuse_order
 
 
 @dataclass(frozen=True)
@@ -190,67 +188,3 @@ def chain_s(
         during = live | need
         live = during - stop
     return t
-
-
-@dataclass(frozen=True)
-class Placed:
-    chain: Chain
-    slot: Slot
-    start_s: float
-    end_s: float
-
-
-def pack_chains(
-    chs: list[Chain],
-    keys: dict[str, list[str]],
-    num_gpus: int,
-    port_base: int = 20000,
-    estimate: Callable[[Cell], float] = estimate_s,
-    sizes: dict[str, int] | None = None,
-) -> list[Placed]:
-    """Place chains on ``num_gpus`` GPUs (longest first, first fit; each holds its
-    :attr:`Chain.need` GPUs and a port lane for its whole run; durations by :func:`chain_s`
-    with ``sizes``). Chains larger than the host are left out."""
-    pool = GpuPool(num_gpus, port_base)
-    todo = sorted(
-        ((chain_s(ch, keys, estimate, sizes), i, ch) for i, ch in enumerate(chs)), key=lambda j: (-j[0], j[1])
-    )
-    pending = [j for j in todo if pool.fits(j[2].need)]
-    t = 0.0
-    running: list[Any] = []
-    out: list[Placed] = []
-    while pending or running:
-        for j in list(pending):
-            slot = pool.try_acquire(j[2].need)
-            if slot:
-                heapq.heappush(running, (t + j[0], len(out), slot))
-                out.append(Placed(j[2], slot, t, t + j[0]))
-                pending.remove(j)
-        if not running:
-            break
-        t, _, slot = heapq.heappop(running)
-        pool.release(slot)
-    return out
-
-
-def record(placed: list[Placed], keys: dict[str, list[str]], estimate: Callable[[Cell], float] = estimate_s) -> dict:
-    """plan.json ``reuse.schedule``: per chain its GPUs, lane, cells and estimated times;
-    the makespan against running every cell alone, one after the other (upstream's way)."""
-    rows: list[dict[str, Any]] = []
-    for p in placed:
-        n = starts(p.chain, keys)
-        rows.append(
-            {
-                "cells": [c.id for c in p.chain.cells],
-                "gpus": list(p.slot.gpus),
-                "lane": p.slot.index,
-                "port_base": p.slot.port_base,
-                "start_s": round(p.start_s, 1),
-                "end_s": round(p.end_s, 1),
-                "instance_starts": sum(n.values()),
-                "distinct_instances": len(n),
-            }
-        )
-    makespan = max((p.end_s for p in placed), default=0.0)
-    sequential = sum(estimate(c) for p in placed for c in p.chain.cells)
-    return {"chains": rows, "makespan_s": round(makespan, 1), "sequential_s": round(sequential, 1)}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from pdsweep.core.errors import UserError
@@ -113,6 +113,15 @@ class GpuPool(LanePool):
                 self.free -= set(gpus)
             lane = self._take_lane()
             return Slot(lane, gpus, self.port_base + lane * PORTS_PER_SLOT, self.cpus)
+
+    def shrink(self, slot: Slot, gpus: tuple[int, ...]) -> Slot:
+        """Give ``gpus`` of ``slot`` back (its lane stays taken); ``slot`` without them.
+        Raises ``ValueError`` for a GPU the slot does not hold."""
+        if not set(gpus) <= set(slot.gpus):
+            raise ValueError(f"GPUs {list(gpus)}: not all of slot {slot.index}'s {list(slot.gpus)}")
+        with self.lock:
+            self.free |= set(gpus)
+        return replace(slot, gpus=tuple(g for g in slot.gpus if g not in gpus))
 
     def release(self, slot: Slot) -> None:
         with self.lock:

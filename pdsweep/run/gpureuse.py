@@ -18,13 +18,14 @@ import concurrent.futures as cf
 import functools
 import logging
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pdsweep.deploy.instances import InstancePool, instance_key
+from pdsweep.plan.chainorder import holds, plan_chains, record
 from pdsweep.plan.expand import Cell
 from pdsweep.plan.instance import InstanceSpec, Slot, instances, model_path
-from pdsweep.plan.reusepack import Chain, chain_s, chains
+from pdsweep.plan.reusepack import Chain, Need
 from pdsweep.plan.schedule import GpuPool
 from pdsweep.plan.startup import estimator
 
@@ -34,29 +35,38 @@ log = logging.getLogger(__name__)
 def run_chains(
     ctx: Any, todo: list[Cell], pool: GpuPool, specs: dict[str, list[InstanceSpec]], run_cell: Callable
 ) -> None:
-    """Run ``todo`` as chains on ``pool``'s GPUs (longest chain first, first fit), each chain
-    in a worker thread holding its :attr:`~pdsweep.plan.reusepack.Chain.need` GPUs and a lane. ``specs``: cell id -> its
-    planned instances (identity only); ``run_cell(ctx, cell, slot, on_ready)`` runs one cell."""
+    """Run ``todo`` as the chains of :func:`pdsweep.plan.chainorder.plan_chains`, strictly in
+    their planned start order: each chain, in a worker thread, starts when every chain before
+    it has started and its peak GPUs and a lane are free, and gives GPUs back as it shrinks
+    (:func:`run_chain`). ``specs``: cell id -> its planned instances (identity only);
+    ``run_cell(ctx, cell, slot, on_ready)`` runs one cell."""
     keys, sizes = identities(specs)
-    est = estimator(ctx.ls)
-    pending = sorted(chains(todo, keys, sizes, pool.num_gpus), key=lambda ch: -chain_s(ch, keys, est, sizes))
+    pending = plan_chains(todo, keys, sizes, pool.num_gpus, estimator(ctx.ls))
     with cf.ThreadPoolExecutor(max_workers=max(1, pool.num_gpus), thread_name_prefix="chain") as ex:
-        running: dict[cf.Future, Slot] = {}
+        running: dict[cf.Future, Held] = {}
         while pending or running:
             if ctx.stop.is_set():
                 break
-            for ch in list(pending):
-                slot = pool.try_acquire(ch.need)
+            while pending:  # in order: the next chain waits for its GPUs, later ones wait for it
+                h = holds(pending[0], keys, sizes)
+                slot = pool.try_acquire(Need(h[0] if h else 0)) if not h or h[0] <= pool.num_gpus else None
                 if slot is None:
-                    continue
-                pending.remove(ch)
-                running[ex.submit(run_chain, ctx, ch, slot, specs, run_cell)] = slot
+                    break
+                held = Held(slot)
+                running[ex.submit(run_chain, ctx, pending.pop(0), held, specs, run_cell, pool)] = held
             if not running:
                 break
             done, _ = cf.wait(list(running), timeout=0.5, return_when=cf.FIRST_COMPLETED)
             for fut in done:
-                pool.release(running.pop(fut))
+                pool.release(running.pop(fut).slot)
                 fut.result()
+
+
+@dataclass
+class Held:
+    """The slot a running chain holds now (its GPUs shrink as it gives them back)."""
+
+    slot: Slot
 
 
 def identities(specs: dict[str, list[InstanceSpec]]) -> tuple[dict[str, list[str]], dict[str, int]]:
@@ -65,11 +75,17 @@ def identities(specs: dict[str, list[InstanceSpec]]) -> tuple[dict[str, list[str
     return keys, {instance_key(s): len(s.gpus) for sp in specs.values() for s in sp}
 
 
-def run_chain(ctx: Any, chain: Chain, slot: Slot, specs: dict[str, list[InstanceSpec]], run_cell: Callable) -> None:
-    """The cells of ``chain`` one by one on ``slot``'s GPUs, stopping after each cell the
-    instances its plan says (``chain.stops``: not needed again, or room for the next cell's)."""
+def run_chain(
+    ctx: Any, chain: Chain, held: Held, specs: dict[str, list[InstanceSpec]], run_cell: Callable, pool: GpuPool
+) -> None:
+    """The cells of ``chain`` one by one on ``held.slot``'s GPUs, stopping after each cell the
+    instances its plan says (``chain.stops``: not needed again, or room for the next cell's),
+    then giving back to ``pool`` the GPUs its later cells do not need
+    (:func:`pdsweep.plan.chainorder.holds`), none that a live instance holds."""
     provider: InstancePool = ctx.provider
     mine = {instance_key(s) for c in chain.cells for s in specs.get(c.id, [])}
+    keys, sizes = identities({c.id: specs.get(c.id, []) for c in chain.cells})
+    need = holds(chain, keys, sizes)
     try:
         for i, cell in enumerate(chain.cells):
             if ctx.stop.is_set():
@@ -77,11 +93,26 @@ def run_chain(ctx: Any, chain: Chain, slot: Slot, specs: dict[str, list[Instance
             nxt = chain.cells[i + 1] if i + 1 < len(chain.cells) else None
             hook = None
             if nxt is not None and ctx.opts.prestart and specs.get(nxt.id):
-                hook = functools.partial(prestart, ctx, nxt, slot, specs[nxt.id], mine)
-            run_cell(ctx, cell, cell_slot(provider, slot, specs.get(cell.id, []), mine), on_ready=hook)
+                hook = functools.partial(prestart, ctx, nxt, held.slot, specs[nxt.id], mine)
+            run_cell(ctx, cell, cell_slot(provider, held.slot, specs.get(cell.id, []), mine), on_ready=hook)
             provider.stop(set(chain.stops[i]) if chain.stops else mine, cell.id)
+            if nxt is not None and held.slot.gpus:
+                held.slot = give_back(pool, held.slot, provider.gpus_held(mine), need[i + 1], cell.id)
     finally:
         provider.keep_only([], None, among=mine, wait=True)
+
+
+def give_back(pool: GpuPool, slot: Slot, live: dict[int, str], keep: int, cell: str) -> Slot:
+    """``slot`` shrunk to ``keep`` GPUs: the highest ids no ``live`` instance holds (GPU ->
+    instance key; their processes have exited) go back to ``pool``. Raises ``RuntimeError``
+    when live instances hold more than ``keep`` (the plan's holds are wrong: a pdsweep bug)."""
+    spare = [g for g in slot.gpus if g not in live]
+    if len(slot.gpus) - len(spare) > keep:
+        raise RuntimeError(f"after {cell}: live instances hold {sorted(live)}, the plan keeps {keep} GPUs")
+    back = tuple(spare[len(spare) - (len(slot.gpus) - keep) :]) if len(slot.gpus) > keep else ()
+    if back:
+        log.info("after %s: GPUs %s back to the pool", cell, list(back))
+    return pool.shrink(slot, back) if back else slot
 
 
 def assign(held: dict[int, str], gpus: tuple[int, ...], planned: list[InstanceSpec]) -> tuple[int, ...] | None:
@@ -138,10 +169,8 @@ def prestart(ctx: Any, cell: Cell, slot: Slot, planned: list[InstanceSpec], mine
 def chain_schedule(
     todo: list[Cell], specs: dict[str, list[InstanceSpec]], num_gpus: int, port_base: int, estimate: Callable
 ) -> dict[str, Any]:
-    """plan.json ``reuse.schedule`` (and ``pdsweep plan``'s): the chains of ``todo`` packed
-    on ``num_gpus`` GPUs (:func:`pdsweep.plan.reusepack.pack_chains`)."""
-    from pdsweep.plan.reusepack import pack_chains, record
-
+    """plan.json ``reuse.schedule`` (and ``pdsweep plan``'s): the chains of ``todo`` as
+    :func:`run_chains` runs them on ``num_gpus`` GPUs (:func:`pdsweep.plan.chainorder.record`)."""
     keys, sizes = identities(specs)
-    chs = chains(todo, keys, sizes, num_gpus)
-    return record(pack_chains(chs, keys, num_gpus, port_base, estimate, sizes), keys, estimate)
+    chs = plan_chains(todo, keys, sizes, num_gpus, estimate)
+    return record(chs, keys, sizes, estimate, GpuPool(num_gpus, port_base))

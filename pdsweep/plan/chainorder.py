@@ -1,0 +1,238 @@
+"""Chains that give GPUs back as they shrink, started in one planned order.
+
+A chain (:mod:`pdsweep.plan.reusepack`) starts holding its peak GPUs. After each cell it
+keeps only what its remaining cells can need at once (:func:`holds`: the instances live
+during a later cell, plus the next cell's instances ``run`` prestarts beside them) and gives
+the rest back, so other chains start on them while it runs its smaller cells. A chain never
+grows, so no chain waits on GPUs another chain waits to get (no deadlock). Chains start
+strictly in the order :func:`ordered` picks on the duration model (a chain waits until
+every chain before it has started), the order ``pdsweep run`` follows
+(:func:`pdsweep.run.gpureuse.run_chains`) and ``pdsweep plan`` states (:func:`simulate`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pdsweep.plan.expand import Cell
+from pdsweep.plan.instance import Slot
+from pdsweep.plan.reusepack import Chain, Need, chains, starts
+from pdsweep.plan.reusepack import simulate as belady
+from pdsweep.plan.schedule import EVAL_S, GpuPool
+
+# pairwise swaps tried per planned order: evaluations x cells of the sweep (the 1000-cell plan
+# stays within its 10 s; the mission sweep's 20 chains get every pair, several passes)
+SEARCH_WORK = 200_000
+
+
+def holds(chain: Chain, keys: dict[str, list[str]], sizes: dict[str, int]) -> list[int]:
+    """Per cell of ``chain``, the GPUs it holds while that cell runs: the most its live
+    instances (kept ones, the cell's own, and the next cell's new ones when ``run``
+    prestarts them: they fit in ``chain.gpus`` beside the rest) need during this or any
+    later cell, at least the cell's own GPU count. Non-increasing; the first is the chain's peak."""
+    foot, live = [], set[str]()
+    cells, stops = chain.cells, chain.stops or tuple(frozenset() for _ in chain.cells)
+    for i, (c, stop) in enumerate(zip(cells, stops)):
+        during = live | set(keys.get(c.id, []))
+        n = sum(sizes.get(k, 1) for k in during)
+        if i + 1 < len(cells):
+            new = set(keys.get(cells[i + 1].id, [])) - (during - stop)
+            if new and sum(sizes.get(k, 1) for k in during | new) <= chain.gpus:
+                n = sum(sizes.get(k, 1) for k in during | new)
+        foot.append(max(n, c.num_gpus))  # a cell without planned instances holds its own count
+        live = during - stop
+    out, peak = [], 0
+    for n in reversed(foot):
+        peak = max(peak, n)
+        out.append(peak)
+    return out[::-1]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One cell of a placed chain: when it runs and the GPUs the chain holds then."""
+
+    cell: Cell
+    start_s: float
+    end_s: float
+    slot: Slot  # the chain's lane and the GPUs it holds while the cell runs
+
+
+def durations(
+    chain: Chain, keys: dict[str, list[str]], estimate: Callable[[Cell], float], sizes: dict[str, int]
+) -> list[float]:
+    """Per cell, its estimated seconds in the chain (:func:`pdsweep.plan.reusepack.chain_s`'s
+    terms: reused instances pay only the eval; prestarted ones only the startup beyond the
+    previous cell's eval)."""
+    out, live, during = [], set[str](), set[str]()
+    stops = chain.stops or tuple(frozenset() for _ in chain.cells)
+    for i, (c, stop) in enumerate(zip(chain.cells, stops)):
+        need = set(keys.get(c.id, []))
+        new = need - live
+        eval_s = EVAL_S[c.platform]
+        startup = 0.0 if need and not new else estimate(c) - eval_s
+        if new and chain.gpus > 0 and i > 0 and sum(sizes.get(k, 1) for k in during | new) <= chain.gpus:
+            startup = max(0.0, startup - EVAL_S[chain.cells[i - 1].platform])
+        out.append(startup + eval_s)
+        during = live | need
+        live = during - stop
+    return out
+
+
+def variants(chain: Chain, keys: dict[str, list[str]], sizes: dict[str, int], max_gpus: int) -> list[Chain]:
+    """``chain`` and its cells largest first (so it shrinks early), each with Belady stops
+    (:func:`pdsweep.plan.reusepack.simulate`) on every GPU count from its largest cell's to
+    ``max_gpus`` (more GPUs keep more instances up and prestart more)."""
+    least = max((c.num_gpus for c in chain.cells), default=0)
+    if not least:
+        return [chain]
+    out = [chain]
+    for cap in range(least, max(least, max_gpus) + 1):
+        for order in (list(chain.cells), sorted(chain.cells, key=lambda c: -c.num_gpus)):
+            _, stops, _ = belady(order, keys, sizes, cap)
+            out.append(Chain(tuple(order), tuple(frozenset(s) for s in stops), cap))
+    return out
+
+
+def best_variant(
+    chain: Chain, keys: dict[str, list[str]], sizes: dict[str, int], max_gpus: int, estimate: Callable[[Cell], float]
+) -> Chain:
+    """Of :func:`variants`, the one with the fewest instance starts, then the fewest
+    GPU-seconds held (durations x :func:`holds`), then the shortest, then the first."""
+
+    def cost(v: Chain) -> tuple[int, float, float]:
+        d = durations(v, keys, estimate, sizes)
+        return (sum(starts(v, keys).values()), sum(x * h for x, h in zip(d, holds(v, keys, sizes))), sum(d))
+
+    return min(variants(chain, keys, sizes, max_gpus), key=cost)
+
+
+def simulate(
+    chs: list[Chain],
+    keys: dict[str, list[str]],
+    sizes: dict[str, int],
+    estimate: Callable[[Cell], float],
+    pool: GpuPool,
+) -> list[list[Step]]:
+    """The run of ``chs`` in this order on ``pool``: each chain starts when every chain before
+    it has started and its peak GPUs are free (:meth:`GpuPool.try_acquire`), and after each
+    cell gives back what :func:`holds` no longer needs (:meth:`GpuPool.shrink`; here its
+    highest GPU ids, ``run`` those no live instance holds). Per chain (same order) its steps;
+    a chain that never fits, and every chain after it, gets none."""
+    t, k, seq = 0.0, 0, itertools.count()
+    events: list[tuple[float, int, int, int]] = []  # (time, seq, chain, cell index done)
+    out: list[list[Step]] = [[] for _ in chs]
+    plan = [(durations(c, keys, estimate, sizes), holds(c, keys, sizes)) for c in chs]
+    slots: dict[int, Slot] = {}
+    while True:
+        while k < len(chs) and plan[k][1] and (slot := pool.try_acquire(Need(plan[k][1][0]))) is not None:
+            (d, h), at, slots[k] = plan[k], t, slot
+            for i, c in enumerate(chs[k].cells):
+                out[k].append(Step(c, at, at + d[i], slot))  # slot's GPUs fixed below as it shrinks
+                at += d[i]
+                heapq.heappush(events, (at, next(seq), k, i))
+            k += 1
+        if not events:
+            return out
+        t, _, j, i = heapq.heappop(events)
+        h = plan[j][1]
+        if i + 1 < len(h):
+            slots[j] = pool.shrink(slots[j], slots[j].gpus[h[i + 1] :])
+            nxt = out[j][i + 1]
+            out[j][i + 1] = Step(nxt.cell, nxt.start_s, nxt.end_s, slots[j])
+        else:
+            pool.release(slots.pop(j))
+
+
+def makespan(steps: list[list[Step]]) -> float:
+    """The end of the last step of ``steps`` (0 when none)."""
+    return max((s[-1].end_s for s in steps if s), default=0.0)
+
+
+def ordered(
+    chs: list[Chain],
+    keys: dict[str, list[str]],
+    sizes: dict[str, int],
+    num_gpus: int,
+    estimate: Callable[[Cell], float],
+) -> list[Chain]:
+    """``chs`` in the start order with the shortest :func:`simulate` makespan found on
+    ``num_gpus`` GPUs: longest first, then pairwise swaps that shorten it, pass after pass,
+    within :data:`SEARCH_WORK`; chains larger than the host last. Deterministic: the same
+    sweep gives the same order in ``plan`` and ``run``."""
+    total = {id(c): sum(durations(c, keys, estimate, sizes)) for c in chs}
+    big = [c for c in chs if (holds(c, keys, sizes) or [0])[0] > num_gpus]
+    cur = sorted((c for c in chs if c not in big), key=lambda c: -total[id(c)])
+
+    def span(order: list[Chain]) -> float:
+        return makespan(simulate(order, keys, sizes, estimate, GpuPool(num_gpus, 20000)))
+
+    best, budget, improved = span(cur), SEARCH_WORK // max(1, sum(len(c.cells) for c in chs)), True
+    while improved and budget > 0:
+        improved = False
+        for a in range(len(cur)):
+            for b in range(a + 1, len(cur)):
+                if budget <= 0:
+                    break
+                budget -= 1
+                trial = cur[:a] + [cur[b]] + cur[a + 1 : b] + [cur[a]] + cur[b + 1 :]
+                m = span(trial)
+                if m < best:
+                    cur, best, improved = trial, m, True
+    return cur + big
+
+
+def plan_chains(
+    cells: list[Cell],
+    keys: dict[str, list[str]],
+    sizes: dict[str, int],
+    num_gpus: int,
+    estimate: Callable[[Cell], float],
+) -> list[Chain]:
+    """The chains ``run`` runs and ``plan`` shows, in their start order: :func:`pdsweep.plan.reusepack.chains`
+    of ``cells`` (``keys``: cell id -> instance keys; ``sizes``: key -> GPUs), each its
+    :func:`best_variant`, then :func:`ordered`."""
+    chs = [best_variant(c, keys, sizes, num_gpus, estimate) for c in chains(cells, keys, sizes, num_gpus)]
+    return ordered(chs, keys, sizes, num_gpus, estimate)
+
+
+def record(
+    chs: list[Chain],
+    keys: dict[str, list[str]],
+    sizes: dict[str, int],
+    estimate: Callable[[Cell], float],
+    pool: GpuPool,
+) -> dict:
+    """plan.json ``reuse.schedule``: per chain (start order) its first GPUs, lane, cells,
+    times and ``releases`` (after which cell, when, which GPUs it gives back); the makespan
+    against running every cell alone, one after the other (upstream's way)."""
+    placed = [(ch, st) for ch, st in zip(chs, simulate(chs, keys, sizes, estimate, pool)) if st]
+    rows = []
+    for ch, st in placed:
+        n = starts(ch, keys)
+        gone = [
+            {"after": a.cell.id, "at_s": round(a.end_s, 1), "gpus": sorted(set(a.slot.gpus) - set(b.slot.gpus))}
+            for a, b in zip(st, st[1:])
+            if len(b.slot.gpus) < len(a.slot.gpus)
+        ]
+        rows.append(
+            {
+                "cells": [s.cell.id for s in st],
+                "gpus": list(st[0].slot.gpus),
+                "lane": st[0].slot.index,
+                "port_base": st[0].slot.port_base,
+                "start_s": round(st[0].start_s, 1),
+                "end_s": round(st[-1].end_s, 1),
+                "releases": gone,
+                "instance_starts": sum(n.values()),
+                "distinct_instances": len(n),
+            }
+        )
+    return {
+        "chains": rows,
+        "makespan_s": round(makespan([st for _, st in placed]), 1),
+        "sequential_s": round(sum(estimate(c) for ch, _ in placed for c in ch.cells), 1),
+    }
