@@ -181,6 +181,22 @@ def test_mission_plan_on_a_fake_8_gpu_node_reuses_each_instance_once(tmp_path, t
     assert len(ups) == distinct and {u["instance_id"] for u in ups} == set(by_id)
     assert all(0.3 <= u["startup_s"] < 60 for u in ups), ups[:3]
 
+    # chains give GPUs back as they shrink (pdsweep.plan.chainorder): a GPU one chain's instance
+    # ran on is taken by another chain's instance while the first chain still starts instances later
+    # (a chain holding its GPU set for its whole run makes that impossible)
+    chain_of = {cid: i for i, ch in enumerate(plan["reuse"]["schedule"]["chains"]) for cid in ch["cells"]}
+    owner = {i: chain_of[r["cells"][0]] for i, r in by_id.items()}
+    gpus = {u["instance_id"]: set(u["gpus"]) for u in ups}
+    t0 = {e["instance_id"]: e["t_s"] for e in index["instances"]["events"] if e["event"] == "start"}
+    last = {owner[i]: max(t for j, t in t0.items() if owner[j] == owner[i]) for i in t0}
+    handed = [
+        (a, b, gpus[a] & gpus[b])
+        for a in t0
+        for b in t0
+        if owner[a] != owner[b] and t0[a] < t0[b] < last[owner[a]] and gpus[a] & gpus[b]
+    ]
+    assert handed, "no GPU went from a running chain to another chain"
+
 
 def _spec(name: str, tp: int, argv: str) -> InstanceSpec:
     return InstanceSpec(name, name.split("-")[0], tp, 1, None, tuple(range(tp)), (argv,), {})
@@ -203,13 +219,35 @@ def test_chain_plan_starts_each_mission_instance_once():
     assert (r["distinct"], r["per_cell"]) == (48, 73)
     assert sum(c["instance_starts"] for c in sched["chains"]) == sum(c["distinct_instances"] for c in sched["chains"])
     assert sum(c["distinct_instances"] for c in sched["chains"]) == 48
-    for i, a in enumerate(sched["chains"]):  # concurrent chains hold disjoint GPUs and lanes
+    held = [x for i, c in enumerate(sched["chains"]) for x in holdings(i, c)]
+    for i, (ca, a0, a1, ga) in enumerate(held):  # at any time, chains hold disjoint GPUs
+        for cb, b0, b1, gb in held[i + 1 :]:
+            if ca != cb and a0 < b1 and b0 < a1:
+                assert not ga & gb, (sched["chains"][ca], sched["chains"][cb])
+    for i, a in enumerate(sched["chains"]):  # and lanes
         for b in sched["chains"][i + 1 :]:
             if a["start_s"] < b["end_s"] and b["start_s"] < a["end_s"]:
-                assert not set(a["gpus"]) & set(b["gpus"]) and a["lane"] != b["lane"], (a, b)
+                assert a["lane"] != b["lane"], (a, b)
     kimi = next(c for c in sched["chains"] if "kimi-linear.p4d4.b128-128.fixed" in c["cells"])
     assert len(kimi["cells"]) == 8 and kimi["instance_starts"] == 7 and len(kimi["gpus"]) == 8
+    # it runs its 8-GPU cell first and gives GPUs back as its cells get smaller
+    assert kimi["cells"][0] == "kimi-linear.p4d4.b128-128.fixed" and sum(len(r["gpus"]) for r in kimi["releases"]) >= 4
+    # another chain starts on a GPU it gave back while it still runs
+    back = {g: r["at_s"] for r in kimi["releases"] for g in r["gpus"]}
+    assert any(
+        c is not kimi and c["start_s"] < kimi["end_s"] and any(g in back and back[g] <= c["start_s"] for g in c["gpus"])
+        for c in sched["chains"]
+    )
     assert sched["makespan_s"] < sched["sequential_s"]
+
+
+def holdings(i: int, chain: dict) -> list[tuple[int, float, float, set[int]]]:
+    """(chain index, from, to, GPU ids) for each stretch of a plan chain between its releases."""
+    out, gpus, t = [], set(chain["gpus"]), chain["start_s"]
+    for r in chain["releases"]:
+        out.append((i, t, r["at_s"], set(gpus)))
+        gpus, t = gpus - set(r["gpus"]), r["at_s"]
+    return out + [(i, t, chain["end_s"], gpus)]
 
 
 def test_simulate_keeps_an_instance_needed_later_while_gpus_allow():
