@@ -351,6 +351,10 @@ def print_plan(d: dict) -> None:
             f"  t={ch['start_s']:7.0f}s..{ch['end_s']:7.0f}s  lane {ch['lane']} ports {ch['port_base']}+  "
             f"GPUs {','.join(map(str, ch['gpus'])):12} {len(ch['cells'])} cells, {ch['instance_starts']} "
             f"instance starts: {', '.join(ch['cells'])}\n"
+            + "".join(
+                f"    t={r['at_s']:7.0f}s  after {r['after']}: GPUs {','.join(map(str, r['gpus']))} back\n"
+                for r in ch.get("releases", [])
+            )
             for ch in chains["chains"]
         ]
         one_by_one = chains["sequential_s"]
