@@ -162,8 +162,9 @@ def ordered(
 ) -> list[Chain]:
     """``chs`` in the start order with the shortest :func:`simulate` makespan found on
     ``num_gpus`` GPUs: longest first, then pairwise swaps that shorten it, pass after pass,
-    then seeded random swaps that do not lengthen it, within :data:`SEARCH_WORK`; chains larger than the host last. Deterministic: the same
-    sweep gives the same order in ``plan`` and ``run``."""
+    then seeded random swaps that do not lengthen it, within :data:`SEARCH_WORK`; chains
+    larger than the host last. Deterministic: the same sweep gives the same order in
+    ``plan`` and ``run``."""
     total = {id(c): sum(durations(c, keys, estimate, sizes)) for c in chs}
     big = [c for c in chs if (holds(c, keys, sizes) or [0])[0] > num_gpus]
     cur = sorted((c for c in chs if c not in big), key=lambda c: -total[id(c)])
