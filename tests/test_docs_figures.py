@@ -52,6 +52,26 @@ def test_gpu_reuse_figures(mission_plan: dict) -> None:
     assert quoted("docs/gpu-reuse.md", r"each of the (\d+) instances started once") == (reuse["distinct"],)
 
 
+def test_gpu_reuse_makespan_figures(mission_plan: dict) -> None:
+    """docs/gpu-reuse.md's mission makespan on 8 GPUs (the schedule `run` follows) against
+    upstream's fresh pair per PD config, in the plan's duration model (bench/test_sweep_reuse.py)."""
+    from pdsweep.plan.startup import estimator
+
+    ls = load_sweep(MISSION)
+    est, cells = estimator(ls), {c.id: c for c in expand(ls).cells}
+    placed = [cells[p["cell"]] for p in mission_plan["schedule"]["placements"]]
+    upstream = sum(est(c) for c in placed if c.kind == "pd")
+    ours = mission_plan["makespan"]["s"]
+    text = " ".join((REPO / "docs/gpu-reuse.md").read_text().split())
+    m = re.search(
+        r"takes ([\d.]+) h on the schedule `run` follows \(reuse chains that give GPUs back\) against ([\d.]+) h "
+        r"for upstream's fresh pair per configuration in the same model: \*\*([\d.]+)x\*\*",
+        text,
+    )
+    assert m, "docs/gpu-reuse.md: the mission makespan sentence (reworded? update this test with it)"
+    assert m.groups() == (f"{ours / 3600:.2f}", f"{upstream / 3600:.2f}", f"{ours / upstream:.2f}")
+
+
 def test_p8_cells_are_not_runnable_in_matrix_and_gate_docs(mission_plan: dict, tmp_path: Path) -> None:
     needs = mission_plan["schedule"]["needs_more_gpus"]
     p8 = [n for n in needs if ".p8d" in n["cell"]]

@@ -117,16 +117,22 @@ def simulate(
     sizes: dict[str, int],
     estimate: Callable[[Cell], float],
     pool: GpuPool,
+    memo: dict[int, tuple[list[float], list[int]]] | None = None,
 ) -> list[list[Step]]:
     """The run of ``chs`` in this order on ``pool``: each chain starts when every chain before
     it has started and its peak GPUs are free (:meth:`GpuPool.try_acquire`), and after each
     cell gives back what :func:`holds` no longer needs (:meth:`GpuPool.shrink`; here its
     highest GPU ids, ``run`` those no live instance holds). Per chain (same order) its steps;
-    a chain that never fits, and every chain after it, gets none."""
+    a chain that never fits, and every chain after it, gets none. ``memo``: the chains' durations
+    and holds by ``id``, kept across calls on the same chains."""
     t, k, seq = 0.0, 0, itertools.count()
     events: list[tuple[float, int, int, int]] = []  # (time, seq, chain, cell index done)
     out: list[list[Step]] = [[] for _ in chs]
-    plan = [(durations(c, keys, estimate, sizes), holds(c, keys, sizes)) for c in chs]
+    memo = {} if memo is None else memo  # id(chain) -> (durations, holds), across calls of one search
+    for c in chs:
+        if id(c) not in memo:
+            memo[id(c)] = (durations(c, keys, estimate, sizes), holds(c, keys, sizes))
+    plan = [memo[id(c)] for c in chs]
     slots: dict[int, Slot] = {}
     while True:
         while k < len(chs) and plan[k][1] and (slot := pool.try_acquire(Need(plan[k][1][0]))) is not None:
@@ -170,7 +176,9 @@ def ordered(
     cur = sorted((c for c in chs if c not in big), key=lambda c: -total[id(c)])
 
     def span(order: list[Chain]) -> float:
-        return makespan(simulate(order, keys, sizes, estimate, GpuPool(num_gpus, 20000)))
+        return makespan(simulate(order, keys, sizes, estimate, GpuPool(num_gpus, 20000), memo))
+
+    memo: dict[int, tuple[list[float], list[int]]] = {}
 
     best, budget, improved = span(cur), SEARCH_WORK // max(1, sum(len(c.cells) for c in chs)), True
     while improved and budget > 0:  # every pair, pass after pass, while a swap shortens it
