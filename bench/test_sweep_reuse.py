@@ -1,10 +1,12 @@
 """Sweep wall time with instance reuse (pdsweep.deploy.instances) vs one deployment per cell.
 
 1. On paper: the mission sweep (``sweeps/hybrid-mla-mamba.yaml``) on one 8-GPU node, the
-   makespan of the schedule ``run`` follows (``pdsweep plan``'s ``makespan``: reuse chains,
-   :mod:`pdsweep.plan.reusepack`, with prestart) vs upstream's sequential fresh pair per
+   makespan of the schedule ``run`` follows (``pdsweep plan``'s ``makespan``: reuse chains that
+   give GPUs back, :mod:`pdsweep.plan.chainorder`, with prestart) vs upstream's sequential fresh pair per
    config (``config_sweep_accuracy_test.sh``), both in the plan's duration model
-   (:func:`pdsweep.plan.startup.estimator`). Goal <= 0.5x (issue 40 item 4).
+   (:func:`pdsweep.plan.startup.estimator`). Goal <= 0.5x (issue 40 item 4). Beside it, the
+   least these chains can take (their held GPU-seconds over 8 GPUs) and the least any
+   schedule starting each instance once can take (per-instance GPU-seconds over 8 GPUs).
 2. On this CPU host (only with ``PDSWEEP_BENCH_SWEEP=1``: two real sweeps, ~40 min on 2
    cores): ``sweeps/cpu-smoke.yaml`` (a copy with ``port_base`` 24000) with reuse, then
    ``--no-reuse``, in one run: wall time, instance starts from run.json, and the harness

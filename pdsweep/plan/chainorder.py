@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 from pdsweep.plan.expand import Cell
 from pdsweep.plan.instance import Slot
-from pdsweep.plan.reusepack import Chain, Need, chains, starts
+from pdsweep.plan.reusepack import Chain, Need, cell_times, chains, starts
 from pdsweep.plan.reusepack import simulate as belady
-from pdsweep.plan.schedule import EVAL_S, GpuPool
+from pdsweep.plan.schedule import GpuPool
 
 # order evaluations x cells of the sweep per planned order (the 1000-cell plan
 # stays within its 10 s; the mission sweep's 20 chains: ~4900 orders tried, ~2 s)
@@ -65,22 +65,9 @@ class Step:
 def durations(
     chain: Chain, keys: dict[str, list[str]], estimate: Callable[[Cell], float], sizes: dict[str, int]
 ) -> list[float]:
-    """Per cell, its estimated seconds in the chain (:func:`pdsweep.plan.reusepack.chain_s`'s
-    terms: reused instances pay only the eval; prestarted ones only the startup beyond the
-    previous cell's eval)."""
-    out, live, during = [], set[str](), set[str]()
-    stops = chain.stops or tuple(frozenset() for _ in chain.cells)
-    for i, (c, stop) in enumerate(zip(chain.cells, stops)):
-        need = set(keys.get(c.id, []))
-        new = need - live
-        eval_s = EVAL_S[c.platform]
-        startup = 0.0 if need and not new else estimate(c) - eval_s
-        if new and chain.gpus > 0 and i > 0 and sum(sizes.get(k, 1) for k in during | new) <= chain.gpus:
-            startup = max(0.0, startup - EVAL_S[chain.cells[i - 1].platform])
-        out.append(startup + eval_s)
-        during = live | need
-        live = during - stop
-    return out
+    """Per cell, its estimated seconds in the chain, prestart counted
+    (:func:`pdsweep.plan.reusepack.cell_times` with ``sizes``)."""
+    return cell_times(chain, keys, estimate, sizes)
 
 
 def variants(chain: Chain, keys: dict[str, list[str]], sizes: dict[str, int], max_gpus: int) -> list[Chain]:
@@ -129,10 +116,10 @@ def simulate(
     events: list[tuple[float, int, int, int]] = []  # (time, seq, chain, cell index done)
     out: list[list[Step]] = [[] for _ in chs]
     memo = {} if memo is None else memo  # id(chain) -> (durations, holds), across calls of one search
-    for c in chs:
-        if id(c) not in memo:
-            memo[id(c)] = (durations(c, keys, estimate, sizes), holds(c, keys, sizes))
-    plan = [memo[id(c)] for c in chs]
+    for ch in chs:
+        if id(ch) not in memo:
+            memo[id(ch)] = (durations(ch, keys, estimate, sizes), holds(ch, keys, sizes))
+    plan = [memo[id(ch)] for ch in chs]
     slots: dict[int, Slot] = {}
     while True:
         while k < len(chs) and plan[k][1] and (slot := pool.try_acquire(Need(plan[k][1][0]))) is not None:

@@ -24,12 +24,7 @@ class Chain:
     cells: tuple[Cell, ...]
     # per cell: the instance keys to stop after it (never needed again, or room for the next)
     stops: tuple[frozenset[str], ...] = ()
-    gpus: int = 0  # GPUs it holds: its largest cell's, or more where that saves restarts
-
-    @property
-    def need(self) -> Need:
-        """What it asks of a :class:`pdsweep.plan.schedule.GpuPool` (``try_acquire``)."""
-        return Need(self.gpus or max((c.num_gpus for c in self.cells), default=0))
+    gpus: int = 0  # GPUs it may hold at once: its largest cell's, or more where that saves restarts
 
 
 @dataclass(frozen=True)
@@ -158,33 +153,37 @@ def starts(chain: Chain, keys: dict[str, list[str]]) -> dict[str, int]:
     return out
 
 
+def cell_times(
+    chain: Chain,
+    keys: dict[str, list[str]],
+    estimate: Callable[[Cell], float] = estimate_s,
+    sizes: dict[str, int] | None = None,
+) -> list[float]:
+    """Estimated seconds of each cell of ``chain``: a cell whose instances are all still up
+    pays only :data:`EVAL_S`, any other its full ``estimate`` (startup + eval). With ``sizes``
+    (instance key -> GPUs) the prestart of ``run`` is counted (:func:`pdsweep.run.gpureuse.prestart`):
+    a cell's new instances start during the previous cell's eval when they fit on the chain's
+    GPUs beside every instance live then, so only their startup beyond :data:`EVAL_S` is paid."""
+    out, live, during = [], set[str](), set[str]()
+    for i, (c, stop) in enumerate(zip(chain.cells, chain.stops or [frozenset()] * len(chain.cells))):
+        need = set(keys.get(c.id, []))
+        new = need - live
+        eval_s = EVAL_S[c.platform]
+        startup = 0.0 if need and not new else estimate(c) - eval_s
+        if new and sizes is not None and chain.gpus > 0 and i > 0:
+            if sum(sizes.get(k, 1) for k in during | new) <= chain.gpus:
+                startup = max(0.0, startup - EVAL_S[chain.cells[i - 1].platform])
+        out.append(startup + eval_s)
+        during = live | need
+        live = during - stop
+    return out
+
+
 def chain_s(
     chain: Chain,
     keys: dict[str, list[str]],
     estimate: Callable[[Cell], float] = estimate_s,
     sizes: dict[str, int] | None = None,
 ) -> float:
-    """Estimated seconds of ``chain``: a cell whose instances are all still up pays only
-    :data:`EVAL_S`, any other its full ``estimate`` (startup + eval). With ``sizes`` (instance
-    key -> GPUs) the prestart of ``run`` is counted (:func:`pdsweep.run.gpureuse.prestart`): a
-    cell's new instances start during the previous cell's eval when they fit on the chain's
-    GPUs beside every instance live then, so only their startup beyond :data:`EVAL_S` is paid."""
-    t, live, during = 0.0, set[str](), set[str]()
-    for i, (c, stop) in enumerate(zip(chain.cells, chain.stops or [frozenset()] * len(chain.cells))):
-        need = set(keys.get(c.id, []))
-        new = need - live
-        if need and not new:
-            t += EVAL_S[c.platform]
-        else:
-            startup = estimate(c) - EVAL_S[c.platform]
-            if (
-                sizes is not None
-                and chain.gpus > 0
-                and i > 0
-                and sum(sizes.get(k, 1) for k in during | new) <= chain.gpus
-            ):
-                startup = max(0.0, startup - EVAL_S[chain.cells[i - 1].platform])
-            t += startup + EVAL_S[c.platform]
-        during = live | need
-        live = during - stop
-    return t
+    """Estimated seconds of ``chain``: the sum of its :func:`cell_times`."""
+    return sum(cell_times(chain, keys, estimate, sizes))

@@ -1,15 +1,17 @@
 """``pdsweep run`` with instance reuse on GPUs (local launcher).
 
-The cells run as chains (:mod:`pdsweep.plan.reusepack`): each chain on its own GPU set and
-port lane, chains concurrently, the cells of a chain one after the other on the shared
-:class:`pdsweep.deploy.instances.InstancePool`. GPUs are handed out per instance, not per
-cell: an instance that is still up keeps the GPUs it started on, a new one takes GPUs of
-the chain's set that no live instance holds. After each cell, every instance of the chain
-the next cell does not need is stopped and waited for (its GPU memory is free before
-another instance takes the GPU). The next cell's new instances start early (``prestart``)
-only on GPUs no live instance holds. So no two live instances ever share a GPU, each
-instance starts once per chain stretch that needs it, and ports stay disjoint (lanes per
-chain, port blocks per instance).
+The cells run as the chains of :func:`pdsweep.plan.chainorder.plan_chains`, started strictly
+in its order, each with a lane of ports; the cells of a chain one after the other on the
+shared :class:`pdsweep.deploy.instances.InstancePool`. GPUs are handed out per instance,
+not per cell: an instance that is still up keeps the GPUs it started on, a new one takes
+GPUs of the chain's set that no live instance holds. After each cell, every instance of the
+chain the next cell does not need is stopped and waited for (its GPU memory is free before
+another instance takes the GPU); then the chain gives back to the pool the GPUs its later
+cells do not need (:func:`pdsweep.plan.chainorder.holds`), so other chains start on them.
+The next cell's new instances start early (``prestart``) only on the chain's GPUs no live
+instance holds. So no two live instances ever share a GPU, each instance starts once per
+chain stretch that needs it, and ports stay disjoint (lanes per chain, port blocks per
+instance).
 """
 
 from __future__ import annotations
