@@ -39,7 +39,9 @@ class StubPool:
                 return
             taken = {g: k for k, gs in self.live.items() for g in gs}
             if any(g in taken for g in gpus):
-                self.errors.append(f"{cell}: GPUs {gpus} of {key[:40]} held by {[taken[g][:40] for g in gpus]}")
+                self.errors.append(
+                    f"{cell}: GPUs {gpus} of {key[:40]} held by {[taken[g][:40] for g in gpus if g in taken]}"
+                )
             self.live[key] = gpus
 
     def stop(self, keys: set[str], cell: str | None = None) -> None:
