@@ -11,6 +11,7 @@ from pdsweep.cli import main
 from pdsweep.core.errors import UserError
 from pdsweep.plan.expand import Cell, expand
 from pdsweep.plan.instance import PORTS_PER_SLOT
+from pdsweep.plan.reusepack import Need
 from pdsweep.plan.schedule import GpuPool, pack
 from pdsweep.spec.sweep import load_sweep
 
@@ -73,3 +74,15 @@ def test_gpu_count_and_port_range(capsys) -> None:
     with pytest.raises(UserError, match="reach port 80199, past 65535"):
         GpuPool(301, 20000)
     assert GpuPool(8, 60000).port_base == 60000
+
+
+def test_shrink_gives_gpus_back_and_keeps_the_lane():
+    pool = GpuPool(4, 20000)
+    slot = pool.try_acquire(Need(3))
+    assert slot is not None and slot.gpus == (0, 1, 2) and pool.try_acquire(Need(2)) is None
+    small = pool.shrink(slot, (2,))
+    assert small.gpus == (0, 1) and small.index == slot.index
+    other = pool.try_acquire(Need(2))  # GPU 2 and 3 are free again; the first lane is still taken
+    assert other is not None and other.gpus == (2, 3) and other.index != slot.index
+    with pytest.raises(ValueError, match="not all of slot"):
+        pool.shrink(small, (3,))
