@@ -15,9 +15,12 @@ import pytest
 from _fakerun import FAKE_PY, make_sweep, ours, status
 from _fakerun import tok as tok  # (the fixture)
 
+from pdsweep.cli import main
 from pdsweep.core.errors import UserError
 from pdsweep.judge.compare import compare_runs
+from pdsweep.judge.gate import gate_run
 from pdsweep.measure.paired import PairTurns, abba_order
+from pdsweep.report.overview import PERF_COL, pair_rows
 from pdsweep.results import layout
 from pdsweep.run.context import RunOptions
 from pdsweep.run.sweep import run_sweep
@@ -93,7 +96,7 @@ def test_abba_order_and_turns_interleave_two_threads():
     }
 
 
-def test_paired_builds_interleave_and_compare_paired(tmp_path, tok):
+def test_paired_builds_interleave_and_compare_paired(tmp_path, tok, capsys):
     run = run_sweep(_sweep(tmp_path, tok), RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True))
     sa, sb = status(run, A), status(run, B)
     assert (sa["status"], sb["status"]) == ("ok", "ok"), (sa, sb)
@@ -112,6 +115,11 @@ def test_paired_builds_interleave_and_compare_paired(tmp_path, tok):
     perf = [d for c in res.cells for d in c.perf]
     assert perf and {d.method for d in perf} == {"paired"}, [(d.name, d.method) for d in perf]
     assert {d.n_a for d in perf} == {3}
+    # the report's build pairs judge the two builds' repeats with the paired interval too
+    cols, rows = pair_rows(gate_run(run))
+    assert cols[-1] == PERF_COL and rows[0][-1].startswith("fixed vs unfixed: same ") and "(paired;" in rows[0][-1]
+    assert main(["compare", str(run), str(run), "--a-build", "fixed", "--b-build", "unfixed"]) == 0
+    assert "paired intervals): c1 " in capsys.readouterr().out
     assert not ours(tmp_path)  # teardown left nothing
 
 
