@@ -158,3 +158,27 @@ def test_pair_builds_needs_the_load_phase(tmp_path, tok):
             RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True),
         )
     assert os.path.exists(tmp_path / "run") is False
+
+
+def test_a_pair_that_does_not_fit_the_gpus_runs_unpaired_saying_why():
+    from types import SimpleNamespace as NS
+
+    from pdsweep.plan.schedule import GpuPool
+    from pdsweep.run.pairs import run_pairs
+
+    cells = [
+        NS(id=f"m.p1d1.b16-16.{b}", kind="pd", compare_key="m.p1d1.b16-16", build=b, num_gpus=2) for b in ("x", "y")
+    ]
+    bench = NS(pair_builds=True, repeats=2, target_ci=None)
+    ctx = NS(
+        ls=NS(sweep=NS(builds={"x": None, "y": None}, bench=bench, platform="cuda")),
+        stop=threading.Event(),
+        unpaired={},
+    )
+    pool = GpuPool(2, 20000)  # each cell fits alone (2 GPUs), the pair needs 4
+    assert run_pairs(ctx, cells, cells, pool) == cells  # both left to the plain path, one after the other
+    assert ctx.unpaired == {
+        "m.p1d1.b16-16.x": "not paired with m.p1d1.b16-16.y: the pair needs 4 GPUs at once (2 + 2), the pool has 2",
+        "m.p1d1.b16-16.y": "not paired with m.p1d1.b16-16.x: the pair needs 4 GPUs at once (2 + 2), the pool has 2",
+    }
+    assert pool.free == {0, 1} and not pool.lanes  # nothing held
