@@ -14,85 +14,14 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
-from _fakes import build_tokenizer
+from _fakerun import FAKE_PY, PORT_BASE, make_sweep, ours, status  # noqa: F401 (re-exported to other tests)
+from _fakerun import tok as tok
 
 from pdsweep.cli import main
 from pdsweep.results import layout
 from pdsweep.run.context import RunOptions
 from pdsweep.run.sweep import run_sweep
-
-HERE = Path(__file__).resolve().parent
-FAKE_PY = HERE / "fake_build" / "python"
-
-
-@pytest.fixture
-def tok(tmp_path) -> Path:
-    """Per test, under ``tmp_path``: the model path is in every instance's argv, so
-    :func:`ours` finds exactly this test's processes."""
-    return build_tokenizer(tmp_path / "tok")
-
-
-# per test process, so concurrent runs of this file (other checkouts on the host) do not
-# answer each other's requests on the same ports
-PORT_BASE = 31000 + (os.getpid() % 40) * 200
-
-
-def make_sweep(
-    tmp_path: Path, tok: Path, *, matrix: str, env: str = "  base: {}", port_base: int = PORT_BASE, extra: str = ""
-) -> Path:
-    (tmp_path / "models.yaml").write_text(f"""models:
-  fake-gqa:
-    path: {tok}
-    architecture: FakeForCausalLM
-    attention: gqa
-    num_layers: 2
-    max_model_len: 256
-    serve_args: [--attention-backend, FAKE]  # any block size (CPU_ATTN would refuse 16)
-    platforms: {{cpu: {{}}}}
-""")
-    consistency = "{max_tokens: 4, lengths: [short, 40]}"
-    if "reference: false" in extra:  # no reference: nothing to gate against (pdsweep.run.feasible)
-        if "gate:" not in extra:
-            extra += "gate: {require_consistency: false, require_accuracy: false}\n"
-    p = tmp_path / "sweep.yaml"
-    p.write_text(f"""name: fake
-platform: cpu
-builds:
-  fixed: {{python: {FAKE_PY}}}
-defaults:
-  startup_timeout_s: 30
-  request_timeout_s: 10
-  port_base: {port_base}
-env:
-{env}
-matrix:
-{matrix}
-eval:
-  tasks: [pdsweep_arith]
-  limit: 8
-  num_concurrent: 2
-  max_retries: 0
-  timeout_s: 10
-  max_gen_toks: 8
-  consistency: {consistency}
-{extra}""")
-    return p
-
-
-def ours(tmp_path: Path) -> list[psutil.Process]:
-    """Fake vLLM processes started for this test (matched on our tmp tokenizer path)."""
-    out = []
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if "fake_vllm.py" in cmd and str(tmp_path) in cmd:
-            out.append(p)
-    return out
-
-
-def status(run: Path, cell: str) -> dict:
-    return layout.read_json(run / cell / "status.json")
 
 
 @pytest.fixture(autouse=True)

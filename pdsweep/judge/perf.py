@@ -108,8 +108,9 @@ class PerfDelta:
         iv = "no interval" if self.lo is None else f"[{self.lo:.3f}, {self.hi:.3f}]"
         r = "n/a" if self.ratio is None else f"{self.ratio:.3f}x"
         det = "" if self.detectable is None else f", detects >= {self.detectable:.2f}x"
+        how = ", paired" if self.method == "paired" else ""
         return (
-            f"{self.name}: {r} {iv} (threshold {self.threshold:.0%}, n {self.n_a}/{self.n_b}{det}) {self.verdict}"
+            f"{self.name}: {r} {iv} (threshold {self.threshold:.0%}, n {self.n_a}/{self.n_b}{how}{det}) {self.verdict}"
             + (f": {self.note}" if self.note else "")
         )
 

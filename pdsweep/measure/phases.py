@@ -73,7 +73,8 @@ def scrape_phase(
 class CellMeasure:
     """How to measure one ready cell: its directory ``cdir``, the model path ``mpath``, the
     ``on_phase`` callback (phase name), the read-back ``blocks`` (None: the plan's), whether to
-    ``skip_eval``, and ``spent`` (seconds pdsweep itself spends, by item: the harness share)."""
+    ``skip_eval``, ``spent`` (seconds pdsweep itself spends, by item: the harness share) and
+    ``pair``, the load repeats' partner (:mod:`pdsweep.measure.paired`; None: not paired)."""
 
     cdir: Path
     mpath: str
@@ -81,6 +82,7 @@ class CellMeasure:
     blocks: dict[str, Any] | None = None
     skip_eval: bool = False
     spent: dict[str, float] | None = None
+    pair: Any = None  # pdsweep.measure.paired.PairSide / Unpaired (bench.pair_builds), else None
 
 
 def measure_cell(ls: LoadedSweep, cell: Cell, dep: Deployment, m: CellMeasure) -> None:
@@ -115,7 +117,7 @@ def measure_cell(ls: LoadedSweep, cell: Cell, dep: Deployment, m: CellMeasure) -
         pids = [h.pid for h in dep.handles]
         probes = Probes(logs, lambda: engine_cpu_s(pids))
         with scrape_phase(dep, phases, "bench", spent=spent):  # repeats: a loop around run_load
-            load = run_repeats(ls, cell, dep, mpath, cdir, run_load, probes)
+            load = run_repeats(ls, cell, dep, mpath, cdir, run_load, probes, m.pair)
             load["workloads"] = run_checked(ls, cell, dep, mpath, blocks)  # every answer checked, once
         if spent is not None:  # the load driver's own seconds: start-up and result files, not the requests
             spent["load_driver_s"] = sum(

@@ -9,11 +9,14 @@ vLLM's own result file); ``repeats`` -- per repeat ``wall_s`` and ``kv``, the KV
 figures of that repeat from the decode logs' timed READ lines
 (:func:`pdsweep.measure.kvtiming.read_stats`); ``repeat_plan`` -- how many were planned, run,
 and why they stopped; ``summary`` -- per series (``c<C>`` or ``kv``) and metric the mean and
-Student-t interval over repeats (:func:`pdsweep.core.stats.t_interval`) with the raw values.
+Student-t interval over repeats (:func:`pdsweep.core.stats.t_interval`) with the raw values;
+with ``bench.pair_builds``, ``pairing`` (the repeats ran interleaved with the partner cell's,
+:mod:`pdsweep.measure.paired`) or ``unpaired`` (why not).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -153,21 +156,36 @@ def engine_cpu_s(pids: list[int]) -> float | None:
 
 
 def run_repeats(
-    ls: Any, cell: Any, dep: Any, mpath: str, cdir: Path, load: Callable[..., dict[str, Any]], probes: Probes = Probes()
+    ls: Any,
+    cell: Any,
+    dep: Any,
+    mpath: str,
+    cdir: Path,
+    load: Callable[..., dict[str, Any]],
+    probes: Probes = Probes(),
+    pair: Any = None,
 ) -> dict[str, Any]:
     """Run ``load(ls, cell, dep, mpath, cdir)`` (:func:`pdsweep.measure.phases.run_load`) once per
     repeat and return the load.json body (module doc); ``probes`` (:class:`Probes`) give each
     repeat's ``kv`` figures and ``cpu`` (``engine_s``, ``ms_per_request``). Stops at the bound,
     when converged (``target_ci``), or, on CPU with ``repeats`` unset, past ``minimum`` when one
-    more repeat would overrun ``repeats_budget_s``. Raises what ``load`` raises."""
+    more repeat would overrun ``repeats_budget_s``. ``pair``: a
+    :class:`pdsweep.measure.paired.PairSide` (exactly ``pair.repeats`` repeats, each on its
+    turn, no early stop; the body gets ``pairing`` or ``unpaired``) or
+    :class:`pdsweep.measure.paired.Unpaired` (plain repeats, ``unpaired``). Raises what ``load`` raises."""
     b = ls.sweep.bench
     clock = probes.clock
     platform = ls.sweep.platform
     minimum, planned, bound = planned_repeats(b, platform)
+    turns = pair if pair is not None and hasattr(pair, "turn") and pair.broken is None else None
+    if turns is not None:  # both sides run the same count, interleaved: no side stops early
+        minimum = planned = bound = turns.repeats
+        turns.arrive()
     body: dict[str, Any] = {"runs": [], "repeats": []}
     t_all, reason = clock(), "planned repeats done"
     for i in range(bound):
-        body["repeats"].append(one_repeat(lambda: load(ls, cell, dep, mpath, cdir), cdir, probes, i, body["runs"]))
+        with turns.turn(i) if turns is not None else contextlib.nullcontext():
+            body["repeats"].append(one_repeat(lambda: load(ls, cell, dep, mpath, cdir), cdir, probes, i, body["runs"]))
         n = i + 1
         if n < minimum:
             continue
@@ -184,6 +202,8 @@ def run_repeats(
             if spent + spent / n > b.repeats_budget_s:
                 reason = f"CPU budget: {n} repeats took {spent:.0f} s of repeats_budget_s {b.repeats_budget_s:g}"
                 break
+    if turns is not None:
+        turns.finish()
     body["repeat_plan"] = {
         "planned": planned,
         "minimum": minimum,
@@ -194,6 +214,8 @@ def run_repeats(
         "stop_reason": reason,
     }
     body["summary"] = summarize_repeats(body, b.confidence)
+    if pair is not None:
+        body.update(pair.load_fields())
     return body
 
 
@@ -201,14 +223,15 @@ def one_repeat(
     call: Callable[[], dict[str, Any]], cdir: Path, probes: Probes, i: int, runs: list[dict[str, Any]]
 ) -> dict[str, Any]:
     """Repeat ``i`` (``call``: one load, ``{"runs": [...]}``): its load runs appended to ``runs``
-    (vLLM's result files kept as ``.r<i>``); returns ``{"repeat", "wall_s", "kv", "cpu"}``."""
+    (vLLM's result files kept as ``.r<i>``); returns ``{"repeat", "wall_s", "started", "ended",
+    "kv", "cpu"}`` (``started``/``ended``: wall-clock epoch seconds, ``time.time``)."""
     from pdsweep.core.logscan import nixl_read_records
     from pdsweep.measure.kvtiming import read_stats
 
     offsets = {p: _size(p) for p in probes.decode_logs}
-    cpu0, t = probes.cpu_s(), probes.clock()
+    cpu0, t, started = probes.cpu_s(), probes.clock(), time.time()
     one = call()
-    wall, cpu1 = probes.clock() - t, probes.cpu_s()
+    wall, cpu1, ended = probes.clock() - t, probes.cpu_s(), time.time()
     requests = 0
     for r in one.get("runs", []):
         conc = r.get("concurrency")
@@ -219,7 +242,8 @@ def one_repeat(
     cpu = None
     if cpu0 is not None and cpu1 is not None and requests:
         cpu = {"engine_s": cpu1 - cpu0, "requests": requests, "ms_per_request": (cpu1 - cpu0) * 1e3 / requests}
-    return {"repeat": i, "wall_s": wall, "kv": read_stats(recs) if recs else None, "cpu": cpu}
+    kv = read_stats(recs) if recs else None
+    return {"repeat": i, "wall_s": wall, "started": started, "ended": ended, "kv": kv, "cpu": cpu}
 
 
 def _size(p: Path) -> int:

@@ -20,7 +20,15 @@ from pdsweep.core.stats import obj
 from pdsweep.judge.compare import CompareResult, compare_cells, compare_results
 from pdsweep.judge.gate import CellResult, GateResult, gate_run
 from pdsweep.report.load_section import LOAD_COLUMNS, LOAD_NOTE, load_rows
-from pdsweep.report.overview import CAUSE_CHARS, failure_rows, matrix_rows, one_line, pair_rows, verdict_matrix
+from pdsweep.report.overview import (
+    CAUSE_CHARS,
+    PERF_COL,
+    failure_rows,
+    matrix_rows,
+    one_line,
+    pair_rows,
+    verdict_matrix,
+)
 from pdsweep.report.perf_compare import PERF_COLUMNS, PERF_LEGEND, perf_headline, perf_rows
 from pdsweep.report.perf_section import PERF_CELL_COLUMNS, PERF_NOTE, perf_cell_rows, plot_perf
 from pdsweep.report.plots import (
@@ -194,7 +202,8 @@ def _overview_html(result: GateResult) -> list[str]:
     parts = ["<h2>Verdicts</h2>", f"<table class='matrix'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"]
     pcols, prows = pair_rows(result)
     if prows:
-        parts += ["<h2>Build pairs</h2>", _html_table(pcols, prows, verdict_cols=tuple(range(1, len(pcols), 2)))]
+        verdicts = tuple(range(1, len(pcols) - (pcols[-1] == PERF_COL), 2))  # not the load B/A column
+        parts += ["<h2>Build pairs</h2>", _html_table(pcols, prows, verdict_cols=verdicts)]
     if fails := failure_rows(result):
         frows: list[tuple[str, ...]] = [
             (c.cell_id, c.verdict, "\n".join(r.replace(c.cell_id + "/", "") for r in c.reasons) or c.message)

@@ -111,8 +111,34 @@ def matrix_rows(result: GateResult) -> tuple[tuple[str, ...], list[tuple[str, ..
     return ("model", *cols), [(label, *(c.verdict if c else "—" for c in cells)) for label, cells in rows]
 
 
+PERF_COL = "load B/A"  # the pair's load repeats judged against each other (pair_perf)
+
+
+def pair_perf(result: GateResult, by_build: dict[str, CellResult], builds: list[str]) -> str:
+    """Two builds' load repeats judged against each other by :func:`pdsweep.judge.perf.perf_deltas`
+    (B = the first build in column order, A = the other: a baseline comes last), as
+    ``"<B> vs <A>: 3 same, 1 noisy (paired; detects >= 1.25x)"``: the verdict counts, the interval
+    method (``paired`` when both load.json carry one ``pairing.id``, ``bench.pair_builds``) and the
+    largest smallest-detectable slowdown over the metrics. '' unless exactly two builds have load figures."""
+    from pdsweep.judge.perf import PERF_VERDICTS, perf_deltas
+
+    have = [b for b in builds if b in by_build and by_build[b].facts.load]
+    if len(have) != 2:
+        return ""
+    b, a = have
+    deltas = perf_deltas(by_build[a].facts.load, by_build[b].facts.load, result.gate)
+    if not deltas:
+        return ""
+    n = {v: sum(d.verdict == v for d in deltas) for v in PERF_VERDICTS}
+    methods = "/".join(sorted({d.method for d in deltas if d.method})) or "no interval"
+    det = [d.detectable for d in deltas if d.detectable is not None]
+    teeth = f"; detects >= {max(det):.2f}x" if det else ""
+    return f"{b} vs {a}: " + ", ".join(f"{k} {v}" for k, v in n.items() if v) + f" ({methods}{teeth})"
+
+
 def pair_rows(result: GateResult) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
-    """Build pairs as plain text: ('cell', then per build its verdict and one-line cause)."""
+    """Build pairs as plain text: ('cell', then per build its verdict and one-line cause, then
+    :data:`PERF_COL`, :func:`pair_perf`, when some pair has load figures on two builds)."""
     builds, rows = build_pairs(result)
     cols = ("cell", *(x for b in builds for x in (b, f"{b}: cause")))
     out = []
@@ -121,5 +147,7 @@ def pair_rows(result: GateResult) -> tuple[tuple[str, ...], list[tuple[str, ...]
         for b in builds:
             c = by_build.get(b)
             vals += [c.verdict, one_line(c)] if c else ["—", ""]
-        out.append((key, *vals))
-    return cols, out
+        out.append((key, *vals, pair_perf(result, by_build, builds)))
+    if any(r[-1] for r in out):
+        return (*cols, PERF_COL), out
+    return cols, [r[:-1] for r in out]

@@ -13,7 +13,20 @@ from pdsweep.judge.perf import NOISY, PERF_VERDICTS, REGRESSION
 from pdsweep.results import layout
 
 COMPARE_JUNIT = "compare-junit.xml"
-PERF_COLUMNS = ("cell", "metric", "A", "B", "B/A", "interval", "threshold", "n A/B", "p (MWU)", "verdict", "detects")
+PERF_COLUMNS = (
+    "cell",
+    "metric",
+    "A",
+    "B",
+    "B/A",
+    "interval",
+    "method",
+    "threshold",
+    "n A/B",
+    "p (MWU)",
+    "verdict",
+    "detects",
+)
 
 
 def _v(x: float | None, fmt: str = ".4g") -> str:
@@ -30,6 +43,7 @@ def perf_rows(result: CompareResult) -> list[tuple[str, ...]]:
             _v(d.b),
             "—" if d.ratio is None else f"{d.ratio:.3f}x",
             "—" if d.lo is None else f"[{d.lo:.3f}, {d.hi:.3f}]",
+            d.method or "—",
             f"{d.threshold:.0%}",
             f"{d.n_a}/{d.n_b}",
             _v(d.p_mw, ".2g"),
@@ -60,16 +74,20 @@ def perf_headline(result: CompareResult) -> str:
 def perf_teeth(result: CompareResult) -> str:
     """Per judged metric, the smallest slowdown this comparison could have called a regression
     (:attr:`pdsweep.judge.perf.PerfDelta.detectable`; the largest over cells: detectable in every
-    one), one line; metrics without an interval are listed as such."""
+    one), one line, naming the interval methods (``paired`` when the repeats were interleaved);
+    metrics without an interval are listed as such."""
     worst: dict[str, float | None] = {}
+    methods: set[str] = set()
     for c in result.cells:
         for d in c.perf:
             prev = worst.get(d.name, 0.0)
             worst[d.name] = None if d.detectable is None or prev is None else max(prev, d.detectable)
+            methods |= {d.method} if d.method else set()
     if not worst:
         return "smallest detectable slowdown: no load repeats to judge"
     parts = [f"{k} {'no interval' if v is None else f'>= {v:.2f}x'}" for k, v in sorted(worst.items())]
-    return "smallest detectable slowdown (this run's noise): " + ", ".join(parts)
+    how = f"; {'/'.join(sorted(methods))} intervals" if methods else ""
+    return f"smallest detectable slowdown (this run's noise{how}): " + ", ".join(parts)
 
 
 PERF_LEGEND = (
@@ -77,6 +95,7 @@ PERF_LEGEND = (
     "per-pair log ratios; else of the means over repeats (Welch t on logs; bootstrap from 8 repeats a "
     "side). Regression / improvement: the whole interval beyond the metric's threshold; same: the whole "
     "interval within it; noisy: it straddles a bound. Latencies are worse higher, rates worse lower. "
+    "Method: paired (bench.pair_builds), welch or bootstrap. "
     "Detects: the smallest slowdown an interval this wide calls a regression."
 )
 

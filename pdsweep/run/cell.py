@@ -28,11 +28,20 @@ from pdsweep.run.provenance import config_hash, host_facts, now
 log = logging.getLogger(__name__)
 
 
-def run_cell(ctx: RunContext, cell: Cell, slot: Slot, on_ready: Callable[[], None] | None = None) -> dict[str, Any]:
+def run_cell(
+    ctx: RunContext, cell: Cell, slot: Slot, on_ready: Callable[[], None] | None = None, pair: Any = None
+) -> dict[str, Any]:
     """Deploy and measure one cell; always returns (and writes) its status. A
     build-conditional expectation is resolved against the build that runs it.
-    ``on_ready`` runs once the cell is ready (the next cell's instances start then)."""
+    ``on_ready`` runs once the cell is ready (the next cell's instances start then).
+    ``pair``: its side of a pair (:class:`pdsweep.measure.paired.PairSide`, :mod:`pdsweep.run.pairs`);
+    None: alone, saying why when ``bench.pair_builds`` meant to pair it (``ctx.unpaired``).
+    status.json gets the load.json's ``pairing`` / ``unpaired``; the side leaves the pair when the cell ends."""
+    from pdsweep.measure.paired import Unpaired
     from pdsweep.spec.expectations import resolve
+
+    if pair is None and cell.id in ctx.unpaired:
+        pair = Unpaired(ctx.unpaired[cell.id])
 
     build_facts = ctx.builds.get(cell.build) or {}
     if build_facts.get("python") and not build_facts.get("error"):
@@ -64,7 +73,7 @@ def run_cell(ctx: RunContext, cell: Cell, slot: Slot, on_ready: Callable[[], Non
 
     try:
         on_phase("prepare")
-        used[0] = _attempts(CellRun(ctx, cell, slot, cdir, status, on_phase, on_ready, used))
+        used[0] = _attempts(CellRun(ctx, cell, slot, cdir, status, on_phase, on_ready, used, pair))
         status.update(status="ok", phase="done")
     except CellFailed as e:
         status.update(status="interrupted" if ctx.stop.is_set() else "failed", reason=e.reason, log_tail=e.log_tail)
@@ -79,6 +88,10 @@ def run_cell(ctx: RunContext, cell: Cell, slot: Slot, on_ready: Callable[[], Non
             log_tail=tails,
         )
     ctx.alt.release(used[0])
+    if pair is not None:
+        if not isinstance(pair, Unpaired):
+            pair.leave(f"{status['status']} in phase {status['phase']}: {status['reason']}")
+        status.update(pair.load_fields())
     status.update(finished=now(), duration_s=round(time.monotonic() - t0, 1))
     layout.write_json(cdir / layout.STATUS_FILE, status)
     if ctx.progress:
@@ -90,7 +103,8 @@ def run_cell(ctx: RunContext, cell: Cell, slot: Slot, on_ready: Callable[[], Non
 class CellRun:
     """One cell's attempt in progress: the run, the cell, the lane ``slot`` it was given, its
     directory, the ``status`` being written, the phase callback, ``on_ready`` (the next cell's
-    instances start then) and ``used`` (the slot it really uses, set once known)."""
+    instances start then), ``used`` (the slot it really uses, set once known) and ``pair``
+    (its load repeats' partner, :mod:`pdsweep.measure.paired`)."""
 
     ctx: RunContext
     cell: Cell
@@ -100,6 +114,7 @@ class CellRun:
     on_phase: Callable[[str], None]
     on_ready: Callable[[], None] | None
     used: list[Slot]
+    pair: Any = None  # pdsweep.measure.paired.PairSide / Unpaired, or None
 
 
 def _attempts(cr: CellRun) -> Slot:
@@ -193,7 +208,7 @@ def _deploy_and_measure(cr: CellRun) -> Slot:
             t = time.monotonic()
             try:
                 hook = armed(cell.fault, dep.handles, on_phase)  # a fault drill's injection, else on_phase
-                measure_cell(ls, cell, dep, CellMeasure(cdir, mpath, hook, blocks, ctx.opts.skip_eval, spent))
+                measure_cell(ls, cell, dep, CellMeasure(cdir, mpath, hook, blocks, ctx.opts.skip_eval, spent, cr.pair))
             except Exception as e:  # name the instance that ended, and how, before the phase's own error
                 if (named := blame(status["phase"], e, dep.handles)) is None:
                     raise

@@ -59,3 +59,4 @@ class RunContext:
     provider: Any = None  # pdsweep.deploy.instances.InstancePool (reuse) or Fresh (--no-reuse)
     alt: AltBlocks = field(default_factory=AltBlocks)  # alternate port blocks (lane ports taken)
     timings: dict[str, float] = field(default_factory=dict)  # run.json: judge_s, wall_s, ...
+    unpaired: dict[str, str] = field(default_factory=dict)  # bench.pair_builds: cell id -> why it runs alone

@@ -32,6 +32,7 @@ from pdsweep.plan.schedule import GpuPool, detect_gpus, not_runnable, order, pac
 from pdsweep.results import layout
 from pdsweep.run.cell import run_cell
 from pdsweep.run.context import RunContext, RunOptions
+from pdsweep.run.pairs import lanes, run_pairs
 from pdsweep.run.prebuild import prebuild_checkpoints
 from pdsweep.run.progress import Progress
 from pdsweep.run.provenance import git_sha, host_facts, now
@@ -113,7 +114,7 @@ def run_sweep(path: str | Path, opts: RunOptions) -> Path:
         InstancePool(
             ctx.launcher,
             ctx.run_dir / "instances",
-            ctx.ls.sweep.defaults.port_base + PORTS_PER_SLOT * max(1, pool.num_gpus),
+            ctx.ls.sweep.defaults.port_base + PORTS_PER_SLOT * lanes(ctx.ls, pool.num_gpus),
         )
         if reuse
         else Fresh(ctx.launcher)
@@ -127,6 +128,7 @@ def run_sweep(path: str | Path, opts: RunOptions) -> Path:
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
+        todo = run_pairs(ctx, todo, runnable, pool)  # bench.pair_builds: the pairs first, both cells at once
         if reuse and pool.num_gpus:
             from pdsweep.run.gpureuse import run_chains
 

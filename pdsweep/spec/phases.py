@@ -84,6 +84,10 @@ class BenchSpec(_Strict):
     target_ci: float | None = Field(default=None, gt=0, lt=1)
     confidence: float = Field(default=0.95, gt=0.5, lt=1)
     repeats_budget_s: float = Field(default=240, gt=0)  # CPU: wall clock of all repeats of one cell
+    # run the two cells that differ only by build (fixed/unfixed, candidate/baseline) as a pair: both
+    # deployed at once, their load repeats interleaved in ABBA order, judged by the paired interval
+    # (pdsweep.measure.paired; docs/performance.md). Off: each cell alone, one after the other
+    pair_builds: bool = False
 
     @field_validator("workloads", mode="before")
     @classmethod
@@ -95,4 +99,20 @@ class BenchSpec(_Strict):
         keys = [w.model_dump_json() for w in self.workloads]
         if len(set(keys)) != len(keys):
             raise ValueError("bench.workloads: the same workload is listed twice")
+        return self
+
+    @model_validator(mode="after")
+    def _paired(self) -> BenchSpec:
+        """``pair_builds`` interleaves a fixed count of load repeats (pdsweep.measure.paired)."""
+        if not self.pair_builds:
+            return self
+        if not self.enabled:
+            raise ValueError("bench.pair_builds pairs the load phase's repeats: it needs bench.enabled: true")
+        if self.target_ci is not None:
+            raise ValueError(
+                "bench.pair_builds runs both sides the same fixed number of repeats: drop bench.target_ci "
+                "(allowed with pair_builds: unset) and set bench.repeats"
+            )
+        if self.repeats == 1:
+            raise ValueError("bench.pair_builds needs bench.repeats >= 2 (allowed: 2..99): one pair has no interval")
         return self
