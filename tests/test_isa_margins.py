@@ -88,3 +88,23 @@ def test_committed_margins_reproduce_here(tmp_path):
     assert m["min_margin"] == pytest.approx(fix["min_margin"], abs=1e-3)
     assert m["min_margin_at"] == fix["min_margin_at"]
     assert m["bf16_drift"] == pytest.approx(fix["bf16_drift"], rel=0.05)
+
+
+@pytest.mark.skipif(
+    "avx512f" not in Path("/proc/cpuinfo").read_text(), reason="needs an AVX-512 host to write the cache"
+)
+def test_forced_avx2_keeps_its_own_inductor_cache():
+    """scripts/isa/avx2 gives the forced-AVX2 processes an Inductor cache of their own: torch's FX graph
+    cache key holds no CPU vector ISA, and reusing an AVX-512 process's C++ made every TP 2 instance of
+    the forced sweep fail (IndexError in VocabParallelEmbedding; docs/cpu.md)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "inductor_cache_isa", ROOT / "scripts" / "isa" / "inductor_cache_isa.py"
+    )
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    first, second = mod.run(ROOT / "scripts" / "isa" / "avx2")
+    assert first.startswith("isa=avx512") and first.endswith("bad=0"), first
+    assert second == "isa=avx2 bad=0", second
