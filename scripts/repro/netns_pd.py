@@ -154,6 +154,7 @@ class Tracer:
 
         self.extra, self.every_s, self.marks = extra, every_s, {}
         self.samples: list[tuple[float, dict]] = []
+        self.names: dict[str, str] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -169,7 +170,8 @@ class Tracer:
             ns_of.update({int(p): ns for p in r.stdout.split()})
         ns_of.update({p: "hog" for p in self.extra})
         for (pid, _tid), v in _threads(list(ns_of)).items():
-            key = f"{ns_of[pid]} {pid} {v[0].split('/')[0]}"
+            key = f"{ns_of[pid]} {pid}"  # comm changes (python -> VLLM::Worker_TP): named at write
+            self.names[key] = v[0].split("/")[0]
             cpu, wait = per.get(key, (0.0, 0.0))
             per[key] = (cpu + v[1], wait + v[2])
         return per
@@ -197,7 +199,11 @@ class Tracer:
         for a, b in zip(names, names[1:]):
             (ta, sa), (tb, sb) = self._at(self.marks[a]), self._at(self.marks[b])
             rows = {
-                k: (round(sb[k][0] - sa.get(k, (0, 0))[0], 2), round(sb[k][1] - sa.get(k, (0, 0))[1], 2)) for k in sb
+                f"{k} {self.names.get(k, '?')}": (
+                    round(sb[k][0] - sa.get(k, (0, 0))[0], 2),
+                    round(sb[k][1] - sa.get(k, (0, 0))[1], 2),
+                )
+                for k in sb
             }
             groups: dict = {}
             for k, (c, w) in rows.items():
