@@ -8,10 +8,13 @@ its session, process group and ``/proc/PID/autogroup``; per-thread CPU, run-queu
 in each namespace. Then it interrupts the run (pdsweep cancels its steps).
 
   flock /tmp/pdsweep-heavy.lock .venv/bin/python scripts/repro/netns_pd.py \
-      [--cells 'tiny-mla-mamba2.p2d1.b128-128.fixed'] [--repeat 3] [--autogroup 0|1] [--cpu-group] [--out DIR]
+      [--cells 'tiny-mla-mamba2.p2d1.b128-128.fixed'] [--repeat 3] [--autogroup 0|1] [--cpu-group] [--hog N] [--out DIR]
 
 ``--autogroup`` sets ``kernel.sched_autogroup_enabled`` for the runs and restores the value
-it found. Exits 0 when every run's cell got past its first request.
+it found; ``--hog N`` runs N busy loops (one per core round robin, a session each) during each
+run; every run writes ``trace-runN.json``: CPU and run-queue wait per process of the nodes and
+the hogs between decode start, handshake and first answer (:class:`Tracer`). Exits 0 when every
+run's cell got past its first request. Results of issue 39: tests/fixtures/vllm_cpu/NOTES.md.
 """
 
 from __future__ import annotations
