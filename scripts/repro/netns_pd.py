@@ -8,16 +8,20 @@ its session, process group and ``/proc/PID/autogroup``; per-thread CPU, run-queu
 in each namespace. Then it interrupts the run (pdsweep cancels its steps).
 
   flock /tmp/pdsweep-heavy.lock .venv/bin/python scripts/repro/netns_pd.py \
-      [--cells 'tiny-mla-mamba2.p2d1.b128-128.fixed'] [--repeat 3] [--autogroup 0|1] [--cpu-group] [--out DIR]
+      [--cells 'tiny-mla-mamba2.p2d1.b128-128.fixed'] [--repeat 3] [--autogroup 0|1] [--cpu-group] [--hog N] [--out DIR]
 
 ``--autogroup`` sets ``kernel.sched_autogroup_enabled`` for the runs and restores the value
-it found. Exits 0 when every run's cell got past its first request.
+it found; ``--hog N`` runs N busy loops (one per core round robin, a session each) during each
+run; every run writes ``trace-runN.json``: CPU and run-queue wait per process of the nodes and
+the hogs between decode start, handshake and first answer (:class:`Tracer`). Exits 0 when every
+run's cell got past its first request. Results of issue 39: tests/fixtures/vllm_cpu/NOTES.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import fnmatch
+import functools
 import json
 import os
 import shutil
@@ -128,8 +132,105 @@ def evidence(out: Path, tag: str, driver: int, window_s: float = 5.0) -> None:
     print(f"evidence -> {out}/evidence-{tag}.txt", flush=True)
 
 
+def start_hogs(n: int) -> list[subprocess.Popen]:
+    """``n`` busy loops, hog ``i`` pinned to core ``i % cores``, each in a session (so, with
+    autogroups, a scheduler group) of its own: the load of other jobs on the host."""
+    cores = sorted(os.sched_getaffinity(0))
+    return [
+        subprocess.Popen(
+            [sys.executable, "-c", "while True: pass"],
+            start_new_session=True,
+            preexec_fn=functools.partial(os.sched_setaffinity, 0, {cores[i % len(cores)]}),
+        )
+        for i in range(n)
+    ]
+
+
+class Tracer:
+    """Samples every thread of the nodes' namespaces and of ``extra`` PIDs (the hogs) every
+    ``every_s``: per process, CPU s and run-queue wait s (``/proc/PID/task/TID/schedstat``),
+    summed over its threads. :meth:`mark` names instants (decode log seen, handshake, first
+    answer); :meth:`write` stores per-process deltas between consecutive marks."""
+
+    def __init__(self, extra: list[int], every_s: float = 1.0) -> None:
+        import threading
+
+        self.extra, self.every_s, self.marks = extra, every_s, {}
+        self.samples: list[tuple[float, dict]] = []
+        self.names: dict[str, str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self) -> None:
+        self.mark("start")
+        self._thread.start()
+
+    def _sample(self) -> dict:
+        per: dict = {}
+        ns_of = {}
+        for ns in NETNS:
+            r = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
+            ns_of.update({int(p): ns for p in r.stdout.split()})
+        ns_of.update({p: "hog" for p in self.extra})
+        for (pid, _tid), v in _threads(list(ns_of)).items():
+            key = f"{ns_of[pid]} {pid}"  # comm changes (python -> VLLM::Worker_TP): named at write
+            self.names[key] = v[0].split("/")[0]
+            cpu, wait = per.get(key, (0.0, 0.0))
+            per[key] = (cpu + v[1], wait + v[2])
+        return per
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.monotonic(), self._sample()))
+            self._stop.wait(self.every_s)
+
+    def mark(self, name: str) -> None:
+        self.marks[name] = time.monotonic()
+
+    def stop(self) -> None:
+        self.mark("end")
+        self._stop.set()
+        self._thread.join()
+        self.samples.append((time.monotonic(), self._sample()))
+
+    def _at(self, t: float) -> tuple[float, dict]:
+        return min(self.samples, key=lambda s: abs(s[0] - t))
+
+    def write(self, path: Path) -> None:
+        names = sorted(self.marks, key=self.marks.get)
+        phases = []
+        for a, b in zip(names, names[1:]):
+            (ta, sa), (tb, sb) = self._at(self.marks[a]), self._at(self.marks[b])
+            rows = {
+                f"{k} {self.names.get(k, '?')}": (
+                    round(sb[k][0] - sa.get(k, (0, 0))[0], 2),
+                    round(sb[k][1] - sa.get(k, (0, 0))[1], 2),
+                )
+                for k in sb
+            }
+            groups: dict = {}
+            for k, (c, w) in rows.items():
+                g = k.split()[0]
+                gc, gw = groups.get(g, (0.0, 0.0))
+                groups[g] = (round(gc + c, 2), round(gw + w, 2))
+            phases.append({"phase": f"{a}->{b}", "s": round(tb - ta, 2), "by_ns": groups, "by_process": rows})
+            print(f"  {a}->{b} {tb - ta:.1f} s  cpu/wait s: {groups}", flush=True)
+        path.write_text(
+            json.dumps(
+                {"marks": {n: round(self.marks[n] - self.marks["start"], 2) for n in names}, "phases": phases}, indent=1
+            )
+        )
+
+
 def one_run(
-    env: dict[str, str], cells: str, out: Path, sample_after: float, budget_s: float, keep: bool, seed: Path | None
+    env: dict[str, str],
+    cells: str,
+    out: Path,
+    sample_after: float,
+    budget_s: float,
+    keep: bool,
+    seed: Path | None,
+    tracer: "Tracer",
 ) -> str:
     """Run pdsweep once; returns 'ok' (first request answered), 'stall' or 'other: ...'. With
     ``seed`` (an earlier run dir) its final reference cells are reused (``--resume``)."""
@@ -150,15 +251,21 @@ def one_run(
                 continue
             text = dlogs[-1].read_text(errors="replace")
             if '"POST /v1/completions HTTP/1.1" 200' in text:
+                if verdict != "ok":
+                    tracer.mark("answer")
                 verdict = "ok"
                 print(f"  first request answered {time.monotonic() - t0:.0f} s into the run", flush=True)
                 if not keep:
                     break
                 continue
+            if "decode" not in tracer.marks:
+                tracer.mark("decode")
             if "Transfer plan" in text and handshake_t is None:
                 handshake_t = time.monotonic()
+                tracer.mark("handshake")
             if handshake_t and time.monotonic() - handshake_t > sample_after and verdict != "stall":
                 verdict = "stall"
+                tracer.mark("stall")
                 print(f"  stall: no decode answer {sample_after:.0f} s after the handshake; sampling", flush=True)
                 evidence(out.parent, f"{out.name}-a", p.pid)
                 time.sleep(20)
@@ -212,14 +319,22 @@ def main() -> int:
                 env.update(dict(kv.split("=", 1) for kv in a.env))
                 for i in range(a.repeat):
                     t = time.monotonic()
-                    hogs = [  # killed below by their PIDs
-                        subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
-                        for _ in range(a.hog)
-                    ]
+                    hogs = start_hogs(a.hog)
                     try:
+                        tracer = Tracer([h.pid for h in hogs])
+                        tracer.start()
                         v = one_run(
-                            env, a.cells, out / f"run{i}", a.sample_after, a.budget, a.keep, out / "run0" if i else None
+                            env,
+                            a.cells,
+                            out / f"run{i}",
+                            a.sample_after,
+                            a.budget,
+                            a.keep,
+                            out / "run0" if i else None,
+                            tracer,
                         )
+                        tracer.stop()
+                        tracer.write(out / f"trace-run{i}.json")
                     finally:
                         for h in hogs:
                             h.kill()

@@ -28,6 +28,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Mapping
 
 from pdsweep.core.errors import UserError
 from pdsweep.deploy.launchers.base import LOOPBACK, Handle, LaunchRequest, popen_logged
@@ -97,6 +98,44 @@ def allocation(environ: dict[str, str] | None = None) -> tuple[str, list[str], i
     return job, expand_nodelist(nodelist), int(gpus)
 
 
+def bound_cores(env: Mapping[str, str]) -> frozenset[int]:
+    """The cores of ``VLLM_CPU_OMP_THREADS_BIND`` in ``env`` (vLLM's CPU worker format: one
+    entry per rank joined by ``|``, each a list of ``N`` or ``A-B`` joined by ``,``; vllm
+    ``v1/worker/cpu_worker.py``), empty when unset or not such a list (``auto``, ``nobind``)."""
+    out: set[int] = set()
+    for part in env.get("VLLM_CPU_OMP_THREADS_BIND", "").replace("|", ",").split(","):
+        lo, _, hi = part.strip().partition("-")
+        if not (lo.isdigit() and (hi.isdigit() or not hi)):
+            return frozenset()
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return frozenset(out)
+
+
+def shared_cores(name: str, node: str, cores: frozenset[int], live: Mapping[str, tuple[str, frozenset[int]]]) -> str:
+    """Why starting instance ``name`` on ``node`` bound to ``cores`` next to our ``live``
+    steps (``{instance: (node, cores)}``) risks a stall, or ``""``. Each srun step runs in a
+    session of its own (slurmstepd's) and often a cpu cgroup of its own (Slurm's cgroup/v2
+    enables every available controller at job and step level, src/plugins/cgroup/v2/
+    cgroup_v2.c), so each is a scheduler group of its own: the step's cgroup, or, in the root
+    cpu cgroup with ``kernel.sched_autogroup_enabled=1``, its session's autogroup
+    (kernel/sched/autogroup.h ``autogroup_task_group``). Instances sharing a core in separate
+    groups are the P TP 2 -> D TP 1 stall of docs/slurm.md (tests/fixtures/vllm_cpu/NOTES.md,
+    "session 33"); the local launcher keeps every instance in one session, srun cannot."""
+    clash = sorted(
+        f"{other} on cores {','.join(map(str, sorted(c & cores)))}"
+        for other, (n, c) in live.items()
+        if n == node and c & cores
+    )
+    if not clash:
+        return ""
+    return (
+        f"{name} shares node {node} with {'; '.join(clash)}: separate Slurm steps run in separate scheduler "
+        "groups (an autogroup or a cpu cgroup each), where a NIXL progress thread spinning in one step held a "
+        "shared core from the other for minutes (the P TP 2 -> D TP 1 stall, docs/slurm.md); give the cell "
+        "disjoint cores (nodes with more cores, or prefill and decode on different nodes)"
+    )
+
+
 class SlurmLauncher:
     """Instances as job steps of allocation ``job_id`` (default ``$SLURM_JOB_ID``)."""
 
@@ -110,6 +149,7 @@ class SlurmLauncher:
         self.addrs = node_addrs(self.nodes)
         self.srun, self.squeue, self.scancel = _tool("srun"), _tool("squeue"), _tool("scancel")
         self._ours: dict[str, Handle] = {}  # step name -> handle: every step this launcher started
+        self._cores: dict[str, frozenset[int]] = {}  # step name -> its VLLM_CPU_OMP_THREADS_BIND cores
         self._seq = itertools.count()
         self._lock = threading.Lock()
 
@@ -146,11 +186,17 @@ class SlurmLauncher:
         host = self.addrs.get(node, node) if req.host in (LOOPBACK, "localhost") else req.host
         step_name = f"pdsweep.{os.getpid()}.{next(self._seq)}.{req.name}"
         srun = self.argv(step_name, node, list(req.argv), dict(req.env))
+        cores = bound_cores(req.env)
+        with self._lock:
+            live = {h.name: (h.node or "", self._cores.get(n, frozenset())) for n, h in self._ours.items() if h.alive()}
+        if why := shared_cores(req.name, node, cores, live):
+            log.warning("%s", why)
         proc, start = popen_logged(srun, req.env, req.log_path, start_new_session=True)
         ports = req.ports or (req.port,)
         h = Handle(req.name, proc.pid, req.port, req.log_path, ports, proc, host=host, node=node, log_start=start)
         with self._lock:
             self._ours[step_name] = h
+            self._cores[step_name] = cores
         threading.Thread(target=self._resolve, args=(step_name, h), daemon=True, name=f"step-{req.name}").start()
         log.info("started %s as step %s on %s (%s:%d)", req.name, step_name, node, host, req.port)
         return h
@@ -211,6 +257,7 @@ class SlurmLauncher:
             time.sleep(STEP_LOOKUP_S)
         with self._lock:
             self._ours.pop(name, None)
+            self._cores.pop(name, None)
 
     def kill_all(self, timeout_s: float = 20.0) -> None:
         """Cancel every step this launcher started (signal handlers, end of run): ``scancel
@@ -238,6 +285,7 @@ class SlurmLauncher:
         with self._lock:
             for name in handles:
                 self._ours.pop(name, None)
+                self._cores.pop(name, None)
 
     def _scancel(self, step: str, sig: str | None = None) -> None:
         argv = [self.scancel, *([f"--signal={sig}"] if sig else []), step]
