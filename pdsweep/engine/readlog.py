@@ -16,11 +16,13 @@ decode instances). It wraps two methods and changes no value:
   logged with NIXL's ``totalBytes`` and ``descCount`` as
 
       PDSWEEP_NIXL_READ remote_engine=<id> remote_rank=<r> bytes=<n> descs=<k> req=<request id>
-      t0=<s> t1=<s> xfer_us=<us>
+      t0=<s> t1=<s> xfer_us=<us> tp=<s>
 
 ``t0``: ``time.monotonic()`` (CLOCK_MONOTONIC, one clock for every process of the host) when
-the READ was posted, ``t1`` when vLLM saw it DONE; ``xfer_us``: NIXL's ``xferDuration`` (-1 when
-NIXL has none). Parsed by :func:`pdsweep.core.logscan.nixl_reads_by_rank` and
+vLLM called ``_read_blocks`` (descriptors not yet prepared), ``tp`` when it returned (the READ
+posted), ``t1`` when vLLM saw it DONE; ``xfer_us``: NIXL's ``xferDuration`` from the post (-1 when
+NIXL has none). The test-only READ delay (:mod:`pdsweep.engine.readdelay`) waits between
+``t0`` and the post. Parsed by :func:`pdsweep.core.logscan.nixl_reads_by_rank` and
 :func:`pdsweep.core.logscan.nixl_read_records` (the transfer intervals of a load repeat).
 
 The WRITE log (``PDSWEEP_NIXL_WRITE_LOG=1``, set on the prefill instances of push cells) wraps
@@ -47,19 +49,28 @@ from pdsweep.core.logscan import NIXL_READ_TAG, NIXL_WRITE_TAG
 logger = logging.getLogger("vllm.pdsweep.engine.readlog")
 
 
-def wrap_read_blocks(orig: Callable[..., Any], posted: dict[Any, tuple[Any, ...]]) -> Callable[..., Any]:
+def wrap_read_blocks(
+    orig: Callable[..., Any], posted: dict[Any, tuple[Any, ...]], delay: Callable[[], float] | None = None
+) -> Callable[..., Any]:
     """``_read_blocks`` that records, for each handle it posts, ``(remote engine, remote rank,
-    request id, monotonic post time)`` in ``posted`` (vLLM passes every argument by keyword)."""
+    request id, t0, tp)`` in ``posted`` (vLLM passes every argument by keyword): monotonic
+    seconds when vLLM was asked to read and when its ``_read_blocks`` returned, the READ posted.
+    ``delay`` (test-only, :mod:`pdsweep.engine.readdelay`): seconds to wait between ``t0`` and
+    vLLM's ``_read_blocks``, so the READ is posted that much later, inside its timed interval."""
+    from pdsweep.engine.readdelay import wait
 
     def _read_blocks(self: Any, *args: Any, **kw: Any) -> Any:
         spec = kw.get("read_spec", args[0] if args else None)
         req = kw.get("request_id")
         before = len(self._recving_transfers.get(req, ()))
         t0 = time.monotonic()
+        if delay is not None and (s := delay()) > 0:
+            wait(s)
         ok = orig(self, *args, **kw)
+        tp = time.monotonic()
         assert spec is not None, "vLLM's _read_blocks got no read_spec"
         for handle in self._recving_transfers.get(req, [])[before:]:
-            posted[handle] = (str(kw.get("dst_engine_id")), int(spec.remote_rank), str(req), t0)
+            posted[handle] = (str(kw.get("dst_engine_id")), int(spec.remote_rank), str(req), t0, tp)
         return ok
 
     return _read_blocks
@@ -98,9 +109,10 @@ def wrap_telemetry(orig: Callable[..., Any], posted: dict[Any, tuple[Any, ...]])
         where = posted.pop(handle, None)
         if where is not None and res is not None:
             xfer = getattr(res, "xferDuration", None)
-            tag = NIXL_READ_TAG if len(where) < 6 else f"{where[4]} local_rank={where[5]}"
+            read = len(where) < 6
+            tag = NIXL_READ_TAG if read else f"{where[4]} local_rank={where[5]}"
             logger.info(
-                "%s remote_engine=%s remote_rank=%d bytes=%d descs=%d req=%s t0=%.6f t1=%.6f xfer_us=%d",
+                "%s remote_engine=%s remote_rank=%d bytes=%d descs=%d req=%s t0=%.6f t1=%.6f xfer_us=%d%s",
                 tag,
                 where[0],
                 where[1],
@@ -110,6 +122,7 @@ def wrap_telemetry(orig: Callable[..., Any], posted: dict[Any, tuple[Any, ...]])
                 where[3],
                 time.monotonic(),
                 int(xfer) if isinstance(xfer, (int, float)) else -1,
+                f" tp={where[4]:.6f}" if read and len(where) > 4 else "",
             )
         return res
 
@@ -157,9 +170,12 @@ def _install(module: str, cls: str, method: str, wrap: Any) -> bool:
     return True
 
 
-def install_nixl_read_log() -> bool:
-    """Install both wrappers once; False when vLLM's pull worker or NIXL is absent."""
-    return _install("pull_worker", "NixlPullConnectorWorker", "_read_blocks", wrap_read_blocks)
+def install_nixl_read_log(delay: Callable[[], float] | None = None) -> bool:
+    """Install both wrappers once (``delay``: :func:`wrap_read_blocks`); False when vLLM's pull
+    worker or NIXL is absent."""
+    return _install(
+        "pull_worker", "NixlPullConnectorWorker", "_read_blocks", lambda o, p: wrap_read_blocks(o, p, delay)
+    )
 
 
 def install_nixl_write_log() -> bool:
