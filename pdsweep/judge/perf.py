@@ -31,6 +31,7 @@ Student-t intervals over repeats are the models.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -53,19 +54,40 @@ def lower_is_better(metric: str) -> bool:
     return family(metric).endswith("_ms")
 
 
+# Requests each repeat must hold beyond a percentile for it to be judged (issue 40). A repeat's
+# pQ is an order statistic; with k requests past it, it moves by about one request's spacing
+# when one tail request is early or late. k >= 30 is the usual floor for a sample quantile to
+# be near-normal and stable (the order statistic's binomial count np(1-p) >= ~30; the same rule
+# of thumb as the t interval's n >= 30), so repeat-to-repeat noise is the load's, not the
+# sampling's: the p99 of 8 requests is their maximum, and on a shared host the maximum of two
+# runs of one build differed 4x (docs/performance.md).
+MIN_TAIL_REQUESTS = 30
+
+
+def percentile_of(metric: str) -> int | None:
+    """``ttft_ms.p90`` -> 90; None for a metric that is no percentile (``mean``, ``union`` ...)."""
+    q = metric.rsplit(".", 1)[-1]
+    return int(q[1:]) if q.startswith("p") and q[1:].isdigit() else None
+
+
+def requests_for(q: int) -> int:
+    """The fewest requests per repeat that judge percentile ``q``: ``MIN_TAIL_REQUESTS`` past it
+    (p50: 60, p90: 300, p99: 3000)."""
+    return math.ceil(MIN_TAIL_REQUESTS * 100 / (100 - q) - 1e-9)
+
+
 def judged(metric: str, requests: int | None = None, named: tuple[str, ...] = ()) -> bool:
     """Whether ``metric`` gets a verdict: a ``gate.perf`` family (one of :data:`OPT_IN` only when
     in ``named``, the families ``gate.perf`` names), not vLLM's sum-of-durations GB/s,
-    and a percentile ``pQ`` only when each repeat has at least one request beyond it
-    (``requests x (1 - Q/100) >= 1``): the p99 of 8 requests is their maximum, and on a shared
-    host the maximum of two runs of one build differed 4x (docs/performance.md)."""
+    and a percentile ``pQ`` only when each repeat has :data:`MIN_TAIL_REQUESTS` requests beyond
+    it (``requests >= requests_for(Q)``)."""
     if family(metric) not in PERF_METRICS or metric in NOT_JUDGED:
         return False
     if family(metric) in OPT_IN and family(metric) not in named:
         return False
-    q = metric.rsplit(".", 1)[-1]
-    if q.startswith("p") and q[1:].isdigit():
-        return requests is not None and requests * (1 - int(q[1:]) / 100) >= 1 - 1e-9
+    q = percentile_of(metric)
+    if q is not None:
+        return requests is not None and requests >= requests_for(q)
     return True
 
 
