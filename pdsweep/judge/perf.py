@@ -91,6 +91,35 @@ def judged(metric: str, requests: int | None = None, named: tuple[str, ...] = ()
     return True
 
 
+# gate.perf families every figure of which is a percentile (pdsweep.measure.repeats.flatten_run, flatten_kv)
+PERCENTILE_FAMILIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "kv_xfer_ms")
+
+
+def percentile_plan(num_prompts: int, perf: dict[str, float]) -> tuple[str, list[str]]:
+    """What the verdict can judge of load runs of ``num_prompts`` requests (``bench.num_prompts``):
+    a line for the user (which of p50/p90/p99 each repeat holds :data:`MIN_TAIL_REQUESTS` requests
+    past, what the others need), and a warning per ``gate.perf`` family (``perf``: its keys) of
+    :data:`PERCENTILE_FAMILIES` none of whose figures can then be judged."""
+    from pdsweep.measure.repeats import PCTS
+
+    qs = [int(p[1:]) for p in PCTS]
+    ok = [f"p{q}" for q in qs if num_prompts >= requests_for(q)]
+    need = "; ".join(f"p{q} needs {requests_for(q)}" for q in qs if num_prompts < requests_for(q))
+    line = (
+        f"perf verdicts: bench.num_prompts {num_prompts} judges {', '.join(ok) or 'no percentile'} "
+        f"({MIN_TAIL_REQUESTS} requests past each judged percentile{'; ' + need if need else ''})"
+    )
+    if not ok:
+        line += f": {', '.join(PERCENTILE_FAMILIES)} are not judged, only rates and means"
+    warn = [
+        f"gate.perf.{fam}: no {fam} figure can be judged: each is a percentile, and bench.num_prompts "
+        f"{num_prompts} holds fewer than {MIN_TAIL_REQUESTS} requests past p50 (raise it to {requests_for(50)})"
+        for fam in perf
+        if fam in PERCENTILE_FAMILIES and not ok
+    ]
+    return line, warn
+
+
 def _requests(load: dict[str, Any]) -> int | None:
     """The fewest requests of one load run (``num_prompts``) in a load.json; None when unknown."""
     raw = [r.get("num_prompts") for r in load.get("runs") or [] if isinstance(r, dict)]
