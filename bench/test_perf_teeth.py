@@ -24,9 +24,10 @@
    the file) and the side's proxy delays the decode leg by the rest of that share of A's TTFT p50
    (the proxy's delay comes before decode gets the request: it leaves the READ alone).
    ``PDSWEEP_BENCH_VERDICTS`` (10) paired verdicts per side, each over ``PDSWEEP_BENCH_PAIRS`` (4)
-   blocks in which every side runs ``PDSWEEP_BENCH_PROMPTS`` (60: 30 past the judged p50,
-   :data:`pdsweep.judge.perf.MIN_TAIL_REQUESTS`) requests once, in a rotated order (vLLM's
-   benchmark in this process). Prints detection and false alarms per slowdown for TTFT p50 and
+   blocks in which every side runs one repeat of ``PDSWEEP_BENCH_PROMPTS`` (60: 30 past the
+   judged p50, :data:`pdsweep.judge.perf.MIN_TAIL_REQUESTS`) requests as ``PDSWEEP_BENCH_CHUNKS``
+   (5) chunks alternating with the other sides' in a rotated order (vLLM's benchmark in this
+   process), so a side's requests and A's span the same seconds of machine load. Prints detection and false alarms per slowdown for TTFT p50 and
    ``kv_xfer_ms.p50`` and the load driver's overhead in-process vs a fresh interpreter. Goal
    (issue 40): 25 % TTFT and 50 % KV transfer time caught in >= 9 of 10, no false regression in
    10 same-build pairs.
@@ -47,6 +48,7 @@ import math
 import os
 import random
 import re
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -55,6 +57,7 @@ import pytest
 
 from pdsweep.core.faults import READ_DELAY_ENV_VAR
 from pdsweep.judge.perf import MIN_TAIL_REQUESTS, REGRESSION, judge_metric
+from pdsweep.measure import benchserve
 from pdsweep.measure.repeats import repeat_series
 from pdsweep.results import layout
 
@@ -220,6 +223,7 @@ VERDICTS = int(os.environ.get("PDSWEEP_BENCH_VERDICTS", "10"))  # per slowdown
 PAIRS = int(os.environ.get("PDSWEEP_BENCH_PAIRS", "4"))  # interleaved repeats per verdict
 # requests per repeat: MIN_TAIL_REQUESTS past the judged p50, as pdsweep.judge.perf.judged requires
 PROMPTS = int(os.environ.get("PDSWEEP_BENCH_PROMPTS", str(2 * MIN_TAIL_REQUESTS)))
+CHUNKS = int(os.environ.get("PDSWEEP_BENCH_CHUNKS", "5"))  # a side's repeat runs as this many interleaved chunks
 
 
 def _paired_sweep(tmp: Path, delay_file: Path) -> Path:
@@ -241,12 +245,22 @@ gate: {{require_accuracy: false, require_consistency: false}}
     return path
 
 
+class Detailed(benchserve.LoadRun):
+    """A load run whose result file keeps vLLM's per-request figures (``ttfts``, s)."""
+
+    def argv(self) -> list[str]:
+        return [*super().argv(), "--save-detailed"]
+
+
 class Sides:
-    """The load runs of the experiment against one live PD pair: ``run(name)`` sends
-    :data:`PROMPTS` requests through side ``name``'s proxy with its KV delay written to the
-    decode's delay file, and records TTFT p50 (vLLM's benchmark, in this process) and the KV
-    transfer time p50 per request (``kv_xfer_ms.p50``: the decode log's timed READs of that run,
-    :func:`pdsweep.measure.kvtiming.read_stats`)."""
+    """The load runs of the experiment against one live PD pair. ``chunk`` sends ``n`` requests
+    through a side's proxy with its KV delay written to the decode's delay file and returns each
+    request's TTFT (vLLM's benchmark, in this process) and KV transfer time (the union of its
+    timed READs in the decode log, :func:`pdsweep.core.logscan.nixl_read_records`; the READ of
+    vLLM's initial test prompt left out). ``block`` runs one repeat of every side as
+    :data:`CHUNKS` chunks of ``PROMPTS / CHUNKS`` requests, the sides' chunks alternating in a
+    rotated order, so each side's requests span the same minutes as A's; a side's repeat value
+    is the p50 over its :data:`PROMPTS` requests."""
 
     def __init__(self, dep, cell, mpath: str, out: Path, delay_file: Path):
         self.dep, self.cell, self.mpath, self.out, self.delay_file = dep, cell, mpath, out, delay_file
@@ -261,40 +275,55 @@ class Sides:
         tmp.write_text(f"{ms:.6f}\n")
         os.replace(tmp, self.delay_file)  # atomic: decode never reads half a value
 
-    def load(self, url: str, tag: str, kv_delay_ms: float = 0.0) -> tuple[float, float]:
-        """One load run: (TTFT p50 ms, kv_xfer_ms p50)."""
+    def chunk(self, url: str, tag: str, n: int, kv_delay_ms: float = 0.0) -> tuple[list[float], list[float]]:
+        """``n`` requests at concurrency 1: (TTFT ms per request, KV transfer ms per request)."""
         from pdsweep.core.logscan import nixl_read_records
-        from pdsweep.measure import benchserve
-        from pdsweep.measure.kvtiming import read_stats
+        from pdsweep.core.stats import union_seconds
 
         self.set_kv_delay(kv_delay_ms)
         offsets = [p.stat().st_size for p in self.decode_logs]
-        lr = benchserve.LoadRun(url, self.cell.model, self.mpath, False, 64, 2, PROMPTS, 1, self.out, f"{tag}.json")
+        lr = Detailed(url, self.cell.model, self.mpath, False, 64, 2, n, 1, self.out, f"{tag}.json")
         rc, _ = benchserve.run(sys.executable, lr, self.out / f"{tag}.log", 300)
         assert rc == 0, (self.out / f"{tag}.log").read_text()[-2000:]
         r = benchserve.read_result(lr)
-        assert r["completed"] == PROMPTS, r
+        assert r["completed"] == n and len(r["ttfts"]) == n, {k: v for k, v in r.items() if not isinstance(v, list)}
         text = ""
         for p, off in zip(self.decode_logs, offsets):
             with open(p, errors="replace") as f:
                 f.seek(off)
                 text += f.read()
-        kv = read_stats(nixl_read_records(text))
-        assert kv["requests"] >= 0.9 * PROMPTS, (tag, kv["requests"])  # a READ per request, timed
-        ttft, kv_ms = float(r.get("p50_ttft_ms", r.get("median_ttft_ms"))), kv["xfer_ms_per_request"]["p50"]
-        print(f"{tag} ttft {ttft:.1f} ms kv {kv_ms:.3f} ms", flush=True)
-        return ttft, kv_ms
+        by_req: dict[str, list[tuple[float, float]]] = {}
+        for rec in nixl_read_records(text):
+            by_req.setdefault(rec["req"], []).append((rec["start_s"], rec["end_s"]))
+        reqs = sorted(by_req.values(), key=lambda spans: min(s for s, _ in spans))[1:]  # [0]: the test prompt
+        assert len(reqs) >= 0.9 * n, (tag, len(reqs), n)  # a timed READ per request
+        return [t * 1e3 for t in r["ttfts"]], [union_seconds(v) * 1e3 for v in reqs]
 
-    def run(self, name: str, i: int) -> None:
-        ttft, kv = self.load(self.urls[name], f"{name}.{i}", self.kv_delay_ms.get(name, 0.0))
-        self.ttft.setdefault(name, []).append(ttft)
-        self.kv.setdefault(name, []).append(kv)
+    def load(self, url: str, tag: str) -> tuple[float, float]:
+        """One run of :data:`PROMPTS` requests: (TTFT p50 ms, KV transfer p50 ms)."""
+        ttft, kv = self.chunk(url, tag, PROMPTS)
+        print(f"{tag} ttft {statistics.median(ttft):.1f} ms kv {statistics.median(kv):.3f} ms", flush=True)
+        return statistics.median(ttft), statistics.median(kv)
+
+    def block(self, i: int) -> None:
+        """Repeat ``i`` of every side, interleaved in chunks (class doc)."""
+        names = list(self.urls)
+        got: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in names}
+        per = max(1, PROMPTS // CHUNKS)
+        for c in range(CHUNKS):
+            k = (i * CHUNKS + c) % len(names)
+            for name in names[k:] + names[:k]:  # rotated: each side takes every position in turn
+                ttft, kv = self.chunk(self.urls[name], f"{name}.{i}.{c}", per, self.kv_delay_ms.get(name, 0.0))
+                got[name][0].extend(ttft)
+                got[name][1].extend(kv)
+        for name, (ttft, kv) in got.items():
+            self.ttft.setdefault(name, []).append(statistics.median(ttft))
+            self.kv.setdefault(name, []).append(statistics.median(kv))
+        print(f"block {i}: " + "; ".join(f"{k} {self.ttft[k][-1]:.1f}/{self.kv[k][-1]:.3f}" for k in names), flush=True)
 
 
 def _driver_overhead(sides: Sides) -> dict[str, list[float]]:
     """Seconds of one load run outside vLLM's measured duration, in-process vs a fresh interpreter."""
-    from pdsweep.measure import benchserve
-
     driver: dict[str, list[float]] = {}
     for mode in (False, True):
         lr = benchserve.LoadRun(sides.dep.url, sides.cell.model, sides.mpath, False, 64, 2, 8, 1, sides.out, "drv.json")
@@ -352,12 +381,10 @@ def teeth_experiment(dep, cell, mpath: str, out: Path, delay_file: Path) -> dict
         servers.append(ProxyServer(**urls, timeout_s=300, block_size=cell.decode_block_size, faults=faults).start())
         sides.urls[name] = servers[-1].url
     t0 = time.monotonic()
+    names = list(sides.urls)
     try:
-        names = list(sides.urls)
         for i in range(VERDICTS * PAIRS):
-            k = i % len(names)
-            for name in names[k:] + names[:k]:  # rotated: each side takes every position in turn
-                sides.run(name, i)
+            sides.block(i)
     finally:
         sides.set_kv_delay(0.0)
         for srv in servers:
@@ -414,7 +441,8 @@ def test_real_cpu_paired_teeth(tmp_path, monkeypatch):
         f"B10/B25/B50: decode posting each NIXL READ that share of A's KV transfer time p50 "
         f"({got['base_ms']['kv']:.3f} ms) late ({READ_DELAY_ENV_VAR}) and the proxy's decode delay making up the "
         f"rest of that share of A's TTFT p50 ({got['base_ms']['ttft']:.0f} ms). {VERDICTS} paired verdicts per side, "
-        f"each over {PAIRS} interleaved repeats (rotated order) of {PROMPTS} requests at concurrency 1; threshold "
+        f"each over {PAIRS} interleaved repeats of {PROMPTS} requests at concurrency 1 (each repeat {CHUNKS} chunks "
+        f"alternating between the sides in a rotated order; p50 over the repeat's requests); threshold "
         f"{THRESHOLD:.0%}; load `{os.getloadavg()[0]:.1f}`; experiment {got['wall_s']:.0f} s, whole run {total:.0f} s.",
         "",
         *_table(got, "ttft", "TTFT p50 slowdown"),
