@@ -19,8 +19,9 @@ decode instances). It wraps two methods and changes no value:
       t0=<s> t1=<s> xfer_us=<us> tp=<s>
 
 ``t0``: ``time.monotonic()`` (CLOCK_MONOTONIC, one clock for every process of the host) when
-vLLM called ``_read_blocks`` (descriptors not yet prepared), ``tp`` when it returned (the READ
-posted), ``t1`` when vLLM saw it DONE; ``xfer_us``: NIXL's ``xferDuration`` from the post (-1 when
+vLLM called ``_read_blocks`` (descriptors not yet prepared), ``tp`` when it called NIXL's
+``transfer`` for this READ (:func:`wrap_transfer`; when that wrapper is absent, when
+``_read_blocks`` returned), ``t1`` when vLLM saw it DONE; ``xfer_us``: NIXL's ``xferDuration`` from the post (-1 when
 NIXL has none). The test-only READ delay (:mod:`pdsweep.engine.readdelay`) waits between
 ``t0`` and the post. Parsed by :func:`pdsweep.core.logscan.nixl_reads_by_rank` and
 :func:`pdsweep.core.logscan.nixl_read_records` (the transfer intervals of a load repeat).
@@ -67,13 +68,28 @@ def wrap_read_blocks(
         if delay is not None and (s := delay()) > 0:
             wait(s)
         ok = orig(self, *args, **kw)
-        tp = time.monotonic()
+        done = time.monotonic()
         assert spec is not None, "vLLM's _read_blocks got no read_spec"
         for handle in self._recving_transfers.get(req, [])[before:]:
+            tp = _POST_AT.pop(handle, done)  # NIXL's transfer() called (wrap_transfer), else _read_blocks returned
             posted[handle] = (str(kw.get("dst_engine_id")), int(spec.remote_rank), str(req), t0, tp)
         return ok
 
     return _read_blocks
+
+
+def wrap_transfer(orig: Callable[..., Any], post_at: dict[Any, float]) -> Callable[..., Any]:
+    """``NixlWrapper.transfer`` (NIXL ``nixl_agent.transfer``: posts a prepared READ) that records
+    the monotonic time it was called at in ``post_at[handle]``: NIXL's ``xferDuration`` counts
+    from there. The post itself can take milliseconds (on 2 cores it waited 2-5 ms for NIXL's
+    progress thread on some READs, the READ done on return), so the end of a READ is this time
+    plus ``xferDuration``, not the time the post returned plus it."""
+
+    def transfer(self: Any, handle: Any, *args: Any, **kw: Any) -> Any:
+        post_at[handle] = time.monotonic()
+        return orig(self, handle, *args, **kw)
+
+    return transfer
 
 
 def wrap_xfer_blocks(orig: Callable[..., Any], posted: dict[Any, tuple[Any, ...]]) -> Callable[..., Any]:
@@ -153,6 +169,8 @@ def wrap_once(owner: Any, attr: str, make: Callable[[Callable[..., Any]], Callab
 # handles posted and not yet DONE, shared by the READ and WRITE wrappers of one process
 # (one get_xfer_telemetry wrapper serves both)
 _POSTED: dict[Any, tuple[Any, ...]] = {}
+# handle -> monotonic time NIXL's transfer() was called for it (wrap_transfer; READ log only)
+_POST_AT: dict[Any, float] = {}
 
 
 def _install(module: str, cls: str, method: str, wrap: Any) -> bool:
@@ -173,9 +191,10 @@ def _install(module: str, cls: str, method: str, wrap: Any) -> bool:
 def install_nixl_read_log(delay: Callable[[], float] | None = None) -> bool:
     """Install both wrappers once (``delay``: :func:`wrap_read_blocks`); False when vLLM's pull
     worker or NIXL is absent."""
-    return _install(
-        "pull_worker", "NixlPullConnectorWorker", "_read_blocks", lambda o, p: wrap_read_blocks(o, p, delay)
-    )
+    ok = _install("pull_worker", "NixlPullConnectorWorker", "_read_blocks", lambda o, p: wrap_read_blocks(o, p, delay))
+    if ok and hasattr(nixl_wrapper(), "transfer"):
+        wrap_once(nixl_wrapper(), "transfer", lambda orig: wrap_transfer(orig, _POST_AT))
+    return ok
 
 
 def install_nixl_write_log() -> bool:
