@@ -224,9 +224,9 @@ VERDICTS = int(os.environ.get("PDSWEEP_BENCH_VERDICTS", "10"))  # per slowdown
 PAIRS = int(os.environ.get("PDSWEEP_BENCH_PAIRS", "4"))  # interleaved repeats per verdict
 # requests per repeat: MIN_TAIL_REQUESTS past the judged p50, as pdsweep.judge.perf.judged requires
 PROMPTS = int(os.environ.get("PDSWEEP_BENCH_PROMPTS", str(2 * MIN_TAIL_REQUESTS)))
-# every side's decode, A's too, waits this long before each post: on 2 cores a READ posted at once
-# blocked in NIXL's transfer() for 2-5 ms in a quarter of the repeats (KV p50 ~3 ms instead of ~0.4 ms),
-# a READ posted after any wait >= 0.04 ms never did (run 2 of the bench, docs/performance.md)
+# every side's decode, A's too, waits this long before each post: run 2 suggested any wait avoided the
+# 2-5 ms blocking posts seen on A and B0; run 3 showed it does not (they follow prefill's answer
+# closely; docs/performance.md). Kept so run 3's figures are this code's.
 KV_FLOOR_MS = float(os.environ.get("PDSWEEP_BENCH_KV_FLOOR_MS", "0.05"))
 CHUNKS = int(os.environ.get("PDSWEEP_BENCH_CHUNKS", "5"))  # a side's repeat runs as this many interleaved chunks
 
