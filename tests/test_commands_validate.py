@@ -54,3 +54,36 @@ def test_build_venv_not_built_yet_is_a_warning(tmp_path: Path, capsys) -> None:
     assert main(["validate", str(p)]) == 0
     assert "warning: " in capsys.readouterr().err
     assert feasibility_warnings(expand(load_sweep(p)), tasks=False)[0].endswith("until then cells of build fixed fail")
+
+
+def test_validate_and_plan_say_which_percentiles_the_perf_verdict_judges(tmp_path: Path, capsys) -> None:
+    """Issue 40: a percentile is judged with 30 requests past it; validate and plan say which ones
+    bench.num_prompts allows, and warn about a gate.perf family none of whose figures can be judged."""
+    few = write(
+        tmp_path,
+        SMALL + "bench: {enabled: true, num_prompts: 59, budget_s: 600}\ngate: {perf: {ttft_ms: 0.05, req_s: 0.1}}\n",
+    )
+    assert main(["validate", str(few), "--no-check-argv"]) == 0
+    out = capsys.readouterr()
+    assert (
+        "perf verdicts: bench.num_prompts 59 judges no percentile (30 requests past each judged percentile; " in out.out
+    )
+    assert (
+        "p50 needs 60; p90 needs 300; p99 needs 3000): ttft_ms, tpot_ms, itl_ms, e2el_ms, kv_xfer_ms are not" in out.out
+    )
+    assert out.err.count("warning: gate.perf.") == 1  # req_s is a rate: judged at any size
+    assert "warning: gate.perf.ttft_ms: no ttft_ms figure can be judged: each is a percentile" in out.err
+    assert "(raise it to 60)" in out.err
+    enough = write(
+        tmp_path, SMALL + "bench: {enabled: true, num_prompts: 300, budget_s: 600}\ngate: {perf: {ttft_ms: 0.05}}\n"
+    )
+    assert main(["plan", str(enough), "--no-check-argv"]) == 0
+    out = capsys.readouterr()
+    assert (
+        "perf verdicts: bench.num_prompts 300 judges p50, p90 (30 requests past each judged percentile; p99 needs 3000)\n"
+        in out.out
+    )
+    assert "warning" not in out.err
+    write(tmp_path, SMALL)  # no load phase: nothing to say
+    assert main(["validate", str(tmp_path / "s.yaml"), "--no-check-argv"]) == 0
+    assert "perf verdicts" not in capsys.readouterr().out

@@ -13,7 +13,7 @@ from fixtures.make_runs import case, pd, write_run
 from pdsweep.core.errors import GateFailed
 from pdsweep.judge.compare import REGRESSION, SAME, compare_runs
 from pdsweep.judge.gate import gate_run
-from pdsweep.judge.perf import IMPROVEMENT, NOISY
+from pdsweep.judge.perf import IMPROVEMENT, MIN_TAIL_REQUESTS, NOISY, requests_for
 from pdsweep.report.perf_compare import write_compare_junit
 from pdsweep.report.render import compare_markdown
 from pdsweep.results import layout
@@ -22,7 +22,7 @@ from pdsweep.spec.gatespec import GateSpec
 CELL = pd("tiny-llama", 1, 1)
 
 
-def load(ttfts: list[float], tpot: float = 5.0, gbps: list[float] | None = None, prompts: int = 8) -> dict[str, Any]:
+def load(ttfts: list[float], tpot: float = 5.0, gbps: list[float] | None = None, prompts: int = 60) -> dict[str, Any]:
     """A load.json of ``len(ttfts)`` repeats at concurrency 2 (TPOT ``tpot`` +-1 %, KV GB/s ``gbps``)."""
     runs, reps = [], []
     for i, t in enumerate(ttfts):
@@ -150,11 +150,14 @@ def test_the_expected_transport_passes_and_an_unknown_one_fails(tmp_path: Path) 
     assert r.verdict == "FAIL" and "ucx_transports is null: the UCX READ transport is unknown" in r.reasons[0]
 
 
-def test_a_tail_percentile_is_judged_only_with_a_request_beyond_it(tmp_path: Path) -> None:
-    """p99 of 8 requests is their maximum (on this host two runs of one build differed 4x in it)."""
-    a, b = _runs(tmp_path / "8", load([100, 102, 98]), load([150, 153, 147]))
-    names = {d.name for d in compare_runs(a, b).cell(CELL.compare_key).perf}
-    assert "c2 ttft_ms.p50" in names and not {"c2 ttft_ms.p90", "c2 ttft_ms.p99"} & names
-    a, b = _runs(tmp_path / "100", load([100, 102, 98], prompts=100), load([150, 153, 147], prompts=100))
-    perf = {d.name: d.verdict for d in compare_runs(a, b).cell(CELL.compare_key).perf}
-    assert perf["c2 ttft_ms.p90"] == perf["c2 ttft_ms.p99"] == REGRESSION
+def test_a_percentile_is_judged_only_with_30_requests_beyond_it(tmp_path: Path) -> None:
+    """p99 of 8 requests is their maximum (on this host two runs of one build differed 4x in it);
+    a percentile is judged once each repeat holds MIN_TAIL_REQUESTS (30) requests past it."""
+    assert MIN_TAIL_REQUESTS == 30 and [requests_for(q) for q in (50, 90, 99)] == [60, 300, 3000]
+    judged_at = {}
+    for n in (8, 59, 60, 299, 300, 3000):
+        a, b = _runs(tmp_path / str(n), load([100, 102, 98], prompts=n), load([150, 153, 147], prompts=n))
+        perf = {d.name: d.verdict for d in compare_runs(a, b).cell(CELL.compare_key).perf}
+        judged_at[n] = sorted(k.split(".")[-1] for k in perf if k.startswith("c2 ttft_ms."))
+        assert all(perf[f"c2 ttft_ms.{q}"] == REGRESSION for q in judged_at[n])
+    assert judged_at == {8: [], 59: [], 60: ["p50"], 299: ["p50"], 300: ["p50", "p90"], 3000: ["p50", "p90", "p99"]}

@@ -23,7 +23,7 @@ JITTER = [1.01, 0.99, 1.02, 0.98, 1.0, 1.01]
 def _load(values: list[float], pairing: dict | None = None, cpu: list[float] | None = None) -> dict:
     body: dict = {
         "runs": [
-            {"concurrency": 2, "num_prompts": 8, "ttft_ms": {"p50": v}, "repeat": i} for i, v in enumerate(values)
+            {"concurrency": 2, "num_prompts": 60, "ttft_ms": {"p50": v}, "repeat": i} for i, v in enumerate(values)
         ],
         "repeats": [{"repeat": i, "cpu": {"ms_per_request": c} if cpu else None} for i, c in enumerate(cpu or values)],
     }

@@ -16,8 +16,8 @@ def _load(cell_id: str, ttfts: list[float], reads_r1: float) -> dict:
     runs = [
         {
             "concurrency": 2,
-            "num_prompts": 8,
-            "completed": 8,
+            "num_prompts": 60,
+            "completed": 60,
             "errors": 0,
             "repeat": i,
             "ttft_ms": {"p50": t, "p90": t, "p99": t},

@@ -235,9 +235,10 @@ def test_nixl_read_log_lands_on_vllms_pull_worker_and_nixl_wrapper():
 
     from pdsweep.engine.readlog import install_nixl_read_log
 
-    saved = NixlPullConnectorWorker._read_blocks, NixlWrapper.get_xfer_telemetry
+    saved = NixlPullConnectorWorker._read_blocks, NixlWrapper.get_xfer_telemetry, NixlWrapper.transfer
     try:
         assert install_nixl_read_log() and install_nixl_read_log()  # idempotent
         assert NixlPullConnectorWorker._read_blocks._pdsweep and NixlWrapper.get_xfer_telemetry._pdsweep
+        assert NixlWrapper.transfer._pdsweep  # the post time NIXL's xferDuration counts from
     finally:
-        NixlPullConnectorWorker._read_blocks, NixlWrapper.get_xfer_telemetry = saved
+        NixlPullConnectorWorker._read_blocks, NixlWrapper.get_xfer_telemetry, NixlWrapper.transfer = saved

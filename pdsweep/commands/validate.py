@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pdsweep.commands.args import gpu_arch_arg, no_check_argv_arg
 from pdsweep.core.errors import UserError
@@ -57,9 +57,24 @@ class ValidateArgs:
 
             for w in gpu_preflight(ls, plan.cells).warnings:
                 print(f"warning: {w}", file=sys.stderr)
+        print_perf_lines(ls.sweep)
         print(
             f"{self.sweep}: valid: {len(plan.pd_cells)} PD cells, {len(plan.cells) - len(plan.pd_cells)} "
             f"reference cells, {len(plan.rejected)} rejected"
             + ("; every vllm serve argv parses" if self.check_argv else "")
         )
         return 0
+
+
+def print_perf_lines(sweep: Any) -> None:
+    """With the load phase on: which percentiles the perf verdict judges at ``bench.num_prompts``
+    (:func:`pdsweep.judge.perf.percentile_plan`) on stdout, and a ``warning:`` on stderr per
+    ``gate.perf`` family it cannot judge; nothing without a load phase."""
+    from pdsweep.judge.perf import percentile_plan
+
+    if not sweep.bench.enabled:
+        return
+    line, warns = percentile_plan(sweep.bench.num_prompts, sweep.gate.perf)
+    print(line)
+    for w in warns:
+        print(f"warning: {w}", file=sys.stderr)

@@ -9,14 +9,17 @@ Where a fault acts (:data:`WHERE`):
 
 - ``drill``: pdsweep's run loop SIGKILLs an instance as a phase begins (the launcher's process);
 - ``proxy``: the PD proxy changes or delays the decode leg (:class:`ProxyFaults`);
-- ``engine``: pdsweep's vLLM plugin inside decode's worker reports NIXL READs as failed;
+- ``engine``: pdsweep's vLLM plugin inside decode's worker reports NIXL READs as failed, or
+  posts them late (:data:`ENGINE_OPTIONS`);
 - ``fake``: the fake vLLM of the tests (``tests/fake_vllm.py``) misbehaves as an engine would,
   switched by an env knob (:data:`FAKE_FAULTS`); pdsweep never sets these.
 
 Two families: **sweep faults** are values of a sweep's ``fault`` axis (:data:`SWEEP_FAULTS`; a
 cell declares the failure with ``expect: fail`` + ``match:``); **proxy options** are the run's
 test-only switches (:data:`PROXY_OPTIONS`, ``pdsweep run --scramble-every`` ...), used by tests
-and benches to show a gate has teeth; **fake faults** (:data:`FAKE_FAULTS`) are the fake vLLM's
+and benches to show a gate has teeth; **engine options** (:data:`ENGINE_OPTIONS`) are env knobs
+of pdsweep's vLLM plugin with the same purpose (the KV-transfer slowdown of
+``bench/test_perf_teeth.py``); **fake faults** (:data:`FAKE_FAULTS`) are the fake vLLM's
 env knobs, which tests set in a sweep's ``env:`` variant (``tests/test_run_fake.py``).
 """
 
@@ -52,6 +55,8 @@ LEASE_EXPIRY = "decode-after-lease-expiry"
 READ_FAULT_PATTERN = r"^fail-read-1-in-([1-9][0-9]{0,5})$"
 READ_FAULT_ENV_VAR = "PDSWEEP_FAIL_READ_EVERY"  # set on decode instances; read by the engine plugin
 READ_FAULT_MAX = 999_999
+# test-only: decode posts each NIXL READ this many ms late, inside its timed interval (pdsweep.engine.readdelay)
+READ_DELAY_ENV_VAR = "PDSWEEP_READ_DELAY_MS"
 
 SWEEP_FAULTS: dict[str, FaultKind] = {
     KILL_PREFILL_DURING_EVAL: FaultKind(
@@ -94,6 +99,17 @@ PROXY_OPTIONS: dict[str, FaultKind] = {
         FaultKind("stale_kv_transfer_params", "proxy", "the previous request's handle, if it covers", "load: stale"),
         FaultKind("decode_delay_s", "proxy", "sleep before 1 in decode_delay_every decode legs", "perf verdict"),
     )
+}
+
+# name (the env knob) -> what pdsweep's vLLM plugin does; test-only, never set by pdsweep (bench/test_perf_teeth.py)
+ENGINE_OPTIONS: dict[str, FaultKind] = {
+    READ_DELAY_ENV_VAR: FaultKind(
+        READ_DELAY_ENV_VAR,
+        "engine",
+        f"{READ_DELAY_ENV_VAR}=MS, or =@FILE holding MS (read at each READ), on decode with the READ log: "
+        "each NIXL READ is posted MS later, inside its timed interval (pdsweep.engine.readdelay)",
+        "perf verdict: kv kv_xfer_ms regression",
+    ),
 }
 
 # name (the env knob) -> what the fake does, and the failure pdsweep must report (tests/test_run_fake.py)

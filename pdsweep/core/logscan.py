@@ -106,7 +106,7 @@ NIXL_READ_TAG = "PDSWEEP_NIXL_READ"
 _READ = re.compile(
     NIXL_READ_TAG + r" remote_engine=(?P<engine>\S+) remote_rank=(?P<rank>\d+) "
     r"bytes=(?P<bytes>\d+) descs=(?P<descs>\d+)"
-    r"(?: req=(?P<req>\S+) t0=(?P<t0>[\d.]+) t1=(?P<t1>[\d.]+) xfer_us=(?P<xfer_us>-?\d+))?"
+    r"(?: req=(?P<req>\S+) t0=(?P<t0>[\d.]+) t1=(?P<t1>[\d.]+) xfer_us=(?P<xfer_us>-?\d+)(?: tp=(?P<tp>[\d.]+))?)?"
 )
 # One line per completed WRITE on a prefill worker in push mode (PDSWEEP_NIXL_WRITE_LOG=1): the
 # prefill rank that wrote (local_rank), the decode rank written to, NIXL's telemetry of it
@@ -188,15 +188,17 @@ def transfer_topologies(text: str) -> list[dict[str, int | str]]:
 
 def nixl_read_records(text: str) -> list[dict[str, Any]]:
     """Each completed READ line of a decode log that carries timing (pdsweep >= the repeats
-    of issue 24): ``{rank, engine, req, bytes, descs, start_s, end_s}``. The interval is
-    ``[t0, t0 + xfer_us]`` (NIXL's ``xferDuration`` from the post), or ``[t0, t1]`` (until
-    vLLM saw it DONE) when NIXL gave none. Lines without timing are left out."""
+    of issue 24): ``{rank, engine, req, bytes, descs, start_s, end_s}``. The interval starts at
+    ``t0`` (vLLM asked to read) and ends NIXL's ``xferDuration`` after the post: ``tp + xfer_us``
+    (``tp``: the READ posted, :mod:`pdsweep.engine.readlog`), ``t0 + xfer_us`` on lines without
+    ``tp``, ``t1`` (vLLM saw it DONE) when NIXL gave no duration. Lines without timing are left out."""
     out = []
     for m in _READ.finditer(text):
         if m.group("t0") is None:
             continue
         t0, xfer = float(m.group("t0")), int(m.group("xfer_us"))
-        end = t0 + xfer / 1e6 if xfer >= 0 else float(m.group("t1"))
+        posted = float(m.group("tp")) if m.group("tp") else t0
+        end = posted + xfer / 1e6 if xfer >= 0 else float(m.group("t1"))
         out.append(
             {
                 "rank": m.group("rank"),

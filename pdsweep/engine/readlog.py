@@ -16,11 +16,14 @@ decode instances). It wraps two methods and changes no value:
   logged with NIXL's ``totalBytes`` and ``descCount`` as
 
       PDSWEEP_NIXL_READ remote_engine=<id> remote_rank=<r> bytes=<n> descs=<k> req=<request id>
-      t0=<s> t1=<s> xfer_us=<us>
+      t0=<s> t1=<s> xfer_us=<us> tp=<s>
 
 ``t0``: ``time.monotonic()`` (CLOCK_MONOTONIC, one clock for every process of the host) when
-the READ was posted, ``t1`` when vLLM saw it DONE; ``xfer_us``: NIXL's ``xferDuration`` (-1 when
-NIXL has none). Parsed by :func:`pdsweep.core.logscan.nixl_reads_by_rank` and
+vLLM called ``_read_blocks`` (descriptors not yet prepared), ``tp`` when it called NIXL's
+``transfer`` for this READ (:func:`wrap_transfer`; when that wrapper is absent, when
+``_read_blocks`` returned), ``t1`` when vLLM saw it DONE; ``xfer_us``: NIXL's ``xferDuration`` from the post (-1 when
+NIXL has none). The test-only READ delay (:mod:`pdsweep.engine.readdelay`) waits between
+``t0`` and the post. Parsed by :func:`pdsweep.core.logscan.nixl_reads_by_rank` and
 :func:`pdsweep.core.logscan.nixl_read_records` (the transfer intervals of a load repeat).
 
 The WRITE log (``PDSWEEP_NIXL_WRITE_LOG=1``, set on the prefill instances of push cells) wraps
@@ -47,22 +50,46 @@ from pdsweep.core.logscan import NIXL_READ_TAG, NIXL_WRITE_TAG
 logger = logging.getLogger("vllm.pdsweep.engine.readlog")
 
 
-def wrap_read_blocks(orig: Callable[..., Any], posted: dict[Any, tuple[Any, ...]]) -> Callable[..., Any]:
+def wrap_read_blocks(
+    orig: Callable[..., Any], posted: dict[Any, tuple[Any, ...]], delay: Callable[[], float] | None = None
+) -> Callable[..., Any]:
     """``_read_blocks`` that records, for each handle it posts, ``(remote engine, remote rank,
-    request id, monotonic post time)`` in ``posted`` (vLLM passes every argument by keyword)."""
+    request id, t0, tp)`` in ``posted`` (vLLM passes every argument by keyword): monotonic
+    seconds when vLLM was asked to read and when its ``_read_blocks`` returned, the READ posted.
+    ``delay`` (test-only, :mod:`pdsweep.engine.readdelay`): seconds to wait between ``t0`` and
+    vLLM's ``_read_blocks``, so the READ is posted that much later, inside its timed interval."""
+    from pdsweep.engine.readdelay import wait
 
     def _read_blocks(self: Any, *args: Any, **kw: Any) -> Any:
         spec = kw.get("read_spec", args[0] if args else None)
         req = kw.get("request_id")
         before = len(self._recving_transfers.get(req, ()))
         t0 = time.monotonic()
+        if delay is not None and (s := delay()) > 0:
+            wait(s)
         ok = orig(self, *args, **kw)
+        done = time.monotonic()
         assert spec is not None, "vLLM's _read_blocks got no read_spec"
         for handle in self._recving_transfers.get(req, [])[before:]:
-            posted[handle] = (str(kw.get("dst_engine_id")), int(spec.remote_rank), str(req), t0)
+            tp = _POST_AT.pop(handle, done)  # NIXL's transfer() called (wrap_transfer), else _read_blocks returned
+            posted[handle] = (str(kw.get("dst_engine_id")), int(spec.remote_rank), str(req), t0, tp)
         return ok
 
     return _read_blocks
+
+
+def wrap_transfer(orig: Callable[..., Any], post_at: dict[Any, float]) -> Callable[..., Any]:
+    """``NixlWrapper.transfer`` (NIXL ``nixl_agent.transfer``: posts a prepared READ) that records
+    the monotonic time it was called at in ``post_at[handle]``: NIXL's ``xferDuration`` counts
+    from there. The post itself can take milliseconds (on 2 cores it waited 2-5 ms for NIXL's
+    progress thread on some READs, the READ done on return), so the end of a READ is this time
+    plus ``xferDuration``, not the time the post returned plus it."""
+
+    def transfer(self: Any, handle: Any, *args: Any, **kw: Any) -> Any:
+        post_at[handle] = time.monotonic()
+        return orig(self, handle, *args, **kw)
+
+    return transfer
 
 
 def wrap_xfer_blocks(orig: Callable[..., Any], posted: dict[Any, tuple[Any, ...]]) -> Callable[..., Any]:
@@ -98,9 +125,10 @@ def wrap_telemetry(orig: Callable[..., Any], posted: dict[Any, tuple[Any, ...]])
         where = posted.pop(handle, None)
         if where is not None and res is not None:
             xfer = getattr(res, "xferDuration", None)
-            tag = NIXL_READ_TAG if len(where) < 6 else f"{where[4]} local_rank={where[5]}"
+            read = len(where) < 6
+            tag = NIXL_READ_TAG if read else f"{where[4]} local_rank={where[5]}"
             logger.info(
-                "%s remote_engine=%s remote_rank=%d bytes=%d descs=%d req=%s t0=%.6f t1=%.6f xfer_us=%d",
+                "%s remote_engine=%s remote_rank=%d bytes=%d descs=%d req=%s t0=%.6f t1=%.6f xfer_us=%d%s",
                 tag,
                 where[0],
                 where[1],
@@ -110,6 +138,7 @@ def wrap_telemetry(orig: Callable[..., Any], posted: dict[Any, tuple[Any, ...]])
                 where[3],
                 time.monotonic(),
                 int(xfer) if isinstance(xfer, (int, float)) else -1,
+                f" tp={where[4]:.6f}" if read and len(where) > 4 else "",
             )
         return res
 
@@ -140,6 +169,8 @@ def wrap_once(owner: Any, attr: str, make: Callable[[Callable[..., Any]], Callab
 # handles posted and not yet DONE, shared by the READ and WRITE wrappers of one process
 # (one get_xfer_telemetry wrapper serves both)
 _POSTED: dict[Any, tuple[Any, ...]] = {}
+# handle -> monotonic time NIXL's transfer() was called for it (wrap_transfer; READ log only)
+_POST_AT: dict[Any, float] = {}
 
 
 def _install(module: str, cls: str, method: str, wrap: Any) -> bool:
@@ -157,9 +188,13 @@ def _install(module: str, cls: str, method: str, wrap: Any) -> bool:
     return True
 
 
-def install_nixl_read_log() -> bool:
-    """Install both wrappers once; False when vLLM's pull worker or NIXL is absent."""
-    return _install("pull_worker", "NixlPullConnectorWorker", "_read_blocks", wrap_read_blocks)
+def install_nixl_read_log(delay: Callable[[], float] | None = None) -> bool:
+    """Install both wrappers once (``delay``: :func:`wrap_read_blocks`); False when vLLM's pull
+    worker or NIXL is absent."""
+    ok = _install("pull_worker", "NixlPullConnectorWorker", "_read_blocks", lambda o, p: wrap_read_blocks(o, p, delay))
+    if ok and hasattr(nixl_wrapper(), "transfer"):
+        wrap_once(nixl_wrapper(), "transfer", lambda orig: wrap_transfer(orig, _POST_AT))
+    return ok
 
 
 def install_nixl_write_log() -> bool:

@@ -37,7 +37,10 @@ import time
 import types
 from typing import Any
 
-from pdsweep.core.faults import READ_FAULT_ENV_VAR  # pdsweep.engine.readfault: fail-read-1-in-K (decode)
+from pdsweep.core.faults import (
+    READ_DELAY_ENV_VAR,  # pdsweep.engine.readdelay: test-only, READs posted late
+    READ_FAULT_ENV_VAR,  # pdsweep.engine.readfault: fail-read-1-in-K (decode)
+)
 
 ENV_VAR = "PDSWEEP_NIXL_PROGRESS_DELAY_US"
 AMX_ENV_VAR = "PDSWEEP_CPU_AMX_PERMISSION"
@@ -356,9 +359,20 @@ def patch_cpu_mla_logical_blocks() -> bool:
 
 
 def _install_nixl_read_log() -> bool:
+    """The READ log, with the test-only READ delay when :data:`READ_DELAY_ENV_VAR` is set (a bad
+    value: a warning, the log without it)."""
+    from pdsweep.engine.readdelay import read_delay
     from pdsweep.engine.readlog import install_nixl_read_log
 
-    return install_nixl_read_log()
+    raw = os.environ.get(READ_DELAY_ENV_VAR, "").strip()
+    delay = None
+    if raw:
+        try:
+            delay = read_delay(raw)
+            logger.info("pdsweep: test knob %s=%s: each NIXL READ posted that many ms late", READ_DELAY_ENV_VAR, raw)
+        except ValueError as e:
+            logger.warning("pdsweep: ignoring %s=%r: %s", READ_DELAY_ENV_VAR, raw, e)
+    return install_nixl_read_log(delay)
 
 
 def _install_nixl_write_log() -> bool:
@@ -445,6 +459,8 @@ def register() -> None:
                 logger.warning("pdsweep: %s set but vLLM's %s was not found", var, what)
         except Exception as e:  # noqa: BLE001
             logger.warning("pdsweep: %s: %s", var, e)
+    if os.environ.get(READ_DELAY_ENV_VAR, "").strip() and not env_on(READ_LOG_ENV_VAR):
+        logger.warning("pdsweep: %s needs %s=1 (it delays the logged READ)", READ_DELAY_ENV_VAR, READ_LOG_ENV_VAR)
     raw = os.environ.get(READ_FAULT_ENV_VAR, "").strip()
     if raw:
         try:
