@@ -40,7 +40,7 @@ def fake_python(tmp_path: Path, monkeypatch) -> str:
     """An executable standing for a build's python: runs FAKE whatever ``-c`` script it is given."""
     (tmp_path / "fake.py").write_text(FAKE)
     exe = tmp_path / "python"
-    exe.write_text(f'#!/bin/sh\nexec {sys.executable} {tmp_path / "fake.py"}\n')
+    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {tmp_path / 'fake.py'}\n")
     exe.chmod(0o755)
     monkeypatch.setenv(answers.CACHE_ENV, str(tmp_path / "store"))
     answers.forget()
