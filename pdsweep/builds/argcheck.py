@@ -62,7 +62,8 @@ def _serve_parser():
     except ImportError as e: raise _Unavailable(f"the installed vLLM lacks its CLI parser ({e})")
     try: parser = mod.make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
     except RuntimeError as e:  # a CUDA wheel on a CPU box: DeviceConfig "Failed to infer device type"
-        raise _Unavailable(f"vLLM could not build its serve parser here ({e}); check on a node of the build's platform")
+        raise _Unavailable(f"vLLM could not build its serve parser ({name}.make_arg_parser) here ({e}); "
+            "check on a node of the build's platform")
     def error(message): raise _ArgError(f"vllm serve: error: {message}")  # argparse would print usage, exit 2
     parser.error = error
     _SERVE.update(parser=parser, validate=mod.validate_parsed_serve_args, module=name)
