@@ -31,7 +31,7 @@ import threading
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from pdsweep.builds.argcheck import ARGV_PROBE
+from pdsweep.builds.argprobe import ARGV_PROBE
 from pdsweep.core.errors import UserError
 
 if TYPE_CHECKING:  # Python 3.10 has neither in typing; annotations only (from __future__ import annotations)
