@@ -104,6 +104,7 @@ def test_first_plan_of_a_vllm_install(benchmark, scale: Path, store: Path) -> No
 
     text = benchmark.pedantic(_plan, args=(scale,), setup=empty_store, rounds=3, iterations=1)
     cold = benchmark.stats.stats.median
+    answers.save_all()
     assert {f.name.split("-")[0] for f in store.iterdir()} == {"argv", "attn"}  # vLLM was asked
     COLD.update(text=text, s=cold)
     benchmark.extra_info.update(cold_s=cold, output_bytes=len(text))

@@ -56,6 +56,7 @@ def test_a_warm_plan_equals_the_cold_plan_without_asking_vllm(tmp_path: Path, mo
     sweep.write_text(SWEEP)
     monkeypatch.setenv(answers.CACHE_ENV, str(tmp_path / "store"))
     cold = _plan(sweep)
+    answers.save_all()
     assert sorted(f.name.split("-")[0] for f in (tmp_path / "store").iterdir()) == ["argv", "attn"]
     reasons = [r["reason"] for r in cold["rejected"]]
     assert any("(called here)" in r and "Local block size 16 is not divisible" in r for r in reasons), reasons
