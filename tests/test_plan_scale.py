@@ -37,11 +37,11 @@ def test_argv_check_asks_vllm_once_per_distinct_args_then_reads_the_store(tmp_pa
     answers.forget()
     asked: list[tuple[str, ...]] = []
 
-    def fake_check(argv):
-        asked.append(tuple(argv))
-        return "vllm serve: error: unrecognized arguments: --bogus" if "--bogus" in argv else None
+    def fake_ask(args, python=None):
+        asked.extend(map(tuple, args))
+        return lambda: ["vllm serve: error: unrecognized arguments: --bogus" if "--bogus" in a else None for a in args]
 
-    monkeypatch.setattr(argcheck, "check_argv", fake_check)
+    monkeypatch.setattr(argcheck, "ask_vllm", fake_ask)
     base = ["/py", "-m", "vllm.entrypoints.cli.main", "serve", "/models/m", "--port"]
     items = [
         ("c1", "prefill-0", [*base, "20001", "--bogus"]),

@@ -102,6 +102,14 @@ def store(kind: str, python: str) -> Store:
         return _STORES[key]
 
 
+def cold(kind: str, python: str) -> bool:
+    """True when ``python``'s vLLM has no ``kind`` answer kept (its first plan, or no store):
+    every question of a plan will then go to vLLM."""
+    st = store(kind, python)
+    with st.lock:
+        return not st.data
+
+
 def save_all() -> None:
     """Write every store with new answers (also at exit)."""
     with _LOCK:

@@ -9,106 +9,61 @@ config flags such as ``KVTransferConfig``), ``validate_parsed_serve_args``, then
 ``vllm.engine.arg_utils.AsyncEngineArgs.from_cli_args`` (its ``__post_init__`` checks).
 ``create_engine_config`` is not run: it needs the model's config (hub or disk) and a device;
 the model argument itself is replaced by an existing directory for the same reason.
-The parser is built once per process (~1 s; importing vLLM takes longer on a 2-core box).
+
+It runs in the interpreter's vLLM probe process (:mod:`pdsweep.builds.attnprobe`; the code
+is :data:`pdsweep.builds.argprobe.ARGV_PROBE`), which imports vLLM once for every question
+of a plan: this process never imports vLLM. The parser is built once per probe (~1 s); every
+argv of a plan goes in one query, whose answer is read when needed (:func:`submit_instances`),
+so vLLM parses while the plan is scheduled.
 """
 
 from __future__ import annotations
 
+import json
+import sys
 import tempfile
-from collections.abc import Iterable
-from functools import lru_cache
-from typing import Any, NoReturn
+from collections.abc import Callable, Iterable
+from typing import Any
 
+from pdsweep.builds import attnprobe
 from pdsweep.core.errors import UserError
 
 
-class _ArgError(Exception):
-    pass
+def ask_vllm(args: list[list[str]], python: str | None = None) -> Callable[[], list[str | None]]:
+    """Send ``args`` (serve args, model first) to the vLLM probe of ``python`` (default this
+    interpreter) in one query; returns a function that waits for vLLM's verdicts, one per
+    argv (its message, or None when it parses). That function raises ``UserError`` when the
+    probe cannot import vLLM or died, or vLLM lacks (or cannot build) its serve parser."""
+    probe = attnprobe._probe(python or sys.executable)
+    n = probe.submit({"kind": "argv", "args": args})
+
+    got: list[dict[str, Any]] = []
+
+    def verdicts() -> list[str | None]:
+        if not got:  # read once: a second call (an error path) sees the same answer
+            got.append(probe.result(n))
+        out = got[0]
+        why = out.get("unavailable") or out.get("failed")
+        if why:
+            raise UserError(f"cannot check vllm serve argv: {why}; rerun with --no-check-argv to skip")
+        refused = list(out["refused"])
+        if len(refused) != len(args):
+            raise UserError(f"cannot check vllm serve argv: the probe gave {len(refused)} verdicts for {len(args)}")
+        return refused
+
+    return verdicts
 
 
-# Where ``vllm/entrypoints/cli/serve.py`` imports ``make_arg_parser`` and
-# ``validate_parsed_serve_args`` from, newest first: vLLM 0.34.0, then 0.32.0/0.33.0.
-CLI_ARGS_MODULES = ("vllm.entrypoints.common.cli_args", "vllm.entrypoints.launchers.cli_args")
-
-
-@lru_cache(maxsize=1)
-def _cli_args() -> Any:
-    """The installed vLLM's serve CLI module (:data:`CLI_ARGS_MODULES`, first importable).
-    Raises ``UserError`` naming the modules tried when none is."""
-    import importlib
-
-    errors = []
-    for name in CLI_ARGS_MODULES:
-        try:
-            mod = importlib.import_module(name)
-        except ImportError as e:
-            errors.append(f"{name}: {e}")
-            continue
-        if hasattr(mod, "make_arg_parser") and hasattr(mod, "validate_parsed_serve_args"):
-            return mod
-        errors.append(f"{name}: no make_arg_parser/validate_parsed_serve_args")
-    raise UserError(
-        "cannot check vllm serve argv: the installed vLLM lacks its CLI parser ("
-        + "; ".join(errors)
-        + "); rerun with --no-check-argv to skip"
-    )
-
-
-@lru_cache(maxsize=1)
-def _parser() -> Any:
-    make_arg_parser = _cli_args().make_arg_parser
-    try:
-        from vllm.utils.argparse_utils import FlexibleArgumentParser
-    except ImportError as e:
-        raise UserError(
-            f"cannot check vllm serve argv: the installed vLLM lacks its CLI parser ({e}); "
-            "rerun with --no-check-argv to skip"
-        ) from None
-    try:
-        parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
-    except RuntimeError as e:  # e.g. a CUDA wheel on a CPU box: DeviceConfig "Failed to infer device type"
-        raise UserError(
-            f"cannot check vllm serve argv: vLLM could not build its serve parser here ({e}); "
-            "rerun with --no-check-argv to skip, or check on a node of the build's platform"
-        ) from None
-
-    def error(message: str) -> NoReturn:  # argparse would print usage and exit 2
-        raise _ArgError(f"vllm serve: error: {message}")
-
-    parser.error = error  # argparse's documented hook: override error()
-    return parser
+def check_argv(argv: Iterable[str], python: str | None = None) -> str | None:
+    """vLLM's message for the first problem of a ``vllm serve`` argv (asked as
+    :func:`normal_args`), or None when it parses. Raises ``UserError`` as :func:`ask_vllm`."""
+    return ask_vllm([list(normal_args(argv))], python)()[0]
 
 
 def serve_args(argv: Iterable[str]) -> list[str]:
     """The part of an instance argv after ``serve`` (model first)."""
     argv = list(argv)
     return argv[argv.index("serve") + 1 :] if "serve" in argv else argv
-
-
-def check_argv(argv: Iterable[str]) -> str | None:
-    """vLLM's message for the first problem of a ``vllm serve`` argv, or None when it parses."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
-
-    validate_parsed_serve_args = _cli_args().validate_parsed_serve_args
-    parser = _parser()
-    args = serve_args(argv)
-    if args and not args[0].startswith("-"):
-        # the model is not checked: with HF_HUB_OFFLINE EngineArgs.__post_init__ resolves a hub
-        # id to a local snapshot (get_model_path), which a CPU box has not downloaded
-        args = [tempfile.gettempdir(), *args[1:]]
-    try:
-        ns = parser.parse_args(args)
-        if getattr(ns, "model_tag", None) is not None:  # as ServeSubcommand.cmd does
-            ns.model = ns.model_tag
-        validate_parsed_serve_args(ns)
-        AsyncEngineArgs.from_cli_args(ns)
-    except _ArgError as e:
-        return str(e)
-    except SystemExit as e:  # a parser action that exits on its own
-        return f"vllm serve exited {e.code} while parsing"
-    except Exception as e:  # noqa: BLE001 - vLLM's own validation error, whatever its type
-        return f"{type(e).__name__}: {e}"
-    return None
 
 
 CHECK_PORT = "8000"  # every argv is checked with this --port value: ports are pdsweep's, checked by the plan
@@ -120,31 +75,44 @@ def normal_args(argv: Iterable[str]) -> tuple[str, ...]:
     so two instances that differ only in where they run share one answer."""
     args = serve_args(argv)
     if args and not args[0].startswith("-"):
+        # the model is not checked: with HF_HUB_OFFLINE EngineArgs.__post_init__ resolves a hub
+        # id to a local snapshot (get_model_path), which a CPU box has not downloaded
         args = [tempfile.gettempdir(), *args[1:]]
     return tuple(CHECK_PORT if i and args[i - 1] == "--port" else a for i, a in enumerate(args))
 
 
-def check_instances(items: Iterable[tuple[str, str, Iterable[str]]]) -> list[str]:
-    """``"CELL instance NAME: message"`` for each ``(cell_id, instance name, argv)`` vLLM refuses.
-    Each distinct :func:`normal_args` is asked once, of the answer store of this interpreter's
-    vLLM (:mod:`pdsweep.builds.answers`) first: vLLM is imported only for args never asked."""
-    import json
-    import sys
-
+def submit_instances(
+    items: Iterable[tuple[str, str, Iterable[str]]], python: str | None = None
+) -> Callable[[], list[str]]:
+    """Start vLLM's check of each ``(cell_id, instance name, argv)`` by ``python`` (default this
+    interpreter); returns a function that waits for it and gives ``"CELL instance NAME:
+    message"`` per argv vLLM refuses. Each distinct :func:`normal_args` is asked once, of the
+    answer store of that vLLM (:mod:`pdsweep.builds.answers`) first: the probe is asked (all at
+    once) only for args never asked. The function raises ``UserError`` as :func:`ask_vllm`'s."""
     from pdsweep.builds import answers
 
-    st = answers.store("argv", sys.executable)
+    python = python or sys.executable
+    st = answers.store("argv", python)
+    asked = [(cell_id, name, normal_args(argv)) for cell_id, name, argv in items]
     verdicts: dict[tuple[str, ...], str | None] = {}
-    out = []
-    for cell_id, name, argv in items:
-        args = normal_args(argv)
+    new: list[tuple[str, ...]] = []
+    for _, _, args in asked:
         if args not in verdicts:
-            key = json.dumps(args)
-            got = st.get(key)
+            got = st.get(json.dumps(args))
+            verdicts[args] = None if got is None else got["error"]
             if got is None:
-                got = {"error": check_argv(["serve", *args])}
-                st.put(key, got)
-            verdicts[args] = got["error"]
-        if (msg := verdicts[args]) is not None:
-            out.append(f"{cell_id} instance {name}: {msg}")
-    return out
+                new.append(args)
+    wait = ask_vllm([list(a) for a in new], python) if new else None
+
+    def refusals() -> list[str]:
+        for args, msg in zip(new, wait() if wait else []):
+            st.put(json.dumps(args), {"error": msg})
+            verdicts[args] = msg
+        return [f"{cell_id} instance {name}: {msg}" for cell_id, name, args in asked if (msg := verdicts[args])]
+
+    return refusals
+
+
+def check_instances(items: Iterable[tuple[str, str, Iterable[str]]]) -> list[str]:
+    """:func:`submit_instances`, waited for."""
+    return submit_instances(items)()

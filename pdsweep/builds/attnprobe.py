@@ -31,14 +31,18 @@ import threading
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from pdsweep.builds.argprobe import ARGV_PROBE
 from pdsweep.core.errors import UserError
 
 if TYPE_CHECKING:  # Python 3.10 has neither in typing; annotations only (from __future__ import annotations)
     from typing_extensions import Required, Unpack
 
 # Run with `python -c`: needs nothing of pdsweep (an unfixed venv may lack it).
-_SCRIPT = r"""
-import importlib.abc, importlib.machinery, json, re, sys, types
+_SCRIPT = (
+    r"""
+import importlib.abc, importlib.machinery, json, os, re, sys, types
+_OUT = os.fdopen(os.dup(1), "w")  # the answers; anything vLLM or argparse prints goes to stderr instead
+os.dup2(2, 1)
 sys.modules.setdefault("vllm._C_stable_libtorch", types.ModuleType("vllm._C_stable_libtorch"))
 import torch
 from vllm.platforms.interface import DeviceCapability
@@ -205,17 +209,26 @@ def ratio(q):
     except AssertionError as e: return {"ratio": None, "error": str(e)}
 
 KINDS = {"select": answer, "hybrid": hybrid, "ratio": ratio}
+"""
+    + ARGV_PROBE
+    + r"""
 import vllm
-print(json.dumps({"ready": vllm.__version__}), flush=True)
+print(json.dumps({"ready": vllm.__version__}), file=_OUT, flush=True)
 for line in sys.stdin:
     try: q = json.loads(line); out = KINDS[q.pop("kind", "select")](q); out["stubbed"] = sorted(set(STUBBED))
-    except Exception as e: out = {"error": f"{type(e).__name__}: {e}"}
-    print(json.dumps(out), flush=True)
+    except Exception as e: out = {"failed": f"{type(e).__name__}: {e}"}
+    print(json.dumps(out), file=_OUT, flush=True)
 """
+)
 
 
 class _Probe:
-    """One long-lived ``python -c _SCRIPT`` answering one JSON query per line."""
+    """One long-lived ``python -c _SCRIPT`` answering one JSON query per line, in order.
+
+    Started without waiting: vLLM's import (~5 s on a 2-core box) overlaps the caller's work
+    until the first :meth:`submit`. Queries are pipelined: :meth:`submit` writes one and
+    returns its number, :meth:`result` reads answers up to it (those of earlier queries are
+    kept for their own :meth:`result`)."""
 
     def __init__(self, python: str) -> None:
         self.python = python
@@ -228,26 +241,67 @@ class _Probe:
             text=True,
             env=_env(),
         )
-        first = self.proc.stdout.readline() if self.proc.stdout else ""
-        if not first.startswith('{"ready"'):
-            self.proc.kill()
-            raise UserError(f"{python}: cannot import vLLM's CUDA backend selection (vllm/platforms/cuda.py)")
-        self.version = json.loads(first)["ready"]
+        self._version: str | None = None
+        self.sent = self.received = 0
+        self.answers: dict[int, dict[str, Any]] = {}
+
+    def _ready(self) -> str:
+        """vLLM's version, read from the probe's first line (once). Raises ``UserError`` when
+        the probe could not import vLLM's code (then on every later call too)."""
+        if self._version is None:
+            first = self.proc.stdout.readline() if self.proc.stdout else ""
+            if not first.startswith('{"ready"'):
+                self.proc.kill()
+                self._version = ""
+            else:
+                self._version = str(json.loads(first)["ready"])
+        if not self._version:
+            raise UserError(
+                f"{self.python}: cannot import vLLM's CUDA backend selection (vllm/platforms/cuda.py) "
+                "or its serve argument parser"
+            )
+        return self._version
+
+    def version(self) -> str:
+        with self.lock:
+            return self._ready()
+
+    def submit(self, query: dict[str, Any]) -> int:
+        """Send ``query``; returns its number for :meth:`result`."""
+        with self.lock:
+            self._ready()
+            assert self.proc.stdin
+            try:
+                self.proc.stdin.write(json.dumps(query) + "\n")
+                self.proc.stdin.flush()
+            except OSError:
+                raise UserError(f"{self.python}: the vLLM probe died (query {_short(query)})") from None
+            self.sent += 1
+            return self.sent
+
+    def result(self, n: int) -> dict[str, Any]:
+        """The answer to query ``n`` (blocks until it comes). Raises ``UserError`` when the
+        probe died before answering."""
+        with self.lock:
+            assert self.proc.stdout
+            while self.received < n:
+                line = self.proc.stdout.readline()
+                if not line:
+                    raise UserError(f"{self.python}: the vLLM probe died (query {n} of {self.sent})")
+                self.received += 1
+                self.answers[self.received] = json.loads(line)
+            return self.answers.pop(n)
 
     def ask(self, query: dict[str, Any]) -> dict[str, Any]:
-        with self.lock:
-            assert self.proc.stdin and self.proc.stdout
-            self.proc.stdin.write(json.dumps(query) + "\n")
-            self.proc.stdin.flush()
-            line = self.proc.stdout.readline()
-        if not line:
-            raise UserError(f"{self.python}: the vLLM backend probe died (query {query})")
-        return json.loads(line)
+        return self.result(self.submit(query))
 
     def close(self) -> None:
         """End the probe: EOF on its stdin ends its loop; killed if it has not exited in 5 s."""
         if self.proc.stdin:
-            self.proc.stdin.close()
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass  # it died: nothing to flush
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -255,6 +309,11 @@ class _Probe:
             self.proc.wait()
         if self.proc.stdout:
             self.proc.stdout.close()
+
+
+def _short(query: dict[str, Any]) -> str:
+    text = json.dumps(query)
+    return text if len(text) <= 300 else text[:300] + "..."
 
 
 def _env() -> dict[str, str]:
@@ -269,10 +328,18 @@ _PROBES_LOCK = threading.Lock()
 
 
 def _probe(python: str) -> _Probe:
+    """The probe process of ``python`` (started, not waited for, when there is none)."""
     with _PROBES_LOCK:
         if python not in _PROBES:
             _PROBES[python] = _Probe(python)
         return _PROBES[python]
+
+
+def start(python: str | None = None) -> None:
+    """Start the probe process of ``python`` (default: this interpreter) now, without waiting,
+    so its vLLM import overlaps the caller's work (planning calls it when an answer store is
+    cold: :func:`pdsweep.builds.answers.cold`)."""
+    _probe(python or sys.executable)
 
 
 def close_probes() -> None:
@@ -298,7 +365,7 @@ def _ask(python: str, key: str) -> dict[str, Any]:
     st = answers.store("attn", python)
     if (out := st.get(key)) is None:
         out = _probe(python).ask(json.loads(key))
-        if "error" not in out:
+        if "failed" not in out:  # vLLM's answer (a refusal included), not the probe's own failure
             st.put(key, out)
     return out
 
@@ -314,7 +381,7 @@ def _version(python: str) -> str:
 
     st = answers.store("attn", python)
     if (v := st.get("version")) is None:
-        v = _probe(python).version
+        v = _probe(python).version()
         st.put("version", v)
     return v
 
@@ -358,15 +425,15 @@ def select(capability: tuple[int, int], python: str | None = None, **layer: Unpa
     cannot import vLLM's selection code, ``ValueError`` when vLLM's probe raised."""
     q = {"capability": list(capability), **_LAYER_DEFAULTS, **layer}
     out = _ask(python or sys.executable, json.dumps(q, sort_keys=True))
-    if "error" in out:
-        raise ValueError(f"vLLM backend probe: {out['error']}")
+    if "failed" in out:
+        raise ValueError(f"vLLM backend probe: {out['failed']}")
     return out
 
 
 def _query(kind: str, python: str | None, **q: Any) -> dict[str, Any]:
     out = _ask(python or sys.executable, json.dumps({"kind": kind, **q}, sort_keys=True))
-    if "error" in out and kind != "ratio":
-        raise ValueError(f"vLLM {kind} probe: {out['error']}")
+    if "failed" in out:
+        raise ValueError(f"vLLM {kind} probe: {out['failed']}")
     return out
 
 

@@ -20,7 +20,13 @@ if TYPE_CHECKING:
 def check_cells_argv(ls, cells) -> None:
     """Parse every instance argv of ``cells`` with the installed vLLM (:mod:`pdsweep.builds.argcheck`);
     raises ``UserError`` naming cell, instance and vLLM's message."""
-    from pdsweep.builds.argcheck import check_instances
+    submit_cells_argv(ls, cells)()
+
+
+def submit_cells_argv(ls, cells):
+    """:func:`check_cells_argv` started: vLLM parses (in its probe process) until the returned
+    function is called, which waits and raises ``UserError`` as :func:`check_cells_argv`."""
+    from pdsweep.builds.argcheck import submit_instances
     from pdsweep.plan.instance import Slot, instances, model_path
 
     items = []
@@ -29,9 +35,24 @@ def check_cells_argv(ls, cells) -> None:
         slot = Slot(0, tuple(range(c.num_gpus)), ls.sweep.defaults.port_base)
         specs = instances(c, slot, ls, model_path(m, c.model, create=False), "python")
         items += [(c.id, i.name, i.argv) for i in specs]
-    bad = check_instances(items)
-    if bad:
-        raise UserError(f"{ls.path}: vLLM refuses {len(bad)} instance argv(s):\n" + "\n".join(bad))
+    wait = submit_instances(items)
+
+    def verdict() -> None:
+        if bad := wait():
+            raise UserError(f"{ls.path}: vLLM refuses {len(bad)} instance argv(s):\n" + "\n".join(bad))
+
+    return verdict
+
+
+def start_probe_if_cold(ls, check: bool) -> None:
+    """Start this interpreter's vLLM probe (:func:`pdsweep.builds.attnprobe.start`) when the plan
+    will ask it (argv check, or a CUDA sweep's backend choice) and its answers are not kept yet:
+    vLLM's import then overlaps expanding the sweep. A warm store starts nothing."""
+    from pdsweep.builds import answers, attnprobe
+
+    py = sys.executable
+    if (check and answers.cold("argv", py)) or (ls.sweep.platform == "cuda" and answers.cold("attn", py)):
+        attnprobe.start(py)
 
 
 MAX_NODES = 4096  # a plan over more nodes is a typo, not a cluster
@@ -86,12 +107,13 @@ def plan_dict(
     schedule; over ``cluster`` (nodes x GPUs) when given, else over one host's ``gpus``.
     ``gpu_check``: run :func:`pdsweep.run.preflight.preflight` first (``UserError`` on a problem;
     busy GPUs are left out of the schedule)."""
-    from pdsweep.plan.expand import expand, reference_of, select_cells
-    from pdsweep.plan.schedule import detect_gpus, pack
+    from pdsweep.plan.expand import expand, select_cells
+    from pdsweep.plan.schedule import detect_gpus
     from pdsweep.run.feasible import feasibility_warnings
     from pdsweep.spec.sweep import load_sweep
 
     ls = load_sweep(sweep)
+    start_probe_if_cold(ls, check)
     plan = expand(ls)
     feasibility_warnings(plan, tasks=False)  # validate also asks lm-eval for the task names
     cuda = ls.sweep.platform == "cuda"
@@ -100,8 +122,22 @@ def plan_dict(
     cells = select_cells(plan, cells_glob)
     if cells_glob and not cells:
         raise UserError(f"--cells {cells_glob!r} selects no cell of {ls.path} ({len(plan.cells)} cells)")
-    if check:
-        check_cells_argv(ls, cells)
+    argv_verdict = submit_cells_argv(ls, cells) if check else None
+    try:  # vLLM parses every argv while the cells are scheduled; its refusals come first
+        return _planned(ls, plan, cells, (gpus, n, cluster, gpu_check), argv_verdict)
+    except UserError:
+        if argv_verdict:
+            argv_verdict()
+        raise
+
+
+def _planned(ls, plan, cells, where, argv_verdict) -> dict:
+    """:func:`plan_dict` past the cells: ``where`` is ``(gpus, n, cluster, gpu_check)``;
+    ``argv_verdict`` (or None) is waited for before the schedule is returned."""
+    from pdsweep.plan.expand import reference_of
+    from pdsweep.plan.schedule import pack
+
+    gpus, n, cluster, gpu_check = where
     pool, fitted, n = _pool(ls, cells, gpus, n, cluster, gpu_check)
     from pdsweep.plan.startup import estimator
 
@@ -120,6 +156,8 @@ def plan_dict(
         todo = [order[cid] for cid in reuse["order"]]
         reuse["schedule"] = chain_schedule(todo, specs_of, n, ls.sweep.defaults.port_base, estimator(ls))
     chained = reuse["schedule"] if reuse and reuse.get("schedule") else None
+    if argv_verdict:
+        argv_verdict()
     return {
         # the one schedule `run` follows: chains with reuse on this host's GPUs (pdsweep.run.gpureuse), else cells
         "makespan": {
