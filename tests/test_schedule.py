@@ -86,3 +86,18 @@ def test_shrink_gives_gpus_back_and_keeps_the_lane():
     assert other is not None and other.gpus == (2, 3) and other.index != slot.index
     with pytest.raises(ValueError, match="not all of slot"):
         pool.shrink(small, (3,))
+
+
+def test_pair_takes_both_slots_at_once_or_neither():
+    cpu = GpuPool(0, 20000)
+    a, b = (Cell("m", 1, 1, 16, 16, 1, 1, "cpu", build, platform="cpu") for build in ("fixed", "unfixed"))
+    pair = cpu.try_acquire_both(a, b)  # on CPU the pair shares one claim of every core
+    assert pair is not None and [s.index for s in pair] == [0, 1] and cpu.try_acquire(a) is None
+    for s in pair:
+        cpu.release(s)
+    assert cpu.lanes == set() and not cpu.cpu_busy
+    gpus = GpuPool(3, 20000)
+    assert gpus.try_acquire_both(Need(2), Need(2)) is None  # 4 GPUs at once: neither side kept
+    assert gpus.free == {0, 1, 2} and gpus.lanes == set()
+    got = gpus.try_acquire_both(Need(2), Need(1))
+    assert got is not None and [s.gpus for s in got] == [(0, 1), (2,)]

@@ -110,7 +110,7 @@ class LanePool:
         self.port_base, self.cpus = port_base, cpus
         self.lanes: set[int] = set()
         self.cpu_busy = False
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # re-entered by try_acquire_both
 
     def _take_cpu(self) -> bool:
         """Claim the CPU for a GPU-less cell (under the lock); False when another holds it."""
@@ -118,6 +118,29 @@ class LanePool:
             return False
         self.cpu_busy = True
         return True
+
+    def try_acquire(self, cell: Cell) -> Slot | None:
+        """A lane (and GPUs) for ``cell``, or None when not free now (subclasses)."""
+        raise NotImplementedError
+
+    def release(self, slot: Slot) -> None:
+        raise NotImplementedError
+
+    def try_acquire_both(self, a: Cell, b: Cell) -> tuple[Slot, Slot] | None:
+        """Slots for ``a`` and ``b`` at once (the two sides of a ``bench.pair_builds`` pair),
+        or None when they are not free together; taken under one hold of :attr:`lock`, so no
+        other cell gets between them. On CPU both share one claim of every core."""
+        with self.lock:
+            first = self.try_acquire(a)
+            if first is None:
+                return None
+            if not first.gpus:
+                self.cpu_busy = False  # the second side shares the first's CPU claim
+            second = self.try_acquire(b)
+            if second is None:
+                self.release(first)
+                return None
+            return first, second
 
     def _take_lane(self) -> int:
         lane = min(set(range(len(self.lanes) + 1)) - self.lanes)

@@ -80,22 +80,6 @@ def plan_pairs(ctx: RunContext, todo: list[Cell], runnable: list[Cell]) -> tuple
     return pairs, {k: v for k, v in why.items() if k in left}
 
 
-def acquire_pair(pool: Any, pair: Pair) -> tuple[Slot, Slot] | None:
-    """A lane (and GPUs) for each side of ``pair`` at once, or None when they are not free
-    together. On CPU a cell claims every core; the pair shares one claim."""
-    first = pool.try_acquire(pair.a)
-    if first is None:
-        return None
-    if not first.gpus:
-        with pool.lock:
-            pool.cpu_busy = False  # the second side shares the first's CPU claim
-    second = pool.try_acquire(pair.b)
-    if second is None:
-        pool.release(first)
-        return None
-    return first, second
-
-
 def run_pair(ctx: RunContext, pair: Pair, slots: tuple[Slot, Slot]) -> None:
     """Both cells of ``pair`` at once, their load repeats interleaved; each cell's status is
     written by :func:`run_cell` whatever the other does. With reuse, the pair's instances stop after."""
@@ -151,7 +135,7 @@ def run_pairs(ctx: RunContext, todo: list[Cell], runnable: list[Cell], pool: Any
             if ctx.stop.is_set():
                 pending.clear()
             for p in list(pending):
-                slots = acquire_pair(pool, p) if p.num_gpus <= pool.num_gpus or not p.num_gpus else None
+                slots = pool.try_acquire_both(p.a, p.b) if p.num_gpus <= pool.num_gpus or not p.num_gpus else None
                 reason = _unfit(pool, p, slots, bool(running))
                 if reason is not None:
                     for s in slots or ():
