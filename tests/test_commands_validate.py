@@ -87,3 +87,25 @@ def test_validate_and_plan_say_which_percentiles_the_perf_verdict_judges(tmp_pat
     write(tmp_path, SMALL)  # no load phase: nothing to say
     assert main(["validate", str(tmp_path / "s.yaml"), "--no-check-argv"]) == 0
     assert "perf verdicts" not in capsys.readouterr().out
+
+
+def test_plan_json_carries_pairs_and_percentiles_and_loads_the_sweep_once(monkeypatch, capsys) -> None:
+    """``pdsweep plan`` shows the pairs ``run`` will interleave (``bench.pair_builds``) and the
+    judged percentiles, in the table and in ``--format json``, from one load of the sweep."""
+    import json
+
+    import pdsweep.spec.sweep as spec
+
+    loads: list[str] = []
+    real = spec.load_sweep
+    monkeypatch.setattr(spec, "load_sweep", lambda p, *a, **k: loads.append(str(p)) or real(p, *a, **k))
+    sweep = str(REPO / "tests/fixtures/sweeps/cpu-paired.yaml")
+    assert main(["plan", sweep, "--no-check-argv", "--format", "json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    pair = {"a": "tiny-llama.p1d1.b32-32.fixed", "b": "tiny-llama.p1d1.b32-32.unfixed"}
+    assert d["pairs"] == {"pairs": [pair], "alone": {}}
+    assert d["perf"]["line"].startswith("perf verdicts: bench.num_prompts 8 judges no percentile")
+    assert main(["plan", sweep, "--no-check-argv"]) == 0
+    out = capsys.readouterr().out
+    assert f"  pair {pair['a']} (a) + {pair['b']} (b)\n" in out and "perf verdicts: bench.num_prompts 8" in out
+    assert loads == [sweep, sweep]  # once per command

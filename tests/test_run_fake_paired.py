@@ -193,6 +193,6 @@ def test_the_paired_fixture_sweep_pairs_fixed_and_unfixed():
     ls = load_sweep(REPO / "tests/fixtures/sweeps/cpu-paired.yaml")
     pd = expand(ls).pd_cells
     assert ls.sweep.bench.pair_builds and ls.sweep.bench.repeats == 4
-    pairs, why = plan_pairs(NS(ls=ls), pd, pd)
+    pairs, why = plan_pairs(list(ls.sweep.builds), pd, pd)
     assert [(p.a.id, p.b.id) for p in pairs] == [("tiny-llama.p1d1.b32-32.fixed", "tiny-llama.p1d1.b32-32.unfixed")]
     assert why == {}

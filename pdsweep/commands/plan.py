@@ -73,8 +73,4 @@ class PlanArgs:
             print(json.dumps(d, indent=2))
         else:
             print_plan(d)
-            from pdsweep.commands.validate import print_perf_lines
-            from pdsweep.spec.sweep import load_sweep
-
-            print_perf_lines(load_sweep(self.sweep).sweep)
         return 0

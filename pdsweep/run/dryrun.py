@@ -175,7 +175,26 @@ def _planned(ls, plan, cells, where, argv_verdict) -> dict:
         "rejected": [r.to_dict() for r in plan.rejected],
         "schedule": sched.to_dict(),
         "reuse": reuse,
+        **_measured_as(ls, [p.cell for p in sched.placements]),
     }
+
+
+def _measured_as(ls, placed: list) -> dict:
+    """``perf``: the percentiles ``compare`` judges at ``bench.num_prompts`` and the ``gate.perf``
+    families it cannot (:func:`pdsweep.judge.perf.percentile_plan`; None without a load phase);
+    ``pairs``: with ``bench.pair_builds``, the cell pairs whose load repeats ``run`` interleaves
+    and why each other PD cell runs alone (:func:`pdsweep.run.pairs.plan_pairs`)."""
+    from pdsweep.judge.perf import percentile_plan
+    from pdsweep.run.pairs import plan_pairs
+
+    b = ls.sweep.bench
+    perf = dict(zip(("line", "warnings"), percentile_plan(b.num_prompts, ls.sweep.gate.perf))) if b.enabled else None
+    pairs = None
+    if b.pair_builds:
+        pd = [c for c in placed if c.kind == "pd"]
+        got, alone = plan_pairs(list(ls.sweep.builds), pd, pd)
+        pairs = {"pairs": [{"a": p.a.id, "b": p.b.id} for p in got], "alone": alone}
+    return {"perf": perf, "pairs": pairs}
 
 
 def _pool(
@@ -401,6 +420,21 @@ def print_plan(d: dict) -> None:
         f"estimated makespan {m['s']:.0f} s (the schedule `run` follows: {m['follows']}) "
         f"vs {one_by_one:.0f} s one cell at a time"
     )
+    _print_measured_as(con, d)
+
+
+def _print_measured_as(con, d: dict) -> None:
+    """The ``pairs`` and ``perf`` of :func:`plan_dict` (warnings on stderr)."""
+    if pr := d.get("pairs"):
+        con.file.write(
+            f"\nbench.pair_builds: {len(pr['pairs'])} pairs, load repeats interleaved (ABBA)\n"
+            + "".join(f"  pair {p['a']} (a) + {p['b']} (b)\n" for p in pr["pairs"])
+            + "".join(f"  alone {cid}: {why}\n" for cid, why in pr["alone"].items())
+        )
+    if perf := d.get("perf"):
+        con.file.write(perf["line"] + "\n")
+        for w in perf["warnings"]:
+            print(f"warning: {w}", file=sys.stderr)
 
 
 REJECTED_EXAMPLES = 3  # cell ids shown per distinct reason (all of them: --format json)

@@ -50,11 +50,11 @@ def lanes(ls: Any, num_gpus: int) -> int:
     return max(2 if ls.sweep.bench.pair_builds else 1, num_gpus)
 
 
-def plan_pairs(ctx: RunContext, todo: list[Cell], runnable: list[Cell]) -> tuple[list[Pair], dict[str, str]]:
+def plan_pairs(builds: list[str], todo: list[Cell], runnable: list[Cell]) -> tuple[list[Pair], dict[str, str]]:
     """The pairs among ``todo`` (in ``todo``'s order) and, per PD cell of ``todo`` left alone,
-    why (cell id -> reason). ``runnable``: every cell this run can run (with the final ones
-    of a resumed run), to tell "partner already done" from "no partner"."""
-    builds = list(ctx.ls.sweep.builds)
+    why (cell id -> reason). ``builds``: the sweep's ``builds:`` in order (side ``a`` is the
+    earlier); ``runnable``: every cell this run can run (with the final ones of a resumed
+    run), to tell "partner already done" from "no partner"."""
     rank = {b: i for i, b in enumerate(builds)}
     left = {c.id for c in todo}
     groups: dict[str, list[Cell]] = {}
@@ -125,7 +125,7 @@ def run_pairs(ctx: RunContext, todo: list[Cell], runnable: list[Cell], pool: Any
     pairs that do not fit (their reason in ``ctx.unpaired``). Without it: ``todo``."""
     if not ctx.ls.sweep.bench.pair_builds:
         return todo
-    pairs, why = plan_pairs(ctx, todo, runnable)
+    pairs, why = plan_pairs(list(ctx.ls.sweep.builds), todo, runnable)
     ctx.unpaired.update(why)
     ran: set[str] = set()
     pending = list(pairs)
