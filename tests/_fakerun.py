@@ -29,6 +29,20 @@ def tok(tmp_path) -> Path:
 PORT_BASE = 31000 + (os.getpid() % 40) * 200
 
 
+def write_models(tmp_path: Path, tok: Path) -> None:
+    """``tmp_path/models.yaml``: the fake model ``fake-gqa`` (tests/fake_vllm.py) on ``tok``."""
+    (tmp_path / "models.yaml").write_text(f"""models:
+  fake-gqa:
+    path: {tok}
+    architecture: FakeForCausalLM
+    attention: gqa
+    num_layers: 2
+    max_model_len: 256
+    serve_args: [--attention-backend, FAKE]  # any block size (CPU_ATTN would refuse 16)
+    platforms: {{cpu: {{}}}}
+""")
+
+
 def make_sweep(
     tmp_path: Path,
     tok: Path,
@@ -41,16 +55,7 @@ def make_sweep(
 ) -> Path:
     """A fake-vLLM sweep under ``tmp_path``: model fake-gqa on ``tok``; ``builds``: the
     ``builds:`` body (default: fixed on the fake build interpreter)."""
-    (tmp_path / "models.yaml").write_text(f"""models:
-  fake-gqa:
-    path: {tok}
-    architecture: FakeForCausalLM
-    attention: gqa
-    num_layers: 2
-    max_model_len: 256
-    serve_args: [--attention-backend, FAKE]  # any block size (CPU_ATTN would refuse 16)
-    platforms: {{cpu: {{}}}}
-""")
+    write_models(tmp_path, tok)
     consistency = "{max_tokens: 4, lengths: [short, 40]}"
     if "reference: false" in extra:  # no reference: nothing to gate against (pdsweep.run.feasible)
         if "gate:" not in extra:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from _fakerun import write_models
+
 REPO = Path(__file__).resolve().parents[1]
 FAKE_PY = REPO / "tests" / "fake_build" / "python"
 
@@ -15,15 +17,7 @@ FAKE_PY = REPO / "tests" / "fake_build" / "python"
 def sweep(tmp_path: Path, builds: str) -> Path:
     tok = tmp_path / "tok"
     tok.mkdir(exist_ok=True)
-    (tmp_path / "models.yaml").write_text(f"""models:
-  fake-gqa:
-    path: {tok}
-    architecture: FakeForCausalLM
-    attention: gqa
-    num_layers: 2
-    max_model_len: 256
-    platforms: {{cpu: {{}}}}
-""")
+    write_models(tmp_path, tok)
     p = tmp_path / "sweep.yaml"
     p.write_text(f"""name: rb
 platform: cpu
