@@ -25,7 +25,7 @@
    (the proxy's delay comes before decode gets the request: it leaves the READ alone).
    ``PDSWEEP_BENCH_VERDICTS`` (10) paired verdicts per side, each over ``PDSWEEP_BENCH_PAIRS`` (4)
    blocks in which every side runs one repeat of ``PDSWEEP_BENCH_PROMPTS`` (60: 30 past the
-   judged p50, :data:`pdsweep.judge.perf.MIN_TAIL_REQUESTS`) requests as ``PDSWEEP_BENCH_CHUNKS``
+   judged p50, :data:`pdsweep.measure.percentiles.MIN_TAIL_REQUESTS`) requests as ``PDSWEEP_BENCH_CHUNKS``
    (5) chunks alternating with the other sides' in a rotated order (vLLM's benchmark in this
    process), so a side's requests and A's span the same seconds of machine load. Prints detection and false alarms per slowdown for TTFT p50 and
    ``kv_xfer_ms.p50`` and the load driver's overhead in-process vs a fresh interpreter. Goal
@@ -56,8 +56,9 @@ from pathlib import Path
 import pytest
 
 from pdsweep.core.faults import READ_DELAY_ENV_VAR
-from pdsweep.judge.perf import MIN_TAIL_REQUESTS, REGRESSION, judge_metric
+from pdsweep.judge.perf import REGRESSION, judge_metric
 from pdsweep.measure import benchserve
+from pdsweep.measure.percentiles import MIN_TAIL_REQUESTS
 from pdsweep.measure.repeats import repeat_series
 from pdsweep.results import layout
 
@@ -66,7 +67,7 @@ SUMMARY = REPO / "results" / "bench" / "summary.md"
 THRESHOLD = 0.10
 MODEL = os.environ.get("PDSWEEP_BENCH_MODEL", "tiny-llama-rand")  # or tiny-llama (trained, cached)
 CELL = f"{MODEL}.p1d1.b32-32.fixed"
-UNPAIRED_PROMPTS = 64  # per load run: >= 60, so compare judges TTFT p50 (pdsweep.judge.perf.MIN_TAIL_REQUESTS)
+UNPAIRED_PROMPTS = 64  # per load run: >= 60, so compare judges TTFT p50 (pdsweep.measure.percentiles.MIN_TAIL_REQUESTS)
 
 
 def write_section(title: str, lines: list[str]) -> None:

@@ -13,7 +13,8 @@ from fixtures.make_runs import case, pd, write_run
 from pdsweep.core.errors import GateFailed
 from pdsweep.judge.compare import REGRESSION, SAME, compare_runs
 from pdsweep.judge.gate import gate_run
-from pdsweep.judge.perf import IMPROVEMENT, MIN_TAIL_REQUESTS, NOISY, requests_for
+from pdsweep.judge.perf import IMPROVEMENT, NOISY
+from pdsweep.measure.percentiles import MIN_TAIL_REQUESTS, requests_for
 from pdsweep.report.perf_compare import write_compare_junit
 from pdsweep.report.render import compare_markdown
 from pdsweep.results import layout

@@ -68,9 +68,9 @@ class ValidateArgs:
 
 def print_perf_lines(sweep: Any) -> None:
     """With the load phase on: which percentiles the perf verdict judges at ``bench.num_prompts``
-    (:func:`pdsweep.judge.perf.percentile_plan`) on stdout, and a ``warning:`` on stderr per
+    (:func:`pdsweep.measure.percentiles.percentile_plan`) on stdout, and a ``warning:`` on stderr per
     ``gate.perf`` family it cannot judge; nothing without a load phase."""
-    from pdsweep.judge.perf import percentile_plan
+    from pdsweep.measure.percentiles import percentile_plan
 
     if not sweep.bench.enabled:
         return

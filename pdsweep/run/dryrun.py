@@ -181,10 +181,10 @@ def _planned(ls, plan, cells, where, argv_verdict) -> dict:
 
 def _measured_as(ls, placed: list) -> dict:
     """``perf``: the percentiles ``compare`` judges at ``bench.num_prompts`` and the ``gate.perf``
-    families it cannot (:func:`pdsweep.judge.perf.percentile_plan`; None without a load phase);
+    families it cannot (:func:`pdsweep.measure.percentiles.percentile_plan`; None without a load phase);
     ``pairs``: with ``bench.pair_builds``, the cell pairs whose load repeats ``run`` interleaves
     and why each other PD cell runs alone (:func:`pdsweep.run.pairs.plan_pairs`)."""
-    from pdsweep.judge.perf import percentile_plan
+    from pdsweep.measure.percentiles import percentile_plan
     from pdsweep.run.pairs import plan_pairs
 
     b = ls.sweep.bench
