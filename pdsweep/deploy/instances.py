@@ -37,7 +37,6 @@ import httpx
 from pdsweep.deploy.deployment import CellFailed, Use, taken_ports
 from pdsweep.deploy.launchers import Handle, Launcher, port_free
 from pdsweep.deploy.launchers.base import LaunchRequest
-from pdsweep.deploy.portlocks import HostClaims
 from pdsweep.plan.instance import BLOCK_PORTS, PORTS_PER_SLOT, InstanceSpec, Slot, on_slot, place_block, ports_fit
 
 log = logging.getLogger(__name__)
@@ -90,33 +89,26 @@ def relocate(spec: InstanceSpec, base: int) -> InstanceSpec:
 
 class PortBlocks:
     """pdsweep's port allocator: blocks of ports, each held by one user (a pooled instance, a
-    cell on its lane or an alternate one) until released, and claimed only when no other
-    process on the host claims it (:class:`pdsweep.deploy.portlocks.HostClaims`: another
-    ``pdsweep run``, whose instances may not listen yet) and the caller's check finds its
-    ports free. Thread-safe; one per user in a run (no module state)."""
+    cell on an alternate lane) until released, and claimed only when the caller's check finds
+    its ports free on the host. Thread-safe; one per run (no module state)."""
 
-    def __init__(self, claims: HostClaims | None = None) -> None:
+    def __init__(self) -> None:
         self.claimed: set[int] = set()
-        self.host = claims if claims is not None else HostClaims()
         self.lock = threading.Lock()
 
     def claim(self, bases: Iterable[int], free: Callable[[int], bool]) -> int | None:
-        """The first base in ``bases`` not held here nor by another process and for which
-        ``free(base)``, now held; None if there is none."""
+        """The first base in ``bases`` not held and for which ``free(base)``, now held; None
+        if there is none."""
         with self.lock:
             for base in bases:
-                if base in self.claimed or not self.host.claim(base):
-                    continue
-                if free(base):
+                if base not in self.claimed and free(base):
                     self.claimed.add(base)
                     return base
-                self.host.drop(base)
         return None
 
     def release(self, base: int) -> None:
         with self.lock:
             self.claimed.discard(base)
-            self.host.drop(base)
 
 
 def _start(launcher: Launcher, spec: InstanceSpec, log_path: Path) -> Handle:
@@ -445,9 +437,9 @@ def _copy_slice(src: Path, offset: int, dst: Path) -> None:
 
 
 class AltBlocks:
-    """A running cell's lane, claimed on the host (:class:`PortBlocks`), or an alternate block
-    when another process holds or claims the lane's ports: blocks of ``PORTS_PER_SLOT`` from
-    lane :data:`ALT_BLOCKS_FROM` on, each held by one running cell (one per run, no module state)."""
+    """Alternate port blocks for a lane whose ports another process on the host holds:
+    blocks of ``PORTS_PER_SLOT`` from lane :data:`ALT_BLOCKS_FROM` on, each held by one
+    running cell (a :class:`PortBlocks`; one per run, no module state)."""
 
     def __init__(self) -> None:
         self.blocks = PortBlocks()
@@ -455,14 +447,13 @@ class AltBlocks:
     def free_slot(
         self, slot: Slot, specs: list[InstanceSpec], proxy_only: bool = False
     ) -> tuple[Slot, list[InstanceSpec]]:
-        """``slot`` and ``specs`` (planned on it) if no other run on the host claims the lane and
-        none of their ports is taken (``proxy_only``: its proxy port, when the instances get their ports elsewhere,
+        """``slot`` and ``specs`` (planned on it) if none of their ports is taken
+        (``proxy_only``: its proxy port, when the instances get their ports elsewhere,
         :class:`InstancePool`), else the same slot on the first free alternate block with
         ``specs`` moved there (:func:`pdsweep.plan.instance.on_slot`). Raises
         ``CellFailed('start')`` when no block is free."""
-        mine = [] if proxy_only else specs
-        if self.blocks.claim([slot.port_base], lambda _: not taken_ports(mine, slot)) is not None:
-            return slot, specs  # its own lane: no other run on the host claims it, nothing listens there
+        if not taken_ports([] if proxy_only else specs, slot):
+            return slot, specs
         first = slot.port_base - slot.index * PORTS_PER_SLOT
         bases = (first + j * PORTS_PER_SLOT for j in range(ALT_BLOCKS_FROM, ALT_BLOCKS_FROM + 64))
 
