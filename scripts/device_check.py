@@ -27,6 +27,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PAIRS = ((2, 1), (4, 1), (4, 2))
 MODELS = ("kimi-linear", "glm-5.3-flash-4l")
+# The UCX transport a one-node READ must take: cma between host buffers, cuda_ipc between GPU buffers.
+# Anything else (tcp/lo) is UCX's silent fallback: the bytes arrive, 10-100x slower.
+EXPECTED_TRANSPORT = {"cpu": "cma", "cuda": "cuda_ipc"}
+# UCX disables cuda_ipc GET (the READ vLLM's NixlConnector posts) when GPU 0 has no active NVLink
+# (openucx/ucx src/uct/cuda/cuda_ipc/cuda_ipc_iface.c uct_cuda_ipc_iface_get_max_get_zcopy) unless
+# this is on; a READ then runs as "software emulation" over tcp (vllm issue 52607, nixl PR 2208).
+GET_ZCOPY_ENV = {"UCX_CUDA_IPC_ENABLE_GET_ZCOPY": "y"}
 HOLD_GPU = (
     "import sys, time\n"
     "dev = sys.argv[1]\n"
@@ -51,6 +58,9 @@ def smi_facts() -> dict:
     inv = inventory()
     exe = shutil.which("nvidia-smi")
     head = run([exe], 30).stdout.splitlines()[:12] if exe else []
+    # NVLink state and the GPU/NIC topology, raw: whether UCX will READ over cuda_ipc (GET_ZCOPY_ENV)
+    nvlink = run([exe, "nvlink", "--status"], 30) if exe else None
+    topo = run([exe, "topo", "-m"], 30) if exe else None
     return {
         "nvidia_smi": exe,
         "error": inv.error,
@@ -58,6 +68,8 @@ def smi_facts() -> dict:
         "gpus": [{k: v for k, v in g.__dict__.items() if k != "apps"} for g in inv.gpus],
         "compute_apps": [a.__dict__ for g in inv.gpus for a in g.apps],
         "header": head,
+        "nvlink_status": (nvlink.stdout + nvlink.stderr).splitlines()[:40] if nvlink else [],
+        "topo": (topo.stdout + topo.stderr).splitlines()[:40] if topo else [],
     }
 
 
@@ -151,17 +163,47 @@ def busy_check(device: str) -> dict:
     return out
 
 
-def bench(device: str, out_dir: Path, model: str, p: int, d: int, plan: str, opts: argparse.Namespace) -> dict:
+def transport_verdict(device: str, transport: str | None) -> str | None:
+    """None when ``transport`` (the bench's ``UCX_PROTO_INFO`` READ lanes, e.g. ``cuda_ipc/cuda``
+    or ``tcp/lo, cuda_copy/cuda``) is the one-node transport expected for ``device``
+    (:data:`EXPECTED_TRANSPORT`); else why not, naming the UCX cause for a GPU READ over tcp."""
+    want = EXPECTED_TRANSPORT[device]
+    used = [t.strip().split("/")[0] for t in (transport or "").split(",") if t.strip()]
+    if used and all(u == want for u in used):
+        return None
+    why = f"KV READ over UCX {transport or 'unknown'}; expected {want}"
+    if device == "cuda" and "tcp" in used:
+        why += (
+            " (UCX turns cuda_ipc GET off on GPUs without NVLink: cuda_ipc_iface.c "
+            "uct_cuda_ipc_iface_get_max_get_zcopy; vLLM READs then crawl over tcp: set "
+            "UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y in the sweep's env)"
+        )
+    return why
+
+
+def bench(
+    device: str,
+    out_dir: Path,
+    model: str,
+    p: int,
+    d: int,
+    plan: str,
+    opts: argparse.Namespace,
+    env: dict[str, str] | None = None,
+) -> dict:
     """One ``pdsweep bench transfer`` run (a subprocess, as a user runs it; ``python -m
-    pdsweep.xfer.bench``: the bench module alone, no other subcommand's imports)."""
-    js = out_dir / f"bench-{model}-p{p}d{d}-{plan}.json"
+    pdsweep.xfer.bench``: the bench module alone, no other subcommand's imports), with ``env``
+    added to the environment. ``ok``: it ran, every byte verified and the READs took the expected
+    transport (:func:`transport_verdict`, reason in ``transport_problem``)."""
+    tag = "".join(f"-{k.lower()}-{v}" for k, v in (env or {}).items())
+    js = out_dir / f"bench-{model}-p{p}d{d}-{plan}{tag}.json"
     cmd = [sys.executable, "-m", "pdsweep.xfer.bench", "--model", model, "--prefill-tp", str(p)]
     cmd += ["--decode-tp", str(d), "--block-size", "128", "--blocks", str(opts.blocks), "--iters", str(opts.iters)]
     cmd += ["--device", device, "--plan", plan, "--json", str(js), "--models", str(REPO / "sweeps" / "models.yaml")]
     cmd += ["--mapping", opts.mapping]
     t = time.monotonic()
-    r = run(cmd, 240, cwd=REPO)
-    res = {"cmd": " ".join(cmd[1:]), "rc": r.returncode, "wall_s": round(time.monotonic() - t, 1)}
+    r = run(cmd, 240, cwd=REPO, env={**os.environ, **(env or {})})
+    res = {"cmd": " ".join(cmd[1:]), "env": env or {}, "rc": r.returncode, "wall_s": round(time.monotonic() - t, 1)}
     res["stdout_tail"] = r.stdout.splitlines()[-6:] + r.stderr.splitlines()[-4:]
     if plan == "unfixed":
         res["refused"] = r.returncode == 1 and "refused before reading" in r.stdout
@@ -175,8 +217,9 @@ def bench(device: str, out_dir: Path, model: str, p: int, d: int, plan: str, opt
         bytes_per_iteration=data.get("bytes_per_iteration"),
         transport=data.get("transport"),
         verified_bytes=v.get("checked_bytes"),
-        ok=r.returncode == 0 and v.get("ok") is True,
+        transport_problem=transport_verdict(device, data.get("transport")),
     )
+    res["ok"] = r.returncode == 0 and v.get("ok") is True and res["transport_problem"] is None
     return res
 
 
@@ -202,6 +245,13 @@ def main() -> int:
     }
     once = argparse.Namespace(**{**vars(args), "iters": 1})
     report["bench"]["kimi-linear p2d1-unfixed"] = bench(args.device, args.out, "kimi-linear", 2, 1, "unfixed", once)
+    if args.device == "cuda" and any("tcp" in str(b.get("transport")) for b in report["bench"].values()):
+        # the remedy measured beside the failure: the same READs with cuda_ipc GET forced on
+        tag = " ".join(f"{k}={v}" for k, v in GET_ZCOPY_ENV.items())
+        for m in MODELS:
+            for p, d in PAIRS:
+                res = bench(args.device, args.out, m, p, d, "fixed", args, GET_ZCOPY_ENV)
+                report["bench"][f"{m} p{p}d{d} {tag}"] = res
     report["ucx_transports"] = sorted({b["transport"] for b in report["bench"].values() if b.get("transport")})
     checks = {"busy_gpu": report["busy_gpu"]["ok"], **{f"bench {k}": b["ok"] for k, b in report["bench"].items()}}
     if args.device == "cuda":
@@ -218,6 +268,8 @@ def main() -> int:
             print(
                 f"     {k}: {b['gbps'] or float('nan'):.2f} GB/s ({b['transport']}), {b['verified_bytes']} bytes verified"
             )
+            if b.get("transport_problem"):
+                print(f"       {b['transport_problem']}")
     print(f"device-check: {'OK' if report['ok'] else 'FAILED'} in {report['wall_s']} s; wrote {path}")
     return 0 if report["ok"] else 1
 

@@ -40,3 +40,25 @@ def test_device_check_cpu_dry_run(tmp_path):
             assert b["rc"] == 0 and b["verified_bytes"] > min_bytes and b["gbps"] > 0, b
     assert d["bench"]["kimi-linear p2d1-unfixed"]["refused"] is True
     assert d["ucx_transports"] and "device-check: OK" in r.stdout
+
+
+def test_device_check_fails_a_gpu_read_over_tcp_naming_the_cause() -> None:
+    """The lent H200 READ VRAM over tcp/lo at 0.06-0.68 GB/s with every byte right (UCX turns
+    cuda_ipc GET off without NVLink); the check must not call that ok."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("device_check", REPO / "scripts" / "device_check.py")
+    assert spec and spec.loader
+    dc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dc)
+    assert dc.transport_verdict("cuda", "cuda_ipc/cuda") is None
+    assert dc.transport_verdict("cpu", "cma/memory") is None
+    why = dc.transport_verdict("cuda", "tcp/lo")
+    assert (
+        why
+        and why.startswith("KV READ over UCX tcp/lo; expected cuda_ipc")
+        and "UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y" in why
+    )
+    assert dc.transport_verdict("cuda", "cuda_ipc/cuda, tcp/lo") is not None  # any tcp lane fails
+    assert dc.transport_verdict("cpu", None) == "KV READ over UCX unknown; expected cma"  # fail closed
+    assert dc.GET_ZCOPY_ENV == {"UCX_CUDA_IPC_ENABLE_GET_ZCOPY": "y"}

@@ -57,3 +57,30 @@ def test_cross_host_cell_without_an_expectation_fails_closed(tmp_path: Path) -> 
     assert _gated(tmp_path / "b", ONE, ["cma/memory"], GateSpec(transports_cross_host=["tcp"])).verdict == "PASS"
     r = _gated(tmp_path / "c", TWO, [], GateSpec(transports_cross_host=["tcp"]))
     assert r.verdict == "FAIL" and "the UCX READ transport is unknown (expected: tcp" in r.reasons[0]
+
+
+def test_gpu_read_over_tcp_names_the_nvlink_cause_and_the_remedy(tmp_path: Path) -> None:
+    """One host, GPU buffers: a READ that fell back to tcp names why (UCX turns cuda_ipc GET off
+    without NVLink, seen on one H200) and the sweep's `ucx:` line that fixes it."""
+    gate = GateSpec(transports=["cuda_ipc"], transports_cross_host=["rc"])
+    r = _gated(tmp_path / "a", ONE, ["tcp/lo"], gate)
+    assert r.verdict == "FAIL"
+    assert (
+        f"{CELL.id}/transfer.json: KV READ over UCX transport(s) tcp/lo (fell back to tcp) (UCX turns cuda_ipc "
+        "GET off on GPUs without NVLink (cuda_ipc_iface.c uct_cuda_ipc_iface_get_max_get_zcopy); add "
+        '`ucx: {UCX_CUDA_IPC_ENABLE_GET_ZCOPY: "y"}` to the sweep); expected: cuda_ipc' in r.reasons
+    )
+    assert _gated(tmp_path / "b", ONE, ["cuda_ipc/cuda"], gate).verdict == "PASS"
+    assert _gated(tmp_path / "c", TWO, ["rc_mlx5/mlx5_0:1"], gate).verdict == "PASS"
+    # a CPU sweep's tcp fallback has nothing to do with cuda_ipc: no such hint
+    r = _gated(tmp_path / "d", ONE, ["tcp/lo"], GateSpec(transports=["cma"]))
+    assert not any("NVLink" in x for x in r.reasons)
+
+
+def test_the_mission_sweep_expects_cuda_ipc_on_one_node() -> None:
+    """sweeps/hybrid-mla-mamba.yaml fails a cell whose KV went over tcp (fail closed); without it a
+    PCIe node's 0.06-0.68 GB/s tcp READs passed every check."""
+    from pdsweep.spec.sweep import load_sweep
+
+    gate = load_sweep(Path(__file__).resolve().parents[1] / "sweeps" / "hybrid-mla-mamba.yaml").sweep.gate
+    assert gate.transports == ["cuda_ipc"] and gate.transports_cross_host == ["rc"]

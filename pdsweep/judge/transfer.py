@@ -381,6 +381,16 @@ def placement(cell_json: dict | None) -> tuple[str, ...] | None:
     return tuple(sorted(set(hosts))) if cross_host(nodes, hosts) else None
 
 
+# Why a one-node GPU READ runs over tcp: UCX turns cuda_ipc GET off when GPU 0 has no active NVLink
+# (openucx/ucx src/uct/cuda/cuda_ipc/cuda_ipc_iface.c uct_cuda_ipc_iface_get_max_get_zcopy), and
+# vLLM's NixlConnector READs (ucp_get). Seen on one H200: 0.06-0.68 GB/s tcp/lo, 15-31 GB/s
+# cuda_ipc with the variable set (scripts/device-check.sh, docs/gpu-preflight.md).
+CUDA_IPC_GET_OFF = (
+    "UCX turns cuda_ipc GET off on GPUs without NVLink (cuda_ipc_iface.c "
+    'uct_cuda_ipc_iface_get_max_get_zcopy); add `ucx: {UCX_CUDA_IPC_ENABLE_GET_ZCOPY: "y"}` to the sweep'
+)
+
+
 @dataclass(frozen=True)
 class TransportCheck(TransferFileCheck):
     """Fails a PD cell whose READs (in push mode: WRITEs) used a transport outside the
@@ -414,5 +424,7 @@ class TransportCheck(TransferFileCheck):
         bad = [u for u in map(str, used) if not any(matches(transport_name(u), e) for e in expected)]
         if bad:
             fell = " (fell back to tcp)" if not hosts and any(transport_name(u) == "tcp" for u in bad) else ""
+            if fell and op == "READ" and any(matches("cuda_ipc", e) for e in expected):
+                fell += f" ({CUDA_IPC_GET_OFF})"
             return [f"{w}: KV {op} over UCX transport(s) {', '.join(map(str, used))}{fell}; expected: {want}"]
         return []
