@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 FAKE_SMI = '''#!{python}
-"""Fake nvidia-smi: answers -L, --query-gpu= and --query-compute-apps= from smi.json."""
+"""Fake nvidia-smi: answers -L, --query-gpu=, --query-compute-apps= and nvlink --status from smi.json."""
 import json, sys
 from pathlib import Path
 d = json.loads((Path(__file__).parent / "smi.json").read_text())
@@ -16,6 +16,12 @@ with open(Path(__file__).parent / "smi.calls", "a") as f:
     f.write(" ".join(sys.argv[1:]) + "\\n")
 if d.get("fail"):
     sys.exit("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver")
+if sys.argv[1:3] == ["nvlink", "--status"]:
+    for g in d["gpus"]:
+        if d["nvlink"]:  # an SXM node: 18 links per GPU; a PCIe GPU prints nothing (one H200, 2026-12-04)
+            print(f"GPU {{g['index']}}: {{g['name']}} (UUID: {{g['uuid']}})")
+            print("\\n".join(f"\\t Link {{k}}: 26.562 GB/s" for k in range(18)))
+    sys.exit(0)
 for a in sys.argv[1:]:
     if a == "-L":
         for g in d["gpus"]:
@@ -39,10 +45,12 @@ def fake_nvidia_smi(
     driver: str = "580.65.06",
     busy: dict[int, tuple[int, str, int]] | None = None,
     fail: bool = False,
+    nvlink: bool = True,
 ) -> Path:
     """An executable ``nvidia-smi`` in ``bin_dir`` (put it first on PATH) for ``n`` GPUs
     of ``name`` / SM ``cap`` / ``total_mib``; ``busy``: GPU index -> (pid, process name,
-    used MiB) of a compute process another user holds (its memory counts as used).
+    used MiB) of a compute process another user holds (its memory counts as used); ``nvlink``:
+    ``nvlink --status`` lists active links (an SXM node) or nothing (PCIe).
     Every call's argv is appended to ``bin_dir/smi.calls``. Returns ``bin_dir``."""
     import sys
 
@@ -66,7 +74,7 @@ def fake_nvidia_smi(
         {"pid": pid, "process_name": proc, "used_memory": mib, "gpu_uuid": f"GPU-{i:08x}-fake"}
         for i, (pid, proc, mib) in busy.items()
     ]
-    (bin_dir / "smi.json").write_text(json.dumps({"gpus": gpus, "apps": apps, "fail": fail}))
+    (bin_dir / "smi.json").write_text(json.dumps({"gpus": gpus, "apps": apps, "fail": fail, "nvlink": nvlink}))
     exe = bin_dir / "nvidia-smi"
     exe.write_text(FAKE_SMI.format(python=sys.executable))
     exe.chmod(0o755)

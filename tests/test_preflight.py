@@ -231,3 +231,32 @@ def test_failed_nvidia_smi_is_an_error(tmp_path, node, monkeypatch, capsys):
 
     with pytest.raises(UserError, match="nvidia-smi failed"):
         pf.preflight(ls, expand(ls).cells)
+
+
+def test_a_node_without_nvlink_is_warned_that_kv_reads_would_go_over_tcp(tmp_path, node, monkeypatch):
+    """One H200 without NVLink READ its KV over tcp/lo at 0.06-0.68 GB/s (UCX turns cuda_ipc GET off):
+    the preflight says so before anything starts, naming the sweep line that fixes it; an SXM node
+    (links active), or a sweep that sets the variable, gets no such line."""
+    from pdsweep.plan.expand import expand
+    from pdsweep.spec.sweep import load_sweep
+
+    def nvlink_lines(path: Path) -> list[str]:
+        ls = load_sweep(path)
+        got = pf.preflight(ls, expand(ls).cells, hub=FakeHub({KIMI: False}))
+        return [w for w in got.warnings if "NVLink" in w]
+
+    sweep = write_sweep(tmp_path, tp="p2d2")
+    assert nvlink_lines(sweep) == []  # the fake 8 x H100 SXM: 18 active links per GPU
+    fake_nvidia_smi(node, nvlink=False)  # a PCIe node: `nvidia-smi nvlink --status` prints nothing
+    assert nvlink_lines(sweep) == [
+        "no active NVLink on this host (`nvidia-smi nvlink --status` lists none): vLLM's KV READs between GPUs "
+        "would run over tcp and fail the transport gate; UCX turns cuda_ipc GET off on GPUs without NVLink "
+        '(cuda_ipc_iface.c uct_cuda_ipc_iface_get_max_get_zcopy); add `ucx: {UCX_CUDA_IPC_ENABLE_GET_ZCOPY: "y"}` '
+        "to the sweep"
+    ]
+    text = sweep.read_text()
+    sweep.write_text(text + 'ucx: {UCX_CUDA_IPC_ENABLE_GET_ZCOPY: "y"}\n')
+    assert nvlink_lines(sweep) == []
+    sweep.write_text(text)
+    monkeypatch.setenv("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "y")
+    assert nvlink_lines(sweep) == []

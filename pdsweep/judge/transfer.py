@@ -40,6 +40,7 @@ from pdsweep.judge.facts import (
     show,
 )
 from pdsweep.plan.crossnode import cross_host
+from pdsweep.plan.gpus import CUDA_IPC_GET_OFF
 from pdsweep.plan.readplan import expected_read_split, expected_write_split
 from pdsweep.plan.topology import tp_ratio
 from pdsweep.results import layout
@@ -379,16 +380,6 @@ def placement(cell_json: dict | None) -> tuple[str, ...] | None:
     nodes = [str(i.get("node") or "") for i in insts]
     hosts = [str(i.get("host") or "") for i in insts]
     return tuple(sorted(set(hosts))) if cross_host(nodes, hosts) else None
-
-
-# Why a one-node GPU READ runs over tcp: UCX turns cuda_ipc GET off when GPU 0 has no active NVLink
-# (openucx/ucx src/uct/cuda/cuda_ipc/cuda_ipc_iface.c uct_cuda_ipc_iface_get_max_get_zcopy), and
-# vLLM's NixlConnector READs (ucp_get). Seen on one H200: 0.06-0.68 GB/s tcp/lo, 15-31 GB/s
-# cuda_ipc with the variable set (scripts/device-check.sh, docs/gpu-preflight.md).
-CUDA_IPC_GET_OFF = (
-    "UCX turns cuda_ipc GET off on GPUs without NVLink (cuda_ipc_iface.c "
-    'uct_cuda_ipc_iface_get_max_get_zcopy); add `ucx: {UCX_CUDA_IPC_ENABLE_GET_ZCOPY: "y"}` to the sweep'
-)
 
 
 @dataclass(frozen=True)

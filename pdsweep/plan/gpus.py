@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Mapping
@@ -122,6 +123,36 @@ def inventory(ignore_pids: frozenset[int] | set[int] = frozenset()) -> Inventory
         mine = tuple(a for a in apps if a.gpu_uuid == uuid)
         out.append(Gpu(_int(idx), uuid, name, cap, _int(total), _int(free), driver, mine))
     return Inventory(tuple(out), ignored_pids=frozenset(ignore_pids))
+
+
+# The UCX switch that lets cuda_ipc serve GETs (vLLM's NixlConnector READs) on GPUs without NVLink,
+# where UCX turns them off (openucx/ucx src/uct/cuda/cuda_ipc/cuda_ipc_iface.c
+# uct_cuda_ipc_iface_get_max_get_zcopy) and the READs run over tcp. Measured on one H200
+# (scripts/device-check.sh, docs/gpu-preflight.md): 0.06-0.68 GB/s tcp/lo, 15-31 GB/s cuda_ipc with it.
+CUDA_IPC_GET_ENV = "UCX_CUDA_IPC_ENABLE_GET_ZCOPY"
+CUDA_IPC_GET_OFF = (
+    "UCX turns cuda_ipc GET off on GPUs without NVLink (cuda_ipc_iface.c "
+    f'uct_cuda_ipc_iface_get_max_get_zcopy); add `ucx: {{{CUDA_IPC_GET_ENV}: "y"}}` to the sweep'
+)
+
+
+def nvlink_active(text: str) -> bool:
+    """Whether ``nvidia-smi nvlink --status`` output (``text``) shows an active link: a line
+    ``Link <n>: <x> GB/s``. Inactive links print ``<inactive>``; a GPU without NVLink prints
+    nothing (seen on one H200 PCIe slot, 2026-12-04)."""
+    return any(re.search(r"^\s*Link \d+: [\d.]+ GB/s", line) for line in text.splitlines())
+
+
+def nvlink_status() -> str | None:
+    """``nvidia-smi nvlink --status`` output, or None without nvidia-smi or when it fails."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    try:
+        r = subprocess.run([exe, "nvlink", "--status"], capture_output=True, text=True, timeout=30)
+    except (subprocess.SubprocessError, OSError):
+        return None
+    return r.stdout if r.returncode == 0 else None
 
 
 def free_gpu_ids(inv: Inventory | None = None, warn: bool = True) -> tuple[int, ...]:

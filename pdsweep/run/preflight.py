@@ -39,7 +39,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pdsweep.core.errors import UserError
-from pdsweep.plan.gpus import Inventory, inventory, visible
+from pdsweep.plan.gpus import (
+    CUDA_IPC_GET_ENV,
+    CUDA_IPC_GET_OFF,
+    Inventory,
+    inventory,
+    nvlink_active,
+    nvlink_status,
+    visible,
+)
 
 GIB = 1024**3
 
@@ -439,9 +447,31 @@ def preflight(
             errors += fit.errors
             warnings += fit.warnings
             unfit, shape = fit.unfit, fit.shape
+            warnings += nvlink_warning(ls, cells, os.environ if env is None else env)
     if errors:
         raise UserError(f"{ls.path}: preflight: {len(errors)} problem(s), nothing started:\n" + "\n".join(errors))
     return Preflight(ids, warnings, weights, unfit, shape)
+
+
+def nvlink_warning(ls: Any, cells: list[Any], env: Mapping[str, str], status: str | None = None) -> list[str]:
+    """One warning when PD cells would READ KV between GPUs without an active NVLink
+    (``status``: ``nvidia-smi nvlink --status``, queried when None) and nothing sets
+    :data:`~pdsweep.plan.gpus.CUDA_IPC_GET_ENV` (the sweep's ``ucx``, a cell's ``env`` variant,
+    the environment): UCX would serve the READs over tcp and the transport gate fail them."""
+    if not any(c.kind == "pd" for c in cells):
+        return []
+    sweep = ls.sweep
+    if CUDA_IPC_GET_ENV in sweep.ucx or CUDA_IPC_GET_ENV in env:
+        return []
+    if all(CUDA_IPC_GET_ENV in sweep.env.get(c.env, {}) for c in cells if c.kind == "pd"):
+        return []
+    status = nvlink_status() if status is None else status
+    if status is None or nvlink_active(status):
+        return []
+    return [
+        "no active NVLink on this host (`nvidia-smi nvlink --status` lists none): vLLM's KV READs between "
+        f"GPUs would run over tcp and fail the transport gate; {CUDA_IPC_GET_OFF}"
+    ]
 
 
 def plan_fit(
