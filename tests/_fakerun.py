@@ -29,6 +29,22 @@ def tok(tmp_path) -> Path:
 PORT_BASE = 31000 + (os.getpid() % 40) * 200
 
 
+def held_port_claims() -> list[str]:
+    """The port-block claims this process still holds (lock files open under
+    :func:`pdsweep.deploy.portlocks.lock_dir`): a finished run must hold none."""
+    from pdsweep.deploy.portlocks import lock_dir
+
+    d, out = str(lock_dir()), []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(d + "/"):
+            out.append(os.path.basename(target))
+    return sorted(out)
+
+
 def write_models(tmp_path: Path, tok: Path) -> None:
     """``tmp_path/models.yaml``: the fake model ``fake-gqa`` (tests/fake_vllm.py) on ``tok``."""
     (tmp_path / "models.yaml").write_text(f"""models:

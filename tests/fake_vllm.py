@@ -4,6 +4,7 @@ with vLLM's ``vllm:nixl_*`` and latency metric names. Behaviour knobs (env; thos
 are the fake faults of pdsweep's fault vocabulary, ``pdsweep.core.faults.FAKE_FAULTS``):
 
 FAKE_STARTUP_S       seconds before /health answers 200 (default 0.3)
+FAKE_BIND_AFTER_S    seconds before it binds its port (vLLM's imports; default 0)
 FAKE_READY_FILE      /health answers 200 only once this file exists (readiness bench)
 FAKE_EXIT_AT_STARTUP exit with this code during startup, after a log line
 FAKE_BLOCK_SIZE      the block size vllm:cache_config_info reports (an engine that chose another)
@@ -317,6 +318,7 @@ def main() -> None:
 
         signal.signal(signal.SIGTERM, _end)
         signal.signal(signal.SIGINT, _end)
+    time.sleep(float(os.environ.get("FAKE_BIND_AFTER_S", "0")))  # vllm serve binds after its imports
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=1)
     if life:
         _life(life, "end", name, args.port)

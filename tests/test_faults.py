@@ -100,7 +100,14 @@ def test_sweeps_declare_the_vocabulary_signature_of_each_kill_drill() -> None:
 def test_the_fake_vllm_knobs_that_misbehave_are_the_vocabularys_fake_faults() -> None:
     src = (REPO / "tests" / "fake_vllm.py").read_text()
     read = set(re.findall(r"""environ(?:\.get\(|\[)["'](FAKE_[A-Z_]+)["']""", src))  # the knobs the fake reads
-    not_faults = {"FAKE_STARTUP_S", "FAKE_READY_FILE", "FAKE_LIFE_LOG", "FAKE_SIGKILL_ROLE", "FAKE_MODEL_KINDS"}
+    not_faults = {
+        "FAKE_STARTUP_S",
+        "FAKE_BIND_AFTER_S",
+        "FAKE_READY_FILE",
+        "FAKE_LIFE_LOG",
+        "FAKE_SIGKILL_ROLE",
+        "FAKE_MODEL_KINDS",
+    }
     assert read - not_faults == set(FAKE_FAULTS)
     documented = set(re.findall(r"\b(FAKE_[A-Z_]+[A-Z])\b", src.split('"""')[1]))  # its docstring's list
     assert set(FAKE_FAULTS) <= documented

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _fakerun import FAKE_PY, PORT_BASE, make_sweep, ours, status  # noqa: F401 (re-exported to other tests)
+from _fakerun import FAKE_PY, PORT_BASE, held_port_claims, make_sweep, ours, status
 from _fakerun import tok as tok
 
 from pdsweep.cli import main
@@ -305,6 +305,11 @@ def test_a_first_request_hang_is_redeployed_only_as_often_as_asked(tmp_path, tok
         assert (st["status"], st["phase"]) == ("failed", "ready") and TIMED_OUT.search(st["reason"]), st
         assert st.get("retries") == [] and not (run / cid / "logs-attempt1").exists()
     assert not ours(tmp_path)
+    # the redeploy claims its own lane again (the failed attempt's claim went back), and the run
+    # holds no claim once it ended: a kept one moved every later run of this process to an
+    # alternate block (CI: two cells died binding ports there)
+    assert layout.read_json(run / cid / "cell.json")["slot"]["port_base"] == PORT_BASE
+    assert held_port_claims() == []
 
 
 def test_hung_eval_fails_the_cell_within_its_budget(tmp_path, tok):

@@ -37,6 +37,7 @@ import httpx
 from pdsweep.deploy.deployment import CellFailed, Use, taken_ports
 from pdsweep.deploy.launchers import Handle, Launcher, port_free
 from pdsweep.deploy.launchers.base import LaunchRequest
+from pdsweep.deploy.portlocks import HostClaims
 from pdsweep.plan.instance import BLOCK_PORTS, PORTS_PER_SLOT, InstanceSpec, Slot, on_slot, place_block, ports_fit
 
 log = logging.getLogger(__name__)
@@ -89,26 +90,39 @@ def relocate(spec: InstanceSpec, base: int) -> InstanceSpec:
 
 class PortBlocks:
     """pdsweep's port allocator: blocks of ports, each held by one user (a pooled instance, a
-    cell on an alternate lane) until released, and claimed only when the caller's check finds
-    its ports free on the host. Thread-safe; one per run (no module state)."""
+    cell on its lane or an alternate one) until released, and claimed only when no other
+    process on the host claims it (:class:`pdsweep.deploy.portlocks.HostClaims`: another
+    ``pdsweep run``, whose instances may not listen yet) and the caller's check finds its
+    ports free. Thread-safe; one per user in a run (no module state)."""
 
-    def __init__(self) -> None:
+    def __init__(self, claims: HostClaims | None = None) -> None:
         self.claimed: set[int] = set()
+        self.host = claims if claims is not None else HostClaims()
         self.lock = threading.Lock()
 
     def claim(self, bases: Iterable[int], free: Callable[[int], bool]) -> int | None:
-        """The first base in ``bases`` not held and for which ``free(base)``, now held; None
-        if there is none."""
+        """The first base in ``bases`` not held here nor by another process and for which
+        ``free(base)``, now held; None if there is none."""
         with self.lock:
             for base in bases:
-                if base not in self.claimed and free(base):
+                if base in self.claimed or not self.host.claim(base):
+                    continue
+                if free(base):
                     self.claimed.add(base)
                     return base
+                self.host.drop(base)
         return None
 
     def release(self, base: int) -> None:
         with self.lock:
             self.claimed.discard(base)
+            self.host.drop(base)
+
+    def close(self) -> None:
+        """Release every block (the run has ended)."""
+        with self.lock:
+            self.claimed.clear()
+            self.host.close()
 
 
 def _start(launcher: Launcher, spec: InstanceSpec, log_path: Path) -> Handle:
@@ -375,6 +389,7 @@ class InstancePool:
         for key in list(self.live):
             self._stop(key, wait=False)
         self.stopper.shutdown(wait=True)
+        self.blocks.close()
 
     def record(self) -> dict[str, Any]:
         """run.json ``instances``: per instance id its starts, prefix-cache resets, the cells
@@ -437,9 +452,9 @@ def _copy_slice(src: Path, offset: int, dst: Path) -> None:
 
 
 class AltBlocks:
-    """Alternate port blocks for a lane whose ports another process on the host holds:
-    blocks of ``PORTS_PER_SLOT`` from lane :data:`ALT_BLOCKS_FROM` on, each held by one
-    running cell (a :class:`PortBlocks`; one per run, no module state)."""
+    """A running cell's lane, claimed on the host (:class:`PortBlocks`), or an alternate block
+    when another process holds or claims the lane's ports: blocks of ``PORTS_PER_SLOT`` from
+    lane :data:`ALT_BLOCKS_FROM` on, each held by one running cell (one per run, no module state)."""
 
     def __init__(self) -> None:
         self.blocks = PortBlocks()
@@ -447,13 +462,14 @@ class AltBlocks:
     def free_slot(
         self, slot: Slot, specs: list[InstanceSpec], proxy_only: bool = False
     ) -> tuple[Slot, list[InstanceSpec]]:
-        """``slot`` and ``specs`` (planned on it) if none of their ports is taken
-        (``proxy_only``: its proxy port, when the instances get their ports elsewhere,
+        """``slot`` and ``specs`` (planned on it) if no other run on the host claims the lane and
+        none of their ports is taken (``proxy_only``: its proxy port, when the instances get their ports elsewhere,
         :class:`InstancePool`), else the same slot on the first free alternate block with
         ``specs`` moved there (:func:`pdsweep.plan.instance.on_slot`). Raises
         ``CellFailed('start')`` when no block is free."""
-        if not taken_ports([] if proxy_only else specs, slot):
-            return slot, specs
+        mine = [] if proxy_only else specs
+        if self.blocks.claim([slot.port_base], lambda _: not taken_ports(mine, slot)) is not None:
+            return slot, specs  # its own lane: no other run on the host claims it, nothing listens there
         first = slot.port_base - slot.index * PORTS_PER_SLOT
         bases = (first + j * PORTS_PER_SLOT for j in range(ALT_BLOCKS_FROM, ALT_BLOCKS_FROM + 64))
 
@@ -469,6 +485,10 @@ class AltBlocks:
 
     def release(self, slot: Slot) -> None:
         self.blocks.release(slot.port_base)
+
+    def close(self) -> None:
+        """Release every block still held (the run has ended)."""
+        self.blocks.close()
 
 
 ALT_BLOCKS_FROM = 64  # alternates start past any lane a run can use

@@ -132,6 +132,9 @@ def _attempts(cr: CellRun) -> Slot:
             if len(done) >= retries or ctx.stop.is_set():
                 raise
             done.append({"phase": e.phase, "reason": e.reason, "log_tail": e.log_tail[-20:]})
+            # the failed attempt's port block goes back, so the redeploy claims its own lane again
+            ctx.alt.release(cr.used[0])
+            cr.used[0] = cr.slot
             (cdir / "logs").rename(cdir / f"logs-attempt{len(done)}")
             (cdir / "logs").mkdir()
             log.warning("cell %s: %s; redeploying (retry %d of %d)", cell.id, e.reason, len(done), retries)

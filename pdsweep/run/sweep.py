@@ -146,6 +146,9 @@ def run_sweep(path: str | Path, opts: RunOptions) -> Path:
         if isinstance(ctx.provider, InstancePool) and not ctx.stop.is_set():
             ctx.provider.close()  # the last cell's instances, stopped gracefully
         ctx.launcher.kill_all()
+        ctx.alt.close()  # the run's host-wide port claims (pdsweep.deploy.portlocks): none outlives it
+        if isinstance(ctx.provider, InstancePool):
+            ctx.provider.blocks.close()
         attnprobe.close_probes()  # any a cell's block check started again
         ctx.progress.close()
     from pdsweep.measure.verdicts import judge_run
