@@ -376,3 +376,25 @@ def test_run_records_build_fixes_and_resolves_build_conditional_expectations(tmp
 
     res = gate_run(run).cell(cid)
     assert res.verdict == PASS, res.reasons
+
+
+def test_a_decode_killed_under_load_stops_the_load_phase_at_the_next_run(tmp_path, tok):
+    """The kill-decode-during-load drill: once decode-0 is dead no further load run starts (its
+    requests could only fail, or queue on a prefill whose KV is held for the dead decode: a fresh
+    make sweep spent over 10 min in that cell, prefill at 99.6 % KV use, 300 s timeouts); the cell
+    fails in bench naming the instance."""
+    sweep = make_sweep(
+        tmp_path,
+        tok,
+        matrix="  model: [fake-gqa]\n  tp: [p1d1]\n  fault: [kill-decode-during-load]\n",
+        extra="  reference: false\nbench: {enabled: true, num_prompts: 40, concurrencies: [1], repeats: 20, check: false}\n",
+    )
+    run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True))
+    st = status(run, "fake-gqa.p1d1.b16-16.fixed.fault-kill-decode-during-load")
+    assert (st["status"], st["phase"]) == ("failed", "bench"), st
+    assert re.match(r"decode-0 \(pid \d+\) killed by signal 9 \(SIGKILL\) during bench; ", st["reason"]), st["reason"]
+    assert (
+        "InstanceEnded: stopped before vllm bench serve (concurrency 1): an instance of the cell had ended"
+        in st["reason"]
+    ), st["reason"]
+    assert not ours(tmp_path)

@@ -164,6 +164,22 @@ def ended(handles: list[Handle], phase: str) -> list[str]:
     return out
 
 
+class InstanceEnded(RuntimeError):
+    """An instance of the deployment stopped running while a phase was under way: the phase
+    stops at its next boundary (:func:`stop_if_ended`) and :func:`blame` names the instance."""
+
+
+def stop_if_ended(handles: list[Handle], before: str) -> None:
+    """Raise :class:`InstanceEnded` before ``before`` (a load run, a checked workload) when an
+    instance of ``handles`` has ended. Its requests could only fail, or wait: a prefill keeps
+    the KV blocks of every request whose decode never read them for the whole
+    ``kv_lease_duration`` (vLLM nixl/pull_scheduler.py ``request_finished``), so once its cache
+    is full new requests queue there until ``request_timeout_s`` (seen: a decode killed under
+    load, prefill at 99.6 % KV use, requests timing out after 300 s each)."""
+    if any(h.returncode() is not None for h in handles):
+        raise InstanceEnded(f"stopped before {before}: an instance of the cell had ended")
+
+
 def kv_load_failures(handles: list[Handle], phase: str) -> list[str]:
     """``<name> (pid N) failed K request(s) after a KV load failure (kv_load_failure_policy:
     fail) during <phase>`` for each decode instance whose log, from this use on

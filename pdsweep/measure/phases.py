@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from pdsweep.deploy.deployment import CellFailed, Deployment
+from pdsweep.deploy.deployment import CellFailed, Deployment, stop_if_ended
 from pdsweep.plan.expand import Cell
 from pdsweep.results import layout
 from pdsweep.spec.sweep import LoadedSweep
@@ -298,6 +298,7 @@ def run_load(ls: LoadedSweep, cell: Cell, dep: Deployment, mpath: str, cdir: Pat
     model = ls.catalogue.models[cell.model]
     runs = []
     for conc in b.concurrencies if any(w.name == "random" for w in b.workloads) else []:
+        stop_if_ended(dep.handles, f"vllm bench serve (concurrency {conc})")
         load = benchserve.LoadRun(
             dep.url,
             cell.model,
@@ -369,6 +370,7 @@ def run_checked(
     for w in b.workloads:
         reqs = build(w, b, model.tokenizer or mpath, block, max_len, text, model.trust_remote_code)
         for conc in concs:
+            stop_if_ended(dep.handles, f"load workload {w.name} (concurrency {conc})")
             budget = b.budget_s or budget_s(reqs, conc, d.request_timeout_s)
             try:
                 out.append(run_workload(target, w.name, reqs, conc, budget))
