@@ -9,8 +9,9 @@ other cell reuses them) and pdsweep injects the fault while the named phase runs
 The kill lands :data:`KILL_AFTER_S` into the phase, while its client is still starting (lm-eval
 and ``vllm bench serve`` take seconds to import), so every request of the phase needs the dead
 instance and the phase itself fails, on a fast host or a loaded one; no later load run or
-checked workload starts once an instance has ended (:func:`pdsweep.deploy.deployment.stop_if_ended`). A kill 8 s into the
-phase raced it: on a quiet 2-core host lm-eval sent its 20 requests concurrently, their prefill
+checked workload starts once an instance has ended
+(:func:`pdsweep.deploy.deployment.stop_if_ended`). A kill 8 s into the phase raced it: on a
+quiet 2-core host lm-eval sent its 20 requests concurrently, their prefill
 legs ended within half a second of the first, and the eval passed; the death surfaced in the
 load phase ("killed ... during bench") and failed the drill's signature (a fresh make sweep, and
 1 of 3 reruns with the kill half a second after the first request reached prefill).
