@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from pdsweep.plan.gpus import CUDA_IPC_GET_ENV, CUDA_IPC_GET_OFF
+
 REPO = Path(__file__).resolve().parents[1]
 PAIRS = ((2, 1), (4, 1), (4, 2))
 MODELS = ("kimi-linear", "glm-5.3-flash-4l")
@@ -33,7 +35,7 @@ EXPECTED_TRANSPORT = {"cpu": "cma", "cuda": "cuda_ipc"}
 # UCX disables cuda_ipc GET (the READ vLLM's NixlConnector posts) when GPU 0 has no active NVLink
 # (openucx/ucx src/uct/cuda/cuda_ipc/cuda_ipc_iface.c uct_cuda_ipc_iface_get_max_get_zcopy) unless
 # this is on; a READ then runs as "software emulation" over tcp (vllm issue 52607, nixl PR 2208).
-GET_ZCOPY_ENV = {"UCX_CUDA_IPC_ENABLE_GET_ZCOPY": "y"}
+GET_ZCOPY_ENV = {CUDA_IPC_GET_ENV: "y"}
 HOLD_GPU = (
     "import sys, time\n"
     "dev = sys.argv[1]\n"
@@ -173,11 +175,7 @@ def transport_verdict(device: str, transport: str | None) -> str | None:
         return None
     why = f"KV READ over UCX {transport or 'unknown'}; expected {want}"
     if device == "cuda" and "tcp" in used:
-        why += (
-            " (UCX turns cuda_ipc GET off on GPUs without NVLink: cuda_ipc_iface.c "
-            "uct_cuda_ipc_iface_get_max_get_zcopy; vLLM READs then crawl over tcp: set "
-            "UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y in the sweep's env)"
-        )
+        why += f" ({CUDA_IPC_GET_OFF}; vLLM READs then crawl over tcp)"
     return why
 
 

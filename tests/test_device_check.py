@@ -57,7 +57,8 @@ def test_device_check_fails_a_gpu_read_over_tcp_naming_the_cause() -> None:
     assert (
         why
         and why.startswith("KV READ over UCX tcp/lo; expected cuda_ipc")
-        and "UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y" in why
+        and 'ucx: {UCX_CUDA_IPC_ENABLE_GET_ZCOPY: "y"}' in why  # the remedy, as the sweep spells it
+        and "uct_cuda_ipc_iface_get_max_get_zcopy" in why  # the cause, in UCX
     )
     assert dc.transport_verdict("cuda", "cuda_ipc/cuda, tcp/lo") is not None  # any tcp lane fails
     assert dc.transport_verdict("cpu", None) == "KV READ over UCX unknown; expected cma"  # fail closed
