@@ -25,8 +25,10 @@ def tok(tmp_path) -> Path:
 
 
 # per test process, so concurrent runs of this file (other checkouts on the host) do not
-# answer each other's requests on the same ports
-PORT_BASE = 31000 + (os.getpid() % 40) * 200
+# answer each other's requests on the same ports; 10000-17999: below the kernel's ephemeral
+# ports (32768+) and clear of the fixed bases tests pick (24400-32400; 31000+ made
+# test_taken_port_moves_cell_to_free_block's own port 32216 busy in another xdist worker)
+PORT_BASE = 10000 + (os.getpid() % 40) * 200
 
 
 def held_port_claims() -> list[str]:
