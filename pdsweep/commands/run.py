@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from pdsweep.commands.args import append_history, default_history, gpu_arch_arg, gpu_count
-from pdsweep.core.errors import EXIT_INTERRUPTED, UserError
+from pdsweep.core.errors import EXIT_INTERRUPTED, UserError, ignore_stop_signals
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,7 @@ class RunArgs:
         try:
             run_dir = run_sweep(self.sweep, self.opts)
         except KeyboardInterrupt:
+            ignore_stop_signals()  # exit 130, not death by SIGINT (see its docstring)
             print("interrupted: every process this run started was stopped; finish with --resume", file=sys.stderr)
             return EXIT_INTERRUPTED
         if self.history is not None:

@@ -5,7 +5,9 @@ The codes are the "Exit codes" table of docs/gate.md."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 
@@ -41,6 +43,29 @@ def _stdout_closed() -> bool:
         return False
 
 
+def ignore_stop_signals() -> None:
+    """For a process that was interrupted, has stopped what it started and now exits 130
+    (main thread only; elsewhere nothing happens). Keeps CPython 3.10-3.13 from turning that
+    exit into death by SIGINT (returncode -2, no traceback) in two ways:
+
+    - A KeyboardInterrupt that left code run from source text (builtin ``exec``/``eval`` of
+      a string: the methods ``dataclasses`` builds while a module imports, e.g. h11's events
+      under ``httpx.Client()``) marks itself unhandled even though pdsweep caught it
+      (Python/pythonrun.c ``run_eval_code_obj`` sets ``_Py_UnhandledKeyboardInterrupt``), and
+      ``python -m`` then kills itself by SIGINT at exit (Modules/main.c ``Py_RunMain`` ->
+      ``exit_sigint``). Evaluating any string clears the mark (``run_eval_code_obj`` resets
+      it first); CPython 3.14 marks only a KeyboardInterrupt that reaches the top.
+    - A second Ctrl-C landing after ``_PySignal_Fini`` (``Py_FinalizeEx``) put SIGINT back to
+      ``SIG_DFL``: SIGINT and SIGTERM are ignored from here on, and ``_PySignal_Fini`` leaves
+      an ignored signal ignored.
+
+    tests/test_core_errors.py and tests/test_run_fake.py (a burst of signals) show each."""
+    if threading.current_thread() is threading.main_thread():
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, signal.SIG_IGN)
+        eval("None")  # clears _Py_UnhandledKeyboardInterrupt (above); no signal can land in it now
+
+
 def run_main(main: Callable[[], int | None]) -> int:
     """Call an entry point's ``main()`` and return the process exit code: its own (None:
     0), or ``UserError`` -> ``error: <message>`` on stderr, 2; ``GateFailed`` -> the
@@ -66,6 +91,7 @@ def run_main(main: Callable[[], int | None]) -> int:
         print(str(e), file=sys.stderr)
         return EXIT_GATE_FAILED
     except KeyboardInterrupt:
+        ignore_stop_signals()
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception:  # noqa: BLE001 -- a bug in pdsweep, not bad input or a verdict: say so, with the traceback

@@ -3,7 +3,8 @@ sets), writing ``results/<run>/`` as described in results/README.md.
 
 A failing cell is recorded (status.json: phase, reason, log tail) and the sweep goes on.
 ``--resume`` skips cells whose status is final. SIGINT/SIGTERM tear down every process
-this run started, mark in-flight cells ``interrupted`` (not final) and exit 130.
+this run started, mark in-flight cells ``interrupted`` (not final) and exit 130; further
+SIGINT/SIGTERM are ignored from the first on (teardown is SIGKILL and bounded).
 After the cells, a judge pass writes accuracy.json and consistency.json from the raw
 eval.json / probe.json of each PD cell and its single-instance reference.
 """
@@ -122,6 +123,8 @@ def run_sweep(path: str | Path, opts: RunOptions) -> Path:
     ctx.progress = Progress(len(todo), quiet=opts.quiet, skipped=len(runnable) - len(todo))
 
     def on_signal(signum, frame):
+        for s in old:  # teardown runs to its end: a second Ctrl-C cannot cut it short (it is SIGKILL, bounded)
+            signal.signal(s, signal.SIG_IGN)
         ctx.stop.set()
         ctx.launcher.kill_all()
         raise KeyboardInterrupt
@@ -141,8 +144,6 @@ def run_sweep(path: str | Path, opts: RunOptions) -> Path:
         write_index(ctx, cells, started, None, pool.num_gpus, too_big)
         raise
     finally:
-        for s, h in old.items():
-            signal.signal(s, h)
         if isinstance(ctx.provider, InstancePool) and not ctx.stop.is_set():
             ctx.provider.close()  # the last cell's instances, stopped gracefully
         ctx.launcher.kill_all()
@@ -151,6 +152,8 @@ def run_sweep(path: str | Path, opts: RunOptions) -> Path:
             ctx.provider.blocks.close()
         attnprobe.close_probes()  # any a cell's block check started again
         ctx.progress.close()
+        for s, h in old.items():
+            signal.signal(s, h)
     from pdsweep.measure.verdicts import judge_run
 
     t = time.monotonic()
