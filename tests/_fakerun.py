@@ -5,6 +5,8 @@ model on the fake build interpreter (tests/fake_build/python runs tests/fake_vll
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import psutil
@@ -111,6 +113,14 @@ def ours(tmp_path: Path) -> list[psutil.Process]:
         if "fake_vllm.py" in cmd and str(tmp_path) in cmd:
             out.append(p)
     return out
+
+
+def start_run(sweep: Path, out: Path, *extra: str) -> subprocess.Popen:
+    """``python -m pdsweep run SWEEP --out OUT --quiet --skip-eval EXTRA...`` as a process of its
+    own (stdout and stderr in one pipe), for tests that signal it."""
+    argv = [sys.executable, "-m", "pdsweep", "run", str(sweep), "--out", str(out), "--quiet", "--skip-eval", *extra]
+    env = {**os.environ, "PDSWEEP_REAL_PYTHON": sys.executable}
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
 def status(run: Path, cell: str) -> dict:

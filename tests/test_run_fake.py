@@ -10,13 +10,12 @@ import os
 import re
 import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from _fakerun import FAKE_PY, PORT_BASE, held_port_claims, make_sweep, ours, status
+from _fakerun import FAKE_PY, PORT_BASE, held_port_claims, make_sweep, ours, start_run, status
 from _fakerun import tok as tok
 
 from pdsweep.cli import main
@@ -150,13 +149,7 @@ def test_sigint_tears_down_and_resume_finishes(tmp_path, tok):
         tmp_path, tok, env="  base: {FAKE_STARTUP_S: '2'}", matrix="  model: [fake-gqa]\n  tp: [p1d1, p1d2]\n"
     )
     out = tmp_path / "run"
-    env = {**os.environ, "PDSWEEP_REAL_PYTHON": sys.executable}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pdsweep", "run", str(sweep), "--out", str(out), "--quiet", "--skip-eval"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    proc = start_run(sweep, out)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not ours(tmp_path):
         time.sleep(0.1)
@@ -183,19 +176,7 @@ def test_a_burst_of_interrupts_still_exits_130(tmp_path, tok):
     CPython's _PySignal_Fini restored SIG_DFL kills the process (-2 after the `interrupted`
     line). Without the SIG_IGN of pdsweep.core.errors.ignore_stop_signals this exits -2."""
     sweep = make_sweep(tmp_path, tok, env="  base: {FAKE_STARTUP_S: '2'}", matrix="  model: [fake-gqa]\n  tp: [p1d1]\n")
-    env = {**os.environ, "PDSWEEP_REAL_PYTHON": sys.executable}
-    argv = [
-        sys.executable,
-        "-m",
-        "pdsweep",
-        "run",
-        str(sweep),
-        "--out",
-        str(tmp_path / "run"),
-        "--quiet",
-        "--skip-eval",
-    ]
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = start_run(sweep, tmp_path / "run")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not ours(tmp_path):
         time.sleep(0.1)

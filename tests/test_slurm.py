@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ from _slurm import (
     NODES,
     slurm_cluster,  # noqa: F401  (fixture)
 )
-from test_run_fake import make_sweep, ours, status, tok  # noqa: F401  (tok: fixture)
+from test_run_fake import make_sweep, ours, start_run, status, tok  # noqa: F401  (tok: fixture)
 
 from pdsweep.cli import main
 from pdsweep.core.errors import UserError
@@ -129,24 +128,7 @@ def test_sigint_cancels_our_steps_not_the_allocation(tmp_path, tok, in_alloc, cl
         matrix="  model: [fake-gqa]\n  tp: [p1d1]\n",
         extra="  reference: false\n",
     )
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pdsweep",
-            "run",
-            str(sweep),
-            "--out",
-            str(tmp_path / "run"),
-            "--quiet",
-            "--skip-eval",
-            "--launcher",
-            "slurm",
-        ],
-        env=dict(os.environ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    proc = start_run(sweep, tmp_path / "run", "--launcher", "slurm")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(cluster.steps(job)) < 2:
         time.sleep(0.2)
