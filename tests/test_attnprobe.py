@@ -184,15 +184,26 @@ def test_gpu_arch_flag(capsys):
     assert blocks.parse_arch("sm90") == (9, 0) and blocks.parse_arch("sm103") == (10, 3)
 
 
-def test_close_probes_ends_the_probe_process_and_keeps_the_answers():
+def test_close_probes_ends_the_probe_process_and_keeps_the_answers(tmp_path, monkeypatch):
     """The probe has imported vLLM (hundreds of MB): it must not outlive planning
     (run_sweep closes it; before, it lived as long as the process and a later test's
-    leftover-vLLM check found it)."""
+    leftover-vLLM check found it). Starts from no answer anywhere (an empty store, no
+    in-memory answer, no probe): else the version comes from the checkout's .cache or an
+    earlier test and no probe starts."""
     import psutil
 
-    version = attnprobe.vllm_version()
-    (probe,) = attnprobe._PROBES.values()
-    assert psutil.pid_exists(probe.proc.pid)
+    from pdsweep.builds import answers
+
     attnprobe.close_probes()
-    assert probe.proc.returncode is not None and not attnprobe._PROBES
-    assert attnprobe.vllm_version() == version and not attnprobe._PROBES  # cached: no new probe
+    monkeypatch.setenv(answers.CACHE_ENV, str(tmp_path))
+    answers.forget()
+    attnprobe._version.cache_clear()
+    try:
+        version = attnprobe.vllm_version()
+        (probe,) = attnprobe._PROBES.values()
+        assert psutil.pid_exists(probe.proc.pid)
+        attnprobe.close_probes()
+        assert probe.proc.returncode is not None and not attnprobe._PROBES
+        assert attnprobe.vllm_version() == version and not attnprobe._PROBES  # cached: no new probe
+    finally:
+        answers.forget()  # later tests read the real store again
