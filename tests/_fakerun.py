@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -113,6 +114,14 @@ def ours(tmp_path: Path) -> list[psutil.Process]:
         if "fake_vllm.py" in cmd and str(tmp_path) in cmd:
             out.append(p)
     return out
+
+
+def wait_started(tmp_path: Path, timeout_s: float = 60) -> None:
+    """Wait until a fake vLLM process of this test runs (:func:`ours`); fails the test past ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not ours(tmp_path):
+        time.sleep(0.1)
+    assert ours(tmp_path), "no fake instance started"
 
 
 def start_run(sweep: Path, out: Path, *extra: str) -> subprocess.Popen:
