@@ -44,6 +44,9 @@ import importlib.abc, importlib.machinery, json, os, re, sys, types
 _OUT = os.fdopen(os.dup(1), "w")  # the answers; anything vLLM or argparse prints goes to stderr instead
 os.dup2(2, 1)
 sys.modules.setdefault("vllm._C_stable_libtorch", types.ModuleType("vllm._C_stable_libtorch"))
+# scipy and scikit-learn are no vLLM dependency (its extras "bench" and "audio"): absent here, as where not
+# installed, transformers (is_scipy_available, is_sklearn_available) skips them; ~1 s of the first answer
+for _m in ("scipy", "sklearn"): sys.modules.setdefault(_m, None)
 import torch
 from vllm.platforms.interface import DeviceCapability
 from vllm.platforms.cuda import _get_backend_priorities

@@ -87,7 +87,7 @@ class Cell:
     def tp_ratio(self) -> int:
         return tp_ratio(self.prefill_tp, self.decode_tp)
 
-    @property
+    @cached_property
     def num_ranks(self) -> int:
         """Model-executing ranks: num_prefill*prefill_tp*prefill_pp + num_decode*decode_tp*decode_dp
         (ref: decode_tp)."""
@@ -96,7 +96,7 @@ class Cell:
         prefill = self.num_prefill * self.prefill_tp * self.prefill_pp
         return prefill + self.num_decode * self.decode_tp * self.decode_dp
 
-    @property
+    @cached_property
     def num_gpus(self) -> int:
         """GPUs the cell holds: one per rank on cuda, none on cpu."""
         return self.num_ranks if self.platform == "cuda" else 0

@@ -98,47 +98,83 @@ def best_variant(
     return min(variants(chain, keys, sizes, max_gpus), key=cost)
 
 
+def _changes(h: list[int]) -> frozenset[int]:
+    """The cells after which a chain's hold changes: ``h`` falls after them, or the last one,
+    after which it releases all."""
+    return frozenset(i for i in range(len(h)) if i + 1 == len(h) or h[i + 1] < h[i])
+
+
+def _place(
+    chs: list[Chain], plan: list[tuple[list[float], list[int], frozenset[int]]], pool: GpuPool
+) -> list[tuple[float, dict[int, Slot]] | None]:
+    """The event loop of :func:`simulate`: per chain its start and its slot from each cell on
+    where the slot changes (cell index -> slot; cell 0: the one acquired), or None."""
+    t, k, seq = 0.0, 0, itertools.count()
+    events: list[tuple[float, int, int, int]] = []  # (time, seq, chain, cell after which its hold changes)
+    out: list[tuple[float, dict[int, Slot]] | None] = [None] * len(chs)
+    held: dict[int, dict[int, Slot]] = {}  # placed chain -> its slots, as in out
+    freed = True  # GPUs came back since the last failed try_acquire (none did: it fails again)
+    while True:
+        while freed and k < len(chs) and plan[k][1] and (slot := pool.try_acquire(Need(plan[k][1][0]))) is not None:
+            held[k] = {0: slot}
+            out[k], at = (t, held[k]), t
+            for i, x in enumerate(plan[k][0]):  # ends summed as run's clock does: cell after cell
+                at += x
+                if i in plan[k][2]:
+                    heapq.heappush(events, (at, next(seq), k, i))
+            k += 1
+        if not events:
+            return out
+        t, _, j, i = heapq.heappop(events)
+        h, slots = plan[j][1], held[j]
+        last = slots[max(slots)]
+        if i + 1 < len(h):
+            slots[i + 1] = pool.shrink(last, last.gpus[h[i + 1] :])
+        else:
+            pool.release(last)
+        freed = True
+
+
 def simulate(
     chs: list[Chain],
     keys: dict[str, list[str]],
     sizes: dict[str, int],
     estimate: Callable[[Cell], float],
     pool: GpuPool,
-    memo: dict[int, tuple[list[float], list[int]]] | None = None,
+    memo: dict[int, tuple[list[float], list[int], frozenset[int]]] | None = None,
+    steps: bool = True,
 ) -> list[list[Step]]:
     """The run of ``chs`` in this order on ``pool``: each chain starts when every chain before
     it has started and its peak GPUs are free (:meth:`GpuPool.try_acquire`), and after each
     cell gives back what :func:`holds` no longer needs (:meth:`GpuPool.shrink`; here its
     highest GPU ids, ``run`` those no live instance holds). Per chain (same order) its steps;
-    a chain that never fits, and every chain after it, gets none. ``memo``: the chains' durations
-    and holds by ``id``, kept across calls on the same chains."""
-    t, k, seq = 0.0, 0, itertools.count()
-    events: list[tuple[float, int, int, int]] = []  # (time, seq, chain, cell index done)
-    out: list[list[Step]] = [[] for _ in chs]
-    memo = {} if memo is None else memo  # id(chain) -> (durations, holds), across calls of one search
+    a chain that never fits, and every chain after it, gets none. ``memo``: the chains' durations,
+    holds and hold changes by ``id``, kept across calls on the same chains. ``steps=False``: per
+    placed chain only its last step (what :func:`makespan` reads; the search's many trials)."""
+    memo = {} if memo is None else memo
     for ch in chs:
         if id(ch) not in memo:
-            memo[id(ch)] = (durations(ch, keys, estimate, sizes), holds(ch, keys, sizes))
+            d, h = durations(ch, keys, estimate, sizes), holds(ch, keys, sizes)
+            memo[id(ch)] = (d, h, _changes(h))
     plan = [memo[id(ch)] for ch in chs]
-    slots: dict[int, Slot] = {}
-    while True:
-        while k < len(chs) and plan[k][1] and (slot := pool.try_acquire(Need(plan[k][1][0]))) is not None:
-            (d, h), at, slots[k] = plan[k], t, slot
-            for i, c in enumerate(chs[k].cells):
-                out[k].append(Step(c, at, at + d[i], slot))  # slot's GPUs fixed below as it shrinks
-                at += d[i]
-                heapq.heappush(events, (at, next(seq), k, i))
-            k += 1
-        if not events:
-            return out
-        t, _, j, i = heapq.heappop(events)
-        h = plan[j][1]
-        if i + 1 < len(h):
-            slots[j] = pool.shrink(slots[j], slots[j].gpus[h[i + 1] :])
-            nxt = out[j][i + 1]
-            out[j][i + 1] = Step(nxt.cell, nxt.start_s, nxt.end_s, slots[j])
-        else:
-            pool.release(slots.pop(j))
+    out: list[list[Step]] = []
+    for ch, (d, _, _), placed in zip(chs, plan, _place(chs, plan, pool)):
+        if placed is None:
+            out.append([])
+            continue
+        at, slots = placed
+        if not steps:
+            for x in d[:-1]:
+                at += x
+            out.append([Step(ch.cells[-1], at, at + d[-1], slots[max(slots)])])
+            continue
+        row, slot = [], slots[0]
+        for i, c in enumerate(ch.cells):
+            slot = slots.get(i, slot)
+            row.append(Step(c, at, at + d[i], slot))
+            at += d[i]
+        out.append(row)
+    return out
 
 
 def makespan(steps: list[list[Step]]) -> float:
@@ -163,9 +199,9 @@ def ordered(
     cur = sorted((c for c in chs if c not in big), key=lambda c: -total[id(c)])
 
     def span(order: list[Chain]) -> float:
-        return makespan(simulate(order, keys, sizes, estimate, GpuPool(num_gpus, 20000), memo))
+        return makespan(simulate(order, keys, sizes, estimate, GpuPool(num_gpus, 20000), memo, steps=False))
 
-    memo: dict[int, tuple[list[float], list[int]]] = {}
+    memo: dict[int, tuple[list[float], list[int], frozenset[int]]] = {}
 
     best, budget, improved = span(cur), SEARCH_WORK // max(1, sum(len(c.cells) for c in chs)), True
     while improved and budget > 0:  # every pair, pass after pass, while a swap shortens it

@@ -12,6 +12,7 @@ cells do not need and picks the order chains start in. Used by ``pdsweep run``
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -70,19 +71,27 @@ def simulate(
     stops: list[set[str]] = [set() for _ in order]
     starts, fresh = 0, []
     need = [set(keys.get(c.id, [])) for c in order]
+    uses: dict[str, list[int]] = {}  # key -> the positions of the cells needing it, ascending
+    for j, ks in enumerate(need):
+        for k in ks:
+            uses.setdefault(k, []).append(j)
 
     def next_use(k: str, i: int) -> int:
-        return next((j for j in range(i, len(order)) if k in need[j]), len(order))
+        at = uses[k]
+        x = bisect.bisect_left(at, i)
+        return at[x] if x < len(at) else len(order)
 
     for i in range(len(order)):
         if i:
-            gone = {k for k in live if next_use(k, i) == len(order)}
+            gone = {k for k in live if uses[k][-1] < i}
             stops[i - 1] |= gone
             live -= gone
-            while sum(sizes.get(k, 1) for k in live | need[i]) > capacity and live - need[i]:
-                k = max(sorted(live - need[i]), key=lambda k: next_use(k, i))
+            used = sum(sizes.get(k, 1) for k in live | need[i])
+            while used > capacity and (idle := live - need[i]):
+                k = max(sorted(idle), key=lambda k: next_use(k, i))
                 stops[i - 1].add(k)
                 live.discard(k)
+                used -= sizes.get(k, 1)
         new = need[i] - live
         starts += len(new)
         fresh.append(bool(new))
@@ -100,41 +109,62 @@ def plan_chain(cells: list[Cell], keys: dict[str, list[str]], sizes: dict[str, i
     :func:`simulate`."""
     least = max((c.num_gpus for c in cells), default=0)
     distinct = len({k for c in cells for k in keys.get(c.id, [])})
+    orders = _greedy(cells, keys)  # the same on every GPU count: only the stops depend on it
     if not least:  # CPU: no GPUs, nothing to make room for
-        return _order(cells, keys, sizes, distinct)
-    chain = _order(cells, keys, sizes, least)
+        return _order(cells, orders, keys, sizes, distinct)
+    chain = _order(cells, orders, keys, sizes, least)
     for cap in range(least + 1, max_gpus + 1):  # more GPUs while that saves restarts
         if sum(starts(chain, keys).values()) == distinct:
             break
-        chain = _order(cells, keys, sizes, cap)
+        chain = _order(cells, orders, keys, sizes, cap)
     return chain
 
 
-def _order(cells: list[Cell], keys: dict[str, list[str]], sizes: dict[str, int], capacity: int) -> Chain:
-    """From each first cell, the next is the one with the least cost ``(new instances, -kept
-    instances, later uses of its instances by the cells left, position)``; the order with the
-    fewest starts (then fewest cells starting any, then earliest first cell) wins. Later uses
-    are counted per key as cells leave (``uses``), so one greedy pass is O(cells^2 x keys)."""
+def _greedy(cells: list[Cell], keys: dict[str, list[str]]) -> list[list[int]]:
+    """Per first cell (by position), the greedy order of ``cells``' positions: the next is the
+    one with the least cost ``(new instances, -kept instances, later uses of its instances by
+    the cells left, position)``. A cell's cost changes only when a cell sharing one of its
+    keys is chosen, so costs are updated through a key -> cells index: one pass is
+    O(cells^2 + cells x keys x sharers)."""
     need = [frozenset(keys.get(c.id, [])) for c in cells]
-    best: tuple[tuple[int, int, int], list[int], list[set[str]]] | None = None
+    sharers: dict[str, list[int]] = {}
+    for i, ks in enumerate(need):
+        for k in ks:
+            sharers.setdefault(k, []).append(i)
+    out = []
     for first in range(len(cells)):
-        uses: dict[str, int] = {}
-        for i in range(len(cells)):
-            if i != first:
-                for k in need[i]:
-                    uses[k] = uses.get(k, 0) + 1
-        order, live, left = [first], set(need[first]), [i for i in range(len(cells)) if i != first]
-        while left:
-            nxt = min(
-                left, key=lambda i: (len(need[i] - live), -len(need[i] & live), sum(uses[k] - 1 for k in need[i]), i)
-            )
-            left.remove(nxt)
+        uses = {k: len(v) - (k in need[first]) for k, v in sharers.items()}
+        live = set(need[first])
+        cost = {
+            i: (len(need[i] - live), -len(need[i] & live), sum(uses[k] - 1 for k in need[i]), i)
+            for i in range(len(cells))
+            if i != first
+        }
+        order = [first]
+        while cost:
+            nxt = min(cost, key=cost.__getitem__)
+            del cost[nxt]
             order.append(nxt)
-            for k in need[nxt]:
-                uses[k] -= 1
-            live |= need[nxt]
+            for k in need[nxt]:  # k: one fewer later use; if it was not live, it is now (new -> kept)
+                fresh = k not in live
+                for i in sharers[k]:
+                    if i in cost:
+                        n, kept, later, pos = cost[i]
+                        cost[i] = (n - fresh, kept - fresh, later - 1, pos)
+                live.add(k)
+        out.append(order)
+    return out
+
+
+def _order(
+    cells: list[Cell], orders: list[list[int]], keys: dict[str, list[str]], sizes: dict[str, int], capacity: int
+) -> Chain:
+    """Of the :func:`_greedy` ``orders``, the one with the fewest starts on ``capacity`` GPUs
+    (then fewest cells starting any, then earliest first cell), with its :func:`simulate` stops."""
+    best: tuple[tuple[int, int, int], list[int], list[set[str]]] | None = None
+    for order in orders:
         n, stops, fresh = simulate([cells[i] for i in order], keys, sizes, capacity)
-        score = (n, sum(fresh), first)
+        score = (n, sum(fresh), order[0])
         if best is None or score < best[0]:
             best = (score, order, stops)
     assert best is not None

@@ -245,18 +245,16 @@ def pack(
     out: list[Placement] = []
     t, pending = 0.0, list(runnable)
     while pending or running:
-        started = True
-        while started:
-            started = False
-            for c in pending:
-                slot = pool.try_acquire(c)
-                if slot:
-                    end = t + estimate(c)
-                    heapq.heappush(running, (end, len(out), slot))
-                    out.append(Placement(c, slot, t, end))
-                    pending.remove(c)
-                    started = True
-                    break
+        left = []  # one pass in order: a cell that did not fit does not fit after a later one starts
+        for c in pending:
+            slot = pool.try_acquire(c)
+            if slot:
+                end = t + estimate(c)
+                heapq.heappush(running, (end, len(out), slot))
+                out.append(Placement(c, slot, t, end))
+            else:
+                left.append(c)
+        pending = left
         if running:
             t, _, slot = heapq.heappop(running)
             pool.release(slot)
