@@ -24,8 +24,8 @@ from pdsweep.plan.reusepack import Chain, Need, cell_times, chains, starts
 from pdsweep.plan.reusepack import simulate as belady
 from pdsweep.plan.schedule import GpuPool
 
-# order evaluations x cells of the sweep per planned order (the 1000-cell plan
-# stays within its 10 s; the mission sweep's 20 chains: ~4900 orders tried, ~2 s)
+# order evaluations x cells of the sweep per planned order (the 1152-combination plan's
+# search: ~360 orders, 0.3 s on 2 cores; the mission sweep's 20 chains: ~4900 orders)
 SEARCH_WORK = 200_000
 
 
