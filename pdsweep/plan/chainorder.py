@@ -113,9 +113,8 @@ def _place(
     events: list[tuple[float, int, int, int]] = []  # (time, seq, chain, cell after which its hold changes)
     out: list[tuple[float, dict[int, Slot]] | None] = [None] * len(chs)
     held: dict[int, dict[int, Slot]] = {}  # placed chain -> its slots, as in out
-    freed = True  # GPUs came back since the last failed try_acquire (none did: it fails again)
-    while True:
-        while freed and k < len(chs) and plan[k][1] and (slot := pool.try_acquire(Need(plan[k][1][0]))) is not None:
+    while True:  # every event gives GPUs back, so the next chain may fit after each
+        while k < len(chs) and plan[k][1] and (slot := pool.try_acquire(Need(plan[k][1][0]))) is not None:
             held[k] = {0: slot}
             out[k], at = (t, held[k]), t
             for i, x in enumerate(plan[k][0]):  # ends summed as run's clock does: cell after cell
@@ -132,7 +131,6 @@ def _place(
             slots[i + 1] = pool.shrink(last, last.gpus[h[i + 1] :])
         else:
             pool.release(last)
-        freed = True
 
 
 def simulate(
