@@ -230,6 +230,9 @@ PROMPTS = int(os.environ.get("PDSWEEP_BENCH_PROMPTS", str(2 * MIN_TAIL_REQUESTS)
 # closely; docs/performance.md). Kept so run 3's figures are this code's.
 KV_FLOOR_MS = float(os.environ.get("PDSWEEP_BENCH_KV_FLOOR_MS", "0.05"))
 CHUNKS = int(os.environ.get("PDSWEEP_BENCH_CHUNKS", "5"))  # a side's repeat runs as this many interleaved chunks
+# extra instance env, "VAR=VALUE,...": e.g. the CPU plugin's polling knobs, which set how many READ
+# posts wait 2-4 ms for a core (scripts/repro/kv_slow_reads.py, docs/performance.md)
+INSTANCE_ENV = dict(kv.split("=", 1) for kv in os.environ.get("PDSWEEP_BENCH_INSTANCE_ENV", "").split(",") if kv)
 
 
 def _paired_sweep(tmp: Path, delay_file: Path) -> Path:
@@ -240,7 +243,7 @@ platform: cpu
 models_file: {REPO / "sweeps" / "models.yaml"}
 defaults: {{prefill_block_size: 32, decode_block_size: 32, max_num_seqs: 4, startup_timeout_s: 600,
   request_timeout_s: 300, port_base: 14100}}
-env: {{base: {{{READ_DELAY_ENV_VAR}: "@{delay_file}"}}}}
+env: {{base: {json.dumps({READ_DELAY_ENV_VAR: f"@{delay_file}", **INSTANCE_ENV})}}}
 matrix: {{model: [tiny-llama], tp: [p1d1]}}
 eval: {{tasks: [], reference: false, consistency: {{enabled: false}}}}
 bench: {{enabled: false}}
@@ -449,7 +452,7 @@ def test_real_cpu_paired_teeth(tmp_path, monkeypatch):
         f"rest of that share of A's TTFT p50 ({got['base_ms']['ttft']:.0f} ms). {VERDICTS} paired verdicts per side, "
         f"each over {PAIRS} interleaved repeats of {PROMPTS} requests at concurrency 1 (each repeat {CHUNKS} chunks "
         f"alternating between the sides in a rotated order; p50 over the repeat's requests); threshold "
-        f"{THRESHOLD:.0%}; load `{os.getloadavg()[0]:.1f}`; experiment {got['wall_s']:.0f} s, whole run {total:.0f} s.",
+        f"{THRESHOLD:.0%}; instance env {INSTANCE_ENV or 'as shipped'}; load `{os.getloadavg()[0]:.1f}`; experiment {got['wall_s']:.0f} s, whole run {total:.0f} s.",
         "",
         *_table(got, "ttft", "TTFT p50 slowdown"),
         "",
