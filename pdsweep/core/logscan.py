@@ -188,10 +188,12 @@ def transfer_topologies(text: str) -> list[dict[str, int | str]]:
 
 def nixl_read_records(text: str) -> list[dict[str, Any]]:
     """Each completed READ line of a decode log that carries timing (pdsweep >= the repeats
-    of issue 24): ``{rank, engine, req, bytes, descs, start_s, end_s}``. The interval starts at
-    ``t0`` (vLLM asked to read) and ends NIXL's ``xferDuration`` after the post: ``tp + xfer_us``
-    (``tp``: the READ posted, :mod:`pdsweep.engine.readlog`), ``t0 + xfer_us`` on lines without
-    ``tp``, ``t1`` (vLLM saw it DONE) when NIXL gave no duration. Lines without timing are left out."""
+    of issue 24): ``{rank, engine, req, bytes, descs, start_s, end_s, posted_s, xfer_us}``. The
+    interval starts at ``t0`` (vLLM asked to read) and ends NIXL's ``xferDuration`` after the
+    post: ``tp + xfer_us`` (``tp``: the READ posted, :mod:`pdsweep.engine.readlog`), ``t0 +
+    xfer_us`` on lines without ``tp``, ``t1`` (vLLM saw it DONE) when NIXL gave no duration.
+    ``posted_s`` (s; ``tp``, None on lines without it) and ``xfer_us`` (us; -1: NIXL gave none)
+    as logged. Lines without timing are left out."""
     out = []
     for m in _READ.finditer(text):
         if m.group("t0") is None:
@@ -208,6 +210,8 @@ def nixl_read_records(text: str) -> list[dict[str, Any]]:
                 "descs": int(m.group("descs")),
                 "start_s": t0,
                 "end_s": max(end, t0),
+                "posted_s": float(m.group("tp")) if m.group("tp") else None,
+                "xfer_us": xfer,
             }
         )
     return out

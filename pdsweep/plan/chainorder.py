@@ -106,17 +106,15 @@ def _changes(h: list[int]) -> frozenset[int]:
 
 def _place(
     chs: list[Chain], plan: list[tuple[list[float], list[int], frozenset[int]]], pool: GpuPool
-) -> list[tuple[float, dict[int, Slot]] | None]:
-    """The event loop of :func:`simulate`: per chain its start and its slot from each cell on
-    where the slot changes (cell index -> slot; cell 0: the one acquired), or None."""
+) -> dict[int, tuple[float, dict[int, Slot]]]:
+    """The event loop of :func:`simulate`: per placed chain (by position) its start and its slot
+    from each cell on where the slot changes (cell index -> slot; cell 0: the one acquired)."""
     t, k, seq = 0.0, 0, itertools.count()
     events: list[tuple[float, int, int, int]] = []  # (time, seq, chain, cell after which its hold changes)
-    out: list[tuple[float, dict[int, Slot]] | None] = [None] * len(chs)
-    held: dict[int, dict[int, Slot]] = {}  # placed chain -> its slots, as in out
+    out: dict[int, tuple[float, dict[int, Slot]]] = {}
     while True:  # every event gives GPUs back, so the next chain may fit after each
         while k < len(chs) and plan[k][1] and (slot := pool.try_acquire(Need(plan[k][1][0]))) is not None:
-            held[k] = {0: slot}
-            out[k], at = (t, held[k]), t
+            out[k], at = (t, {0: slot}), t
             for i, x in enumerate(plan[k][0]):  # ends summed as run's clock does: cell after cell
                 at += x
                 if i in plan[k][2]:
@@ -125,7 +123,7 @@ def _place(
         if not events:
             return out
         t, _, j, i = heapq.heappop(events)
-        h, slots = plan[j][1], held[j]
+        h, slots = plan[j][1], out[j][1]
         last = slots[max(slots)]
         if i + 1 < len(h):
             slots[i + 1] = pool.shrink(last, last.gpus[h[i + 1] :])
@@ -156,11 +154,12 @@ def simulate(
             memo[id(ch)] = (d, h, _changes(h))
     plan = [memo[id(ch)] for ch in chs]
     out: list[list[Step]] = []
-    for ch, (d, _, _), placed in zip(chs, plan, _place(chs, plan, pool)):
-        if placed is None:
+    placed = _place(chs, plan, pool)
+    for j, (ch, (d, _, _)) in enumerate(zip(chs, plan)):
+        if j not in placed:
             out.append([])
             continue
-        at, slots = placed
+        at, slots = placed[j]
         if not steps:
             for x in d[:-1]:
                 at += x

@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from pdsweep.core.faults import READ_DELAY_ENV_VAR  # noqa: E402
-from pdsweep.core.logscan import _READ  # noqa: E402
+from pdsweep.core.logscan import nixl_read_records  # noqa: E402
 from pdsweep.measure import benchserve  # noqa: E402
 
 SWEEP = """name: kv-slow-reads
@@ -58,12 +58,12 @@ gate: {{require_accuracy: false, require_consistency: false}}
 
 
 def reads(text: str) -> list[tuple[float, float]]:
-    """(preparation ms, NIXL xferDuration us) per timed READ line of ``text``."""
-    out = []
-    for m in _READ.finditer(text):
-        if m.group("t0") and m.group("tp") and int(m.group("xfer_us")) >= 0:
-            out.append(((float(m.group("tp")) - float(m.group("t0"))) * 1e3, float(m.group("xfer_us"))))
-    return out
+    """(preparation ms, NIXL xferDuration us) per timed READ of ``text`` that has both."""
+    return [
+        ((r["posted_s"] - r["start_s"]) * 1e3, float(r["xfer_us"]))
+        for r in nixl_read_records(text)
+        if r["posted_s"] is not None and r["xfer_us"] >= 0
+    ]
 
 
 def idle_cpu(pids: dict[str, int], window_s: float = 3.0) -> dict[str, float]:
