@@ -16,9 +16,13 @@ B ?= results/fixed
 BASELINE ?= results/last-green
 # every run appends to the history store (pdsweep history show, pdsweep dashboard); keep it outside
 # the checkout on CI, beside BASELINE
-HISTORY ?= results/history.sqlite
+HISTORY ?= $(or $(PDSWEEP_HISTORY),results/history.sqlite)
 PYTEST_ARGS ?=
 GATE_ARGS ?=
+# e.g. one run's builds: make compare A=results/latest B=results/latest COMPARE_ARGS="--a-build fixed --b-build unfixed --allow-missing"
+COMPARE_ARGS ?=
+# e.g. the GPU matrix on paper from a CPU box: make plan SWEEP=sweeps/hybrid-mla-mamba.yaml PLAN_ARGS="--gpus 8 --gpu-arch sm90"
+PLAN_ARGS ?=
 # local: instances are child processes of this host; slurm: job steps of the allocation
 # `make` runs in (inside salloc/sbatch; see scripts/slurm-sweep.sbatch)
 LAUNCHER ?= local
@@ -33,7 +37,7 @@ validate: install
 	$(PY) -m pdsweep validate $(SWEEP)
 
 plan: install
-	$(PY) -m pdsweep plan $(SWEEP) $(if $(filter slurm,$(LAUNCHER)),--launcher slurm)
+	$(PY) -m pdsweep plan $(SWEEP) $(if $(filter slurm,$(LAUNCHER)),--launcher slurm) $(PLAN_ARGS)
 
 # Run the sweep, point results/latest at it, write the report, then gate it. Without an
 # unfixed baseline (unsupported vLLM version) a sweep with unfixed cells stops before it runs
@@ -53,7 +57,7 @@ report: install
 	$(PY) -m pdsweep report $(LATEST)
 
 compare: install
-	$(PY) -m pdsweep compare $(A) $(B)
+	$(PY) -m pdsweep compare $(A) $(B) $(COMPARE_ARGS)
 
 # Nightly: sweep + gate + compare against the last green run + summary. BASELINE is a
 # directory kept outside the checkout on CI (a copy, not a link: checkouts clean results/);

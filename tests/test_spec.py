@@ -61,6 +61,12 @@ def test_unknown_model_lists_catalogue(tmp_path, capsys):
     assert "tiny-llama" in msg and "kimi-linear" in msg
 
 
+def test_a_catalogue_given_as_sweep_says_so(capsys):
+    assert main(["validate", str(Path(__file__).parent.parent / "sweeps" / "models.yaml")]) == 2
+    msg = capsys.readouterr().err
+    assert "models.yaml: a model catalogue (top-level 'models'), not a sweep" in msg and "models_file" in msg
+
+
 def test_bad_literal_lists_values(tmp_path, capsys):
     msg = err(tmp_path, "name: x\nplatform: tpu\nmatrix: {model: [tiny-llama]}\n", capsys)
     assert "s.yaml:2: platform:" in msg and "'cuda'" in msg and "'cpu'" in msg

@@ -127,6 +127,11 @@ def load_sweep(path: str | Path) -> LoadedSweep:
     """
     path = Path(path)
     data, node = read_yaml(path)
+    if isinstance(data, dict) and "models" in data and "matrix" not in data:
+        raise UserError(
+            f"{path}: a model catalogue (top-level 'models'), not a sweep: a sweep names it with "
+            f"models_file; pass a sweep (name, matrix, ...), e.g. sweeps/cpu-smoke.yaml"
+        )
     sweep: Sweep = _validate(Sweep, data, path, node)
     try:
         cat_path = (path.parent / sweep.models_file).resolve()
