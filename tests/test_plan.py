@@ -359,12 +359,12 @@ def test_instances_cpu_bind_and_hnd():
     assert p.env["VLLM_CPU_OMP_THREADS_BIND"] == "0" and d.env["VLLM_CPU_OMP_THREADS_BIND"] == "1|0"
     assert d.env["VLLM_KV_CACHE_LAYOUT"] == "HND" and "VLLM_KV_CACHE_LAYOUT" not in p.env
     assert "CUDA_VISIBLE_DEVICES" not in p.env and "--gpu-memory-utilization" not in p.argv
-    assert p.env["VLLM_TARGET_DEVICE"] == "cpu" and p.env["PDSWEEP_NIXL_PROGRESS_DELAY_US"] == "1000"
+    assert p.env["VLLM_TARGET_DEVICE"] == "cpu" and p.env["PDSWEEP_NIXL_PROGRESS_DELAY_US"] == "5000"
     assert p.argv[p.argv.index("--dtype") + 1] == "float32"  # our float32 weights, not vLLM's bf16 auto
     # prefill TP > 1 on 2 cores (tests/fixtures/vllm_cpu/NOTES.md): few KV blocks, no long spins
     for inst in (p, d):
         assert inst.argv[inst.argv.index("--num-gpu-blocks-override") + 1] == "256"
-        assert inst.env["PDSWEEP_SHM_BUSY_LOOP_S"] == "0.01" and inst.env["PDSWEEP_ENGINE_IDLE_STEP_S"] == "0.02"
+        assert inst.env["PDSWEEP_SHM_BUSY_LOOP_S"] == "0.001" and inst.env["PDSWEEP_ENGINE_IDLE_STEP_S"] == "0.02"
         assert inst.env["PDSWEEP_CPU_ROPE_STRIDES"] == "1"
 
 
@@ -377,7 +377,7 @@ def test_cpu_plugin_env_and_blocks_can_be_overridden(tmp_path):
     )
     p, d = instances(expand(ls).pd_cells[0], Slot(0, (), 20000, (0, 1)), ls, "/m", "/py")
     assert p.argv[p.argv.index("--num-gpu-blocks-override") + 1] == "64"
-    assert p.env["PDSWEEP_ENGINE_IDLE_STEP_S"] == "0.05" and p.env["PDSWEEP_SHM_BUSY_LOOP_S"] == "0.01"
+    assert p.env["PDSWEEP_ENGINE_IDLE_STEP_S"] == "0.05" and p.env["PDSWEEP_SHM_BUSY_LOOP_S"] == "0.001"
 
 
 def test_gpu_cells_keep_vllms_block_count():

@@ -42,14 +42,16 @@ MAX_INSTANCES = (PORTS_PER_SLOT - FIRST_BLOCK) // BLOCK_PORTS  # per cell: 12
 # (nixl/base_worker.py _build_local_splits_from_plan): 77 s per prefill rank on 2 cores.
 # 256 blocks hold max_num_seqs x max_model_len of every cpu-smoke cell several times over.
 CPU_NUM_BLOCKS = 256
-# pdsweep.engine.vllm_plugin on CPU (each explained there): NIXL progress-thread delay, AMX tile
-# permission, shm readers spin 10 ms (not 1 s) after an RPC, an engine holding blocks for a
-# remote peer steps every 20 ms (not 1 ms), RoPE on contiguous copies of strided views,
-# CPU_MLA takes logical blocks that are multiples of 16 (hybrid MLA + Mamba: 128).
+# pdsweep.engine.vllm_plugin on CPU (each explained there): NIXL progress thread polls every
+# 5 ms (not a spin), AMX tile permission, shm readers spin 1 ms (not 1 s) after an RPC, an
+# engine holding blocks for a remote peer steps every 20 ms (not 1 ms), RoPE on contiguous
+# copies of strided views, CPU_MLA takes logical blocks that are multiples of 16 (hybrid MLA +
+# Mamba: 128). The two pollers are quiet so a KV READ does not wait for a core: slow READs
+# 12.5 % vs 20 % at 1000 us / 10 ms (docs/performance.md, scripts/repro/kv_slow_reads.py).
 CPU_PLUGIN_ENV = {
-    "PDSWEEP_NIXL_PROGRESS_DELAY_US": "1000",
+    "PDSWEEP_NIXL_PROGRESS_DELAY_US": "5000",
     "PDSWEEP_CPU_AMX_PERMISSION": "1",
-    "PDSWEEP_SHM_BUSY_LOOP_S": "0.01",
+    "PDSWEEP_SHM_BUSY_LOOP_S": "0.001",
     "PDSWEEP_ENGINE_IDLE_STEP_S": "0.02",
     "PDSWEEP_CPU_ROPE_STRIDES": "1",
     "PDSWEEP_CPU_MLA_LOGICAL_BLOCKS": "1",

