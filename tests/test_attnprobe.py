@@ -207,3 +207,20 @@ def test_close_probes_ends_the_probe_process_and_keeps_the_answers(tmp_path, mon
         assert attnprobe.vllm_version() == version and not attnprobe._PROBES  # cached: no new probe
     finally:
         answers.forget()  # later tests read the real store again
+
+
+def test_a_stubbed_kernel_module_does_not_spoil_later_answers_of_the_process():
+    # vLLM's FLASHINFER_MLA imports flashinfer (absent here: stubbed) before vllm/utils/flashinfer.py
+    # registers a custom op; torch's register_fake walks sys.modules with inspect.getmodule, which raised
+    # TypeError on a stub without __file__ halfway through that import, and every later load of an MLA
+    # backend in the process then failed on registering vllm::flashinfer_concat_mla_k twice
+    probe = attnprobe._Probe(sys.executable)
+    try:
+        q = dict(attnprobe._LAYER_DEFAULTS, use_mla=True, head_size=576, dtype="bfloat16", num_heads=16)
+        first = probe.ask({**q, "capability": [12, 0], "selected": "FLASHINFER_MLA"})
+        assert first["backends"][0]["unverified"] == [] and first["backends"][0]["sizes"]["exact"] == [32, 64], first
+        later = probe.ask({**q, "capability": [9, 0]})
+        assert all(b["sizes"] is not None for b in later["backends"] if b["name"] != "FLASH_ATTN_MLA_SPARSE"), later
+        assert later["backends"][0]["name"] == "FLASH_ATTN_MLA" and later["backends"][0]["sizes"]["multiple_of"] == 16
+    finally:
+        probe.close()

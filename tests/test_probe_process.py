@@ -122,11 +122,21 @@ def test_a_cold_store_starts_the_probe_before_expanding_and_a_warm_one_does_not(
     assert started == []  # nothing will be asked
     dryrun.start_probe_if_cold(cuda, check=False)
     assert started == [fake_python]
-    answers.store("attn", fake_python).put("k", {"priorities": []})
+    answers.store("attn", fake_python, attnprobe.SCRIPT).put("k", {"priorities": []})
     dryrun.start_probe_if_cold(cuda, check=False)
     assert started == [fake_python]  # the backend answers are kept
     dryrun.start_probe_if_cold(cuda, check=True)
     assert started == [fake_python] * 2  # the argv verdicts are not
-    answers.store("argv", fake_python).put(json.dumps(["/m"]), {"error": None})
+    answers.store("argv", fake_python, attnprobe.SCRIPT).put(json.dumps(["/m"]), {"error": None})
     dryrun.start_probe_if_cold(cuda, check=True)
     assert len(started) == 2
+
+
+def test_answers_of_another_probe_code_are_not_read(fake_python, monkeypatch) -> None:
+    # a mended probe must not read what the old one answered (it kept answers a broken stub spoilt)
+    monkeypatch.setattr(answers, "fingerprint", lambda python: "c" * 16)
+    answers.store("attn", fake_python, "old probe").put("k", {"priorities": ["X"]})
+    answers.forget()
+    assert answers.store("attn", fake_python, "old probe").get("k") == {"priorities": ["X"]}
+    assert answers.store("attn", fake_python, "new probe").get("k") is None
+    assert answers.cold("attn", fake_python, "new probe") and not answers.cold("attn", fake_python, "old probe")

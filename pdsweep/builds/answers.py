@@ -3,12 +3,13 @@ once per vLLM install, not once per plan: the backend probe (:mod:`pdsweep.build
 and the ``vllm serve`` argv check (:mod:`pdsweep.builds.argcheck`) both import vLLM, which
 costs 10 s or more on a 2-core box before the first answer.
 
-A store is one JSON file per (kind, install) under :func:`cache_dir`
+A store is one JSON file per (kind, install, asking code) under :func:`cache_dir`
 (``$PDSWEEP_PROBE_CACHE``, default ``.cache/pdsweep/probes``), named by the install's
 :func:`fingerprint`: the interpreter path plus path, size and mtime of vLLM's
-``__init__.py``, ``_version.py`` and ``vllm*.dist-info/RECORD`` in its site-packages. A
-reinstall or upgrade changes the fingerprint, so old answers are never read for a new vLLM;
-an interpreter whose vLLM cannot be found on disk gets no store (every question asked live).
+``__init__.py``, ``_version.py`` and ``vllm*.dist-info/RECORD`` in its site-packages, and by
+a digest of the probe's code. A reinstall or upgrade changes the fingerprint, a changed probe
+the digest, so old answers are never read for a new vLLM or a mended probe; an interpreter
+whose vLLM cannot be found on disk gets no store (every question asked live).
 """
 
 from __future__ import annotations
@@ -87,25 +88,27 @@ class Store:
                 pass  # a read-only checkout: answers stay in memory for this process
 
 
-_STORES: dict[tuple[str, str, str], Store] = {}
+_STORES: dict[tuple[str, str, str, str], Store] = {}
 _LOCK = threading.Lock()
 
 
-def store(kind: str, python: str) -> Store:
-    """The :class:`Store` of ``kind`` answers of ``python``'s vLLM (memory only when it has no
+def store(kind: str, python: str, code: str = "") -> Store:
+    """The :class:`Store` of ``kind`` answers of ``python``'s vLLM given by the probe ``code``
+    (its source: answers of other code are not read; memory only when ``python`` has no
     :func:`fingerprint`)."""
-    key = (kind, python, str(cache_dir()))
+    key = (kind, python, str(cache_dir()), code)
     with _LOCK:
         if key not in _STORES:
             fp = fingerprint(python)
-            _STORES[key] = Store(cache_dir() / f"{kind}-{fp}.json" if fp else None)
+            digest = hashlib.sha256(code.encode()).hexdigest()[:8]
+            _STORES[key] = Store(cache_dir() / f"{kind}-{fp}-{digest}.json" if fp else None)
         return _STORES[key]
 
 
-def cold(kind: str, python: str) -> bool:
-    """True when ``python``'s vLLM has no ``kind`` answer kept (its first plan, or no store):
-    every question of a plan will then go to vLLM."""
-    st = store(kind, python)
+def cold(kind: str, python: str, code: str = "") -> bool:
+    """True when ``python``'s vLLM has no ``kind`` answer of probe ``code`` kept (its first
+    plan, or no store): every question of a plan will then go to vLLM."""
+    st = store(kind, python, code)
     with st.lock:
         return not st.data
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 # ``validate_parsed_serve_args`` from, newest first: vLLM 0.34.0, then 0.32.0/0.33.0.
 CLI_ARGS_MODULES = ("vllm.entrypoints.common.cli_args", "vllm.entrypoints.launchers.cli_args")
 
-# Code of the probe process (attnprobe._SCRIPT, which has imported importlib, contextlib, sys,
+# Code of the probe process (attnprobe.SCRIPT, which has imported importlib, contextlib, sys,
 # json and its stub finder `_finder`): the "argv" kind, {"args": [[serve args]...]} ->
 # {"refused": [vLLM's message or None, ...], "parser": module} or {"unavailable": why}.
 ARGV_PROBE = r"""

@@ -37,8 +37,9 @@ from pdsweep.core.errors import UserError
 if TYPE_CHECKING:  # Python 3.10 has neither in typing; annotations only (from __future__ import annotations)
     from typing_extensions import Required, Unpack
 
-# Run with `python -c`: needs nothing of pdsweep (an unfixed venv may lack it).
-_SCRIPT = (
+# The probe's code, run with `python -c`: needs nothing of pdsweep (an unfixed venv may lack it); answer
+# stores are kept per this code (pdsweep.builds.answers.store).
+SCRIPT = (
     r"""
 import importlib.abc, importlib.machinery, json, os, re, sys, types
 _OUT = os.fdopen(os.dup(1), "w")  # the answers; anything vLLM or argparse prints goes to stderr instead
@@ -70,7 +71,11 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         if name.split(".")[0] in self.tops:
             return importlib.machinery.ModuleSpec(name, self, is_package=True)
     def create_module(self, spec):
-        m = types.ModuleType(spec.name); m.__path__ = []; m.__getattr__ = lambda n: _Anything; return m
+        # a __file__, or inspect.getmodule (torch.library's register_fake walks sys.modules) raises TypeError
+        # "is a built-in module" halfway through a vLLM module that has registered a custom op: imported
+        # again, it fails on registering that op twice (vllm::flashinfer_concat_mla_k)
+        m = types.ModuleType(spec.name); m.__path__ = []; m.__file__ = f"<pdsweep stub of {spec.name}>"
+        m.__getattr__ = lambda n: _Anything; return m
     def exec_module(self, m): pass
 _finder = _StubFinder(); sys.meta_path.insert(0, _finder)
 STUBBED = []
@@ -227,7 +232,7 @@ os._exit(0)  # EOF: every answer is flushed; skip tearing down torch and vLLM (~
 
 
 class _Probe:
-    """One long-lived ``python -c _SCRIPT`` answering one JSON query per line, in order.
+    """One long-lived ``python -c SCRIPT`` answering one JSON query per line, in order.
 
     Started without waiting: vLLM's import (~5 s on a 2-core box) overlaps the caller's work
     until the first :meth:`submit`. Queries are pipelined: :meth:`submit` writes one and
@@ -238,7 +243,7 @@ class _Probe:
         self.python = python
         self.lock = threading.Lock()
         self.proc = subprocess.Popen(
-            [python, "-c", _SCRIPT],
+            [python, "-c", SCRIPT],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -366,7 +371,7 @@ def _ask(python: str, key: str) -> dict[str, Any]:
     (:mod:`pdsweep.builds.answers`) when asked before: no vLLM is imported then."""
     from pdsweep.builds import answers
 
-    st = answers.store("attn", python)
+    st = answers.store("attn", python, SCRIPT)
     if (out := st.get(key)) is None:
         out = _probe(python).ask(json.loads(key))
         if "failed" not in out:  # vLLM's answer (a refusal included), not the probe's own failure
@@ -383,7 +388,7 @@ def vllm_version(python: str | None = None) -> str:
 def _version(python: str) -> str:
     from pdsweep.builds import answers
 
-    st = answers.store("attn", python)
+    st = answers.store("attn", python, SCRIPT)
     if (v := st.get("version")) is None:
         v = _probe(python).version()
         st.put("version", v)

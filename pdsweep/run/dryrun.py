@@ -51,7 +51,8 @@ def start_probe_if_cold(ls, check: bool) -> None:
     from pdsweep.builds import answers, attnprobe
 
     py = sys.executable
-    if (check and answers.cold("argv", py)) or (ls.sweep.platform == "cuda" and answers.cold("attn", py)):
+    code = attnprobe.SCRIPT
+    if (check and answers.cold("argv", py, code)) or (ls.sweep.platform == "cuda" and answers.cold("attn", py, code)):
         attnprobe.start(py)
 
 
