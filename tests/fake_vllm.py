@@ -24,6 +24,9 @@ FAKE_LIFE_LOG        append a JSON line at start (pid, CUDA_VISIBLE_DEVICES, eve
                      binds) and one at exit (after the server closed): lifetimes for GPU tests
 FAKE_MODEL_KINDS     JSON {served name: [attention, has_ssm]}: the READs logged per request follow
                      vLLM's read plan for that kind (pdsweep.plan.readplan); else one from rank 0
+FAKE_PR49297_UNDONE  decode follows the pre-#49297 read plan (readplan ``plan="unfixed"``): where it
+                     asserts a single read (MLA + SSM at tp_ratio < 0), decode logs that assertion's
+                     traceback and its process exits 1 on the first PD request, as that build's does
 
 A prompt seen before counts its words as ``vllm:prefix_cache_hits`` (every prompt as
 ``vllm:prefix_cache_queries``); with ``VLLM_SERVER_DEV_MODE=1`` ``POST /reset_prefix_cache``
@@ -276,6 +279,11 @@ def main() -> None:
             engine = kv.get("remote_engine_id", "fake")
             kind = json.loads(os.environ.get("FAKE_MODEL_KINDS", "{}")).get(name)
             split = {0: 1}
+            if kind and os.environ.get("FAKE_PR49297_UNDONE"):
+                if _unfixed_asserts(kind, int(kv.get("fake_prefill_tp") or 1), args.tensor_parallel_size):
+                    if life:
+                        _life(life, "end", name, args.port)
+                    os._exit(1)
             if kind:
                 from pdsweep.plan.readplan import expected_read_split
 
@@ -322,6 +330,26 @@ def main() -> None:
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=1)
     if life:
         _life(life, "end", name, args.port)
+
+
+def _unfixed_asserts(kind: list, prefill_tp: int, decode_tp: int) -> bool:
+    """True, after logging the traceback, where pre-#49297 vLLM's decode worker asserts a single
+    read (readplan ``plan="unfixed"``); the caller exits then, as that worker dies."""
+    from pdsweep.plan.readplan import UnfixedPlanAsserts, layout_geometry, plans_for
+
+    try:
+        plans_for(layout_geometry(kind[0], kind[1], prefill_tp, decode_tp), prefill_tp, decode_tp, "unfixed", "builtin")
+    except UnfixedPlanAsserts:
+        print(
+            "Traceback (most recent call last):\n"
+            '  File "/fake/vllm/distributed/kv_transfer/kv_connector/v1/nixl/pull_worker.py", line 313, '
+            "in _read_blocks_for_req\n"
+            "    assert len(read_specs) == 1\n"
+            "AssertionError",
+            flush=True,
+        )
+        return True
+    return False
 
 
 def _life(path: str, event: str, name: str, port: int) -> None:

@@ -31,8 +31,17 @@ def mission_plan() -> dict:
     return plan_dict(str(MISSION), 8)
 
 
-def test_gpu_reuse_figures(mission_plan: dict) -> None:
-    sched, reuse = mission_plan["schedule"], mission_plan["reuse"]
+@pytest.fixture(scope="module")
+def made_mission_plan(mission_plan: dict) -> dict:
+    """The mission plan with both builds made, as `make test` and a GPU node's `make sweep` have
+    them: the chains depend on which expectations apply to the unfixed build (docs/gpu-reuse.md)."""
+    if not (REPO / ".venv-unfixed" / "bin" / "python").exists():
+        pytest.skip("the unfixed build is not made: `make baseline-env` (`make test` makes it)")
+    return mission_plan
+
+
+def test_gpu_reuse_figures(made_mission_plan: dict) -> None:
+    sched, reuse = made_mission_plan["schedule"], made_mission_plan["reuse"]
     p8 = [x for x in sched["needs_more_gpus"] if ".p8d" in x["cell"]]
     computed = (
         len(sched["placements"]),
@@ -41,27 +50,27 @@ def test_gpu_reuse_figures(mission_plan: dict) -> None:
         len(reuse["schedule"]["chains"]),
         reuse["distinct"],
         reuse["per_cell"],
+        sum(c["instance_starts"] for c in reuse["schedule"]["chains"]),
     )
     page = quoted(
         "docs/gpu-reuse.md",
         r"On the mission sweep with 8 GPUs, (\d+) cells fit \(the (\d+) p8dX cells need 9-12 GPUs, and (\d+) "
         r"reference only they are compared with is not scheduled either: it would judge nothing\)\. "
-        r"They form (\d+) chains with (\d+) distinct instances for (\d+) uses",
+        r"They form (\d+) chains with (\d+) distinct instances for (\d+) uses and (\d+) instance starts",
     )
-    assert page == computed, "docs/gpu-reuse.md: (fit, p8dX, their references, chains, distinct instances, uses)"
-    assert quoted("docs/gpu-reuse.md", r"each of the (\d+) instances started once") == (reuse["distinct"],)
+    assert page == computed, "docs/gpu-reuse.md: (fit, p8dX, their references, chains, distinct, uses, starts)"
 
 
-def test_gpu_reuse_makespan_figures(mission_plan: dict) -> None:
+def test_gpu_reuse_makespan_figures(made_mission_plan: dict) -> None:
     """docs/gpu-reuse.md's mission makespan on 8 GPUs (the schedule `run` follows) against
     upstream's fresh pair per PD config, in the plan's duration model (bench/test_sweep_reuse.py)."""
     from pdsweep.plan.startup import estimator
 
     ls = load_sweep(MISSION)
     est, cells = estimator(ls), {c.id: c for c in expand(ls).cells}
-    placed = [cells[p["cell"]] for p in mission_plan["schedule"]["placements"]]
+    placed = [cells[p["cell"]] for p in made_mission_plan["schedule"]["placements"]]
     upstream = sum(est(c) for c in placed if c.kind == "pd")
-    ours = mission_plan["makespan"]["s"]
+    ours = made_mission_plan["makespan"]["s"]
     text = " ".join((REPO / "docs/gpu-reuse.md").read_text().split())
     m = re.search(
         r"takes ([\d.]+) h on the schedule `run` follows \(reuse chains that give GPUs back\) against ([\d.]+) h "

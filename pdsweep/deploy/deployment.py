@@ -62,6 +62,8 @@ class Provider(Protocol):
 
     def acquire(self, cell_id: str, specs: list[InstanceSpec], log_dir: Path) -> list[Use]: ...
 
+    def ready(self, cell_id: str, uses: list[Use]) -> None: ...
+
     def release(self, cell_id: str, uses: list[Use], failed: bool, log_dir: Path) -> None: ...
 
 
@@ -443,6 +445,7 @@ def deploy(
         on_uses(dep.uses)
         wait_healthy(dep.handles, timeouts.startup_s, stop)
         dep.timings["healthy_s"] = time.monotonic() - t0
+        provider.ready(cell.id, dep.uses)  # measured startups (run.json), also of a cell that fails next
         on_phase("ready")
         if cell.kind == "pd" and cell.router == "vllm-router":
             dep.proxy_log = log_dir / "router.log"

@@ -158,9 +158,9 @@ class Fresh:
             raise
         return uses
 
-    def ready(self, cell_id: str, uses: list[Use], since_healthy_s: float = 0.0) -> None:
-        """The cell found ``uses`` healthy ``since_healthy_s`` ago: record each one's startup."""
-        now = time.monotonic() - since_healthy_s
+    def ready(self, cell_id: str, uses: list[Use]) -> None:
+        """The cell found ``uses`` healthy just now: record each one's startup."""
+        now = time.monotonic()
         for u in uses:
             t = self.launched.pop(id(u.handle), None)
             if t is not None:
@@ -321,10 +321,11 @@ class InstancePool:
             raise
         return uses
 
-    def ready(self, cell_id: str, uses: list[Use], since_healthy_s: float = 0.0) -> None:
-        """The cell found ``uses`` healthy ``since_healthy_s`` ago: record the measured
-        startup of each instance started since (run.json ``instances.startups``)."""
-        now = time.monotonic() - since_healthy_s
+    def ready(self, cell_id: str, uses: list[Use]) -> None:
+        """The cell found ``uses`` healthy just now (:func:`pdsweep.deploy.deployment.deploy`,
+        before its first request): record the measured startup of each instance started since
+        (run.json ``instances.startups``)."""
+        now = time.monotonic()
         for u in uses:
             live = self.live.get(instance_key(u.spec))
             if live is not None and not live.healthy:

@@ -65,8 +65,11 @@ def simulate(
 ) -> tuple[int, list[set[str]], list[bool]]:
     """Run ``order`` on ``capacity`` GPUs keeping instances up while a later cell needs them
     and they leave room: before each cell, live instances it does not need are stopped,
-    the one needed again furthest ahead first (Belady), until its instances fit. Returns
-    (instance starts, per cell the keys stopped after it, per cell whether it starts any)."""
+    the one needed again furthest ahead first (Belady), until its instances fit. A cell
+    expected to fail (``expect_fail``) ends its instances: ``run`` stops every instance of a
+    failed cell (:func:`pdsweep.deploy.deployment.deploy`; pre-#49297 decode dies on its
+    assert), so a later cell starts them again. Returns (instance starts, per cell the keys
+    stopped after it, per cell whether it starts any)."""
     live: set[str] = set()
     stops: list[set[str]] = [set() for _ in order]
     starts, fresh = 0, []
@@ -96,6 +99,9 @@ def simulate(
         starts += len(new)
         fresh.append(bool(new))
         live |= need[i]
+        if order[i].expect_fail:
+            stops[i] |= need[i]
+            live -= need[i]
     if order:
         stops[-1] |= live
     return starts, stops, fresh
@@ -122,21 +128,29 @@ def plan_chain(cells: list[Cell], keys: dict[str, list[str]], sizes: dict[str, i
 
 def _greedy(cells: list[Cell], keys: dict[str, list[str]]) -> list[list[int]]:
     """Per first cell (by position), the greedy order of ``cells``' positions: the next is the
-    one with the least cost ``(new instances, -kept instances, later uses of its instances by
-    the cells left, position)``. A cell's cost changes only when a cell sharing one of its
-    keys is chosen, so costs are updated through a key -> cells index: one pass is
+    one with the least cost ``(new instances + later restarts, -kept instances, later uses of
+    its instances by the cells left, position)``; a cell expected to fail ends its instances
+    (:func:`simulate`), so it costs one restart per instance of it a cell left still needs,
+    and what it used is not kept for the next. A cell's cost changes only when a cell sharing
+    one of its keys is chosen, so costs are updated through a key -> cells index: one pass is
     O(cells^2 + cells x keys x sharers)."""
     need = [frozenset(keys.get(c.id, [])) for c in cells]
+    ends = [c.expect_fail for c in cells]
     sharers: dict[str, list[int]] = {}
     for i, ks in enumerate(need):
         for k in ks:
             sharers.setdefault(k, []).append(i)
     out = []
     for first in range(len(cells)):
-        uses = {k: len(v) - (k in need[first]) for k, v in sharers.items()}
-        live = set(need[first])
+        left = {k: len(v) - (k in need[first]) for k, v in sharers.items()}  # cells left needing k
+        live = set() if ends[first] else set(need[first])
         cost = {
-            i: (len(need[i] - live), -len(need[i] & live), sum(uses[k] - 1 for k in need[i]), i)
+            i: (
+                len(need[i] - live) + ends[i] * sum(left[k] > 1 for k in need[i]),
+                -len(need[i] & live),
+                sum(left[k] - 1 for k in need[i]),
+                i,
+            )
             for i in range(len(cells))
             if i != first
         }
@@ -145,13 +159,18 @@ def _greedy(cells: list[Cell], keys: dict[str, list[str]]) -> list[list[int]]:
             nxt = min(cost, key=cost.__getitem__)
             del cost[nxt]
             order.append(nxt)
-            for k in need[nxt]:  # k: one fewer later use; if it was not live, it is now (new -> kept)
-                fresh = k not in live
+            for k in need[nxt]:  # k: one fewer cell left; live after it unless it ends it (new <-> kept)
+                left[k] -= 1
+                was, now = k in live, not ends[nxt]
                 for i in sharers[k]:
                     if i in cost:
                         n, kept, later, pos = cost[i]
-                        cost[i] = (n - fresh, kept - fresh, later - 1, pos)
-                live.add(k)
+                        n += was - now - (ends[i] and left[k] == 1)  # i alone left: ending k restarts none
+                        cost[i] = (n, kept + was - now, later - 1, pos)
+                if now:
+                    live.add(k)
+                else:
+                    live.discard(k)
         out.append(order)
     return out
 
@@ -193,16 +212,27 @@ def cell_times(
     pays only :data:`EVAL_S`, any other its full ``estimate`` (startup + eval). With ``sizes``
     (instance key -> GPUs) the prestart of ``run`` is counted (:func:`pdsweep.run.gpureuse.prestart`):
     a cell's new instances start during the previous cell's eval when they fit on the chain's
-    GPUs beside every instance live then, so only their startup beyond :data:`EVAL_S` is paid."""
+    GPUs beside every instance live then, so only their startup beyond :data:`EVAL_S` is paid;
+    not when one of them is live then (a restart after the previous cell stopped it: it
+    starts when the cell comes), nor after a cell expected to fail (``run`` prestarts once a
+    cell is ready; pre-#49297 decode dies at the first request, before)."""
     out, live, during = [], set[str](), set[str]()
     for i, (c, stop) in enumerate(zip(chain.cells, chain.stops or [frozenset()] * len(chain.cells))):
         need = set(keys.get(c.id, []))
         new = need - live
         eval_s = EVAL_S[c.platform]
         startup = 0.0 if need and not new else estimate(c) - eval_s
-        if new and sizes is not None and chain.gpus > 0 and i > 0:
-            if sum(sizes.get(k, 1) for k in during | new) <= chain.gpus:
-                startup = max(0.0, startup - EVAL_S[chain.cells[i - 1].platform])
+        prestarted = (
+            new
+            and i > 0
+            and sizes is not None
+            and chain.gpus > 0
+            and not new & during
+            and not chain.cells[i - 1].expect_fail
+            and sum(sizes.get(k, 1) for k in during | new) <= chain.gpus
+        )
+        if prestarted:
+            startup = max(0.0, startup - EVAL_S[chain.cells[i - 1].platform])
         out.append(startup + eval_s)
         during = live | need
         live = during - stop

@@ -197,8 +197,6 @@ def _deploy_and_measure(cr: CellRun) -> Slot:
             stop=ctx.stop.is_set,
             on_uses=lambda uses: status.update(instances=[u.record() for u in uses]),
         ) as dep:
-            # measured startups (run.json instances.startups): launch to healthy
-            ctx.provider.ready(cell.id, dep.uses, dep.timings.get("first_request_s", 0.0))
             status["timings"] = dict(dep.timings)
             if cr.on_ready:
                 cr.on_ready()
