@@ -246,6 +246,17 @@ def test_chain_plan_starts_each_mission_instance_once_but_after_an_expected_fail
         k for k, n in again.items() if n
     }
     assert all(n >= 0 for n in again.values()) and sum(again.values()) >= 3
+    # and the plan says so
+    from io import StringIO
+
+    from rich.console import Console
+
+    from pdsweep.run.dryrun import _print_reuse
+
+    out = StringIO()
+    _print_reuse(Console(file=out, width=400), {**r, "instances": []})
+    n = sum(c["instance_starts"] for c in sched["chains"])
+    assert f"; {n} instance starts: {n - 48} again after a cell expected to fail" in out.getvalue()
     held = [x for i, c in enumerate(sched["chains"]) for x in holdings(i, c)]
     for i, (ca, a0, a1, ga) in enumerate(held):  # at any time, chains hold disjoint GPUs
         for cb, b0, b1, gb in held[i + 1 :]:

@@ -473,7 +473,11 @@ def _print_reuse(con, reuse: dict) -> None:
         t.add_row(r["instance_id"], ", ".join(r["cells"]), r["stop_after"] or "-")
     con.print(t)
     if s := reuse.get("schedule"):
-        con.print(f"with reuse on GPUs: {len(s['chains'])} chains (cells sharing instances run in turn on one GPU set)")
+        n = sum(c["instance_starts"] for c in s["chains"])
+        line = f"with reuse on GPUs: {len(s['chains'])} chains (cells sharing instances run in turn on one GPU set)"
+        if n > reuse["distinct"]:  # a cell expected to fail ends its instances (pdsweep.plan.reusepack.simulate)
+            line += f"; {n} instance starts: {n - reuse['distinct']} again after a cell expected to fail"
+        con.print(line)
 
 
 def placement_text(p: dict) -> str:
