@@ -92,7 +92,7 @@ _STORES: dict[tuple[str, str, str, str], Store] = {}
 _LOCK = threading.Lock()
 
 
-def store(kind: str, python: str, code: str = "") -> Store:
+def store(kind: str, python: str, code: str) -> Store:
     """The :class:`Store` of ``kind`` answers of ``python``'s vLLM given by the probe ``code``
     (its source: answers of other code are not read; memory only when ``python`` has no
     :func:`fingerprint`)."""
@@ -105,7 +105,7 @@ def store(kind: str, python: str, code: str = "") -> Store:
         return _STORES[key]
 
 
-def cold(kind: str, python: str, code: str = "") -> bool:
+def cold(kind: str, python: str, code: str) -> bool:
     """True when ``python``'s vLLM has no ``kind`` answer of probe ``code`` kept (its first
     plan, or no store): every question of a plan will then go to vLLM."""
     st = store(kind, python, code)
