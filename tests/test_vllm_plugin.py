@@ -4,6 +4,7 @@ started): the CPU patches land where vLLM looks them up, and change only what th
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -55,6 +56,46 @@ def test_shm_readers_spin_only_as_long_as_asked(restore):
                 s.write_cancel_socket.close(0)
     finally:
         ctx.term()
+
+
+def _second_notifies_lost(ctx, tmp_path: Path, trials: int) -> int:
+    """Of ``trials`` writer/reader pairs of vLLM's SpinCondition over ipc (as MessageQueue makes
+    them), how often the reader misses a notify sent right after it took the previous one."""
+    from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+
+    lost = 0
+    tmp_path.mkdir()
+    for i in range(trials):
+        addr = f"ipc://{tmp_path}/notify-{i}"
+        w, r = SpinCondition(False, ctx, addr), SpinCondition(True, ctx, addr)
+        time.sleep(0.02)  # the subscription reaches the PUB socket
+        w.notify()
+        assert r.local_notify_socket.poll(1000), "the first notify never arrived"
+        r.local_notify_socket.recv()
+        w.notify()  # within ~1 ms of the first: vLLM's SNDHWM 1 drops it
+        if r.local_notify_socket.poll(100):
+            r.local_notify_socket.recv()
+        else:
+            lost += 1
+        for s in (w, r):
+            s.local_notify_socket.close(0)
+        r.read_cancel_socket.close(0)
+        r.write_cancel_socket.close(0)
+    return lost
+
+
+def test_shm_writers_keep_every_wake_up_of_a_reader_that_stopped_spinning(restore, tmp_path):
+    # a parked reader whose notify is dropped sleeps SHM_READER_RECHECK_INTERVAL_MS (5 s): the
+    # short spin pdsweep gives readers is safe only with writers that drop no notify
+    import zmq
+
+    ctx = zmq.Context()
+    try:
+        assert _second_notifies_lost(ctx, tmp_path / "a", 20) > 0  # vLLM 0.32.0 as shipped
+        assert vllm_plugin.patch_shm_busy_loop(0.001)
+        assert _second_notifies_lost(ctx, tmp_path / "b", 20) == 0
+    finally:
+        ctx.destroy(linger=0)
 
 
 class _Sched:

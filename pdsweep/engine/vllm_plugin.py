@@ -198,17 +198,34 @@ def request_amx_permission() -> bool:
     return True
 
 
+NOTIFY_HWM = 1000  # notifies a shm-broadcast writer's PUB socket may hold (vLLM sets 1)
+
+
 def patch_shm_busy_loop(busy_loop_s: float) -> bool:
-    """Bound how long vLLM's shm-broadcast readers spin (``sched_yield``) after a read.
+    """Bound how long vLLM's shm-broadcast readers spin (``sched_yield``) after a read, and
+    keep every write's wake-up so a reader that stopped spinning is woken.
 
     vLLM (``vllm/distributed/device_communicators/shm_broadcast.py``, ``SpinCondition``,
     ``busy_loop_s=1``) keeps every RPC reader spinning for 1 s after each message. A
     prefill engine that holds blocks for a remote decode steps every ~1 ms
     (``EngineCore._process_engine_step``), so with TP 2 its engine and both workers never
     leave the spin: 3 processes on 2 cores, and a decode pinned to one of them starves.
-    Returns False (and changes nothing) when ``SpinCondition`` is not where it was.
+
+    A reader that stops spinning parks in ``zmq.Poller.poll`` until the writer's
+    ``notify()``, a PUB socket that vLLM gives ``SNDHWM`` 1. That socket drops a notify sent
+    within ~1.4 ms of the one before (measured: every lost notify followed the previous by
+    1.10-1.39 ms; none of 766 notifies more than 2 ms apart was lost), and the parked reader
+    then sleeps until ``SHM_READER_RECHECK_INTERVAL_MS`` (5 s): a decode TP 2 step took 5 s.
+    With vLLM's 1 s spin the reader is still spinning then; with a short one it is not. So the
+    writers' PUB ``SNDHWM`` becomes :data:`NOTIFY_HWM` (their readers keep the last notify
+    only, ``zmq.CONFLATE``): with it, 0 lost in 300 RPCs, against 4-16 in 300 at ``SNDHWM`` 1
+    (scripts/repro/shm_lost_notify.py, docs/performance.md). Returns False (and changes
+    nothing) when ``SpinCondition`` is not where it was.
     """
     try:
+        import inspect
+
+        import zmq
         from vllm.distributed.device_communicators import shm_broadcast
     except Exception:  # noqa: BLE001
         return False
@@ -217,9 +234,38 @@ def patch_shm_busy_loop(busy_loop_s: float) -> bool:
     if cls is None or init is None:
         return False
     orig = getattr(init, "_pdsweep_orig", init)
+    try:
+        sig = inspect.signature(orig)
+        if not {"is_reader", "context"} <= set(sig.parameters):
+            return False
+    except (TypeError, ValueError):
+        return False
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        orig(self, *args, **kwargs)
+    class KeepNotifies(zmq.Socket):
+        """A writer's PUB socket: ``SNDHWM`` never below :data:`NOTIFY_HWM`."""
+
+        def setsockopt(self, option: int, value: Any) -> None:
+            if option == zmq.SNDHWM:
+                value = max(int(value), NOTIFY_HWM)
+            super().setsockopt(option, value)
+
+    class WriterContext:
+        """The zmq context a writer's ``SpinCondition`` makes its PUB socket with."""
+
+        def __init__(self, ctx: Any) -> None:
+            self._ctx = ctx
+
+        def socket(self, kind: int, **kw: Any) -> Any:
+            return self._ctx.socket(kind, socket_class=KeepNotifies, **kw)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._ctx, name)
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        bound = sig.bind(self, *args, **kwargs)
+        if not bound.arguments["is_reader"]:
+            bound.arguments["context"] = WriterContext(bound.arguments["context"])
+        orig(*bound.args, **bound.kwargs)
         if getattr(self, "is_reader", False):
             self.busy_loop_s = busy_loop_s
 

@@ -43,7 +43,8 @@ MAX_INSTANCES = (PORTS_PER_SLOT - FIRST_BLOCK) // BLOCK_PORTS  # per cell: 12
 # 256 blocks hold max_num_seqs x max_model_len of every cpu-smoke cell several times over.
 CPU_NUM_BLOCKS = 256
 # pdsweep.engine.vllm_plugin on CPU (each explained there): NIXL progress thread polls every
-# 5 ms (not a spin), AMX tile permission, shm readers spin 1 ms (not 1 s) after an RPC, an
+# 5 ms (not a spin), AMX tile permission, shm readers spin 1 ms (not 1 s) after an RPC and
+# their writers drop no wake-up (a dropped one parked a reader for 5 s), an
 # engine holding blocks for a remote peer steps every 20 ms (not 1 ms), RoPE on contiguous
 # copies of strided views, CPU_MLA takes logical blocks that are multiples of 16 (hybrid MLA +
 # Mamba: 128). The two pollers are quiet so a KV READ does not wait for a core: slow READs
