@@ -4,8 +4,9 @@ Reads a finished run (``$PDSWEEP_BENCH_RUN``, else the newest ``results/*/run.js
 measured startups): each instance start (run.json ``instances.startups``, launch to
 ``/health`` 200) against :func:`pdsweep.plan.startup.startup_s` of its model and TP, each
 cell's measured phases (status.json ``timings.measure_s``: eval, consistency, bench) against
-:data:`pdsweep.plan.schedule.EVAL_S`, and the run's wall time against the makespan its
-plan.json estimated. Figures go to ``results/bench/summary.md``; skipped without a run.
+:data:`pdsweep.plan.schedule.EVAL_S` (:data:`~pdsweep.plan.schedule.FIRST_REQUEST_S` for a cell
+that :func:`~pdsweep.plan.schedule.dies_at_first_request`), and the run's wall time against
+today's model of its cells in its order. Figures go to ``results/bench/summary.md``; skipped without a run.
 """
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ def _run() -> Path | None:
 def modelled_s(run: Path, idx: dict) -> float:
     """The run's cells in its own order (plan.json ``reuse.order``, one at a time as on CPU) in
     today's model: :func:`pdsweep.plan.startup.estimator` for a cell starting any instance,
-    :data:`pdsweep.plan.schedule.EVAL_S` for one whose instances were all up."""
+    :func:`pdsweep.plan.schedule.eval_s` for one whose instances were all up."""
     from pdsweep.plan.expand import expand
-    from pdsweep.plan.schedule import EVAL_S
+    from pdsweep.plan.schedule import eval_s
     from pdsweep.plan.startup import estimator
     from pdsweep.spec.sweep import load_sweep
 
@@ -51,40 +52,45 @@ def modelled_s(run: Path, idx: dict) -> float:
     t, seen = 0.0, set[str]()
     for cid in plan["reuse"]["order"]:
         ids = set(plan["reuse"]["cell_instances"][cid].values())
-        t += est(cells[cid]) if ids - seen else EVAL_S[cells[cid].platform]
+        t += est(cells[cid]) if ids - seen else eval_s(cells[cid])
         seen |= ids
     return t
 
 
 def test_duration_model_against_measured_phases(benchmark) -> None:
-    from pdsweep.plan.schedule import EVAL_S
+    from pdsweep.plan.expand import expand
+    from pdsweep.plan.schedule import EVAL_S, FIRST_REQUEST_S, dies_at_first_request
     from pdsweep.plan.startup import startup_s
-    from pdsweep.spec.sweep import load_catalogue
+    from pdsweep.spec.sweep import load_catalogue, load_sweep
 
     run = _run()
     if run is None:
         pytest.skip("no finished run with measured startups: set PDSWEEP_BENCH_RUN")
     idx = layout.read_json(run / layout.RUN_FILE)
     models = load_catalogue(REPO / "sweeps" / "models.yaml").models
+    dies = {c.id for c in expand(load_sweep(REPO / idx["sweep"])).cells if dies_at_first_request(c)}
 
-    def measured() -> tuple[list[tuple[float, float]], list[float]]:
+    def measured() -> tuple[list[tuple[float, float]], dict[bool, list[float]]]:
         starts = [
             (s["startup_s"], startup_s(models[s["model"]], idx["platform"], s["tp"]))
             for s in idx["instances"]["startups"]
             if s["model"] in models
         ]
-        phases = []
+        phases: dict[bool, list[float]] = {False: [], True: []}  # dies at its first PD request -> seconds
         for cid in idx["cells"]:
             st = layout.read_json_or_none(run / cid / "status.json") or {}
-            if (m := (st.get("timings") or {}).get("measure_s")) is not None:
-                phases.append(m)
+            what = "first_request_s" if cid in dies else "measure_s"  # a dying cell ends at its first request
+            if (m := (st.get("timings") or {}).get(what)) is not None:
+                phases[cid in dies].append(m)
         return starts, phases
 
-    starts, phases = benchmark.pedantic(measured, rounds=1, iterations=1)
+    starts, by_kind = benchmark.pedantic(measured, rounds=1, iterations=1)
+    phases, deaths = by_kind[False], by_kind[True]
     wall, est = idx["timings"]["wall_s"], modelled_s(run, idx)
     s_ratio = statistics.median(m / e for m, e in starts)
     p_ratio = statistics.median(phases) / EVAL_S[idx["platform"]]
     benchmark.extra_info.update(startup_ratio=s_ratio, phase_ratio=p_ratio, wall_s=wall, estimated_s=est)
+    first = FIRST_REQUEST_S[idx["platform"]]
     write_section(
         f"Duration model vs measured phases ({run.name}, {idx['platform']})",
         [
@@ -92,6 +98,8 @@ def test_duration_model_against_measured_phases(benchmark) -> None:
             f"model median {statistics.median(e for _, e in starts):.1f} s: measured/model {s_ratio:.2f}",
             f"- measured phases per cell (eval + consistency + bench): {len(phases)} cells, median "
             f"{statistics.median(phases):.1f} s vs EVAL_S {EVAL_S[idx['platform']]:.0f} s: {p_ratio:.2f}",
+            f"- cells whose decode dies at the first PD request (pre-#49297 assert): {len(deaths)} cells, measured "
+            + (f"{', '.join(f'{m:.1f}' for m in deaths)} s vs FIRST_REQUEST_S {first:.0f} s" if deaths else "none"),
             f"- run wall {wall:.0f} s vs today's model of its cells in its order {est:.0f} s: {wall / est:.2f}",
         ],
     )

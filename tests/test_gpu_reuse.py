@@ -22,7 +22,8 @@ from pdsweep.judge.gate import gate_run
 from pdsweep.plan.expand import expand
 from pdsweep.plan.instance import InstanceSpec
 from pdsweep.plan.reusepack import Chain, cell_times, plan_chain, simulate, starts
-from pdsweep.plan.startup import startup_s
+from pdsweep.plan.schedule import EVAL_S, FIRST_REQUEST_S, dies_at_first_request, eval_s
+from pdsweep.plan.startup import estimator, startup_s
 from pdsweep.results import layout
 from pdsweep.run.context import RunOptions
 from pdsweep.run.gpureuse import assign
@@ -160,6 +161,12 @@ def test_mission_plan_on_a_fake_8_gpu_node_reuses_each_instance_once(tmp_path, t
         "kimi-linear.p4d2.b128-128.unfixed",
         "glm-5.3-flash-4l.p2d1.b128-128.unfixed",
     }
+    # the plan's duration model ends exactly these at their first request (eval_s), and each cell records
+    # how long that request took until decode died (status.json timings, kept for a cell failing there)
+    assert {c.id for c in fake.cells if dies_at_first_request(c) and c.id in ran} == crash
+    for cid in crash:
+        st = layout.read_json(run / cid / layout.STATUS_FILE)
+        assert st["phase"] == "ready" and 0 < st["timings"]["first_request_s"] < 10, (cid, st.get("timings"))
     bad = {
         cid: c["status"] for cid, c in index["cells"].items() if cid in ran and (c["status"] != "ok") != (cid in crash)
     }
@@ -290,7 +297,10 @@ def holdings(i: int, chain: dict) -> list[tuple[int, float, float, set[int]]]:
 
 def cells_of(*ids: str, failing: str = "") -> list:
     """Stand-in cells for the chain planner: id, expect_fail (ids in ``failing``), one GPU each."""
-    return [SimpleNamespace(id=c, expect_fail=c in failing, num_gpus=1, platform="cuda") for c in ids]
+    return [
+        SimpleNamespace(id=c, kind="pd", expect_fail=c in failing, expect_match=None, num_gpus=1, platform="cuda")
+        for c in ids
+    ]
 
 
 def test_simulate_keeps_an_instance_needed_later_while_gpus_allow():
@@ -327,6 +337,29 @@ def test_an_expected_failure_ends_its_instances_and_comes_last_among_their_users
     # the chain's order runs e after a and b: P starts once (the greedy counts the restart e would cause)
     chain = plan_chain(cells_of("a", "b", "e", failing="e"), keys, {"P": 1, "X": 1, "Y": 1}, max_gpus=8)
     assert [c.id for c in chain.cells][-1] == "e" and starts(chain, keys) == {"P": 1, "X": 1, "Y": 1}
+
+
+def test_a_cell_dying_on_the_pre_49297_assert_costs_its_first_request_not_an_eval():
+    # its decode dies at the cell's first PD request (deploy's first_request), so no eval runs: eval_s
+    mission, cpu = load_sweep(MISSION), load_sweep(REPO / "sweeps" / "cpu-smoke.yaml")
+    dying = {c.id for ls in (mission, cpu) for c in expand(ls).cells if dies_at_first_request(c)}
+    assert dying == {
+        *(f"kimi-linear.{tp}.b128-128.unfixed" for tp in ("p2d1", "p4d1", "p4d2", "p8d1", "p8d2", "p8d4")),
+        "glm-5.3-flash-4l.p2d1.b128-128.unfixed",
+        "tiny-mla-mamba2.p2d1.b128-128.unfixed",  # cpu-smoke names the whole signature, file and line
+    }
+    cells = {c.id: c for c in expand(mission).cells}
+    crash, twin = cells["kimi-linear.p2d1.b128-128.unfixed"], cells["kimi-linear.p2d1.b128-128.fixed"]
+    # expected failures of another kind run their eval: granite's wrong conv state fails gsm8k
+    assert cells["granite-4.0-h-tiny.p2d1.b128-128.unfixed"].expect_fail
+    assert eval_s(cells["granite-4.0-h-tiny.p2d1.b128-128.unfixed"]) == EVAL_S["cuda"] == eval_s(twin)
+    est = estimator(mission)
+    assert eval_s(crash) == FIRST_REQUEST_S["cuda"] < EVAL_S["cuda"]
+    assert est(crash) - est(twin) == FIRST_REQUEST_S["cuda"] - EVAL_S["cuda"]
+    # in a chain, with its instances already up, it pays its first request only
+    keys = {twin.id: ["P", "D"], crash.id: ["P", "D"]}
+    chain = Chain((twin, crash), (frozenset(), frozenset({"P", "D"})), 3)
+    assert cell_times(chain, keys, est, {"P": 2, "D": 1}) == [est(twin), FIRST_REQUEST_S["cuda"]]
 
 
 def test_startup_estimated_from_weights():

@@ -148,7 +148,7 @@ def test_the_import_parser_sees_lazy_type_only_and_package_imports() -> None:
         for a in ("plan.rules", "plan.readplan", "commands.gate", "commands.run", "run.sweep", "deploy.launchers")
     }
     assert "plan.cell" in deps["plan.rules"]  # under TYPE_CHECKING
-    assert deps["plan.readplan"] == {"plan.topology", "plan.geometry"}
+    assert deps["plan.readplan"] == {"plan.topology", "plan.geometry", "core.logscan"}
     assert {"judge.gate", "report.render"} <= deps["commands.gate"]  # inside functions
     assert "run.sweep" in deps["commands.run"]
     assert "pdsweep" in deps["run.sweep"]  # `from pdsweep import __version__`

@@ -423,18 +423,20 @@ def deploy(
     on_phase: Callable[[str], None] = lambda p: None,
     stop: Callable[[], bool] = lambda: False,
     on_uses: Callable[[list[Use]], None] = lambda u: None,
+    timings: dict[str, float] | None = None,
 ) -> Iterator[Deployment]:
     """Get ``req.specs``' instances from ``provider`` (started for this cell, or shared with
     earlier cells: :mod:`pdsweep.deploy.instances`), make the cell ready, yield the
     :class:`Deployment`, and always give them back (also on exceptions and interrupts;
     a cell that failed gives them back as failed: the provider stops them). ``on_phase``
     hears "start" and "ready", ``stop`` ends the health wait early, ``on_uses`` learns which
-    instances the cell got.
+    instances the cell got. ``timings`` (seconds: ``healthy_s``, ``first_request_s``) is the
+    dict ``Deployment.timings`` fills, also for a cell that fails at its first request.
 
     Raises ``CellFailed`` for startup/readiness failures.
     """
     cell, slot, specs, log_dir, timeouts, faults = req.cell, req.slot, req.specs, req.log_dir, req.timeouts, req.faults
-    dep = Deployment(cell, slot, [], log_dir=log_dir)
+    dep = Deployment(cell, slot, [], log_dir=log_dir, timings={} if timings is None else timings)
     failed = True
     with contextlib.ExitStack() as stack:
         on_phase("start")  # the phase stays where it failed; teardown is not reported as the culprit
@@ -444,7 +446,7 @@ def deploy(
         dep.handles = [u.handle for u in dep.uses]
         on_uses(dep.uses)
         wait_healthy(dep.handles, timeouts.startup_s, stop)
-        dep.timings["healthy_s"] = time.monotonic() - t0
+        dep.timings["healthy_s"] = round(time.monotonic() - t0, 3)
         provider.ready(cell.id, dep.uses)  # measured startups (run.json), also of a cell that fails next
         on_phase("ready")
         if cell.kind == "pd" and cell.router == "vllm-router":
@@ -466,7 +468,9 @@ def deploy(
                 )
             )
         t1 = time.monotonic()
-        first_request(dep, cell.model, timeouts.request_s)
-        dep.timings["first_request_s"] = time.monotonic() - t1
+        try:
+            first_request(dep, cell.model, timeouts.request_s)
+        finally:  # a cell whose decode dies on it ends here (pdsweep.plan.schedule.eval_s)
+            dep.timings["first_request_s"] = round(time.monotonic() - t1, 3)
         yield dep
         failed = False

@@ -43,6 +43,7 @@ from typing import Literal
 
 import numpy as np
 
+from pdsweep.core.logscan import LoggedException
 from pdsweep.plan.geometry import KVGeometry, Region
 from pdsweep.plan.topology import handshake_ranks, tp_ratio
 
@@ -50,6 +51,16 @@ PlanKind = Literal["fixed", "unfixed", "unfixed-asserts-off"]
 MappingImpl = Literal["auto", "vllm", "builtin"]
 PLANS = ("fixed", "unfixed", "unfixed-asserts-off")
 UNFIXED_ASSERT = "assert len(read_specs) == 1"  # _read_blocks_for_req, nixl/pull_worker.py, pre-#49297
+# that assert as a failed cell names it (pdsweep.core.logscan; pull_worker.py:313 in 9df2f91)
+UNFIXED_SIGNATURE = LoggedException(
+    exc="AssertionError",
+    message="",
+    file="vllm/distributed/kv_transfer/kv_connector/v1/nixl/pull_worker.py",
+    line=313,
+    func="_read_blocks_for_req",
+    source=UNFIXED_ASSERT,
+    process="",
+).describe()
 
 
 class UnfixedPlanAsserts(RuntimeError):

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pdsweep.plan.expand import Cell
-from pdsweep.plan.schedule import EVAL_S, estimate_s, reuse_order
+from pdsweep.plan.schedule import estimate_s, eval_s, reuse_order
 
 
 @dataclass(frozen=True)
@@ -209,10 +209,11 @@ def cell_times(
     sizes: dict[str, int] | None = None,
 ) -> list[float]:
     """Estimated seconds of each cell of ``chain``: a cell whose instances are all still up
-    pays only :data:`EVAL_S`, any other its full ``estimate`` (startup + eval). With ``sizes``
-    (instance key -> GPUs) the prestart of ``run`` is counted (:func:`pdsweep.run.gpureuse.prestart`):
-    a cell's new instances start during the previous cell's eval when they fit on the chain's
-    GPUs beside every instance live then, so only their startup beyond :data:`EVAL_S` is paid;
+    pays only its :func:`pdsweep.plan.schedule.eval_s`, any other its full ``estimate`` (startup +
+    eval). With ``sizes`` (instance key -> GPUs) the prestart of ``run`` is counted
+    (:func:`pdsweep.run.gpureuse.prestart`): a cell's new instances start during the previous
+    cell's eval when they fit on the chain's GPUs beside every instance live then, so only their
+    startup beyond that cell's eval is paid;
     not when one of them is live then (a restart after the previous cell stopped it: it
     starts when the cell comes), nor after a cell expected to fail (``run`` prestarts once a
     cell is ready; pre-#49297 decode dies at the first request, before)."""
@@ -220,8 +221,8 @@ def cell_times(
     for i, (c, stop) in enumerate(zip(chain.cells, chain.stops or [frozenset()] * len(chain.cells))):
         need = set(keys.get(c.id, []))
         new = need - live
-        eval_s = EVAL_S[c.platform]
-        startup = 0.0 if need and not new else estimate(c) - eval_s
+        own = eval_s(c)
+        startup = 0.0 if need and not new else estimate(c) - own
         prestarted = (
             new
             and i > 0
@@ -232,8 +233,8 @@ def cell_times(
             and sum(sizes.get(k, 1) for k in during | new) <= chain.gpus
         )
         if prestarted:
-            startup = max(0.0, startup - EVAL_S[chain.cells[i - 1].platform])
-        out.append(startup + eval_s)
+            startup = max(0.0, startup - eval_s(chain.cells[i - 1]))
+        out.append(startup + own)
         during = live | need
         live = during - stop
     return out

@@ -9,6 +9,7 @@ collide on HTTP, ``VLLM_PORT`` or NIXL side-channel ports.
 from __future__ import annotations
 
 import heapq
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -18,12 +19,17 @@ from pdsweep.plan.expand import Cell
 from pdsweep.plan.gpus import free_gpu_ids, inventory
 from pdsweep.plan.instance import PORTS_PER_SLOT, Slot, check_ports
 from pdsweep.plan.placement import LanePool
+from pdsweep.plan.readplan import UNFIXED_SIGNATURE
 
 # Rough per-cell durations for the makespan estimate (seconds); real runs log real ones. CPU: the
 # medians of a cpu-smoke run on a shared 2-core box (40 instance starts 39.6 s, 24 cells' eval +
 # consistency + bench 37.2 s; bench/test_duration_model.py), was 90 s and 120 s (0.44x and 0.31x).
 STARTUP_S = {"cuda": 300.0, "cpu": 40.0}
 EVAL_S = {"cuda": 120.0, "cpu": 40.0}  # a cell's measured phases, per platform
+# ... of a cell whose decode dies at its first PD request (dies_at_first_request): CPU measured
+# (cpu-smoke's tiny-mla-mamba2 p2d1 unfixed failed 5.1 s after ready, 2026-12-06), CUDA assumed
+# (NIXL handshake with every prefill rank, the request, teardown; no GPU measurement yet)
+FIRST_REQUEST_S = {"cuda": 30.0, "cpu": 5.0}
 
 
 def detect_gpus() -> int:
@@ -38,10 +44,27 @@ def detect_gpu_ids() -> tuple[int, ...]:
     return free_gpu_ids(inventory())
 
 
+def dies_at_first_request(cell: Cell) -> bool:
+    """True for a PD cell expected to fail on pre-#49297 vLLM's single-read assert (its
+    ``expect_match`` finds :data:`pdsweep.plan.readplan.UNFIXED_SIGNATURE`): the decode worker
+    dies in ``_read_blocks_for_req`` (nixl/pull_worker.py) on the cell's first PD request, so
+    the cell ends then (``pdsweep.deploy.deployment.ended``), without its eval."""
+    return bool(
+        cell.kind == "pd" and cell.expect_fail and cell.expect_match and re.search(cell.expect_match, UNFIXED_SIGNATURE)
+    )
+
+
+def eval_s(cell: Cell) -> float:
+    """Estimated seconds of ``cell``'s measured phases (eval, consistency, bench) once its
+    instances answer: :data:`EVAL_S` of its platform, :data:`FIRST_REQUEST_S` for a cell that
+    :func:`dies_at_first_request`."""
+    return (FIRST_REQUEST_S if dies_at_first_request(cell) else EVAL_S)[cell.platform]
+
+
 def estimate_s(cell: Cell) -> float:
-    """Estimated wall time of one cell: startup (longer for more instances) + eval."""
+    """Estimated wall time of one cell: startup (longer for more instances) + :func:`eval_s`."""
     instances = 1 if cell.kind == "ref" else cell.num_prefill + cell.num_decode
-    return STARTUP_S[cell.platform] * (1 + 0.1 * (instances - 1)) + EVAL_S[cell.platform]
+    return STARTUP_S[cell.platform] * (1 + 0.1 * (instances - 1)) + eval_s(cell)
 
 
 def check_port_range(num_gpus: int, port_base: int) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pdsweep.plan.expand import Cell
-from pdsweep.plan.schedule import EVAL_S, STARTUP_S
+from pdsweep.plan.schedule import STARTUP_S, eval_s
 from pdsweep.spec.sweep import LoadedSweep, ModelSpec
 
 FIXED_S = {"cuda": 120.0, "cpu": 60.0}  # seconds before weights: init, compile, graphs
@@ -39,6 +39,7 @@ def cell_startup_s(cell: Cell, ls: LoadedSweep) -> float:
 
 
 def estimator(ls: LoadedSweep) -> Callable[[Cell], float]:
-    """Estimated wall time of one cell of ``ls`` (startup by model size + :data:`EVAL_S`),
+    """Estimated wall time of one cell of ``ls`` (startup by model size + its
+    :func:`pdsweep.plan.schedule.eval_s`),
     the ``estimate`` of :func:`pdsweep.plan.schedule.pack` and :mod:`pdsweep.plan.reusepack`."""
-    return lambda cell: cell_startup_s(cell, ls) + EVAL_S[cell.platform]
+    return lambda cell: cell_startup_s(cell, ls) + eval_s(cell)

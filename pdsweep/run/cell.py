@@ -196,8 +196,8 @@ def _deploy_and_measure(cr: CellRun) -> Slot:
             on_phase=on_phase,
             stop=ctx.stop.is_set,
             on_uses=lambda uses: status.update(instances=[u.record() for u in uses]),
+            timings=status.setdefault("timings", {}),  # kept when the cell fails starting or at its first request
         ) as dep:
-            status["timings"] = dict(dep.timings)
             if cr.on_ready:
                 cr.on_ready()
             cell_json["instances"] = [
@@ -214,12 +214,14 @@ def _deploy_and_measure(cr: CellRun) -> Slot:
                 if (named := blame(status["phase"], e, dep.handles)) is None:
                     raise
                 raise named from e
+            finally:  # a failed cell's too: how long it measured until it failed (the plan's eval_s)
+                status["timings"]["measure_s"] = round(time.monotonic() - t, 3)
+                t = time.monotonic()
             # an instance that ended, or decode requests failed on a KV load failure, fail the cell
             # even when every phase's client coped (retries, an error counted in a load run)
             quiet = CellFailed(status["phase"], "every phase ended without an error")
             if (named := blame(status["phase"], quiet, dep.handles)) is not None:
                 raise named
-            status["timings"]["measure_s"] = time.monotonic() - t
             on_phase("teardown")
             t = time.monotonic()
     finally:
