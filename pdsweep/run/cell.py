@@ -216,7 +216,6 @@ def _deploy_and_measure(cr: CellRun) -> Slot:
                 raise named from e
             finally:  # a failed cell's too: how long it measured until it failed (the plan's eval_s)
                 status["timings"]["measure_s"] = round(time.monotonic() - t, 3)
-                t = time.monotonic()
             # an instance that ended, or decode requests failed on a KV load failure, fail the cell
             # even when every phase's client coped (retries, an error counted in a load run)
             quiet = CellFailed(status["phase"], "every phase ended without an error")
