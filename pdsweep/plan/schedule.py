@@ -48,7 +48,7 @@ def dies_at_first_request(cell: Cell) -> bool:
     """True for a PD cell expected to fail on pre-#49297 vLLM's single-read assert (its
     ``expect_match`` finds :data:`pdsweep.plan.readplan.UNFIXED_SIGNATURE`): the decode worker
     dies in ``_read_blocks_for_req`` (nixl/pull_worker.py) on the cell's first PD request, so
-    the cell ends then (``pdsweep.deploy.deployment.ended``), without its eval."""
+    the cell ends then (``pdsweep.deploy.deployment.first_request`` raises), without its eval."""
     return bool(
         cell.kind == "pd" and cell.expect_fail and cell.expect_match and re.search(cell.expect_match, UNFIXED_SIGNATURE)
     )
