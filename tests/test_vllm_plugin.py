@@ -48,7 +48,7 @@ def test_shm_readers_spin_only_as_long_as_asked(restore):
         assert vllm_plugin.patch_shm_busy_loop(0.01)  # idempotent: wraps the original once
         reader = SpinCondition(True, ctx, addr)
         assert reader.busy_loop_s == 0.01
-        assert SpinCondition(False, ctx, addr + "2").busy_loop_s == 0  # writers untouched
+        assert SpinCondition(False, ctx, addr + "2").busy_loop_s == 0  # writers do not spin (PUB: below)
         for s in (writer, reader):
             s.local_notify_socket.close(0)
             if s.read_cancel_socket is not None:
