@@ -59,3 +59,16 @@ def test_report_shows_intervals_transport_reads_per_rank_and_the_fixed_vs_unfixe
     assert "| 2.000x | [" in perf and perf.endswith("| **regression** | >= 1.36x |")
     assert "**performance: 1 regression" in md  # TTFT p50; p90/p99 of 8 requests are not judged
     assert "Performance per cell" in made["html"].read_text()
+
+
+def test_perf_png_error_bars_stop_at_zero_for_a_mean_of_two_repeats() -> None:
+    from pdsweep.report.perf_section import error_bars
+
+    # TTFT 10 ms and 50 ms: mean 30, the 95 % t interval over 2 repeats is 30 +- 254 ms
+    wide = summarize_repeats({"runs": [{"concurrency": 1, "ttft_ms": {"p50": v}} for v in (10.0, 50.0)]}, 0.95)
+    x = wide["c1"]["ttft_ms.p50"]
+    assert x["lo"] < 0 < x["mean"] == 30.0
+    narrow = {"mean": 20.0, "lo": 18.0, "hi": 22.0}
+    below, above = error_bars([x, narrow, None])
+    assert below == [30.0, 2.0, 0.0]  # down to 0, not to the interval's negative end
+    assert above == [x["hi"] - 30.0, 2.0, 0.0]

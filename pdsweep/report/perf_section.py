@@ -37,7 +37,9 @@ PLOT_METRICS = (
     ("kv", "kv_gbps.union", "KV GB/s (union of READs)"),
 )
 PERF_NOTE = (
-    "Mean over the load phase's repeats with its 95 % Student-t interval (mean ±half-width). KV GB/s "
+    "Mean over the load phase's repeats with its 95 % Student-t interval (mean ±half-width; perf.png "
+    "draws it cut at 0: every figure here is non-negative, and with 2 repeats the t interval often "
+    "reaches below 0). KV GB/s "
     "(union): bytes / wall-clock of the union of the READ intervals, what pdsweep reports; vLLM's "
     "figure divides by the sum of the READ durations and understates by the READs in flight "
     "(vllm issue 48224)."
@@ -105,9 +107,19 @@ def perf_cell_rows(result: GateResult) -> list[tuple[str, ...]]:
     return rows
 
 
+def error_bars(stats: list[dict[str, Any] | None]) -> list[list[float]]:
+    """``[below, above]`` error-bar lengths of bars at each stat's mean (matplotlib's ``yerr``):
+    the Student-t interval cut at 0, since every plotted figure (ms, tokens/s, GB/s) is
+    non-negative and the interval of such a mean intersected with ``[0, inf)`` keeps its coverage
+    (with 2 repeats ``mean - t x sem`` is often below 0); 0 where there is no interval."""
+    below = [(x["mean"] - max(0.0, x["lo"])) if x and x.get("lo") is not None else 0.0 for x in stats]
+    above = [(x["hi"] - x["mean"]) if x and x.get("hi") is not None else 0.0 for x in stats]
+    return [below, above]
+
+
 def plot_perf(result: GateResult, path: Path) -> Path | None:
     """``perf.png``: one panel per :data:`PLOT_METRICS`, a bar per cell at its mean with the
-    interval as error bar; None when no cell has load repeats."""
+    interval as error bar (:func:`error_bars`); None when no cell has load repeats."""
     cells = perf_cells(result)
     if not cells:
         return None
@@ -117,11 +129,7 @@ def plot_perf(result: GateResult, path: Path) -> Path | None:
     for ax, (series, metric, title) in zip(axes, PLOT_METRICS):
         stats = [_stat(c.facts.load["summary"], series, metric) for c in cells]
         means = [x["mean"] if x else 0.0 for x in stats]
-        err = [
-            [(x["mean"] - x["lo"]) if x and x.get("lo") is not None else 0.0 for x in stats],
-            [(x["hi"] - x["mean"]) if x and x.get("hi") is not None else 0.0 for x in stats],
-        ]
-        ax.bar(xs, means, yerr=err, capsize=4, color="#4c72b0")
+        ax.bar(xs, means, yerr=error_bars(stats), capsize=4, color="#4c72b0")
         for i, x in enumerate(stats):
             if x is None:
                 ax.text(i, 0, "n/a", ha="center", va="bottom", fontsize=7)
