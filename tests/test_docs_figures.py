@@ -47,18 +47,17 @@ def test_gpu_reuse_figures(made_mission_plan: dict) -> None:
         len(sched["placements"]),
         len(p8),
         len(sched["needs_more_gpus"]) - len(p8),  # references only p8dX cells are compared with
-        len(reuse["schedule"]["chains"]),
         reuse["distinct"],
         reuse["per_cell"],
-        sum(c["instance_starts"] for c in reuse["schedule"]["chains"]),
+        reuse["schedule"]["instance_starts"],
     )
     page = quoted(
         "docs/gpu-reuse.md",
         r"On the mission sweep with 8 GPUs, (\d+) cells fit \(the (\d+) p8dX cells need 9-12 GPUs, and (\d+) "
         r"reference only they are compared with is not scheduled either: it would judge nothing\)\. "
-        r"They form (\d+) chains with (\d+) distinct instances for (\d+) uses and (\d+) instance starts",
+        r"They use (\d+) distinct instances for (\d+) uses, and the plan makes (\d+) instance starts",
     )
-    assert page == computed, "docs/gpu-reuse.md: (fit, p8dX, their references, chains, distinct, uses, starts)"
+    assert page == computed, "docs/gpu-reuse.md: (fit, p8dX, their references, distinct, uses, starts)"
 
 
 def test_gpu_reuse_makespan_figures(made_mission_plan: dict) -> None:
@@ -73,7 +72,7 @@ def test_gpu_reuse_makespan_figures(made_mission_plan: dict) -> None:
     ours = made_mission_plan["makespan"]["s"]
     text = " ".join((REPO / "docs/gpu-reuse.md").read_text().split())
     m = re.search(
-        r"takes ([\d.]+) h on the schedule `run` follows \(reuse chains that give GPUs back\) against ([\d.]+) h "
+        r"takes ([\d.]+) h on the schedule `run` follows \(reuse dispatch\) against ([\d.]+) h "
         r"for upstream's fresh pair per configuration in the same model: \*\*([\d.]+)x\*\*",
         text,
     )

@@ -130,7 +130,7 @@ def test_references_of_not_runnable_cells_are_not_scheduled() -> None:
 
 
 def test_plan_prints_one_makespan_the_one_run_follows(capsys) -> None:
-    chain = {"cells": ["a", "b"], "gpus": [0, 1], "lane": 0, "port_base": 20000}
+    row = {"start_s": 0.0, "ready_s": 300.0, "gpus": 2, "prestarted": 0}
     d = {
         "sweep": "s.yaml",
         "platform": "cuda",
@@ -144,34 +144,21 @@ def test_plan_prints_one_makespan_the_one_run_follows(capsys) -> None:
             "distinct": 3,
             "per_cell": 4,
             "schedule": {
-                "chains": [{**chain, "start_s": 0.0, "end_s": 81140.0, "instance_starts": 3}],
+                "cells": [
+                    {**row, "cell": "a", "end_s": 420.0, "instance_starts": 2},
+                    {**row, "cell": "b", "start_s": 420.0, "end_s": 81140.0, "instance_starts": 2, "prestarted": 1},
+                ],
+                "instance_starts": 4,
                 "makespan_s": 81140.0,
                 "sequential_s": 90000.0,
             },
         },
-        "makespan": {"s": 81140.0, "follows": "reuse chains"},
+        "makespan": {"s": 81140.0, "follows": "reuse dispatch"},
     }
     print_plan(d)
     out = capsys.readouterr().out
     assert out.count("makespan") == 1
-    assert "estimated makespan 81140 s (the schedule `run` follows: reuse chains) vs 90000 s one cell" in out
+    assert "estimated makespan 81140 s (the schedule `run` follows: reuse dispatch) vs 90000 s one cell" in out
     assert "50218" not in out
-
-
-def test_chain_time_counts_run_prestarting_the_next_cells_instances() -> None:
-    from pdsweep.plan.reusepack import Chain, chain_s
-    from pdsweep.plan.schedule import EVAL_S
-
-    a, b = _pd(1, 1), _pd(2, 1)
-    keys = {a.id: ["P1", "D1"], b.id: ["P2", "D1"]}
-    sizes = {"P1": 1, "D1": 1, "P2": 2}
-
-    def est(c: Cell) -> float:
-        return 300.0 + EVAL_S["cuda"]  # startup 300 s
-
-    roomy = Chain((a, b), (frozenset({"P1"}), frozenset({"P2", "D1"})), gpus=4)
-    # b's new P2 (2 GPUs) fits beside P1 and D1 (live during a's eval) on 4 GPUs: its startup overlaps a's eval
-    assert chain_s(roomy, keys, est, sizes) == 420.0 + (300.0 - EVAL_S["cuda"]) + EVAL_S["cuda"]
-    tight = Chain((a, b), roomy.stops, gpus=3)  # no room: P2 starts after P1 stops
-    assert chain_s(tight, keys, est, sizes) == 420.0 + 420.0
-    assert chain_s(roomy, keys, est) == 840.0  # without GPU sizes: no prestart counted
+    assert "t=    420s..  81140s  2 GPUs  2 instance starts (1 prestarted)  b" in out
+    assert "; 4 instance starts: 1 again (stopped for room, or an expected failure)" in out

@@ -2,6 +2,7 @@
 the pool's port range are bounded (issue 15)."""
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -11,7 +12,6 @@ from pdsweep.cli import main
 from pdsweep.core.errors import UserError
 from pdsweep.plan.expand import Cell, expand
 from pdsweep.plan.instance import PORTS_PER_SLOT
-from pdsweep.plan.reusepack import Need
 from pdsweep.plan.schedule import GpuPool, pack
 from pdsweep.spec.sweep import load_sweep
 
@@ -76,16 +76,18 @@ def test_gpu_count_and_port_range(capsys) -> None:
     assert GpuPool(8, 60000).port_base == 60000
 
 
-def test_shrink_gives_gpus_back_and_keeps_the_lane():
+def Need(n: int) -> SimpleNamespace:
+    return SimpleNamespace(num_gpus=n)
+
+
+def test_a_lane_without_gpus_leaves_every_gpu_free_and_comes_back():
     pool = GpuPool(4, 20000)
     slot = pool.try_acquire(Need(3))
-    assert slot is not None and slot.gpus == (0, 1, 2) and pool.try_acquire(Need(2)) is None
-    small = pool.shrink(slot, (2,))
-    assert small.gpus == (0, 1) and small.index == slot.index
-    other = pool.try_acquire(Need(2))  # GPU 2 and 3 are free again; the first lane is still taken
-    assert other is not None and other.gpus == (2, 3) and other.index != slot.index
-    with pytest.raises(ValueError, match="not all of slot"):
-        pool.shrink(small, (3,))
+    lane = pool.take_lane()  # run_dispatch's: GPUs go per instance
+    assert slot is not None and lane.gpus == () and lane.index != slot.index and lane.port_base == 20200
+    assert pool.try_acquire(Need(2)) is None and pool.try_acquire(Need(1)).gpus == (3,)
+    pool.release(lane)
+    assert pool.take_lane().index == lane.index
 
 
 def test_pair_takes_both_slots_at_once_or_neither():

@@ -47,6 +47,7 @@ PORT_ENV = ("VLLM_PORT", "VLLM_NIXL_SIDE_CHANNEL_PORT")  # where it listens: not
 GPU_ENV = "CUDA_VISIBLE_DEVICES"  # which GPUs it got: not what it is (it keeps them while shared)
 MAX_BLOCKS = 256
 RESET_TRIES, RESET_WAIT_S = 5, 0.5
+WATCH_POLL_S = 0.25  # a prestarted instance's /health poll: its recorded startup is late by up to this
 
 
 def instance_key(spec: InstanceSpec) -> str:
@@ -264,9 +265,32 @@ class InstancePool:
         for s in specs:
             if instance_key(s) not in self.live:
                 try:
-                    self._launch(s, cell)
+                    live = self._launch(s, cell)
                 except Exception as e:  # noqa: BLE001 -- recorded; the instance is started again when its cell comes
                     log.warning("%s: prestart of %s failed: %s", cell, s.name, e)
+                    continue
+                threading.Thread(target=self._watch, args=(live, cell), daemon=True, name="startup").start()
+
+    def _watch(self, live: Live, cell: str) -> None:
+        """Record prestarted ``live``'s startup when it first answers /health (its cell may come
+        much later: on GPUs a cell waits for instances other cells use, :mod:`pdsweep.run.gpureuse`);
+        gives up when it exits or leaves the pool."""
+        while not live.healthy and live.handle.alive() and self.live.get(instance_key(live.spec)) is live:
+            try:
+                if httpx.get(f"{live.handle.url}/health", timeout=2.0).status_code == 200:
+                    self._healthy(live, cell, time.monotonic())
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(WATCH_POLL_S)
+
+    def _healthy(self, live: Live, cell: str, now: float) -> None:
+        """``live`` answers /health: record its startup once (run.json ``instances.startups``)."""
+        with self.lock:
+            if live.healthy:
+                return
+            live.healthy = True
+            self.startups.append(_startup(live.spec, live.instance_id, cell, now - live.launched))
 
     def _usable(self, live: Live, cell: str, timeout_s: float = 5.0) -> bool:
         """True when ``live`` runs and, if an earlier cell used it, answers /health and
@@ -328,10 +352,8 @@ class InstancePool:
         now = time.monotonic()
         for u in uses:
             live = self.live.get(instance_key(u.spec))
-            if live is not None and not live.healthy:
-                live.healthy = True
-                with self.lock:
-                    self.startups.append(_startup(live.spec, live.instance_id, cell_id, now - live.launched))
+            if live is not None:
+                self._healthy(live, cell_id, now)
 
     def gpus_held(self, keys: set[str] | None = None) -> dict[int, str]:
         """GPU id -> instance key of every live instance (of ``keys`` only, when given)."""

@@ -1,23 +1,19 @@
-"""The schedule with instance reuse on GPUs: cells that share instances run as one chain.
+"""Cells that share instances, grouped and ordered for the fewest instance starts.
 
 A chain is a connected group of the sharing graph (two cells adjacent when they need an
-identical instance, :func:`pdsweep.deploy.instances.instance_key`), in
-:func:`pdsweep.plan.schedule.reuse_order`'s path order. A chain runs its cells one after
-the other on one GPU set, as large as its largest cell; an instance keeps its GPUs while
-consecutive cells use it, so chains share no instance and concurrent chains hold disjoint
-GPUs and port lanes. :mod:`pdsweep.plan.chainorder` gives each chain back the GPUs its later
-cells do not need and picks the order chains start in. Used by ``pdsweep run``
-(:mod:`pdsweep.run.gpureuse`) and shown by ``pdsweep plan``.
+identical instance, :func:`pdsweep.deploy.instances.instance_key`), ordered so that
+consecutive cells keep what they share up (:func:`plan_chain`), as if its cells ran one after
+the other on its largest cell's GPUs. The chains, longest first, are the start of the
+dispatch order search (:func:`pdsweep.plan.dispatch.first_order`).
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from pdsweep.plan.expand import Cell
-from pdsweep.plan.schedule import estimate_s, eval_s, reuse_order
+from pdsweep.plan.schedule import reuse_order
 
 
 @dataclass(frozen=True)
@@ -26,13 +22,6 @@ class Chain:
     # per cell: the instance keys to stop after it (never needed again, or room for the next)
     stops: tuple[frozenset[str], ...] = ()
     gpus: int = 0  # GPUs it may hold at once: its largest cell's, or more where that saves restarts
-
-
-@dataclass(frozen=True)
-class Need:
-    """A GPU count for :meth:`pdsweep.plan.schedule.GpuPool.try_acquire` (which reads only ``num_gpus``)."""
-
-    num_gpus: int
 
 
 def chains(
@@ -200,51 +189,3 @@ def starts(chain: Chain, keys: dict[str, list[str]]) -> dict[str, int]:
             out[k] = out.get(k, 0) + 1
         live = (live | need) - stop
     return out
-
-
-def cell_times(
-    chain: Chain,
-    keys: dict[str, list[str]],
-    estimate: Callable[[Cell], float] = estimate_s,
-    sizes: dict[str, int] | None = None,
-) -> list[float]:
-    """Estimated seconds of each cell of ``chain``: a cell whose instances are all still up
-    pays only its :func:`pdsweep.plan.schedule.eval_s`, any other its full ``estimate`` (startup +
-    eval). With ``sizes`` (instance key -> GPUs) the prestart of ``run`` is counted
-    (:func:`pdsweep.run.gpureuse.prestart`): a cell's new instances start during the previous
-    cell's eval when they fit on the chain's GPUs beside every instance live then, so only their
-    startup beyond that cell's eval is paid;
-    not when one of them is live then (a restart after the previous cell stopped it: it
-    starts when the cell comes), nor after a cell expected to fail (``run`` prestarts once a
-    cell is ready; pre-#49297 decode dies at the first request, before)."""
-    out, live, during = [], set[str](), set[str]()
-    for i, (c, stop) in enumerate(zip(chain.cells, chain.stops or [frozenset()] * len(chain.cells))):
-        need = set(keys.get(c.id, []))
-        new = need - live
-        own = eval_s(c)
-        startup = 0.0 if need and not new else estimate(c) - own
-        prestarted = (
-            new
-            and i > 0
-            and sizes is not None
-            and chain.gpus > 0
-            and not new & during
-            and not chain.cells[i - 1].expect_fail
-            and sum(sizes.get(k, 1) for k in during | new) <= chain.gpus
-        )
-        if prestarted:
-            startup = max(0.0, startup - eval_s(chain.cells[i - 1]))
-        out.append(startup + own)
-        during = live | need
-        live = during - stop
-    return out
-
-
-def chain_s(
-    chain: Chain,
-    keys: dict[str, list[str]],
-    estimate: Callable[[Cell], float] = estimate_s,
-    sizes: dict[str, int] | None = None,
-) -> float:
-    """Estimated seconds of ``chain``: the sum of its :func:`cell_times`."""
-    return sum(cell_times(chain, keys, estimate, sizes))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pdsweep.core.errors import UserError
@@ -137,14 +137,12 @@ class GpuPool(LanePool):
             lane = self._take_lane()
             return Slot(lane, gpus, self.port_base + lane * PORTS_PER_SLOT, self.cpus)
 
-    def shrink(self, slot: Slot, gpus: tuple[int, ...]) -> Slot:
-        """Give ``gpus`` of ``slot`` back (its lane stays taken); ``slot`` without them.
-        Raises ``ValueError`` for a GPU the slot does not hold."""
-        if not set(gpus) <= set(slot.gpus):
-            raise ValueError(f"GPUs {list(gpus)}: not all of slot {slot.index}'s {list(slot.gpus)}")
+    def take_lane(self) -> Slot:
+        """A lane of ports without GPUs (:func:`pdsweep.run.gpureuse.run_dispatch` hands GPUs
+        out per instance); :meth:`release` gives it back."""
         with self.lock:
-            self.free |= set(gpus)
-        return replace(slot, gpus=tuple(g for g in slot.gpus if g not in gpus))
+            lane = self._take_lane()
+            return Slot(lane, (), self.port_base + lane * PORTS_PER_SLOT, self.cpus)
 
     def release(self, slot: Slot) -> None:
         with self.lock:

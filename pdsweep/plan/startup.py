@@ -41,5 +41,5 @@ def cell_startup_s(cell: Cell, ls: LoadedSweep) -> float:
 def estimator(ls: LoadedSweep) -> Callable[[Cell], float]:
     """Estimated wall time of one cell of ``ls`` (startup by model size + its
     :func:`pdsweep.plan.schedule.eval_s`),
-    the ``estimate`` of :func:`pdsweep.plan.schedule.pack` and :mod:`pdsweep.plan.reusepack`."""
+    the ``estimate`` of :func:`pdsweep.plan.schedule.pack` and :mod:`pdsweep.plan.dispatch`."""
     return lambda cell: cell_startup_s(cell, ls) + eval_s(cell)

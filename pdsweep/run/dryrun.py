@@ -148,22 +148,22 @@ def _planned(ls, plan, cells, where, argv_verdict) -> dict:
     _check_slot_ports(slots, ls.sweep.defaults.port_base)
     out_cells, specs_of = _cell_entries(ls, cells, slots)
     # `run` shares identical instances across cells on one host (pdsweep.deploy.instances); on
-    # GPUs as chains, each instance keeping its GPUs (pdsweep.run.gpureuse)
+    # GPUs dispatched per instance, each keeping its GPUs (pdsweep.run.gpureuse)
     reuse = reuse_plan([c for c in cells if c.id in specs_of], specs_of) if cluster is None else None
     if reuse is not None and n:
-        from pdsweep.run.gpureuse import chain_schedule
+        from pdsweep.run.gpureuse import dispatch_schedule
 
         order = {c.id: c for c in cells}
         todo = [order[cid] for cid in reuse["order"]]
-        reuse["schedule"] = chain_schedule(todo, specs_of, n, ls.sweep.defaults.port_base, estimator(ls))
+        reuse["schedule"] = dispatch_schedule(todo, specs_of, n, estimator(ls))
     chained = reuse["schedule"] if reuse and reuse.get("schedule") else None
     if argv_verdict:
         argv_verdict()
     return {
-        # the one schedule `run` follows: chains with reuse on this host's GPUs (pdsweep.run.gpureuse), else cells
+        # the one schedule `run` follows: reuse dispatch on this host's GPUs (pdsweep.run.gpureuse), else cells
         "makespan": {
             "s": chained["makespan_s"] if chained else round(sched.makespan_s, 1),
-            "follows": "reuse chains" if chained else "cells",
+            "follows": "reuse dispatch" if chained else "cells",
         },
         "sweep": str(ls.path),
         "platform": ls.sweep.platform,
@@ -395,7 +395,7 @@ def print_plan(d: dict) -> None:
     if d.get("reuse"):
         _print_reuse(con, d["reuse"])
     m = d["makespan"]
-    con.print("\n[bold]schedule[/bold]" + (" (reuse chains: what `run` follows)" if m["follows"] != "cells" else ""))
+    con.print("\n[bold]schedule[/bold]" + (" (reuse dispatch: what `run` follows)" if m["follows"] != "cells" else ""))
     if m["follows"] == "cells":
         rows = [
             f"  t={p['start_s']:7.0f}s..{p['end_s']:7.0f}s  lane {p['lane']} ports {p['port_base']}+  "
@@ -404,18 +404,15 @@ def print_plan(d: dict) -> None:
         ]
         one_by_one = s["serial_s"]
     else:
-        chains = d["reuse"]["schedule"]
+        sched = d["reuse"]["schedule"]
         rows = [
-            f"  t={ch['start_s']:7.0f}s..{ch['end_s']:7.0f}s  lane {ch['lane']} ports {ch['port_base']}+  "
-            f"GPUs {','.join(map(str, ch['gpus'])):12} {len(ch['cells'])} cells, {ch['instance_starts']} "
-            f"instance starts: {', '.join(ch['cells'])}\n"
-            + "".join(
-                f"    t={r['at_s']:7.0f}s  after {r['after']}: GPUs {','.join(map(str, r['gpus']))} back\n"
-                for r in ch.get("releases", [])
-            )
-            for ch in chains["chains"]
+            f"  t={p['start_s']:7.0f}s..{p['end_s']:7.0f}s  {p['gpus']} GPUs  "
+            + (f"{p['instance_starts']} instance starts" if p["instance_starts"] else "instances up    ")
+            + (f" ({p['prestarted']} prestarted)" if p["prestarted"] else "")
+            + f"  {p['cell']}\n"
+            for p in sched["cells"]
         ]
-        one_by_one = chains["sequential_s"]
+        one_by_one = sched["sequential_s"]
     con.file.write("".join(rows))
     con.print(
         f"estimated makespan {m['s']:.0f} s (the schedule `run` follows: {m['follows']}) "
@@ -473,10 +470,10 @@ def _print_reuse(con, reuse: dict) -> None:
         t.add_row(r["instance_id"], ", ".join(r["cells"]), r["stop_after"] or "-")
     con.print(t)
     if s := reuse.get("schedule"):
-        n = sum(c["instance_starts"] for c in s["chains"])
-        line = f"with reuse on GPUs: {len(s['chains'])} chains (cells sharing instances run in turn on one GPU set)"
-        if n > reuse["distinct"]:  # a cell expected to fail ends its instances (pdsweep.plan.reusepack.simulate)
-            line += f"; {n} instance starts: {n - reuse['distinct']} again after a cell expected to fail"
+        n = s["instance_starts"]
+        line = "with reuse on GPUs: a cell runs when its instances are free and its new ones fit on free GPUs"
+        if n > reuse["distinct"]:  # stopped for room, or ended by a cell expected to fail (pdsweep.plan.dispatch)
+            line += f"; {n} instance starts: {n - reuse['distinct']} again (stopped for room, or an expected failure)"
         con.print(line)
 
 

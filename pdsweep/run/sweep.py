@@ -104,7 +104,7 @@ def run_sweep(path: str | Path, opts: RunOptions) -> Path:
     t = time.monotonic()
     _, unbuilt = prebuild_checkpoints(ctx.ls, todo)  # before any instance (prestart) needs one
     ctx.timings["checkpoints_s"] = round(time.monotonic() - t, 3)
-    # reuse on the local launcher; on GPUs as chains, each instance keeping its GPUs (pdsweep.run.gpureuse)
+    # reuse on the local launcher; on GPUs dispatched per instance, each keeping its GPUs (pdsweep.run.gpureuse)
     reuse = opts.reuse and opts.launcher == "local"
     keys = {c.id: [] if c.model in unbuilt else planned_specs(ctx, c, pool) for c in todo} if reuse else {}
     if reuse:
@@ -133,9 +133,9 @@ def run_sweep(path: str | Path, opts: RunOptions) -> Path:
     try:
         todo = run_pairs(ctx, todo, runnable, pool)  # bench.pair_builds: the pairs first, both cells at once
         if reuse and pool.num_gpus:
-            from pdsweep.run.gpureuse import run_chains
+            from pdsweep.run.gpureuse import run_dispatch
 
-            run_chains(ctx, todo, pool, keys, run_cell)
+            run_dispatch(ctx, todo, pool, keys, run_cell)
         else:
             (_sequential if reuse else _dispatch)(ctx, todo, pool, keys)
     except KeyboardInterrupt:
@@ -263,9 +263,9 @@ def _write_plan(
     if keys:
         body["reuse"] = reuse_record(todo, keys, ctx.opts.prestart)
         if pool.num_gpus:
-            from pdsweep.run.gpureuse import chain_schedule
+            from pdsweep.run.gpureuse import dispatch_schedule
 
-            body["reuse"]["schedule"] = chain_schedule(todo, keys, pool.num_gpus, ls.sweep.defaults.port_base, est)
+            body["reuse"]["schedule"] = dispatch_schedule(todo, keys, pool.num_gpus, est)
     layout.write_json(ctx.run_dir / layout.PLAN_FILE, body)
 
 

@@ -1,8 +1,8 @@
-"""``run`` follows the chain plan (pdsweep.run.gpureuse.run_chains, pdsweep.plan.chainorder):
-the mission sweep's chains on 8 GPUs with a stub instance pool and a ``run_cell`` that sleeps
-the cell's estimate (1 ms per model second). Chains start in the plan's order, every cell runs
-once, no GPU is held by two instances at once, and a chain's given-back GPUs serve another
-chain while it still runs."""
+"""``run`` dispatches as the plan's rule says (pdsweep.run.gpureuse.run_dispatch,
+pdsweep.plan.dispatch): the mission sweep on 8 GPUs with a stub instance pool and a ``run_cell``
+that sleeps the cell's estimate (1 ms per model second). Every cell runs once, cells run at
+once, instances start while their cell waits (prestart), no GPU is held by two instances at
+once, and every instance is stopped at the end."""
 
 from __future__ import annotations
 
@@ -12,13 +12,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from pdsweep.deploy.instances import instance_key
-from pdsweep.plan.chainorder import plan_chains
 from pdsweep.plan.expand import expand
 from pdsweep.plan.instance import Slot, instances, model_path
 from pdsweep.plan.schedule import GpuPool
 from pdsweep.plan.startup import estimator
 from pdsweep.run.dryrun import plan_dict
-from pdsweep.run.gpureuse import identities, run_chains
+from pdsweep.run.gpureuse import run_dispatch
 from pdsweep.spec.sweep import load_sweep
 
 MISSION = Path(__file__).resolve().parents[1] / "sweeps" / "hybrid-mla-mamba.yaml"
@@ -26,17 +25,28 @@ SCALE = 0.001  # wall seconds per model second
 
 
 class StubPool:
-    """What run_chain asks of an InstancePool; fails a test when two instances hold one GPU."""
+    """What run_dispatch asks of an InstancePool; fails a test when two instances hold one GPU."""
 
     def __init__(self) -> None:
         self.live: dict[str, tuple[int, ...]] = {}
         self.lock = threading.Lock()
         self.errors: list[str] = []
+        self.started: list[tuple[str, str]] = []  # (key, cell)
+        self.prestarted: list[str] = []
+        self.restarts = 0
+
+    def prestart(self, specs, cell: str) -> None:
+        for s in specs:
+            if instance_key(s) not in self.live:
+                self.prestarted.append(cell)
+                self.start(instance_key(s), s.gpus, cell)
 
     def start(self, key: str, gpus: tuple[int, ...], cell: str) -> None:
         with self.lock:
             if key in self.live:
                 return
+            self.restarts += any(k == key for k, _ in self.started)
+            self.started.append((key, cell))
             taken = {g: k for k, gs in self.live.items() for g in gs}
             if any(g in taken for g in gpus):
                 self.errors.append(
@@ -50,7 +60,7 @@ class StubPool:
                 self.live.pop(k, None)
 
     def keep_only(self, specs, cell=None, among=None, wait=False) -> None:
-        self.stop(set(among or ()))
+        self.stop(set(self.live) if among is None else set(among))
 
     def gpus_held(self, keys: set[str] | None = None) -> dict[int, str]:
         with self.lock:
@@ -69,38 +79,28 @@ def mission():
     return ls, todo, specs
 
 
-def test_run_chains_follows_the_plan_order_and_hands_given_back_gpus_on():
+def test_run_dispatch_runs_every_cell_once_at_once_where_gpus_allow_and_prestarts():
     ls, todo, specs = mission()
     est, stub = estimator(ls), StubPool()
-    ran: list[tuple[float, str, tuple[int, ...]]] = []
+    ran: list[tuple[float, float, str]] = []
     t0 = time.monotonic()
 
     def run_cell(ctx, cell, slot, on_ready=None):
         gpus = iter(slot.gpus)
         for s in specs[cell.id]:  # instance order, as assign hands the slot's GPUs out
             stub.start(instance_key(s), tuple(next(gpus) for _ in s.gpus), cell.id)
-        ran.append((time.monotonic() - t0, cell.id, slot.gpus))
+        start = time.monotonic() - t0
         time.sleep(SCALE * est(cell))
+        ran.append((start, time.monotonic() - t0, cell.id))
 
-    ctx = SimpleNamespace(ls=ls, stop=threading.Event(), provider=stub, opts=SimpleNamespace(prestart=False))
-    run_chains(ctx, todo, GpuPool(8, 20000), specs, run_cell)
+    builds = {b: {"python": "python"} for b in ("fixed", "unfixed")}
+    ctx = SimpleNamespace(ls=ls, stop=threading.Event(), provider=stub, builds=builds)
+    run_dispatch(ctx, todo, GpuPool(8, 20000), specs, run_cell)
 
     assert not stub.errors, stub.errors[:3]
-    assert sorted(c for _, c, _ in ran) == sorted(c.id for c in todo)  # every cell once
-    keys, sizes = identities(specs)
-    planned = plan_chains(todo, keys, sizes, 8, est)
-    chain_of = {c.id: i for i, ch in enumerate(planned) for c in ch.cells}
-    first: dict[int, float] = {}
-    for t, cid, _ in ran:
-        first.setdefault(chain_of[cid], t)
-    # chains start in the planned order (threads submitted one after the other may race by a hair)
-    assert all(first[k] >= first[k - 1] - 0.2 for k in range(1, len(planned))), sorted(first, key=first.get)
-    # a GPU a chain ran a cell on serves another chain's cell while the first chain runs later cells
-    last = {k: max(t for t, cid, _ in ran if chain_of[cid] == k) for k in first}
-    handed = [
-        (a, b)
-        for ta, a, ga in ran
-        for tb, b, gb in ran
-        if chain_of[a] != chain_of[b] and ta < tb < last[chain_of[a]] and set(ga) & set(gb)
-    ]
-    assert handed, "no GPU went from a running chain to another"
+    assert sorted(c for _, _, c in ran) == sorted(c.id for c in todo)  # every cell once
+    assert max(sum(a <= t < b for a, b, _ in ran) for t, _, _ in ran) >= 3  # cells at once
+    assert stub.prestarted, "no instance started while its cell waited"
+    uses = sum(len(specs[c.id]) for c in todo)
+    assert len({k for k, _ in stub.started}) == len(stub.started) - stub.restarts < uses
+    assert not stub.live  # every instance stopped at the end
