@@ -93,6 +93,8 @@ def test_a_cell_waiting_for_a_busy_instance_prestarts_its_new_ones_when_they_fit
     tight, _ = simulate([a, b], keys, sizes, 3, est, ends)  # no room for P2 until a's P1 stops
     assert [(p.start_s, p.ready_s, p.end_s) for p in tight] == [(0, 300, 420), (420, 720, 840)]
     assert not tight[1].prestarted
+    off, _ = simulate([a, b], keys, sizes, 4, est, ends, prestart=False)  # RunOptions.prestart off: as tight
+    assert [(p.start_s, p.ready_s, p.end_s) for p in off] == [(0, 300, 420), (420, 720, 840)] and not off[1].prestarted
 
 
 def test_a_cell_stops_idle_instances_furthest_needed_first_but_never_overtakes_a_waiting_one() -> None:

@@ -94,7 +94,8 @@ def test_run_dispatch_runs_every_cell_once_at_once_where_gpus_allow_and_prestart
         ran.append((start, time.monotonic() - t0, cell.id))
 
     builds = {b: {"python": "python"} for b in ("fixed", "unfixed")}
-    ctx = SimpleNamespace(ls=ls, stop=threading.Event(), provider=stub, builds=builds)
+    opts = SimpleNamespace(prestart=True)
+    ctx = SimpleNamespace(ls=ls, stop=threading.Event(), provider=stub, builds=builds, opts=opts)
     run_dispatch(ctx, todo, GpuPool(8, 20000), specs, run_cell)
 
     assert not stub.errors, stub.errors[:3]

@@ -75,7 +75,8 @@ class Stop:
 @dataclass
 class Dispatcher:
     """The dispatch rule's state (module docstring). ``order``: the cells, in priority order;
-    ``keys``: cell id -> its instance keys; ``sizes``: key -> GPUs; ``num_gpus``: the node's.
+    ``keys``: cell id -> its instance keys; ``sizes``: key -> GPUs; ``num_gpus``: the node's;
+    ``prestart``: rule 3 on (``RunOptions.prestart``).
     :meth:`decide` returns what to do now (and assumes it done); :meth:`finish` takes a cell's
     end and the instances gone with it."""
 
@@ -83,6 +84,7 @@ class Dispatcher:
     keys: dict[str, frozenset[str]]
     sizes: dict[str, int]
     num_gpus: int
+    prestart: bool = True
     live: set[str] = field(default_factory=set)
     owner: dict[str, str] = field(default_factory=dict)  # key -> the cell running on it or prestarting it
     running: set[str] = field(default_factory=set)
@@ -142,7 +144,7 @@ class Dispatcher:
             new = ks - self.live
             need = sum(self.sizes[k] for k in new)
             if others:  # rule 3: prestart beside running cells only (a waiting owner could wait on it)
-                if new and need <= free:
+                if self.prestart and new and need <= free:
                     self.live |= new
                     self.owner.update(dict.fromkeys(new, c.id))
                     free -= need
@@ -203,13 +205,14 @@ def simulate(
     num_gpus: int,
     estimate: Callable[[Cell], float],
     ends: dict[str, frozenset[str]],
+    prestart: bool = True,
 ) -> tuple[list[Placed], int]:
     """The :class:`Dispatcher` run of ``order`` on the duration model: an instance started
     for a cell is up its startup (``estimate(cell)`` minus :func:`pdsweep.plan.schedule.eval_s`)
     later; a cell's measured phases begin when all its instances are up and take ``eval_s``;
     at its end the instances ``ends`` names stop. Returns the cells in start order and the
     waiting-cell visits spent (the search's work)."""
-    d = Dispatcher(order, keys, sizes, num_gpus)
+    d = Dispatcher(order, keys, sizes, num_gpus, prestart)
     up: dict[str, float] = {}  # key -> when it answers
     pre: dict[str, set[str]] = {}
     events: list[tuple[float, int, str]] = []
@@ -253,13 +256,14 @@ def ordered(
     num_gpus: int,
     estimate: Callable[[Cell], float],
     ends: dict[str, frozenset[str]],
+    prestart: bool = True,
 ) -> tuple[list[Cell], list[Placed]]:
     """The priority order with the shortest :func:`simulate` makespan found from ``first``, and
     its simulation: seeded random swaps of two cells, each kept when it does not lengthen the
     makespan, within :data:`SEARCH_WORK` and :data:`SEARCH_TRIALS`. Deterministic: the same
     sweep gives the same order in ``plan`` and ``run``."""
     cur = list(first)
-    placed, work = simulate(cur, keys, sizes, num_gpus, estimate, ends)
+    placed, work = simulate(cur, keys, sizes, num_gpus, estimate, ends, prestart)
     best, budget = makespan(placed), SEARCH_WORK - work
     rnd = random.Random(0)
     for _ in range(SEARCH_TRIALS):
@@ -268,7 +272,7 @@ def ordered(
         a, b = rnd.sample(range(len(cur)), 2)
         trial = list(cur)
         trial[a], trial[b] = trial[b], trial[a]
-        got, work = simulate(trial, keys, sizes, num_gpus, estimate, ends)
+        got, work = simulate(trial, keys, sizes, num_gpus, estimate, ends, prestart)
         budget -= work
         if (m := makespan(got)) <= best:
             cur, best, placed = trial, m, got

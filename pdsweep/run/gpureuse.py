@@ -35,7 +35,11 @@ def identities(specs: dict[str, list[InstanceSpec]]) -> tuple[dict[str, frozense
 
 
 def plan_order(
-    todo: list[Cell], specs: dict[str, list[InstanceSpec]], num_gpus: int, estimate: Callable[[Cell], float]
+    todo: list[Cell],
+    specs: dict[str, list[InstanceSpec]],
+    num_gpus: int,
+    estimate: Callable[[Cell], float],
+    prestart: bool = True,
 ) -> tuple[list[Cell], list[Placed], dict[str, frozenset[str]], dict[str, int]]:
     """The priority order ``run`` dispatches ``todo`` in and ``plan`` simulates
     (:func:`pdsweep.plan.dispatch.ordered` from :func:`pdsweep.plan.dispatch.first_order`, the
@@ -45,7 +49,7 @@ def plan_order(
     keys = {c.id: planned.get(c.id, frozenset()) for c in todo}
     ends = {c.id: ended(c, keys[c.id]) for c in todo}
     first = first_order(todo, keys, sizes, num_gpus, estimate)
-    order, placed = ordered(first, keys, sizes, num_gpus, estimate, ends)
+    order, placed = ordered(first, keys, sizes, num_gpus, estimate, ends, prestart)
     return order, placed, keys, sizes
 
 
@@ -54,11 +58,13 @@ def run_dispatch(
 ) -> None:
     """Run ``todo`` as the :class:`pdsweep.plan.dispatch.Dispatcher` decides, each cell in a
     worker thread with a lane of ports and its instances' GPUs. ``specs``: cell id -> its
-    planned instances (identity only); ``run_cell(ctx, cell, slot)`` runs one cell. Instances
+    planned instances (identity only); ``run_cell(ctx, cell, slot)`` runs one cell;
+    ``ctx.opts.prestart`` turns rule 3 (prestart) on or off, in the plan as here. Instances
     a failed cell leaves stopped (or dead) are taken as gone; every instance is stopped at the end."""
-    order, _, keys, sizes = plan_order(todo, specs, pool.num_gpus, estimator(ctx.ls))
+    prestarts = ctx.opts.prestart
+    order, _, keys, sizes = plan_order(todo, specs, pool.num_gpus, estimator(ctx.ls), prestarts)
     provider: InstancePool = ctx.provider
-    d = Dispatcher(order, keys, sizes, pool.num_gpus)
+    d = Dispatcher(order, keys, sizes, pool.num_gpus, prestarts)
     reserved: dict[str, tuple[int, ...]] = {}  # running cell -> GPUs of its instances not launched yet
     running: dict[cf.Future, tuple[Cell, Slot]] = {}
     try:
@@ -152,14 +158,14 @@ def prestart(
 
 
 def dispatch_schedule(
-    todo: list[Cell], specs: dict[str, list[InstanceSpec]], num_gpus: int, estimate: Callable
+    todo: list[Cell], specs: dict[str, list[InstanceSpec]], num_gpus: int, estimate: Callable, prestart: bool = True
 ) -> dict[str, Any]:
     """plan.json ``reuse.schedule`` (and ``pdsweep plan``'s): the cells of ``todo`` as
     :func:`run_dispatch` runs them on ``num_gpus`` GPUs, simulated on the duration model
     (:func:`pdsweep.plan.dispatch.simulate`): per cell (start order) when it starts, when its
     instances are up, when it ends, its GPUs and the instances started for it (``prestarted``:
     while it waited); the makespan against running every cell alone, one after the other."""
-    return record(plan_order(todo, specs, num_gpus, estimate)[1], estimate)
+    return record(plan_order(todo, specs, num_gpus, estimate, prestart)[1], estimate)
 
 
 def record(placed: list[Placed], estimate: Callable[[Cell], float]) -> dict[str, Any]:

@@ -265,7 +265,7 @@ def _write_plan(
         if pool.num_gpus:
             from pdsweep.run.gpureuse import dispatch_schedule
 
-            body["reuse"]["schedule"] = dispatch_schedule(todo, keys, pool.num_gpus, est)
+            body["reuse"]["schedule"] = dispatch_schedule(todo, keys, pool.num_gpus, est, ctx.opts.prestart)
     layout.write_json(ctx.run_dir / layout.PLAN_FILE, body)
 
 
