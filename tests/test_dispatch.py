@@ -13,9 +13,22 @@ from fixtures.shapes import SHAPES, sweep_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pdsweep.plan.dispatch import Dispatcher, Prestart, Run, Stop, ended, first_order, makespan, ordered, simulate
+from pdsweep.plan.dispatch import (
+    Dispatcher,
+    Inputs,
+    Prestart,
+    Release,
+    Run,
+    Stop,
+    ended,
+    first_order,
+    makespan,
+    ordered,
+    simulate,
+)
 from pdsweep.plan.expand import Cell, expand
 from pdsweep.plan.schedule import EVAL_S, FIRST_REQUEST_S
+from pdsweep.run.gpureuse import record
 from pdsweep.spec.sweep import load_sweep
 
 
@@ -31,7 +44,11 @@ def _run_checked(order, keys, sizes, gpus, ends, dur) -> list[str]:
     t = 0.0
     while True:
         for a in d.decide():
-            if isinstance(a, Stop):
+            if isinstance(a, Release):  # rule 4: only when no cell runs, of instances prestarted for waiting ones
+                assert not busy and a.keys and all(mine.get(k) in d.pos for k in a.keys)
+                for k in a.keys:
+                    del mine[k]
+            elif isinstance(a, Stop):
                 assert not a.keys & busy.keys(), "stopped an instance a running cell uses"
                 live -= a.keys
                 for k in a.keys:
@@ -86,14 +103,14 @@ def test_a_cell_waiting_for_a_busy_instance_prestarts_its_new_ones_when_they_fit
         return 300.0 + EVAL_S["cuda"]  # startup 300 s
 
     ends = dict.fromkeys(keys, frozenset())
-    roomy, _ = simulate([a, b], keys, sizes, 4, est, ends)
+    roomy, _ = simulate([a, b], Inputs(keys, sizes, 4, est, ends))
     # P2 starts at 0 beside a's P1 and D1: up at 300 s, before a ends (420 s); b begins then
     assert [(p.cell.id, p.start_s, p.ready_s, p.end_s) for p in roomy] == [(a.id, 0, 300, 420), (b.id, 420, 420, 540)]
     assert roomy[1].prestarted == {"P2"} and roomy[1].started == {"P2"}
-    tight, _ = simulate([a, b], keys, sizes, 3, est, ends)  # no room for P2 until a's P1 stops
+    tight, _ = simulate([a, b], Inputs(keys, sizes, 3, est, ends))  # no room for P2 until a's P1 stops
     assert [(p.start_s, p.ready_s, p.end_s) for p in tight] == [(0, 300, 420), (420, 720, 840)]
     assert not tight[1].prestarted
-    off, _ = simulate([a, b], keys, sizes, 4, est, ends, prestart=False)  # RunOptions.prestart off: as tight
+    off, _ = simulate([a, b], Inputs(keys, sizes, 4, est, ends, prestart=False))  # RunOptions.prestart off: as tight
     assert [(p.start_s, p.ready_s, p.end_s) for p in off] == [(0, 300, 420), (420, 720, 840)] and not off[1].prestarted
 
 
@@ -123,7 +140,22 @@ def test_gpus_held_for_waiting_cells_are_released_when_nothing_else_can_run() ->
     keys = {"c": frozenset("XJ"), "d": frozenset("YK")}
     disp = Dispatcher([c, d], keys, {"X": 1, "Y": 2, "J": 3, "K": 3}, 4)
     disp.live, disp.owner = {"X", "Y"}, {"X": "c", "Y": "d"}
-    assert disp.decide() == [Stop(frozenset("Y")), Run(c, frozenset("J"))]
+    assert disp.decide() == [Release(frozenset("XY")), Stop(frozenset("Y")), Run(c, frozenset("J"))]
+
+
+def test_instance_starts_count_a_prestart_released_and_started_again() -> None:
+    # 4 GPUs. m3 prestarts A beside m0; m1 (D, 3 GPUs) then needs B and C stopped; when m1 ends
+    # m2 waits for 1 GPU that only m3's idle-held A gives and m3 may not overtake it: rule 4
+    # releases A, m2 stops it, and m3 starts A again. 7 starts in all, 3 of them for m3.
+    cells, lists, sizes = sweep_of([(1, 1, [("B", 1), ("C", 1)]), (1, 1, [("D", 3)]), (1, 1, [("C", 1), ("D", 3)])])
+    cells.append(Cell("m3", 1, 1, 16, 16, 1, 1, "cuda", "fixed"))
+    keys = {**{k: frozenset(v) for k, v in lists.items()}, cells[3].id: frozenset("AB")}
+    est = dict(zip((c.id for c in cells), (10.0, 100.0, 10.0, 300.0)))
+    inp = Inputs(keys, {**sizes, "A": 1}, 4, lambda c: est[c.id] + EVAL_S["cuda"], dict.fromkeys(keys, frozenset()))
+    placed, _ = simulate(cells, inp)
+    assert [(p.cell.id[:2], p.launches) for p in placed] == [("m0", 2), ("m1", 1), ("m2", 1), ("m3", 3)]
+    assert placed[3].started == {"A", "B"} and placed[3].prestarted == {"A"}
+    assert record(placed, inp.estimate)["instance_starts"] == 7
 
 
 def test_an_expected_failure_ends_its_instances_and_a_dying_cell_costs_its_first_request() -> None:
@@ -134,7 +166,7 @@ def test_an_expected_failure_ends_its_instances_and_a_dying_cell_costs_its_first
     keys = {twin.id: frozenset({"P", "D4"}), crash.id: frozenset({"P", "D2"}), after.id: frozenset({"P", "D1"})}
     sizes = {"P": 4, "D4": 4, "D2": 2, "D1": 1}
     ends = {c: ended(cells[c], k) for c, k in keys.items()}
-    placed, _ = simulate([twin, crash, after], keys, sizes, 8, lambda c: 200.0 + EVAL_S["cuda"], ends)
+    placed, _ = simulate([twin, crash, after], Inputs(keys, sizes, 8, lambda c: 200.0 + EVAL_S["cuda"], ends))
     got = {p.cell.id: p for p in placed}
     # no room to prestart D2 beside twin's 8 GPUs; then the crash reuses P (up), starts D2 and pays its first
     # request only (pre-#49297 decode dies there); it ends P, so the later cell starts P again
@@ -163,11 +195,13 @@ def test_the_search_never_lengthens_the_first_order() -> None:
     ends = dict.fromkeys(keys, frozenset())
     est = {c.id: 100.0 + 50 * i for i, c in enumerate(cells)}
 
-    def span(order) -> float:
-        return makespan(simulate(order, keys, sizes, 8, lambda c: est[c.id], ends)[0])
+    inp = Inputs(keys, sizes, 8, lambda c: est[c.id], ends)
 
-    first = first_order(cells, keys, sizes, 8, lambda c: est[c.id])
-    best, placed = ordered(first, keys, sizes, 8, lambda c: est[c.id], ends)
+    def span(order) -> float:
+        return makespan(simulate(order, inp)[0])
+
+    first = first_order(cells, inp)
+    best, placed = ordered(first, inp)
     assert makespan(placed) == span(best)
     assert sorted(c.id for c in best) == sorted(c.id for c in cells) and span(best) <= span(first)
 

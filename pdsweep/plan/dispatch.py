@@ -72,6 +72,17 @@ class Stop:
     keys: frozenset[str]
 
 
+@dataclass(frozen=True)
+class Release:
+    """Rule 4: ``keys``, started for waiting cells (:class:`Prestart`), are idle now, anyone's
+    to use or stop; bookkeeping only (nothing starts or stops)."""
+
+    keys: frozenset[str]
+
+
+Action = Run | Prestart | Stop | Release
+
+
 @dataclass
 class Dispatcher:
     """The dispatch rule's state (module docstring). ``order``: the cells, in priority order;
@@ -106,11 +117,11 @@ class Dispatcher:
     def _next_use(self, k: str) -> int:
         return next((i for i in self.uses.get(k, ()) if i in self.at), len(self.order))
 
-    def decide(self) -> list[Run | Prestart | Stop]:
+    def decide(self) -> list[Action]:
         """Every action the rule takes now, in order (module docstring, rules 1-4): passes over
         the waiting cells while one stops instances (only a stop makes room for a cell passed
         before it; a run or prestart only takes GPUs and instances)."""
-        out: list[Run | Prestart | Stop] = []
+        out: list[Action] = []
         while True:
             unused = frozenset(k for k in self.live if k not in self.owner and not self.left.get(k))
             if unused:  # rule 1
@@ -123,15 +134,16 @@ class Dispatcher:
                     raise RuntimeError(f"no cell can run: {self.waiting[0].id} needs more than {self.num_gpus} GPUs")
                 for k in held:  # rule 4
                     del self.owner[k]
+                out.append(Release(frozenset(held)))
                 continue
             out += acts
             # only a stop (room) can let a cell passed before act: else this pass was the last
             if not any(isinstance(a, Stop) for a in acts):
                 return out
 
-    def _pass(self) -> list[Run | Prestart | Stop]:
+    def _pass(self) -> list[Action]:
         """One pass of rules 2-3 over the waiting cells in priority order: its actions."""
-        out: list[Run | Prestart | Stop] = []
+        out: list[Action] = []
         waits_for_gpus, free = False, self.free()
         for c in list(self.waiting):
             self.visits += 1
@@ -186,9 +198,31 @@ class Dispatcher:
 
 
 @dataclass(frozen=True)
+class Inputs:
+    """What a dispatch is planned on (the same in :func:`simulate`, :func:`ordered` and
+    :func:`first_order`): ``keys`` cell id -> its instance keys; ``sizes`` key -> its GPUs;
+    ``num_gpus`` the node's; ``estimate(cell)`` its duration (s: its instances' startup, then
+    :func:`pdsweep.plan.schedule.eval_s`); ``ends`` cell id -> the keys it leaves stopped
+    (:func:`ended`); ``prestart`` rule 3 on (``RunOptions.prestart``)."""
+
+    keys: dict[str, frozenset[str]]
+    sizes: dict[str, int]
+    num_gpus: int
+    estimate: Callable[[Cell], float]
+    ends: dict[str, frozenset[str]]
+    prestart: bool = True
+
+    def dispatcher(self, order: list[Cell]) -> Dispatcher:
+        """A fresh :class:`Dispatcher` of ``order`` on these inputs."""
+        return Dispatcher(order, self.keys, self.sizes, self.num_gpus, self.prestart)
+
+
+@dataclass(frozen=True)
 class Placed:
     """One cell of a simulated dispatch: when it starts (its new instances launch), when its
-    measured phases begin (every instance up) and end, and the instances started for it."""
+    measured phases begin (every instance up) and end, the instances started for it
+    (``prestarted``: while it waited) and ``launches``, how many instance starts were made for
+    it (a key prestarted, released by rule 4 and started again for it counts twice)."""
 
     cell: Cell
     start_s: float
@@ -196,25 +230,20 @@ class Placed:
     end_s: float
     started: frozenset[str]
     prestarted: frozenset[str]
+    launches: int
 
 
-def simulate(
-    order: list[Cell],
-    keys: dict[str, frozenset[str]],
-    sizes: dict[str, int],
-    num_gpus: int,
-    estimate: Callable[[Cell], float],
-    ends: dict[str, frozenset[str]],
-    prestart: bool = True,
-) -> tuple[list[Placed], int]:
+def simulate(order: list[Cell], inp: Inputs) -> tuple[list[Placed], int]:
     """The :class:`Dispatcher` run of ``order`` on the duration model: an instance started
-    for a cell is up its startup (``estimate(cell)`` minus :func:`pdsweep.plan.schedule.eval_s`)
+    for a cell is up its startup (``inp.estimate(cell)`` minus :func:`pdsweep.plan.schedule.eval_s`)
     later; a cell's measured phases begin when all its instances are up and take ``eval_s``;
-    at its end the instances ``ends`` names stop. Returns the cells in start order and the
+    at its end the instances ``inp.ends`` names stop. Returns the cells in start order and the
     waiting-cell visits spent (the search's work)."""
-    d = Dispatcher(order, keys, sizes, num_gpus, prestart)
+    d = inp.dispatcher(order)
+    keys, estimate = inp.keys, inp.estimate
     up: dict[str, float] = {}  # key -> when it answers
     pre: dict[str, set[str]] = {}
+    launches: dict[str, int] = {}  # cell id -> instance starts made for it
     events: list[tuple[float, int, str]] = []
     by_id = {c.id: c for c in order}
     out: list[Placed] = []
@@ -224,21 +253,25 @@ def simulate(
             if isinstance(a, Stop):
                 for k in a.keys:
                     up.pop(k, None)
+            elif isinstance(a, Release):
+                pass  # bookkeeping: counted as started for the cells they were prestarted for
             elif isinstance(a, Prestart):
                 ready = t + estimate(a.cell) - eval_s(a.cell)
                 up.update(dict.fromkeys(a.keys, ready))
                 pre.setdefault(a.cell.id, set()).update(a.keys)
+                launches[a.cell.id] = launches.get(a.cell.id, 0) + len(a.keys)
             else:
                 c = a.cell
                 up.update(dict.fromkeys(a.new, t + estimate(c) - eval_s(c)))
                 ready = max([t, *(up[k] for k in keys[c.id])])
                 mine = frozenset(pre.pop(c.id, set()) & keys[c.id])
-                out.append(Placed(c, t, ready, ready + eval_s(c), a.new | mine, mine))
+                n = launches.pop(c.id, 0) + len(a.new)
+                out.append(Placed(c, t, ready, ready + eval_s(c), a.new | mine, mine, n))
                 heapq.heappush(events, (ready + eval_s(c), len(out), c.id))
         if not events:
             return out, d.visits
         t, _, cid = heapq.heappop(events)
-        gone = ends.get(cid, frozenset())
+        gone = inp.ends.get(cid, frozenset())
         for k in gone:
             up.pop(k, None)
         d.finish(by_id[cid], gone)
@@ -249,21 +282,13 @@ def makespan(placed: list[Placed]) -> float:
     return max((p.end_s for p in placed), default=0.0)
 
 
-def ordered(
-    first: list[Cell],
-    keys: dict[str, frozenset[str]],
-    sizes: dict[str, int],
-    num_gpus: int,
-    estimate: Callable[[Cell], float],
-    ends: dict[str, frozenset[str]],
-    prestart: bool = True,
-) -> tuple[list[Cell], list[Placed]]:
+def ordered(first: list[Cell], inp: Inputs) -> tuple[list[Cell], list[Placed]]:
     """The priority order with the shortest :func:`simulate` makespan found from ``first``, and
     its simulation: seeded random swaps of two cells, each kept when it does not lengthen the
     makespan, within :data:`SEARCH_WORK` and :data:`SEARCH_TRIALS`. Deterministic: the same
     sweep gives the same order in ``plan`` and ``run``."""
     cur = list(first)
-    placed, work = simulate(cur, keys, sizes, num_gpus, estimate, ends, prestart)
+    placed, work = simulate(cur, inp)
     best, budget = makespan(placed), SEARCH_WORK - work
     rnd = random.Random(0)
     for _ in range(SEARCH_TRIALS):
@@ -272,19 +297,17 @@ def ordered(
         a, b = rnd.sample(range(len(cur)), 2)
         trial = list(cur)
         trial[a], trial[b] = trial[b], trial[a]
-        got, work = simulate(trial, keys, sizes, num_gpus, estimate, ends, prestart)
+        got, work = simulate(trial, inp)
         budget -= work
         if (m := makespan(got)) <= best:
             cur, best, placed = trial, m, got
     return cur, placed
 
 
-def first_order(
-    cells: list[Cell], keys: dict[str, frozenset[str]], sizes: dict[str, int], num_gpus: int, estimate: Callable
-) -> list[Cell]:
+def first_order(cells: list[Cell], inp: Inputs) -> list[Cell]:
     """The search's start: cells sharing instances together (the groups of
     :func:`pdsweep.plan.reusepack.chains`, each in its order of fewest instance starts), the
     group with the most estimated work first."""
-    groups = chains(cells, {c.id: sorted(keys[c.id]) for c in cells}, sizes, num_gpus)
-    groups.sort(key=lambda g: -sum(estimate(c) for c in g.cells))
+    groups = chains(cells, {c.id: sorted(inp.keys[c.id]) for c in cells}, inp.sizes, inp.num_gpus)
+    groups.sort(key=lambda g: -sum(inp.estimate(c) for c in g.cells))
     return [c for g in groups for c in g.cells]

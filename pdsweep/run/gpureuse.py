@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from pdsweep.deploy.instances import InstancePool, instance_key
-from pdsweep.plan.dispatch import Dispatcher, Placed, Prestart, Stop, ended, first_order, makespan, ordered
+from pdsweep.plan.dispatch import Inputs, Placed, Prestart, Release, Stop, ended, first_order, makespan, ordered
 from pdsweep.plan.expand import Cell
 from pdsweep.plan.instance import InstanceSpec, Slot, instances, model_path
 from pdsweep.plan.schedule import GpuPool
@@ -40,17 +40,16 @@ def plan_order(
     num_gpus: int,
     estimate: Callable[[Cell], float],
     prestart: bool = True,
-) -> tuple[list[Cell], list[Placed], dict[str, frozenset[str]], dict[str, int]]:
+) -> tuple[list[Cell], list[Placed], Inputs]:
     """The priority order ``run`` dispatches ``todo`` in and ``plan`` simulates
     (:func:`pdsweep.plan.dispatch.ordered` from :func:`pdsweep.plan.dispatch.first_order`, the
     instances a cell expected to fail ends: :func:`pdsweep.plan.dispatch.ended`), its simulation,
-    and the keys and sizes it was planned on."""
+    and the inputs it was planned on."""
     planned, sizes = identities(specs)
     keys = {c.id: planned.get(c.id, frozenset()) for c in todo}
-    ends = {c.id: ended(c, keys[c.id]) for c in todo}
-    first = first_order(todo, keys, sizes, num_gpus, estimate)
-    order, placed = ordered(first, keys, sizes, num_gpus, estimate, ends, prestart)
-    return order, placed, keys, sizes
+    inp = Inputs(keys, sizes, num_gpus, estimate, {c.id: ended(c, keys[c.id]) for c in todo}, prestart)
+    order, placed = ordered(first_order(todo, inp), inp)
+    return order, placed, inp
 
 
 def run_dispatch(
@@ -61,10 +60,10 @@ def run_dispatch(
     planned instances (identity only); ``run_cell(ctx, cell, slot)`` runs one cell;
     ``ctx.opts.prestart`` turns rule 3 (prestart) on or off, in the plan as here. Instances
     a failed cell leaves stopped (or dead) are taken as gone; every instance is stopped at the end."""
-    prestarts = ctx.opts.prestart
-    order, _, keys, sizes = plan_order(todo, specs, pool.num_gpus, estimator(ctx.ls), prestarts)
+    order, _, inp = plan_order(todo, specs, pool.num_gpus, estimator(ctx.ls), ctx.opts.prestart)
+    keys = inp.keys
     provider: InstancePool = ctx.provider
-    d = Dispatcher(order, keys, sizes, pool.num_gpus, prestarts)
+    d = inp.dispatcher(order)
     reserved: dict[str, tuple[int, ...]] = {}  # running cell -> GPUs of its instances not launched yet
     running: dict[cf.Future, tuple[Cell, Slot]] = {}
     try:
@@ -73,6 +72,8 @@ def run_dispatch(
                 for a in d.decide():
                     if isinstance(a, Stop):
                         provider.stop(set(a.keys))
+                    elif isinstance(a, Release):
+                        log.info("instances %s: prestarted for waiting cells, now idle", sorted(a.keys))
                     elif isinstance(a, Prestart):
                         free = free_gpus(pool, provider, reserved)
                         prestart(ctx, a.cell, specs.get(a.cell.id, []), a.keys, free, pool)
@@ -178,12 +179,12 @@ def record(placed: list[Placed], estimate: Callable[[Cell], float]) -> dict[str,
                 "ready_s": round(p.ready_s, 1),
                 "end_s": round(p.end_s, 1),
                 "gpus": p.cell.num_gpus,
-                "instance_starts": len(p.started),
+                "instance_starts": p.launches,
                 "prestarted": len(p.prestarted),
             }
             for p in placed
         ],
-        "instance_starts": sum(len(p.started) for p in placed),
+        "instance_starts": sum(p.launches for p in placed),
         "makespan_s": round(makespan(placed), 1),
         "sequential_s": round(sum(estimate(p.cell) for p in placed), 1),
     }
