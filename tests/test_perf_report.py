@@ -3,6 +3,7 @@ READs per request per prefill rank, perf.png, and the fixed-vs-unfixed perf verd
 
 from __future__ import annotations
 
+import html
 from pathlib import Path
 
 from fixtures.make_runs import case, pd, write_run
@@ -72,3 +73,36 @@ def test_perf_png_error_bars_stop_at_zero_for_a_mean_of_two_repeats() -> None:
     below, above = error_bars([x, narrow, None])
     assert below == [30.0, 2.0, 0.0]  # down to 0, not to the interval's negative end
     assert above == [x["hi"] - 30.0, 2.0, 0.0]
+
+
+def test_each_kv_gbps_says_its_window_and_source(tmp_path: Path, monkeypatch) -> None:
+    """The Cells table, builds.png / the GB/s heatmap and the Performance table show three KV GB/s of
+    one cell (transfer.json totals.gbps_xfer 10.0 over the whole cell; the load repeats' union 2.0
+    and sum 1.0): each names its window and source."""
+    from pdsweep.report import plots
+
+    labels: dict[str, list[str]] = {}  # plot file -> its axes' x labels
+    save = plots._save
+
+    def spy(fig, path: Path) -> Path:
+        labels[path.name] = [ax.get_xlabel() for ax in fig.axes]
+        return save(fig, path)
+
+    monkeypatch.setattr(plots, "_save", spy)
+    cells = [pd("tiny-llama", 1, 1, b) for b in ("unfixed", "fixed")]
+    run = write_run(tmp_path, "r", [case(c, {layout.LOAD_FILE: _load(c.id, [100, 110, 90], 0.0)}) for c in cells])
+    made = write_report(run)
+    md, page = made["markdown"].read_text(), made["html"].read_text()
+    lines = md.splitlines()
+    cells_head = next(x for x in lines if x.startswith("| cell | kind |"))
+    perf_head = next(x for x in lines if x.startswith("| cell | repeats |"))
+    assert "| KV GB/s (whole cell, vLLM NIXL metrics) |" in cells_head
+    assert "| KV GB/s (load repeats: union) | KV GB/s (load repeats: vLLM's sum) |" in perf_head
+    assert "| 10.00 |" in next(x for x in lines if x.startswith(f"| {cells[1].id} | pd |"))  # numbers unchanged
+    assert "| 2 ±0 | 1 ±0 |" in next(x for x in lines if x.startswith(f"| {cells[1].id} | 3 "))
+    note = "over the cell's eval, consistency and bench phases together (transfer.json totals.gbps_xfer)"
+    assert note in md and html.escape(note) in page
+    assert "The Performance table's KV GB/s cover the load repeats only" in md
+    assert "the Cells table's KV GB/s is another window and source" in md
+    assert "KV GB/s (whole cell, vLLM NIXL metrics)" in labels["builds.png"]
+    assert "### KV GB/s (whole cell, vLLM NIXL metrics): prefill TP x decode TP" in md

@@ -43,6 +43,8 @@ from pdsweep.report.plots import (
 )
 from pdsweep.report.render import (
     COMPARE_COLUMNS,
+    GBPS_CELL,
+    GBPS_CELL_NOTE,
     READ_COLUMNS,
     SUMMARY_COLUMNS,
     compare_rows,
@@ -94,7 +96,7 @@ def _run_facts(run_dir: Path) -> list[tuple[str, str]]:
 TITLES = {
     "accuracy": "Accuracy per cell",
     "heatmap_accuracy": "Accuracy: prefill TP x decode TP",
-    "heatmap_gbps": "KV transfer GB/s: prefill TP x decode TP",
+    "heatmap_gbps": f"{GBPS_CELL}: prefill TP x decode TP",
     "builds": "Side by side per cell",
     "perf": "Performance per cell (mean and 95 % interval over load repeats)",
 }
@@ -124,6 +126,8 @@ def _markdown(
         "",
         *_overview_markdown(result),
         "## Cells",
+        "",
+        GBPS_CELL_NOTE,
         "",
         cells_table,
         "",
@@ -313,6 +317,7 @@ def _html(
         *(f"<p>run problem: {e(p)}</p>" for p in result.problems),
         *_overview_html(result),
         "<h2>Cells</h2>",
+        f"<p>{e(GBPS_CELL_NOTE)}</p>",
         cells_table,
     ]
     if reads := read_rows(result):
@@ -397,7 +402,7 @@ def _write_report_files(
             vmax=1.0,
         ),
         "heatmap_gbps": plot_heatmap(
-            result, lambda c: c.facts.total("gbps_xfer"), "KV transfer GB/s", pdir / "heatmap_gbps.png", fmt=".3g"
+            result, lambda c: c.facts.total("gbps_xfer"), GBPS_CELL, pdir / "heatmap_gbps.png", fmt=".3g"
         ),
         "builds": plot_side_by_side(series, pdir / "builds.png") if series else None,
         "perf": plot_perf(result, pdir / "perf.png"),

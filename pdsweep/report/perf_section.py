@@ -23,8 +23,8 @@ PERF_CELL_COLUMNS = (
     "E2E p50 ms",
     "output tok/s",
     "req/s",
-    "KV GB/s (union)",
-    "KV GB/s (vLLM: sum)",
+    "KV GB/s (load repeats: union)",
+    "KV GB/s (load repeats: vLLM's sum)",
     "KV ms/request p50",
     "READs / descs per request",
     "READs per request by prefill rank",
@@ -34,7 +34,7 @@ PLOT_METRICS = (
     ("c*", "ttft_ms.p50", "TTFT p50 (ms)"),
     ("c*", "tpot_ms.p50", "TPOT p50 (ms)"),
     ("c*", "output_tok_s", "output tokens/s"),
-    ("kv", "kv_gbps.union", "KV GB/s (union of READs)"),
+    ("kv", "kv_gbps.union", "KV GB/s (load repeats: union of READs)"),
 )
 PERF_NOTE = (
     "Mean over the load phase's repeats with its 95 % Student-t interval (mean ±half-width; perf.png "
@@ -42,7 +42,8 @@ PERF_NOTE = (
     "reaches below 0). KV GB/s "
     "(union): bytes / wall-clock of the union of the READ intervals, what pdsweep reports; vLLM's "
     "figure divides by the sum of the READ durations and understates by the READs in flight "
-    "(vllm issue 48224)."
+    "(vllm issue 48224). Both cover the load repeats only, from decode's READ log lines: the Cells table's "
+    "KV GB/s is another window and source (the whole cell, vLLM's NIXL metrics)."
 )
 
 

@@ -10,6 +10,9 @@ to draw):
 * ``builds.png``: per compare key, one bar per build (a run with several builds) or per
   run (``compare_with``: A = that run, baseline; B = this run, candidate).
 
+Both GB/s plots show transfer.json ``totals.gbps_xfer`` (GB/s, whole cell:
+:data:`pdsweep.report.render.GBPS_CELL_NOTE`), not the load repeats' figure of ``perf.png``.
+
 The per-cell plots (``accuracy.png``, ``builds.png``) draw at most :data:`PLOT_ROWS_MAX`
 rows: in a bigger run only the rows with a cell that did not PASS (first ones), the title
 saying how many rows were left out (the Cells table lists every cell). A 368-cell run drew
@@ -31,6 +34,7 @@ from matplotlib.patches import Patch, Rectangle
 from pdsweep.judge.compare import SAME, CompareResult
 from pdsweep.judge.flaky import FLAKY
 from pdsweep.judge.gate import FAIL, NOT_RUNNABLE, PASS, SKIPPED, XFAIL, XPASS, CellResult, GateResult
+from pdsweep.report.render import GBPS_CELL
 
 COLORS = {
     PASS: "#2a7d2a",
@@ -274,7 +278,7 @@ def plot_side_by_side(series: Series, path: Path) -> Path | None:
     task = next(iter(tasks_of([c for _, cs in rows for c in cs if c])), None)
     metrics = (
         (f"accuracy ({task})", lambda c: first_value(c, task), "{:.3f}"),
-        ("KV transfer GB/s", lambda c: c.facts.total("gbps_xfer"), "{:.3g}"),
+        (GBPS_CELL, lambda c: c.facts.total("gbps_xfer"), "{:.3g}"),
     )
     for ax, (label, get, fmt) in zip(axes, metrics):
         top = max((get(c) or 0 for _, cs in rows for c in cs if c), default=0) or 1.0

@@ -91,6 +91,16 @@ def fmt_task(s: TaskScore) -> str:
     return f"{s.task} {_f(s.value)}{se} / {exp} / {_f(s.reference)} / {p}"
 
 
+# transfer.json totals.gbps_xfer (pdsweep.measure.metrics.cell_transfer); the Performance table's
+# KV GB/s are the load repeats' (pdsweep.measure.kvtiming). No "*" here: markdown would italicise.
+GBPS_CELL = "KV GB/s (whole cell, vLLM NIXL metrics)"
+GBPS_CELL_NOTE = (
+    f"{GBPS_CELL} (Cells table, GB/s heatmap, builds.png): vllm:nixl_bytes_transferred / the summed "
+    "vllm:nixl_xfer_time_seconds of the instances posting the READs (decode; prefill in push mode), over the "
+    "cell's eval, consistency and bench phases together (transfer.json totals.gbps_xfer). The Performance "
+    "table's KV GB/s cover the load repeats only, from decode's READ log lines (union: overlapping READs count "
+    "once), so the numbers differ."
+)
 SUMMARY_COLUMNS = (
     "cell",
     "kind",
@@ -99,7 +109,7 @@ SUMMARY_COLUMNS = (
     "consistency (worst prompt)",
     "transfers",
     "bytes",
-    "GB/s",
+    GBPS_CELL,
     "failed (xfer/notif)",
     "reason",
 )
@@ -269,7 +279,7 @@ COMPARE_COLUMNS = (
     "B",
     "accuracy A -> B (p lower)",
     "consistency A -> B",
-    "GB/s B/A",
+    "KV GB/s B/A (whole cell)",
     "TTFT B/A",
     "TPOT B/A",
     "verdict",
