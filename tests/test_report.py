@@ -278,3 +278,35 @@ def test_links_work_in_headless_chromium(runs: dict[str, Path], tmp_path: Path) 
         assert f"<code>pdsweep run sweeps/mixed.yaml --cells {cid} --out results/repro-{cid}</code>" in rows[cid]
     crashed = ids(MIXED)["crashed"]
     assert f'<td class="FAIL" title="{crashed}: ' in dom and f'<a href="#{crashed}">FAIL</a>' in dom
+
+
+def test_heatmap_says_what_min_of_n_folds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A base cell and two fault drills at one TP position fold into one 'min of 3' square: the
+    plot says what folding means, the report lists the folded block sizes and variants."""
+    from pdsweep.report import plots
+
+    supx: dict[str, str] = {}  # plot file -> its figure-level x label
+    save = plots._save
+
+    def spy(fig, path: Path) -> Path:
+        supx[path.name] = fig.get_supxlabel()
+        return save(fig, path)
+
+    monkeypatch.setattr(plots, "_save", spy)
+    cells = [case(pd("tiny-llama", 1, 1, block=32)), case(pd("tiny-llama", 2, 1, block=32))]
+    cells += [
+        case(pd("tiny-llama", 1, 1, block=32, fault=f), crashed("eval", "prefill-0 killed", []))
+        for f in ("kill-prefill-during-eval", "fail-read-1-in-4")
+    ]
+    paths = write_report(write_run(tmp_path, "r", cells))
+    md, page = paths["markdown"].read_text(), paths["html"].read_text()
+    note = "A square marked 'min of N' folds the N cells at one prefill TP x decode TP position of a model and build"
+    line = (
+        "tiny-llama (fixed) P TP1 x D TP1: min of 3 cells: blocks b32-32; "
+        "variants base, fault-fail-read-1-in-4, fault-kill-prefill-during-eval"
+    )
+    assert note in md and f"\n- {line}\n" in md and "P TP2 x D TP1" not in md  # one cell there: no fold
+    assert html.escape(note) in page and f"<li>{html.escape(line)}</li>" in page
+    assert md.count(line) == 1 and "Its 'min of N' squares fold the same cells as the heatmap above." in md
+    for name in ("heatmap_accuracy.png", "heatmap_gbps.png"):
+        assert supx[name].startswith("min of N: the lowest value of the N cells at this position")

@@ -32,9 +32,11 @@ from pdsweep.report.overview import (
 from pdsweep.report.perf_compare import PERF_COLUMNS, PERF_LEGEND, perf_headline, perf_rows
 from pdsweep.report.perf_section import PERF_CELL_COLUMNS, PERF_NOTE, perf_cell_rows, plot_perf
 from pdsweep.report.plots import (
+    FOLD_NOTE,
     build_series,
     compare_series,
     first_value,
+    heatmap_folds,
     plot_accuracy,
     plot_heatmap,
     plot_side_by_side,
@@ -102,6 +104,18 @@ TITLES = {
 }
 
 
+def plot_captions(result: GateResult, plots: dict[str, Path]) -> dict[str, tuple[str, list[str]]]:
+    """Text under a plot, ``{plot: (paragraph, list items)}``: what the heatmaps' ``min of N``
+    squares fold (:data:`~pdsweep.report.plots.FOLD_NOTE`), listed under the first heatmap
+    drawn (:func:`~pdsweep.report.plots.heatmap_folds`); empty when no square folds."""
+    folds = heatmap_folds(result)
+    heatmaps = [k for k in plots if k.startswith("heatmap_")]
+    if not folds or not heatmaps:
+        return {}
+    same = "Its 'min of N' squares fold the same cells as the heatmap above."
+    return {heatmaps[0]: (FOLD_NOTE + ":", folds), **{k: (same, []) for k in heatmaps[1:]}}
+
+
 READS_NOTE = (
     "Completed READs decode posted to each prefill TP rank over the whole cell, with NIXL's byte "
     "count (transfer.json reads_by_prefill_rank). At tp_ratio < 0 on a hybrid MLA + SSM model the "
@@ -148,7 +162,12 @@ def _markdown(
         lines += ["## Performance", "", PERF_NOTE, "", md_table(PERF_CELL_COLUMNS, perf), ""]
     if plots:
         lines += ["## Plots", ""]
-        lines += [f"### {TITLES[k]}\n\n![{k}]({p.relative_to(out).as_posix()})\n" for k, p in plots.items()]
+        captions = plot_captions(result, plots)
+        for k, p in plots.items():
+            lines += [f"### {TITLES[k]}\n\n![{k}]({p.relative_to(out).as_posix()})\n"]
+            if k in captions:
+                text, items = captions[k]
+                lines += [md_escape(text), "", *(f"- {md_escape(x)}" for x in items), *([""] if items else [])]
     for cmp in cmps:
         lines += [
             f"## {cmp.a_name} (A, baseline) vs {cmp.b_name} (B, candidate)",
@@ -329,9 +348,15 @@ def _html(
         parts += ["<h2>Performance</h2>", f"<p>{e(PERF_NOTE)}</p>", _html_table(PERF_CELL_COLUMNS, perf)]
     if plots:
         parts.append("<h2>Plots</h2>")
+    captions = plot_captions(result, plots)
     for k, p in plots.items():
         data = base64.b64encode(p.read_bytes()).decode("ascii")
         parts.append(f"<h3>{e(TITLES[k])}</h3><img alt='{e(k)}' src='data:image/png;base64,{data}'>")
+        if k in captions:
+            text, items = captions[k]
+            parts.append(
+                f"<p>{e(text)}</p>" + ("<ul>" + "".join(f"<li>{e(x)}</li>" for x in items) + "</ul>" if items else "")
+            )
     for cmp in cmps:
         parts += [
             f"<h2>{e(cmp.a_name)} (A, baseline) vs {e(cmp.b_name)} (B, candidate)</h2>",

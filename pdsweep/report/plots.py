@@ -34,6 +34,7 @@ from matplotlib.patches import Patch, Rectangle
 from pdsweep.judge.compare import SAME, CompareResult
 from pdsweep.judge.flaky import FLAKY
 from pdsweep.judge.gate import FAIL, NOT_RUNNABLE, PASS, SKIPPED, XFAIL, XPASS, CellResult, GateResult
+from pdsweep.report.overview import id_parts, natural_key
 from pdsweep.report.render import GBPS_CELL
 
 COLORS = {
@@ -164,6 +165,39 @@ def _heatmap_panels(
     return panels
 
 
+FOLD_NOTE = (
+    "A square marked 'min of N' folds the N cells at one prefill TP x decode TP position of a model and "
+    "build (block sizes and variants: env, serve args, fault drills): it shows the lowest value among them; "
+    "a cell without a value (failed before measuring, rejected) counts in N only, and the verdicts other than "
+    "PASS among the N are written under the number"
+)
+FOLD_ITEMS = 8  # blocks or variants named per folded square before the rest is counted
+
+
+def _named(xs: list[str]) -> str:
+    xs = sorted(set(xs), key=natural_key)
+    return ", ".join(xs[:FOLD_ITEMS]) + (f", … (+{len(xs) - FOLD_ITEMS})" if len(xs) > FOLD_ITEMS else "")
+
+
+def heatmap_folds(result: GateResult) -> list[str]:
+    """One line per heatmap square that folds several cells (:func:`plot_heatmap`): panel,
+    position, count, and the block sizes and variants folded, e.g. ``tiny-llama (fixed) P TP1
+    x D TP1: min of 6 cells: blocks b32-32; variants base, fault-kill-prefill-during-eval, ...``."""
+    lines = []
+    for title, cells in _heatmap_panels(result, lambda c: None).items():
+        at: dict[tuple[int, int], list[CellResult]] = {}
+        for c, _ in cells:
+            at.setdefault((c.facts.prefill_tp or 0, c.facts.decode_tp or 0), []).append(c)
+        for (p, d), here in sorted(at.items()):
+            if len(here) > 1:
+                parts = [id_parts(c) for c in here]
+                blocks, variants = _named([x[2] for x in parts]), _named([x[4] or "base" for x in parts])
+                lines.append(
+                    f"{title} P TP{p} x D TP{d}: min of {len(here)} cells: blocks {blocks}; variants {variants}"
+                )
+    return lines
+
+
 def plot_heatmap(
     result: GateResult,
     value: Callable[[CellResult], float | None],
@@ -175,7 +209,8 @@ def plot_heatmap(
     """Prefill TP (rows) x decode TP (columns), one panel per model and build; PD cells only.
 
     Several cells at one position (block sizes, variants) show the lowest value and
-    ``min of N``. Returns None when the run has no PD cell.
+    ``min of N`` (:data:`FOLD_NOTE`, said under the panels; :func:`heatmap_folds` lists them).
+    Returns None when the run has no PD cell.
     """
     panels = _heatmap_panels(result, value)
     if not panels:
@@ -187,12 +222,14 @@ def plot_heatmap(
     fig = Figure(figsize=(3.6 * ncols + 1.2, 3.0 * nrows + 0.4), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
     cmap = None
+    folded: list[list[tuple[CellResult, float | None]]] = []  # every position's cells, all panels
     for ax, (title, cells) in zip(axes, panels.items()):
         ps = sorted({c.facts.prefill_tp or 0 for c, _ in cells})  # `or 0` for mypy: _heatmap_panels keeps set TPs
         ds = sorted({c.facts.decode_tp or 0 for c, _ in cells})
         grid: dict[tuple[int, int], list[tuple[CellResult, float | None]]] = {}
         for c, v in cells:
             grid.setdefault((ps.index(c.facts.prefill_tp or 0), ds.index(c.facts.decode_tp or 0)), []).append((c, v))
+        folded += grid.values()
         image = [[math.nan] * len(ds) for _ in ps]
         for (i, j), here in grid.items():
             vals = [v for _, v in here if v is not None]
@@ -233,6 +270,12 @@ def plot_heatmap(
         ax.set_visible(False)
     fig.colorbar(im, ax=axes[: len(panels)].tolist(), label=label, shrink=0.9)
     fig.suptitle(f"{label}: prefill TP x decode TP", fontsize=11)
+    if any(len(here) > 1 for here in folded):
+        fig.supxlabel(
+            "min of N: the lowest value of the N cells at this position (block sizes, env / serve-args / "
+            "fault-drill variants); the report lists them",
+            fontsize=8,
+        )
     return _save(fig, path)
 
 
