@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures.make_runs import case, pd, write_run
+from fixtures.make_runs import case, merge, pd, write_run
 
 from pdsweep.core.errors import GateFailed
 from pdsweep.judge.compare import REGRESSION, SAME, compare_runs
@@ -162,3 +162,24 @@ def test_a_percentile_is_judged_only_with_30_requests_beyond_it(tmp_path: Path) 
         judged_at[n] = sorted(k.split(".")[-1] for k in perf if k.startswith("c2 ttft_ms."))
         assert all(perf[f"c2 ttft_ms.{q}"] == REGRESSION for q in judged_at[n])
     assert judged_at == {8: [], 59: [], 60: ["p50"], 299: ["p50"], 300: ["p50", "p90"], 3000: ["p50", "p90", "p99"]}
+
+
+def test_the_legend_names_the_interval_methods_its_rows_use(tmp_path: Path) -> None:
+    """3 unpaired repeats a side: welch only; 8: bootstrap; interleaved (one pairing.id): paired."""
+
+    def legend(a: dict[str, Any], b: dict[str, Any], name: str) -> str:
+        md = compare_markdown(compare_runs(*_runs(tmp_path / name, a, b)))
+        return next(line for line in md.splitlines() if line.startswith("B/A with its confidence interval"))
+
+    welch = legend(load([100, 102, 98]), load([101, 96, 103]), "welch")
+    assert welch.endswith(
+        "Method here: welch (5 of 5 rows: repeats not paired, fewer than 8 a side: Welch t interval of the log means)."
+    )
+    assert "bootstrap" not in welch and "paired (" not in welch
+    eight = [100.0 + i for i in range(8)]
+    assert "Method here: bootstrap (5 of 5 rows: repeats not paired, 8 or more a side" in legend(
+        load(eight), load(eight), "bootstrap"
+    )
+    side = lambda s: {layout.LOAD_FILE: {"pairing": {"id": "p1", "side": s}}}  # noqa: E731
+    paired = legend(merge(load([100, 102, 98]), side("A")), merge(load([101, 96, 103]), side("B")), "paired")
+    assert "Method here: paired (5 of 5 rows: A and B repeats interleaved (bench.pair_builds)" in paired

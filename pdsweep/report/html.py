@@ -29,7 +29,7 @@ from pdsweep.report.overview import (
     pair_rows,
     verdict_matrix,
 )
-from pdsweep.report.perf_compare import PERF_COLUMNS, PERF_LEGEND, perf_headline, perf_rows
+from pdsweep.report.perf_compare import PERF_COLUMNS, perf_headline, perf_legend, perf_rows
 from pdsweep.report.perf_section import PERF_CELL_COLUMNS, PERF_NOTE, perf_cell_rows, plot_perf
 from pdsweep.report.plots import (
     FOLD_NOTE,
@@ -178,7 +178,7 @@ def _markdown(
             "",
         ]
         if rows := perf_rows(cmp):
-            lines += [f"**{perf_headline(cmp)}**", "", PERF_LEGEND, "", md_table(PERF_COLUMNS, rows), ""]
+            lines += [f"**{perf_headline(cmp)}**", "", perf_legend(cmp), "", md_table(PERF_COLUMNS, rows), ""]
     return "\n".join(lines)
 
 
@@ -364,7 +364,7 @@ def _html(
             _html_table(COMPARE_COLUMNS, compare_rows(cmp)),
         ]
         if rows := perf_rows(cmp):
-            parts += [f"<p><strong>{e(perf_headline(cmp))}</strong></p>", f"<p>{e(PERF_LEGEND)}</p>"]
+            parts += [f"<p><strong>{e(perf_headline(cmp))}</strong></p>", f"<p>{e(perf_legend(cmp))}</p>"]
             parts.append(_html_table(PERF_COLUMNS, [tuple(x.strip("*") for x in r) for r in rows], verdict_cols=(9,)))
     parts.append("</body></html>\n")
     return "\n".join(parts)

@@ -6,6 +6,7 @@ metric (``regression`` a failure, ``noisy`` a skip -- or a failure with
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from collections import Counter
 from pathlib import Path
 
 from pdsweep.judge.compare import CompareResult
@@ -91,13 +92,32 @@ def perf_teeth(result: CompareResult) -> str:
 
 
 PERF_LEGEND = (
-    "B/A with its confidence interval: paired repeats (A and B interleaved) by the t interval of the "
-    "per-pair log ratios; else of the means over repeats (Welch t on logs; bootstrap from 8 repeats a "
-    "side). Regression / improvement: the whole interval beyond the metric's threshold; same: the whole "
-    "interval within it; noisy: it straddles a bound. Latencies are worse higher, rates worse lower. "
-    "Method: paired (bench.pair_builds), welch or bootstrap. "
+    "B/A with its confidence interval (the method column says which). Regression / improvement: the whole "
+    "interval beyond the metric's threshold; same: the whole interval within it; noisy: it straddles a bound. "
+    "Latencies are worse higher, rates worse lower. "
     "Detects: the smallest slowdown an interval this wide calls a regression."
 )
+# the interval each method column value stands for (pdsweep.judge.perf.judge_metric)
+METHODS = {
+    "paired": "A and B repeats interleaved (bench.pair_builds): t interval of the per-pair log ratios",
+    "welch": "repeats not paired, fewer than 8 a side: Welch t interval of the log means",
+    "bootstrap": "repeats not paired, 8 or more a side: bootstrap interval of the ratio of means",
+    "": "no interval (metric missing in B)",
+}
+
+
+def perf_methods(result: CompareResult) -> str:
+    """The interval methods the rows of :func:`perf_rows` use, each with its row count and meaning
+    (:data:`METHODS`), e.g. ``Method here: welch (5 of 5 rows: repeats not paired, ...)``."""
+    n = Counter(d.method for c in result.cells for d in c.perf)
+    total = sum(n.values())
+    used = [f"{m or '—'} ({k} of {total} rows: {METHODS.get(m, 'unknown method')})" for m, k in n.most_common()]
+    return "Method here: " + "; ".join(used) + "." if used else ""
+
+
+def perf_legend(result: CompareResult) -> str:
+    """:data:`PERF_LEGEND` followed by :func:`perf_methods`: the legend of this comparison's table."""
+    return " ".join(x for x in (PERF_LEGEND, perf_methods(result)) if x)
 
 
 def write_compare_junit(result: CompareResult, path: Path) -> Path:

@@ -360,10 +360,10 @@ def compare_markdown(result: CompareResult) -> str:
             lines += [f"## {title}", ""]
             lines += [f"- `{c.label}`: {md_escape('; '.join(c.reasons))}" for c in result.by_verdict(verdict)]
             lines.append("")
-    from pdsweep.report.perf_compare import PERF_COLUMNS, PERF_LEGEND, perf_headline, perf_rows  # pdsweep.judge.perf
+    from pdsweep.report.perf_compare import PERF_COLUMNS, perf_headline, perf_legend, perf_rows  # pdsweep.judge.perf
 
     if rows := perf_rows(result):
-        lines += ["## Performance (load repeats)", "", f"**{perf_headline(result)}**", "", PERF_LEGEND, ""]
+        lines += ["## Performance (load repeats)", "", f"**{perf_headline(result)}**", "", perf_legend(result), ""]
         lines += [md_table(PERF_COLUMNS, rows), ""]
     lines += ["## All cells", "", md_table(COMPARE_COLUMNS, compare_rows(result)), ""]
     return "\n".join(lines)
