@@ -176,6 +176,7 @@ def test_the_legend_names_the_interval_methods_its_rows_use(tmp_path: Path) -> N
         "Method here: welch (5 of 5 rows: repeats not paired, fewer than 8 a side: Welch t interval of the log means)."
     )
     assert "bootstrap" not in welch and "paired (" not in welch
+    assert "p (MWU): two-sided Mann-Whitney U test over the repeats, null hypothesis: A's and B's values" in welch
     eight = [100.0 + i for i in range(8)]
     assert "Method here: bootstrap (5 of 5 rows: repeats not paired, 8 or more a side" in legend(
         load(eight), load(eight), "bootstrap"

@@ -59,7 +59,8 @@ def test_report_shows_intervals_transport_reads_per_rank_and_the_fixed_vs_unfixe
     perf = next(line for line in md.splitlines() if "| c2 ttft_ms.p50 |" in line)
     assert "| 2.000x | [" in perf and perf.endswith("| **regression** | >= 1.36x |")
     assert "**performance: 1 regression" in md  # TTFT p50; p90/p99 of 8 requests are not judged
-    assert "Performance per cell" in made["html"].read_text()
+    page = made["html"].read_text()
+    assert "Performance per cell" in page and '<td class="regression">regression</td>' in page  # verdict coloured
 
 
 def test_perf_png_error_bars_stop_at_zero_for_a_mean_of_two_repeats() -> None:

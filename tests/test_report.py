@@ -310,3 +310,23 @@ def test_heatmap_says_what_min_of_n_folds(tmp_path: Path, monkeypatch: pytest.Mo
     assert md.count(line) == 1 and "Its 'min of N' squares fold the same cells as the heatmap above." in md
     for name in ("heatmap_accuracy.png", "heatmap_gbps.png"):
         assert supx[name].startswith("min of N: the lowest value of the N cells at this position")
+
+
+def test_every_p_says_which_test_and_null_hypothesis(runs: dict[str, Path], tmp_path: Path) -> None:
+    """The accuracy column's p= (cell vs its reference), the compare table's (B vs A) and the gate
+    summary's: each with a legend naming the test and its null hypothesis."""
+    from pdsweep.judge.gate import gate_run
+    from pdsweep.report.render import summary_markdown
+
+    paths = write_report(runs["mission"], tmp_path)
+    md, page = paths["markdown"].read_text(), paths["html"].read_text()
+    cells = (
+        "p (accuracy column): one-sided pooled two-proportion z-test of a PD cell's task against its reference "
+        "cell's, null hypothesis: the PD cell's accuracy is not below the reference's (correct answers = value x n); "
+        "the task fails when p < gate.alpha = 0.05; p=— for a reference cell (nothing to test against)."
+    )
+    pair = "one-sided pooled two-proportion z-test, null hypothesis: B's accuracy is not below A's; p < alpha = 0.05"
+    assert "/ p=0.8 |" in md and cells in md and html.escape(cells) in page
+    assert "(p=" in md and pair in md and html.escape(pair) in page
+    assert md.index(cells) < md.index("| cell | kind | verdict |")  # above the Cells table
+    assert cells in summary_markdown(gate_run(runs["mission"]))

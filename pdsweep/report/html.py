@@ -49,6 +49,8 @@ from pdsweep.report.render import (
     GBPS_CELL_NOTE,
     READ_COLUMNS,
     SUMMARY_COLUMNS,
+    accuracy_p_note,
+    compare_p_note,
     compare_rows,
     md_escape,
     md_table,
@@ -143,6 +145,8 @@ def _markdown(
         "",
         GBPS_CELL_NOTE,
         "",
+        accuracy_p_note(result.gate.alpha),
+        "",
         cells_table,
         "",
     ]
@@ -172,7 +176,7 @@ def _markdown(
         lines += [
             f"## {cmp.a_name} (A, baseline) vs {cmp.b_name} (B, candidate)",
             "",
-            f"{'REGRESSED' if cmp.regressed else 'No regression'}; ratios are B/A.",
+            f"{'REGRESSED' if cmp.regressed else 'No regression'}; ratios are B/A. {compare_p_note(cmp.alpha)}",
             "",
             md_table(COMPARE_COLUMNS, compare_rows(cmp)),
             "",
@@ -336,7 +340,7 @@ def _html(
         *(f"<p>run problem: {e(p)}</p>" for p in result.problems),
         *_overview_html(result),
         "<h2>Cells</h2>",
-        f"<p>{e(GBPS_CELL_NOTE)}</p>",
+        f"<p>{e(GBPS_CELL_NOTE)}</p><p>{e(accuracy_p_note(result.gate.alpha))}</p>",
         cells_table,
     ]
     if reads := read_rows(result):
@@ -360,12 +364,19 @@ def _html(
     for cmp in cmps:
         parts += [
             f"<h2>{e(cmp.a_name)} (A, baseline) vs {e(cmp.b_name)} (B, candidate)</h2>",
-            f"<p>{'REGRESSED' if cmp.regressed else 'No regression'}; ratios are B/A.</p>",
+            f"<p>{'REGRESSED' if cmp.regressed else 'No regression'}; ratios are B/A.",
+            f"{e(compare_p_note(cmp.alpha))}</p>",
             _html_table(COMPARE_COLUMNS, compare_rows(cmp)),
         ]
         if rows := perf_rows(cmp):
             parts += [f"<p><strong>{e(perf_headline(cmp))}</strong></p>", f"<p>{e(perf_legend(cmp))}</p>"]
-            parts.append(_html_table(PERF_COLUMNS, [tuple(x.strip("*") for x in r) for r in rows], verdict_cols=(9,)))
+            parts.append(
+                _html_table(
+                    PERF_COLUMNS,
+                    [tuple(x.strip("*") for x in r) for r in rows],
+                    verdict_cols=(PERF_COLUMNS.index("verdict"),),
+                )
+            )
     parts.append("</body></html>\n")
     return "\n".join(parts)
 

@@ -95,7 +95,8 @@ PERF_LEGEND = (
     "B/A with its confidence interval (the method column says which). Regression / improvement: the whole "
     "interval beyond the metric's threshold; same: the whole interval within it; noisy: it straddles a bound. "
     "Latencies are worse higher, rates worse lower. "
-    "Detects: the smallest slowdown an interval this wide calls a regression."
+    "Detects: the smallest slowdown an interval this wide calls a regression. p (MWU): two-sided Mann-Whitney "
+    "U test over the repeats, null hypothesis: A's and B's values come from one distribution; shown, not judged."
 )
 # the interval each method column value stands for (pdsweep.judge.perf.judge_metric)
 METHODS = {

@@ -101,6 +101,26 @@ GBPS_CELL_NOTE = (
     "table's KV GB/s cover the load repeats only, from decode's READ log lines (union: overlapping READs count "
     "once), so the numbers differ."
 )
+
+
+def accuracy_p_note(alpha: float) -> str:
+    """The legend of the accuracy column's ``p=`` (:func:`pdsweep.core.stats.two_proportion_p`)."""
+    return (
+        "p (accuracy column): one-sided pooled two-proportion z-test of a PD cell's task against its reference "
+        "cell's, null hypothesis: the PD cell's accuracy is not below the reference's (correct answers = value x n); "
+        f"the task fails when p < gate.alpha = {alpha:g}; p=— for a reference cell (nothing to test against)."
+    )
+
+
+def compare_p_note(alpha: float) -> str:
+    """The legend of the compare table's accuracy ``(p=...)``: ``p_lower`` of
+    :func:`pdsweep.judge.compare.task_deltas`."""
+    return (
+        "p (accuracy column): one-sided pooled two-proportion z-test, null hypothesis: B's accuracy is not below "
+        f"A's; p < alpha = {alpha:g} is a regression."
+    )
+
+
 SUMMARY_COLUMNS = (
     "cell",
     "kind",
@@ -206,15 +226,18 @@ def summary_markdown(result: GateResult) -> str:
     it), failures first: the headline line, the FAIL, FLAKY and XPASS rows (every one, in that
     order), one line per plan rule with its count of rejected cells, the NOT-RUNNABLE cells,
     then the other cells, non-PASS first, at most :data:`SUMMARY_REST_ROWS` rows (the rest
-    counted; junit.xml and report.md list every cell). Bounded by the failures, not by the
-    sweep: a 768-cell sweep with a dozen failures stays well under 100 lines."""
+    counted; junit.xml and report.md list every cell); the first table is followed by the legend
+    of its accuracy p (:func:`accuracy_p_note`). Bounded by the failures, not by the sweep: a
+    768-cell sweep with a dozen failures stays well under 100 lines."""
     by_verdict = {v: [c for c in result.cells if c.verdict == v] for v in FAILING_FIRST}
     failing = [c for v in FAILING_FIRST for c in by_verdict[v]]
     lines = [f"# Gate: {result.run_name}: **{result.headline()}**", ""]
     lines += [f"- run problem: {md_escape(p)}" for p in result.problems] + ([""] if result.problems else [])
+    legend = [accuracy_p_note(result.gate.alpha), ""]  # under the first table
     if failing:
         lines += [f"**{len(failing)} failing cell(s)** ({', '.join(FAILING_FIRST)}):", ""]
-        lines += [md_table(SUMMARY_COLUMNS, summary_rows(result, failing)), ""]
+        lines += [md_table(SUMMARY_COLUMNS, summary_rows(result, failing)), "", *legend]
+        legend = []
     lines += rejected_lines(result) + not_runnable_lines(result)
     rest = [c for c in result.cells if c.verdict not in (*FAILING_FIRST, SKIPPED, NOT_RUNNABLE)]
     rest.sort(key=lambda c: c.verdict == PASS)  # XFAIL (known bugs) before PASS; stable otherwise
@@ -224,7 +247,7 @@ def summary_markdown(result: GateResult) -> str:
         )
         shown = rest[:SUMMARY_REST_ROWS]
         lines += [f"**{len(rest)} other cell(s)**: {counts}", ""]
-        lines += [md_table(SUMMARY_COLUMNS, summary_rows(result, shown)), ""]
+        lines += [md_table(SUMMARY_COLUMNS, summary_rows(result, shown)), "", *legend]
         if len(rest) > len(shown):
             left = rest[len(shown) :]
             left_counts = ", ".join(
@@ -333,8 +356,7 @@ def compare_markdown(result: CompareResult) -> str:
     lines = [
         f"# Compare: {result.a_name} (A, baseline) vs {result.b_name} (B, candidate)",
         "",
-        f"A = baseline: `{result.a}`; B = candidate: `{result.b}`. Ratios are B/A; accuracy p-values are "
-        f"one-sided two-proportion tests that B is lower (alpha = {result.alpha}).",
+        f"A = baseline: `{result.a}`; B = candidate: `{result.b}`. Ratios are B/A. {compare_p_note(result.alpha)}",
         "",
         "Marks: `+` improvement, `-` regression, `x` not comparable (config_hash differs), "
         "`<` only in A, `>` only in B, blank: same.",
