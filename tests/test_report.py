@@ -11,7 +11,7 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 from _chromium import console_errors, need_chromium, render
-from fixtures.make_runs import MIXED, MIXED_REJECTED, case, crashed, ids, pd, write_run
+from fixtures.make_runs import MIXED, MIXED_REJECTED, acc, case, crashed, ids, pd, ref, write_run
 
 from pdsweep.report.html import write_report
 
@@ -330,3 +330,37 @@ def test_every_p_says_which_test_and_null_hypothesis(runs: dict[str, Path], tmp_
     assert "(p=" in md and pair in md and html.escape(pair) in page
     assert md.index(cells) < md.index("| cell | kind | verdict |")  # above the Cells table
     assert cells in summary_markdown(gate_run(runs["mission"]))
+
+
+def test_a_reference_passing_without_an_expected_score_says_why(tmp_path: Path) -> None:
+    """An untrained model (no accuracy/expected.yaml entry): its reference scores 0 % and passes
+    with the recorded reason 'reference', its PD cell is judged against that 0 % only; each PASS
+    row says so. A reference with an expected score gets no note."""
+    from pdsweep.judge.gate import gate_run
+    from pdsweep.report.render import summary_markdown
+
+    g1 = pd("tiny-nemotron-h-g1", 1, 1)
+    cells = [
+        case(ref(g1), acc(0.0, reasons=("reference",), expected=None)),
+        case(g1, acc(0.0, expected=None, reference={"value": 0.0}, p_value=0.5)),
+        case(ref(pd("tiny-llama", 1, 1))),
+    ]
+    run = write_run(tmp_path, "r", cells)
+    md = write_report(run)["markdown"].read_text()
+    row = {x.split(" | ")[0][2:]: x for x in md.splitlines() if x.split(" | ")[1:2] in (["pd"], ["ref"])}  # Cells
+    assert " | ref | PASS | pdsweep_arith 0.000 " in row[ref(g1).id]
+    floor = (
+        "pdsweep_arith: accuracy floor not applied: no expected score for this model in accuracy/expected.yaml "
+        "(e.g. an untrained checkpoint); a reference cell is judged against an expected score only, its value "
+        "is what its PD cells are tested against"
+    )
+    assert f"| {floor} |" in row[ref(g1).id]
+    pd_note = (
+        "pdsweep_arith: no expected score for this model in accuracy/expected.yaml: judged only as not "
+        f"significantly below reference {ref(g1).id} (0.000, p=0.5)"
+    )
+    assert f"| {pd_note} |" in row[g1.id]
+    assert (
+        "| ref | PASS | " in row[ref(pd("tiny-llama", 1, 1)).id] and "floor" not in row[ref(pd("tiny-llama", 1, 1)).id]
+    )
+    assert floor in summary_markdown(gate_run(run))

@@ -98,7 +98,9 @@ def load_files(run_dir: Path, cell_id: str) -> CellFiles:
 @dataclass(frozen=True)
 class TaskScore:
     """One accuracy task. Numbers are None where the file has none (or null/NaN);
-    ``stderr`` may be the string ``"N/A"`` (lm-eval could not compute it)."""
+    ``stderr`` may be the string ``"N/A"`` (lm-eval could not compute it); ``reasons`` as
+    recorded (a failed check each, or ``reference``: a reference task passed without an
+    expected score, :func:`pdsweep.measure.accuracy.judge`)."""
 
     task: str
     metric: str | None = None
@@ -111,6 +113,7 @@ class TaskScore:
     reference_cell: str | None = None
     p_value: float | None = None
     verdict: str | None = None
+    reasons: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -211,6 +214,7 @@ def task_score(name: str, t: dict[str, Any]) -> TaskScore:
         reference_cell=ref.get("cell_id"),
         p_value=num(t.get("p_value")),
         verdict=t.get("verdict"),
+        reasons=tuple(map(str, t["reasons"])) if isinstance(t.get("reasons"), list) else (),
     )
 
 

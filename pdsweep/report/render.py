@@ -121,6 +121,31 @@ def compare_p_note(alpha: float) -> str:
     )
 
 
+def pass_note(c: CellResult) -> str:
+    """Why a PASS cell's accuracy passed when no expected score bounded it ('' otherwise), from
+    what accuracy.json recorded: a reference task without an expected score passes with reason
+    ``reference`` (nothing to judge it by; its PD cells are tested against it), a PD task
+    without one is judged against its reference cell only (:func:`pdsweep.measure.accuracy.judge`)."""
+    if c.verdict != PASS:
+        return ""
+    notes = []
+    for s in c.facts.tasks:
+        if s.verdict != "pass" or s.expected is not None:
+            continue
+        if c.kind == "ref" and "reference" in s.reasons:
+            notes.append(
+                f"{s.task}: accuracy floor not applied: no expected score for this model in accuracy/expected.yaml "
+                "(e.g. an untrained checkpoint); a reference cell is judged against an expected score only, "
+                "its value is what its PD cells are tested against"
+            )
+        elif c.kind != "ref" and s.reference is not None:
+            notes.append(
+                f"{s.task}: no expected score for this model in accuracy/expected.yaml: judged only as not "
+                f"significantly below reference {s.reference_cell or '?'} ({_f(s.reference)}, p={_f(s.p_value, '.2g')})"
+            )
+    return "; ".join(notes)
+
+
 SUMMARY_COLUMNS = (
     "cell",
     "kind",
@@ -160,7 +185,7 @@ def summary_rows(result: GateResult, cells: list[CellResult] | None = None) -> l
                 fmt_bytes(f.total("bytes")),
                 _f(f.total("gbps_xfer"), ".2f"),
                 failed if c.kind != "ref" else "—",
-                "" if c.verdict == PASS else c.message,
+                pass_note(c) if c.verdict == PASS else c.message,
             )
         )
     return rows
