@@ -206,6 +206,25 @@ def test_the_search_never_lengthens_the_first_order() -> None:
     assert sorted(c.id for c in best) == sorted(c.id for c in cells) and span(best) <= span(first)
 
 
+def test_no_search_when_the_budget_holds_too_few_trials(monkeypatch) -> None:
+    from pdsweep.plan import dispatch
+
+    cells, keys, sizes = sweep_of([(1, 1, [("A", 2), ("B", 2)]), (2, 1, [("A", 2), ("C", 4)]), (1, 2, [("D", 4)])] * 2)
+    inp = Inputs(
+        {k: frozenset(v) for k, v in keys.items()}, sizes, 8, lambda c: 200.0, dict.fromkeys(keys, frozenset())
+    )
+    first = first_order(cells, inp)
+    work = simulate(first, inp)[1]
+    calls = []
+    monkeypatch.setattr(dispatch, "simulate", lambda *a: calls.append(a) or simulate(*a))
+    monkeypatch.setattr(dispatch, "SEARCH_WORK", work * dispatch.SEARCH_MIN_TRIALS)  # room for 9 trials: none run
+    assert ordered(first, inp)[0] == first and len(calls) == 1
+    monkeypatch.setattr(dispatch, "SEARCH_WORK", work * (dispatch.SEARCH_MIN_TRIALS + 1))  # 10 trials: searched
+    calls.clear()
+    ordered(first, inp)
+    assert len(calls) == dispatch.SEARCH_MIN_TRIALS + 1
+
+
 def _mission():
     from pathlib import Path
 
