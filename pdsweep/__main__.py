@@ -1,5 +1,3 @@
-import sys
+from pdsweep.cli import entry
 
-from pdsweep.cli import main
-
-sys.exit(main())
+entry()

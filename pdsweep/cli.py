@@ -14,11 +14,12 @@ environment fault: traceback, exit 3 (docs/gate.md "Exit codes").
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from pdsweep.commands.bisect import BisectArgs
 from pdsweep.commands.compare import CompareArgs
@@ -31,7 +32,7 @@ from pdsweep.commands.run import RunArgs
 from pdsweep.commands.validate import ValidateArgs
 from pdsweep.core.errors import run_main
 
-__all__ = ["SUBCOMMANDS", "Command", "build_parser", "chosen_path", "main"]
+__all__ = ["SUBCOMMANDS", "Command", "build_parser", "chosen_path", "entry", "exit_now", "main"]
 
 
 @dataclass(frozen=True)
@@ -153,5 +154,28 @@ def main(argv: list[str] | None = None) -> int:
     return run_main(lambda: args.func(args))
 
 
+def exit_now(code: int) -> NoReturn:
+    """End the process with ``code``. When it imported Triton (an in-process ``vllm bench serve``,
+    :mod:`pdsweep.measure.benchserve`, imports vLLM's kernels), after the exit handlers
+    (``atexit``: answer stores, probes, logging) and flushed output, but without the
+    interpreter's finalization: there Triton 3.9's nanobind bindings report their own leaks
+    ("nanobind: leaked 514 functions!", ~100 lines on stderr, harmless) and torch and vLLM
+    tear down for seconds. Otherwise a plain ``sys.exit``."""
+    if "triton" not in sys.modules:
+        sys.exit(code)
+    atexit._run_exitfuncs()
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except (OSError, ValueError):  # closed or a broken pipe: nothing left to write
+            pass
+    os._exit(code)
+
+
+def entry() -> NoReturn:
+    """The ``pdsweep`` console script and ``python -m pdsweep``: :func:`main`, then :func:`exit_now`."""
+    exit_now(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

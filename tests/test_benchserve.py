@@ -94,3 +94,24 @@ def test_vllm_log_records_go_to_the_phase_log_not_stderr(capsys, tmp_path) -> No
     assert "there were 4 more tokens" in (tmp_path / "bench.log").read_text()
     err = capsys.readouterr().err
     assert "there were 4 more tokens" not in err and "after the phase" in err
+
+
+def test_the_cli_ends_without_tritons_leak_report_after_an_in_process_load(tmp_path, tokenizer) -> None:
+    """After an in-process load run, the interpreter's finalization prints Triton's nanobind leak
+    report (~100 lines on stderr); :func:`pdsweep.cli.exit_now` ends the process after the exit
+    handlers and flushed output, without it, with the command's exit code."""
+    script = f"""
+import atexit, sys
+from pathlib import Path
+from pdsweep.cli import exit_now
+from pdsweep.measure import benchserve
+out = Path({str(tmp_path)!r})
+load = benchserve.LoadRun("http://127.0.0.1:{_port()}", "fake", {str(tokenizer)!r}, False, 16, 4, 2, 1, out, "x.json")
+benchserve.run(sys.executable, load, out / "x.log", 120, in_process=True)
+atexit.register(lambda: print("exit handlers ran"))
+print("done", end="")
+exit_now(7)
+"""
+    got = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert got.returncode == 7 and got.stdout == "doneexit handlers ran\n", got.stderr[-2000:]
+    assert "nanobind" not in got.stderr, got.stderr[-2000:]
