@@ -209,7 +209,7 @@ def test_a_redeployed_instance_is_blamed_for_its_own_attempt(tmp_path: Path):
     Each start records where its process began writing (``Handle.log_start``); blame reads from there."""
     import sys
 
-    from pdsweep.deploy.deployment import culprits
+    from pdsweep.deploy.deployment import _with_culprits, culprits
     from pdsweep.deploy.launchers.base import LaunchRequest
     from pdsweep.deploy.launchers.local import LocalLauncher
 
@@ -224,3 +224,6 @@ def test_a_redeployed_instance_is_blamed_for_its_own_attempt(tmp_path: Path):
     assert first_exception(log).exc.endswith("nixlRemoteDisconnectError")  # the whole file: attempt 1's
     (why,) = culprits([h])
     assert why.startswith("decode-0 (exited with code 1): AssertionError at vllm/distributed/kv_transfer/")
+    # a failed request's reason leads with the instance's error, the HTTP wrapper after it
+    reason = _with_culprits('first request: HTTP 500: {"error": {"message": "EngineCore ..."}}', [h])
+    assert reason == f'{why}; first request: HTTP 500: {{"error": {{"message": "EngineCore ..."}}}}'

@@ -220,8 +220,10 @@ def blame(phase: str, error: BaseException, handles: list[Handle]) -> CellFailed
 
 
 def _with_culprits(reason: str, handles: list[Handle]) -> str:
+    """``reason`` (a request's failure: the HTTP wrapper) after the :func:`culprits`, the cause,
+    so the first thing a summary row or CI log line shows is the instance's own error."""
     found = culprits(handles)
-    return f"{reason}; {'; '.join(found)}" if found else reason
+    return f"{'; '.join(found)}; {reason}" if found else reason
 
 
 def wait_healthy(handles: list[Handle], timeout_s: float, stop: Callable[[], bool] = lambda: False) -> float:
