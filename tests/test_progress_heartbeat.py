@@ -20,3 +20,15 @@ def test_a_silent_phase_gets_a_line(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "cell-a: still in eval" in err
     assert "cell-b: still in" not in err  # done: silent
+
+
+def test_an_expected_failure_says_so(capsys):
+    p = progress.Progress(3, quiet=True)
+    p.done("drill", "failed", "prefill-0 (pid 7) killed by signal 9", expect_fail=True)
+    p.done("unfixed", "ok", None, expect_fail=True)
+    p.done("base", "failed", "decode-0 (exited with code 1): AssertionError")
+    p.close()
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("[1/3] drill: failed (expected) after") and lines[0].endswith("killed by signal 9")
+    assert lines[1].startswith("[2/3] unfixed: ok (expected to fail) after")
+    assert lines[2].startswith("[3/3] base: failed after")

@@ -95,7 +95,7 @@ def run_cell(
     status.update(finished=now(), duration_s=round(time.monotonic() - t0, 1))
     layout.write_json(cdir / layout.STATUS_FILE, status)
     if ctx.progress:
-        ctx.progress.done(cell.id, status["status"], status.get("reason"))
+        ctx.progress.done(cell.id, status["status"], status.get("reason"), cell.expect_fail)
     return status
 
 

@@ -47,11 +47,16 @@ class Progress:
             elif not self.quiet:
                 self.console.print(f"  {self._elapsed(cell)}  {cell}: {phase}")
 
-    def done(self, cell: str, status: str, reason: str | None) -> None:
+    def done(self, cell: str, status: str, reason: str | None, expect_fail: bool = False) -> None:
+        """A cell's end line. ``expect_fail``: the sweep declares the cell ``expect: fail``; its
+        failure reads "failed (expected)" in yellow (the gate decides whether it is that
+        expected failure, XFAIL) and an expected cell that did not fail says so."""
         with self.lock:
             self.current.pop(cell, None)
             self.done_n += 1
             color = {"ok": "green", "failed": "red"}.get(status, "yellow")
+            if expect_fail:
+                color, status = "yellow", f"{status} ({'expected' if status == 'failed' else 'expected to fail'})"
             why = f": {reason}" if reason else ""
             self.console.print(
                 f"[{self.done_n}/{self.total}] {cell}: [{color}]{status}[/{color}] "
