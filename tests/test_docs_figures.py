@@ -109,9 +109,11 @@ def test_readme_cpu_default_figures() -> None:
     )
     page = quoted(
         "README.md",
-        r"CPU default \((\d+) cells: (\d+) PD, (\d+) of them fault drills, (\d+) single-instance references\)",
+        r"CPU default \((\d+) cells: (\d+) PD, (\d+) of them fault drills, (\d+) single-instance references\)"
+        r"\s+and (\d+) the plan rejects",
     )
-    assert page == computed, "README.md: (cells, PD, fault drills, references) of sweeps/cpu-smoke.yaml"
+    computed += (len(plan.rejected),)
+    assert page == computed, "README.md: (cells, PD, fault drills, references, rejected) of sweeps/cpu-smoke.yaml"
     counters = set(re.findall(r"\[[1k]/(\d+)\]", (REPO / "README.md").read_text()))
     assert counters == {str(len(plan.cells))}, "README.md: the run's [i/N] counter counts every cell on CPU"
 
