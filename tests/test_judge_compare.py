@@ -31,4 +31,8 @@ def test_compare_fixed_against_unfixed_in_one_run_can_pass(tmp_path: Path, capsy
     args = [str(run), str(run), "--a-build", "fixed", "--b-build", "unfixed", "--out", str(tmp_path / "o")]
     assert main(["compare", *args]) == 0, capsys.readouterr()
     res = compare_runs(run, run, a_build="fixed", b_build="unfixed")
-    assert {c.key: c.verdict for c in res.cells} == {fixed.compare_key: "same", ref(fixed).compare_key: "same"}
+    assert {c.key: c.verdict for c in res.cells} == {fixed.compare_key: "same"}  # the reference: one cell
+    assert res.notes == (
+        "1 reference cell(s) not compared: A and B are one run, so each is the same cell on both sides",
+    )
+    assert "- note: 1 reference cell(s) not compared" in (tmp_path / "o" / "compare.md").read_text()

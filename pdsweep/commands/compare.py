@@ -30,8 +30,14 @@ class CompareArgs:
         p.add_argument("a", type=Path, help="baseline run (e.g. unfixed, or the last green nightly)")
         p.add_argument("b", type=Path, help="candidate run")
         p.add_argument("--out", type=Path, default=None, help="directory for compare.md / compare.json")
-        p.add_argument("--a-build", default=None, help="only A's cells of this build (e.g. fixed)")
-        p.add_argument("--b-build", default=None, help="only B's cells of this build (e.g. unfixed)")
+        p.add_argument(
+            "--a-build", default=None, help="only A's PD cells of this build (e.g. fixed); references: see --b-build"
+        )
+        p.add_argument(
+            "--b-build",
+            default=None,
+            help="only B's PD cells of this build (e.g. unfixed); A and B one run: its references are not compared",
+        )
         p.add_argument(
             "--allow-missing",
             action="store_true",
@@ -70,7 +76,7 @@ class CompareArgs:
         from pdsweep.report.perf_compare import COMPARE_JUNIT, perf_headline, perf_teeth, write_compare_junit
 
         verdict = f"compare: {'REGRESSED' if res.regressed else 'NO REGRESSION'} of {self.b} against {self.a}"
-        verdict += f"\n{perf_headline(res)}\n{perf_teeth(res)}"
+        verdict += "".join(f"\nnote: {n}" for n in res.notes) + f"\n{perf_headline(res)}\n{perf_teeth(res)}"
 
         def write() -> Path:
             md = write_compare_markdown(res, self.out / layout.COMPARE_MD)

@@ -154,6 +154,7 @@ class CompareResult:
     sweeps: tuple[str | None, str | None] = (None, None)  # run.json sweep_name of A and B
     problems: tuple[str, ...] = ()  # an empty or unrunnable side, nothing paired: never NO REGRESSION
     noisy_fails: bool = False  # gate.perf_noisy_fails: a noisy metric fails the comparison
+    notes: tuple[str, ...] = ()  # what was left out and why (never a failure)
 
     @property
     def noisy(self) -> list[CellComparison]:
@@ -357,8 +358,9 @@ def compare_results(
     alpha: float | None = None,
     allow_missing: bool = False,
     sweeps: tuple[str | None, str | None] = (None, None),
+    notes: tuple[str, ...] = (),
 ) -> CompareResult:
-    """Compare two gated runs (``alpha`` default: B's gate alpha)."""
+    """Compare two gated runs (``alpha`` default: B's gate alpha); ``notes`` go to the result."""
     alpha = b.gate.alpha if alpha is None else alpha
     cells = tuple(compare_cells(list(a.cells), list(b.cells), alpha, b.gate))
     problems = [f"{side} {p}" for side, r in (("A", a), ("B", b)) for p in r.problems]
@@ -378,6 +380,7 @@ def compare_results(
         sweeps,
         tuple(problems),
         b.gate.perf_noisy_fails,
+        notes,
     )
 
 
@@ -416,7 +419,8 @@ def compare_runs(
     """Gate runs ``a`` (baseline) and ``b`` (candidate) and compare them cell by cell;
     ``a_build`` / ``b_build`` keep only that build's cells on each side, so that one run
     holding both builds compares fixed (A) against unfixed (B): ``pdsweep compare RUN RUN
-    --a-build fixed --b-build unfixed``. Raises ``UserError`` when either has no readable
+    --a-build fixed --b-build unfixed`` (its reference cells, the same on both sides, are
+    left out and counted in ``notes``). Raises ``UserError`` when either has no readable
     run.json, a named build has no cell, or they are runs of different sweeps (run.json
     ``sweep_name``; unnamed counts as different) and ``allow_other_sweep`` is not set."""
     ra, rb = gate_run(Path(a), gate), gate_run(Path(b), gate)  # gate None: each run's own settings
@@ -427,6 +431,13 @@ def compare_runs(
             f"{sweeps[1] or '(unnamed)'} (run.json sweep_name): cells would not line up; pass "
             "--allow-other-sweep to compare them anyway"
         )
-    return compare_results(
-        only_build(ra, a_build), only_build(rb, b_build), gate.alpha if gate else None, allow_missing, sweeps
-    )
+    fa, fb, notes = only_build(ra, a_build), only_build(rb, b_build), ()
+    if Path(a).resolve() == Path(b).resolve() and a_build != b_build:
+        # one run, two builds: its reference cells are on both sides, each would be compared with itself
+        refs = sum(c.kind == "ref" for c in fa.cells)
+        fa, fb = (dataclasses.replace(r, cells=tuple(c for c in r.cells if c.kind != "ref")) for r in (fa, fb))
+        if refs:
+            notes = (
+                f"{refs} reference cell(s) not compared: A and B are one run, so each is the same cell on both sides",
+            )
+    return compare_results(fa, fb, gate.alpha if gate else None, allow_missing, sweeps, notes)

@@ -390,6 +390,7 @@ def compare_markdown(result: CompareResult) -> str:
         "",
     ]
     lines += [f"- compare problem: {md_escape(p)}" for p in result.problems] + ([""] if result.problems else [])
+    lines += [f"- note: {md_escape(n)}" for n in result.notes] + ([""] if result.notes else [])
     if result.missing:
         lines += [
             f"{len(result.missing)} cell(s) of A are missing in B: that fails the comparison "
