@@ -16,7 +16,7 @@ from pdsweep.judge.gate import gate_run
 from pdsweep.judge.perf import IMPROVEMENT, NOISY
 from pdsweep.measure.percentiles import MIN_TAIL_REQUESTS, requests_for
 from pdsweep.report.perf_compare import write_compare_junit
-from pdsweep.report.render import compare_markdown
+from pdsweep.report.render import COMPARE_COLUMNS, compare_markdown, compare_rows
 from pdsweep.results import layout
 from pdsweep.spec.gatespec import GateSpec
 
@@ -95,6 +95,8 @@ def test_noisy_is_counted_and_fails_only_when_the_sweep_says_so(tmp_path: Path) 
     assert res.noisy_metrics >= 1 and res.to_dict()["noisy_metrics"] == res.noisy_metrics
     n = res.noisy_metrics
     assert f"{n} noisy metric(s) -- noisy is undecided at the threshold and does not fail it" in compare_markdown(res)
+    (row,) = compare_rows(res)  # the cell's "same" says its perf was undecided
+    assert row[COMPARE_COLUMNS.index("verdict")] == f"same ({n} perf metric(s) noisy)"
     junit = ET.parse(write_compare_junit(res, tmp_path / "j.xml")).getroot()[0]
     assert (junit.get("failures"), junit.get("skipped")) == ("0", str(n))
     assert len(junit.findall(".//skipped")) == n and not junit.findall(".//failure")

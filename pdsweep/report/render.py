@@ -368,7 +368,8 @@ def compare_rows(result: CompareResult) -> list[tuple[str, ...]]:
                 _x(c.gbps_ratio),
                 _x(c.ttft_ratio),
                 _x(c.tpot_ratio),
-                c.verdict,
+                # a verdict over noisy perf metrics says so: "same" would read as "performance the same"
+                f"{c.verdict} ({len(c.noisy)} perf metric(s) noisy)" if c.noisy else c.verdict,
                 "; ".join(c.reasons),
             )
         )
