@@ -539,3 +539,30 @@ def test_decode_delay_sleeps_before_each_decode_leg(fakes: dict[str, Fake]) -> N
     assert added._sum.get() >= 0.6
     with pytest.raises(ValueError, match="decode_delay_s must be >= 0"):
         ProxyFaults(decode_delay_s=-1)
+
+
+def test_a_proxy_with_a_log_file_keeps_its_warnings_off_the_console(fakes: dict[str, Fake], tmp_path) -> None:
+    """``pdsweep run``'s proxy writes the cell's logs/proxy.log: a failed request's WARNING goes
+    there, not to the console (a drill's hundred of them); without a file (``pdsweep proxy``), and
+    once the last filed proxy stops, the console gets them again."""
+    import io
+    import logging
+
+    dead = Fake("decode-dead")
+    dead.server = AppServer(dead.app).start()
+    dead_url = dead.url
+    dead.server.stop()
+    console = io.StringIO()
+    handler = logging.StreamHandler(console)
+    logging.getLogger().addHandler(handler)
+    try:
+        kw = {"timeout_s": 60, "log_path": tmp_path / "proxy.log"}
+        with ProxyServer([fakes["prefill-0"].url], [dead_url], **kw) as px, _client(timeout=30) as c:
+            assert c.post(f"{px.url}/v1/completions", json={"prompt": "p", "max_tokens": 2}).status_code == 502
+        with ProxyServer([fakes["prefill-0"].url], [dead_url], timeout_s=60) as px, _client(timeout=30) as c:
+            assert c.post(f"{px.url}/v1/completions", json={"prompt": "q", "max_tokens": 2}).status_code == 502
+    finally:
+        logging.getLogger().removeHandler(handler)
+    filed = (tmp_path / "proxy.log").read_text()
+    assert filed.count("failed (502)") == 1 and "WARNING pdsweep.deploy.proxy" in filed
+    assert console.getvalue().count("failed (502)") == 1  # the second proxy's only

@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -58,6 +59,11 @@ from pdsweep.deploy.proxy_faults import FaultInjector
 from pdsweep.deploy.proxy_metrics import ProxyMetrics, error_body, error_response
 
 log = logging.getLogger(__name__)
+# in-process proxies writing a log file (pdsweep run: the cell's logs/proxy.log): while any runs,
+# this module's records go to those files only, not to pdsweep's console (a fault drill's or a
+# crashed decode's failed requests made a hundred WARNING lines there; the cell's reason names the cause)
+_FILED = [0]
+_FILED_LOCK = threading.Lock()
 
 # What the prefill leg asks for: compute the prompt's KV, keep it for a remote decode.
 PREFILL_KV_PARAMS: dict[str, Any] = {
@@ -413,6 +419,9 @@ class ProxyServer(AppServer):
                 log.setLevel(logging.INFO)
             for name in (__name__, "uvicorn.error"):
                 logging.getLogger(name).addHandler(self._handler)
+            with _FILED_LOCK:
+                _FILED[0] += 1
+                log.propagate = False
         try:
             super().start()
         except BaseException:
@@ -440,6 +449,9 @@ class ProxyServer(AppServer):
             self._handler.close()
             self._handler = None
             log.setLevel(self._saved_level)
+            with _FILED_LOCK:
+                _FILED[0] -= 1
+                log.propagate = _FILED[0] == 0
 
     def __enter__(self) -> ProxyServer:
         return self.start()
