@@ -14,6 +14,7 @@ from _chromium import console_errors, need_chromium, render
 from fixtures.make_runs import MIXED, MIXED_REJECTED, acc, case, crashed, ids, pd, ref, write_run
 
 from pdsweep.report.html import write_report
+from pdsweep.results import layout
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 DATA_URI = re.compile(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'")
@@ -364,3 +365,39 @@ def test_a_reference_passing_without_an_expected_score_says_why(tmp_path: Path) 
         "| ref | PASS | " in row[ref(pd("tiny-llama", 1, 1)).id] and "floor" not in row[ref(pd("tiny-llama", 1, 1)).id]
     )
     assert floor in summary_markdown(gate_run(run))
+
+
+def test_a_pass_with_injected_read_failures_says_why(tmp_path: Path) -> None:
+    """A fail-read-1-in-K drill under kv_load_failure_policy recompute passes with failed
+    transfers (and fewer transfers than PD requests): its row says the drill injected them, from
+    transfer.json read_faults, cell.json's fault and decode's --kv-transfer-config."""
+    from pdsweep.judge.gate import gate_run
+    from pdsweep.report.render import summary_markdown
+
+    drill = pd("tiny-llama", 1, 1, fault="fail-read-1-in-4")
+    argv = [
+        "vllm",
+        "serve",
+        "m",
+        "--kv-transfer-config",
+        '{"kv_role":"kv_consumer","kv_load_failure_policy":"recompute"}',
+    ]
+    patch = {
+        layout.CELL_FILE: {"instances": [{"name": "decode-0", "role": "decode", "argv": argv}]},
+        layout.TRANSFER_FILE: {
+            "read_faults": {"injected": 50, "recovered_reqs": 0, "failed_reqs": 0},
+            "totals": {"num_transfers": 149, "failed_transfers": 50, "kv_requests": 192},
+        },
+    }
+    run = write_run(tmp_path, "r", [case(drill, patch), case(ref(drill)), case(pd("tiny-llama", 2, 1))])
+    result = gate_run(run)
+    assert {c.cell_id: c.verdict for c in result.cells}[drill.id] == "PASS"
+    note = (
+        "50 READ failures injected by the fault drill fail-read-1-in-4 (1 in 4 READs reported failed), expected: "
+        "allowed by the transfer gate, vLLM counted 50 failed transfers; kv_load_failure_policy recompute: their "
+        "prompts recomputed on decode, no request failed (149 transfers + 50 failed cover the 192 PD requests)"
+    )
+    md = write_report(run)["markdown"].read_text()
+    assert "| 149 | " in md and f"| 50/0 | {note} |" in md
+    assert f"| 50/0 | {note} |" in summary_markdown(result)
+    assert md.count("READ failures injected") == 1  # not on the cells without a drill

@@ -124,7 +124,10 @@ class CellFacts:
     ``worst_prompt`` describes the consistency prompt with the lowest exact-match rate;
     ``reads_by_rank`` is transfer.json ``reads_by_prefill_rank`` (prefill TP rank ->
     ``{reads, bytes, ...}``; empty when not recorded) and ``transfer_plans`` its
-    ``transfer_plans`` (vLLM's ``TransferTopology`` fields per prefill engine).
+    ``transfer_plans`` (vLLM's ``TransferTopology`` fields per prefill engine). ``fault`` is
+    cell.json's ``cell.fault``, ``read_faults`` transfer.json's ``read_faults`` (the
+    ``fail-read-1-in-K`` drill's counts) and ``kv_load_failure_policy`` decode's, from its
+    ``--kv-transfer-config`` (None: not set or not recorded).
     """
 
     model: str | None = None
@@ -144,6 +147,9 @@ class CellFacts:
     transfer_plans: tuple[dict[str, Any], ...] = ()
     load: dict[str, Any] = field(default_factory=dict)  # load.json (repeats, raw figures: pdsweep.measure.repeats)
     ucx_transports: tuple[str, ...] | None = None  # transfer.json ucx_transports (None: not found)
+    fault: str | None = None
+    read_faults: dict[str, Any] = field(default_factory=dict)
+    kv_load_failure_policy: str | None = None
 
     def total(self, key: str) -> float | None:
         return num(self.totals.get(key))
@@ -230,6 +236,23 @@ def worst_prompt(prompts: Any) -> str | None:
     return text
 
 
+def load_failure_policy(cell_json: dict[str, Any]) -> str | None:
+    """``kv_load_failure_policy`` of the first decode instance's ``--kv-transfer-config`` in
+    cell.json ``instances[].argv``; None when not set or not readable."""
+    for inst in cell_json.get("instances") or []:
+        argv = obj(inst).get("argv")
+        if obj(inst).get("role") != "decode" or not isinstance(argv, list):
+            continue
+        for flag, val in zip(argv, argv[1:]):
+            if flag == "--kv-transfer-config" and isinstance(val, str):
+                try:
+                    policy = obj(json.loads(val)).get("kv_load_failure_policy")
+                except ValueError:
+                    return None
+                return policy if isinstance(policy, str) else None
+    return None
+
+
 def cell_facts(files: CellFiles, fallback: Cell | None = None) -> CellFacts:
     """Facts of one cell from its files; ``fallback`` (from plan.json) fills in the cell
     identity when cell.json is unusable."""
@@ -260,6 +283,9 @@ def cell_facts(files: CellFiles, fallback: Cell | None = None) -> CellFacts:
         else (),
         load=files.get(layout.LOAD_FILE) or {},
         ucx_transports=tuple(map(str, tr["ucx_transports"])) if isinstance(tr.get("ucx_transports"), list) else None,
+        fault=cell.fault if cell else None,
+        read_faults=obj(tr.get("read_faults")),
+        kv_load_failure_policy=load_failure_policy(cj),
     )
 
 

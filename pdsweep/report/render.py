@@ -8,6 +8,7 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from pdsweep.core.faults import read_fault_every
 from pdsweep.core.stats import num
 from pdsweep.judge.compare import IMPROVEMENT, MARKS, REGRESSION, CompareResult, TaskDelta
 from pdsweep.judge.facts import TaskScore
@@ -122,7 +123,8 @@ def compare_p_note(alpha: float) -> str:
 
 
 def pass_note(c: CellResult) -> str:
-    """Why a PASS cell's accuracy passed when no expected score bounded it ('' otherwise), from
+    """Why a PASS cell passed what looks like a failure ('' otherwise): failed transfers a
+    fault drill injected (:func:`read_fault_note`), or accuracy no expected score bounded, from
     what accuracy.json recorded: a reference task without an expected score passes with reason
     ``reference`` (nothing to judge it by; its PD cells are tested against it), a PD task
     without one is judged against its reference cell only (:func:`pdsweep.measure.accuracy.judge`)."""
@@ -143,7 +145,38 @@ def pass_note(c: CellResult) -> str:
                 f"{s.task}: no expected score for this model in accuracy/expected.yaml: judged only as not "
                 f"significantly below reference {s.reference_cell or '?'} ({_f(s.reference)}, p={_f(s.p_value, '.2g')})"
             )
-    return "; ".join(notes)
+    return "; ".join(n for n in (*notes, read_fault_note(c)) if n)
+
+
+def read_fault_note(c: CellResult) -> str:
+    """Why a PD cell's failed transfers passed the transfer gate ('' without any): the READ
+    failures a ``fail-read-1-in-K`` drill injected (transfer.json ``read_faults.injected``) are
+    allowed on top of ``gate.max_failed_transfers`` and count as transfers against the PD
+    requests (:class:`pdsweep.judge.transfer.TransferCheck`); what decode did with them is
+    ``kv_load_failure_policy`` (cell.json decode argv)."""
+    f = c.facts
+    injected, failed = num(f.read_faults.get("injected")), f.total("failed_transfers")
+    every = read_fault_every(f.fault)
+    if c.kind == "ref" or not injected or not failed or every is None:
+        return ""
+    policy = f.kv_load_failure_policy
+    recovered = num(f.read_faults.get("recovered_reqs"))
+    text = (
+        f"{injected:g} READ failures injected by the fault drill {f.fault} (1 in {every} READs reported failed), "
+        f"expected: allowed by the transfer gate, vLLM counted {failed:g} failed transfers"
+    )
+    if policy:
+        text += f"; kv_load_failure_policy {policy}" + (
+            ": their prompts recomputed on decode" if policy == "recompute" else ""
+        )
+    if recovered:
+        text += f" ({recovered:g} request(s) recovered)"
+    if not num(f.read_faults.get("failed_reqs")):
+        text += ", no request failed"
+    done, kv = f.total("num_transfers"), f.total("kv_requests")
+    if done is not None and kv is not None and done < kv:
+        text += f" ({done:g} transfers + {failed:g} failed cover the {kv:g} PD requests)"
+    return text
 
 
 SUMMARY_COLUMNS = (
