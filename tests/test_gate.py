@@ -288,7 +288,7 @@ def test_summary_lists_every_cell(runs: dict[str, Path], tmp_path: Path) -> None
     rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| ")}
     assert set(rows) - {"cell"} == set(ID.values())  # every cell that ran; rejected ones are counted per rule
     assert f"{TASK} 0.790 ±N/A / 0.800±0.050 / 0.800 / p=0.99" in rows[ID["stderr_na"]]
-    assert "| pass (short: 100% match) | 220 | 286.1 MiB | 10.00 | 0/0 |" in rows[ID["pass"]]
+    assert "| pass (short: 100% match) | 220 | 286.1 MiB | 10 | 0/0 |" in rows[ID["pass"]]
     assert "| fail (long: 0% match, diverges at token 0) |" in rows[ID["xfail"]]
     assert "| —/0 |" in rows[ID["failed_null"]]
     assert "max \\|dlogprob\\| 7.1" in rows[ID["xfail"]]  # pipes escaped: the table keeps its columns

@@ -401,3 +401,19 @@ def test_a_pass_with_injected_read_failures_says_why(tmp_path: Path) -> None:
     assert "| 149 | " in md and f"| 50/0 | {note} |" in md
     assert f"| 50/0 | {note} |" in summary_markdown(result)
     assert md.count("READ failures injected") == 1  # not on the cells without a drill
+
+
+def test_small_kv_gbps_keeps_three_significant_figures(tmp_path: Path) -> None:
+    """A CPU cell's 0.004766 GB/s reads 0.00477 in the Cells table and summary.md (3
+    significant figures, as the GB/s heatmap), not 0.00."""
+    from pdsweep.judge.gate import gate_run
+    from pdsweep.report.render import summary_markdown
+
+    slow, fast = pd("tiny-llama", 1, 1), pd("tiny-llama", 2, 1)
+    cells = [case(slow, good={"gbps": 0.004766}), case(fast, good={"gbps": 123.456}), case(ref(slow))]
+    run = write_run(tmp_path, "r", cells)
+    md, summary = write_report(run)["markdown"].read_text(), summary_markdown(gate_run(run))
+    for text in (md, summary):
+        rows = {x.split(" | ")[0][2:]: x for x in text.splitlines() if " | pd | " in x}
+        assert "| 0.00477 | 0/0 |" in rows[slow.id]
+        assert "| 123 | 0/0 |" in rows[fast.id]

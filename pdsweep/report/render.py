@@ -216,7 +216,7 @@ def summary_rows(result: GateResult, cells: list[CellResult] | None = None) -> l
                 con,
                 _f(f.total("num_transfers"), "g"),
                 fmt_bytes(f.total("bytes")),
-                _f(f.total("gbps_xfer"), ".2f"),
+                _f(f.total("gbps_xfer"), ".3g"),  # as the GB/s heatmap and builds.png: 0.00477, not 0.00
                 failed if c.kind != "ref" else "—",
                 pass_note(c) if c.verdict == PASS else c.message,
             )
