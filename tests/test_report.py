@@ -11,7 +11,8 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 from _chromium import console_errors, need_chromium, render
-from fixtures.make_runs import MIXED, MIXED_REJECTED, acc, case, crashed, ids, pd, ref, write_run
+from fixtures.make_runs import LOAD, MIXED, MIXED_REJECTED, acc, case, crashed, ids, pd, ref, totals, write_run
+from matplotlib.figure import Figure
 
 from pdsweep.report.html import write_report
 from pdsweep.results import layout
@@ -417,3 +418,58 @@ def test_small_kv_gbps_keeps_three_significant_figures(tmp_path: Path) -> None:
         rows = {x.split(" | ")[0][2:]: x for x in text.splitlines() if " | pd | " in x}
         assert "| 0.00477 | 0/0 |" in rows[slow.id]
         assert "| 123 | 0/0 |" in rows[fast.id]
+
+
+def _figures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Figure]:
+    """The report's figures by file name, of a run with both builds, an XFAIL cell with values
+    (hatched in builds.png) and 2 load repeats per PD cell."""
+    from pdsweep.measure.repeats import summarize_repeats
+
+    figs: dict[str, Figure] = {}
+    save = Figure.savefig
+
+    def spy(fig: Figure, path: Path, **kw: object) -> None:
+        figs[Path(path).name] = fig
+        save(fig, path, **kw)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    runs = [
+        {
+            "concurrency": 2,
+            "num_prompts": 8,
+            "completed": 8,
+            "errors": 0,
+            "repeat": i,
+            "ttft_ms": {"p50": t},
+            "output_tok_s": 100.0,
+        }
+        for i, t in enumerate((10.0, 50.0))
+    ]
+    load = {LOAD: {"runs": runs, "summary": summarize_repeats({"runs": runs}, 0.95), "repeat_plan": {"run": 2}}}
+    unfixed = pd("tiny-llama", 1, 1, "unfixed")
+    xfail = pd("tiny-llama", 1, 1, expect_fail=True, expect_reason="known", expect_match="no KV transferred")
+    cells = [case(unfixed, load), case(xfail, totals(num_transfers=0), load), case(ref(unfixed)), case(ref(xfail))]
+    write_report(write_run(tmp_path, "r", cells))
+    return figs
+
+
+def test_accuracy_axis_is_padded_past_0_and_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Markers and bands at 1.0 (and 0.0) are drawn whole; the ticks stay 0..1."""
+    ax = _figures(tmp_path, monkeypatch)["accuracy.png"].axes[0]
+    assert ax.get_xlim() == (-0.05, 1.05)
+    assert list(ax.get_xticks()) == [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+
+
+def test_builds_hatch_legend_names_the_verdicts_hatched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hatch marks every cell whose checks failed: here an XFAIL cell, and no FAIL."""
+    legend = _figures(tmp_path, monkeypatch)["builds.png"].legends[0]
+    assert [t.get_text() for t in legend.get_texts()] == ["unfixed", "fixed", "XFAIL cell (checks failed)"]
+
+
+def test_perf_title_says_the_repeats_behind_each_interval(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fig = _figures(tmp_path, monkeypatch)["perf.png"]
+    assert fig.get_suptitle() == "Mean of n=2 load repeats, 95 % Student-t interval, cut at 0"
+    from pdsweep.report.perf_section import repeats_title
+
+    assert repeats_title([2, 3]) == "Mean of n (beside each cell) load repeats, 95 % Student-t interval, cut at 0"
+    assert repeats_title([1]) == "Mean of n=1 load repeats (no interval)"

@@ -118,12 +118,25 @@ def error_bars(stats: list[dict[str, Any] | None]) -> list[list[float]]:
     return [below, above]
 
 
+def repeats_title(ns: list[int]) -> str:
+    """perf.png's title: the repeats ``n`` behind each mean (one n for every cell, else each
+    cell's beside its name) and the interval drawn."""
+    n = f"n={ns[0]}" if len(set(ns)) == 1 else "n (beside each cell)"
+    interval = ", 95 % Student-t interval, cut at 0" if max(ns, default=1) > 1 else " (no interval)"
+    return f"Mean of {n} load repeats{interval}"
+
+
 def plot_perf(result: GateResult, path: Path) -> Path | None:
     """``perf.png``: one panel per :data:`PLOT_METRICS`, a bar per cell at its mean with the
-    interval as error bar (:func:`error_bars`); None when no cell has load repeats."""
+    interval as error bar (:func:`error_bars`), the repeats ``n`` in the title
+    (:func:`repeats_title`); None when no cell has load repeats."""
     cells = perf_cells(result)
     if not cells:
         return None
+    ns = [  # a cell's repeats: the largest n among its plotted figures
+        max((x.get("n") or 1 for m in PLOT_METRICS if (x := _stat(c.facts.load["summary"], m[0], m[1]))), default=1)
+        for c in cells
+    ]
     fig = Figure(figsize=(max(6.0, 0.6 * len(cells) + 3), 2.6 * len(PLOT_METRICS)), layout="constrained")
     axes = fig.subplots(len(PLOT_METRICS), 1, sharex=True)
     xs = range(len(cells))
@@ -136,7 +149,9 @@ def plot_perf(result: GateResult, path: Path) -> Path | None:
                 ax.text(i, 0, "n/a", ha="center", va="bottom", fontsize=7)
         ax.set_title(title, fontsize=9)
         ax.tick_params(labelsize=7)
-    axes[-1].set_xticks(list(xs), [c.cell_id for c in cells], rotation=60, ha="right", fontsize=7)
+    labels = [c.cell_id if len(set(ns)) == 1 else f"{c.cell_id} (n={n})" for c, n in zip(cells, ns)]
+    axes[-1].set_xticks(list(xs), labels, rotation=60, ha="right", fontsize=7)
+    fig.suptitle(repeats_title(ns), fontsize=10)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     return path

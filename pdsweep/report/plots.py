@@ -50,6 +50,7 @@ BASELINE_BUILDS = ("unfixed", "baseline")  # in a run with several builds, the f
 DPI = 110
 T = TypeVar("T")
 PLOT_ROWS_MAX = 60  # rows of a per-cell plot; past it, the non-PASS rows only
+ACC_PAD = 0.05  # accuracy.png's x axis beyond 0..1
 
 
 def _cap(rows: list[T], passed: Callable[[T], bool]) -> tuple[list[T], int]:
@@ -132,7 +133,9 @@ def plot_accuracy(result: GateResult, path: Path) -> Path | None:
         ax.set_yticks(list(ys), [c.cell_id for c in cells], fontsize=8)
         for label, c in zip(ax.get_yticklabels(), cells):
             label.set_color(COLORS[c.verdict] if c.verdict != PASS else "black")
-        ax.set_xlim(0, 1)
+        # padded past 0 and 1 so markers and bands there are drawn whole; the ticks stay 0..1
+        ax.set_xlim(-ACC_PAD, 1 + ACC_PAD)
+        ax.set_xticks([i / 5 for i in range(6)])
         ax.set_ylim(-0.7, len(cells) - 0.3)
         ax.set_xlabel(f"{task} accuracy")
         ax.grid(axis="x", alpha=0.3)
@@ -305,10 +308,18 @@ def compare_series(cmp: CompareResult) -> Series:
     )
 
 
+def hatch_label(verdicts: set[str]) -> str:
+    """builds.png's legend entry for its hatched bars, naming the verdicts drawn hatched: every
+    cell whose checks failed, an expected failure (XFAIL) as a FAIL, e.g. ``FAIL / XFAIL cell
+    (checks failed)``."""
+    return " / ".join(sorted(verdicts)) + " cell (checks failed)"
+
+
 def plot_side_by_side(series: Series, path: Path) -> Path | None:
     """Grouped horizontal bars per compare key: accuracy (the first task) and GB/s, one bar
-    per series; failed cells hatched with their verdict, absent ones ``n/a``. None when the
-    rows are capped (:data:`PLOT_ROWS_MAX`) and every one passed."""
+    per series; cells whose checks failed (FAIL, XFAIL) hatched with their verdict
+    (:func:`hatch_label`), absent ones ``n/a``. None when the rows are capped
+    (:data:`PLOT_ROWS_MAX`) and every one passed."""
     names, rows = series
     rows, left_out = _cap(rows, lambda r: all(c.verdict == PASS for c in r[1] if c is not None))
     if not rows:
@@ -323,6 +334,7 @@ def plot_side_by_side(series: Series, path: Path) -> Path | None:
         (f"accuracy ({task})", lambda c: first_value(c, task), "{:.3f}"),
         (GBPS_CELL, lambda c: c.facts.total("gbps_xfer"), "{:.3g}"),
     )
+    hatched: set[str] = set()  # verdicts of the cells drawn hatched: checks failed (FAIL, XFAIL)
     for ax, (label, get, fmt) in zip(axes, metrics):
         top = max((get(c) or 0 for _, cs in rows for c in cs if c), default=0) or 1.0
         for r, (_, cs) in enumerate(rows):
@@ -335,6 +347,8 @@ def plot_side_by_side(series: Series, path: Path) -> Path | None:
                     ax.text(top * 0.01, y, f"n/a{why}", va="center", fontsize=7, color="#555555")
                     continue
                 failed = not c.checks_passed
+                if failed:
+                    hatched.add(c.verdict)
                 ax.barh(
                     y,
                     v,
@@ -359,7 +373,11 @@ def plot_side_by_side(series: Series, path: Path) -> Path | None:
     axes[0].set_ylim(-0.6, len(rows) - 0.4)
     fig.legend(
         handles=[Patch(color=palette[k % len(palette)], label=n) for k, n in enumerate(names)]
-        + [Patch(facecolor="white", edgecolor=COLORS[FAIL], hatch="///", label="failed cell")],
+        + (
+            [Patch(facecolor="white", edgecolor=COLORS[FAIL], hatch="///", label=hatch_label(hatched))]
+            if hatched
+            else []
+        ),
         loc="outside upper center",
         ncol=nb + 1,
         fontsize=8,
