@@ -36,3 +36,19 @@ def test_compare_fixed_against_unfixed_in_one_run_can_pass(tmp_path: Path, capsy
         "1 reference cell(s) not compared: A and B are one run, so each is the same cell on both sides",
     )
     assert "- note: 1 reference cell(s) not compared" in (tmp_path / "o" / "compare.md").read_text()
+
+
+def test_a_side_without_consistency_says_why_not_none(tmp_path: Path) -> None:
+    """The unfixed cell died in phase ready (no consistency.json): the improvement's reason says
+    so instead of printing Python's None ('consistency None -> pass')."""
+    from fixtures.make_runs import crashed
+
+    from pdsweep.report.render import compare_markdown
+
+    fixed, unfixed = pd("kimi-linear", 2, 1, "fixed"), pd("kimi-linear", 2, 1, "unfixed")
+    died = crashed("ready", "first request: HTTP 500", ["AssertionError"])
+    run = write_run(tmp_path, "run", [case(fixed), case(unfixed, died), case(ref(fixed))])
+    res = compare_runs(run, run, a_build="unfixed", b_build="fixed")
+    pair = next(c for c in res.cells if c.key == fixed.compare_key)
+    assert pair.reasons == ("was FAIL, now passes", "consistency — (not measured: failed in phase ready) -> pass")
+    assert "None" not in compare_markdown(res)

@@ -37,7 +37,7 @@ from typing import Any
 
 from pdsweep.core.errors import GateFailed, UserError
 from pdsweep.core.stats import two_proportion_p
-from pdsweep.judge.facts import TaskScore
+from pdsweep.judge.facts import CellFacts, TaskScore
 from pdsweep.judge.flaky import FLAKY
 from pdsweep.judge.gate import NOT_RUNNABLE, PASS, SKIPPED, CellResult, GateResult, gate_run
 from pdsweep.judge.perf import NOISY, PerfDelta, perf_deltas
@@ -273,6 +273,15 @@ def _counter_changes(a: CellResult, b: CellResult) -> tuple[list[str], list[str]
     return worse, better
 
 
+def _consistency(f: CellFacts) -> str:
+    """A side's consistency verdict, or why it has none (no consistency.json: e.g. the cell
+    failed before its consistency phase), never ``None``."""
+    if f.consistency:
+        return f.consistency
+    failed = f.status not in (None, "ok") and f.phase
+    return "— (not measured" + (f": {f.status} in phase {f.phase}" if failed else "") + ")"
+
+
 def judge_pair(key: str, a: CellResult, b: CellResult, alpha: float, gate: GateSpec | None = None) -> CellComparison:
     """Compare one cell of A with its match in B (see the module doc for the rules);
     ``gate``: the perf thresholds (None: defaults)."""
@@ -324,7 +333,7 @@ def judge_pair(key: str, a: CellResult, b: CellResult, alpha: float, gate: GateS
         elif t.a is not None and t.b is not None and t.b < t.a and t.p_lower is None:
             worse.append(f"{t.task}: {t.a:.3f} -> {t.b:.3f}, lower and untestable (sample count missing)")
     if a.kind != "ref" and (fa.consistency == "pass") != (fb.consistency == "pass"):
-        (worse if fa.consistency == "pass" else better).append(f"consistency {fa.consistency} -> {fb.consistency}")
+        (worse if fa.consistency == "pass" else better).append(f"consistency {_consistency(fa)} -> {_consistency(fb)}")
     worse += [f"perf {d.describe()}" for d in perf if d.verdict == REGRESSION]
     better += [f"perf {d.describe()}" for d in perf if d.verdict == IMPROVEMENT]
     verdict = REGRESSION if worse else IMPROVEMENT if better else SAME
