@@ -202,14 +202,23 @@ def test_each_cell_links_its_files_and_reproduce_command(runs: dict[str, Path], 
             f"{base}{crashed}/status.json",
         ]
         assert all((out / h).exists() for h in hrefs)
-        cmd = f"pdsweep run sweeps/mixed.yaml --cells {crashed} --out results/repro-{crashed}"
+        cmd = f".venv/bin/pdsweep run sweeps/mixed.yaml --cells {crashed} --out results/repro-{crashed}"  # README's
         assert reproduce_command("sweeps/mixed.yaml", crashed) == cmd
         assert f"<code>{cmd}</code>" in row and f"`{cmd}`" in md
         assert f"[cell.json]({base}{crashed}/cell.json)" in md
         for cid in ids(MIXED).values():  # every cell that ran: its directory and cell.json
             assert f"<a href='{base}{cid}/'>{cid}</a>" in page and f"href='{base}{cid}/cell.json'" in page
-    rejected = MIXED_REJECTED[0][0].id  # never ran: no directory to link, still a reproduce command
-    assert f"<tr id='{rejected}'><td>{rejected}</td>" in page and f"--cells {rejected} " in page
+
+
+def test_a_rejected_cell_gets_no_reproduce_command(runs: dict[str, Path], tmp_path: Path) -> None:
+    """The plan rejected it (SKIPPED): `run` would reject it again, so its row says so instead."""
+    paths = write_report(runs["mixed"], tmp_path / "r")
+    page, md = paths["html"].read_text(), paths["markdown"].read_text()
+    rejected = MIXED_REJECTED[0][0].id  # never ran: no directory to link
+    assert f"<tr id='{rejected}'><td>{rejected}</td>" in page and f"--cells {rejected} " not in page + md
+    row = next(x for x in md.splitlines() if x.startswith(f"| {rejected} |"))
+    assert row.endswith("|  | none: rejected by the plan (rule platform-limit) |")
+    assert "<td></td><td>none: rejected by the plan (rule platform-limit)</td></tr>" in page
 
 
 def test_matrix_sorts_numerically(tmp_path: Path) -> None:
@@ -277,7 +286,9 @@ def test_links_work_in_headless_chromium(runs: dict[str, Path], tmp_path: Path) 
         ]
         assert targets[0] == runs["mixed"] / cid and (runs["mixed"] / cid / "cell.json") in targets
         assert all(t.exists() for t in targets)
-        assert f"<code>pdsweep run sweeps/mixed.yaml --cells {cid} --out results/repro-{cid}</code>" in rows[cid]
+        assert (
+            f"<code>.venv/bin/pdsweep run sweeps/mixed.yaml --cells {cid} --out results/repro-{cid}</code>" in rows[cid]
+        )
     crashed = ids(MIXED)["crashed"]
     assert f'<td class="FAIL" title="{crashed}: ' in dom and f'<a href="#{crashed}">FAIL</a>' in dom
 

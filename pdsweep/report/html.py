@@ -18,7 +18,7 @@ from pathlib import Path
 from pdsweep.core.errors import UserError
 from pdsweep.core.stats import obj
 from pdsweep.judge.compare import CompareResult, compare_cells, compare_results
-from pdsweep.judge.gate import CellResult, GateResult, gate_run
+from pdsweep.judge.gate import SKIPPED, CellResult, GateResult, gate_run
 from pdsweep.report.load_section import LOAD_COLUMNS, LOAD_NOTE, load_rows
 from pdsweep.report.overview import (
     CAUSE_CHARS,
@@ -248,12 +248,21 @@ table.matrix td{text-align:center}summary{cursor:pointer}
 img{max-width:100%;border:1px solid #ddd;margin:0.5em 0}code{background:#f6f6f6}"""
 
 
+PDSWEEP = ".venv/bin/pdsweep"  # the README's spelling: works from the checkout without activating the venv
+
+
 def reproduce_command(sweep: str, cell_id: str) -> str:
-    """The command that runs one cell again (its reference cell comes with it): ``pdsweep run
-    SWEEP --cells ID --out results/repro-ID`` (``--cells`` is a glob over cell ids; an id has
-    no glob characters)."""
+    """The command that runs one cell again (its reference cell comes with it), from the
+    checkout: ``.venv/bin/pdsweep run SWEEP --cells ID --out results/repro-ID`` (``--cells`` is
+    a glob over cell ids; an id has no glob characters)."""
     q = shlex.quote
-    return f"pdsweep run {q(sweep)} --cells {q(cell_id)} --out {q('results/repro-' + cell_id)}"
+    return f"{PDSWEEP} run {q(sweep)} --cells {q(cell_id)} --out {q('results/repro-' + cell_id)}"
+
+
+def not_reproducible(c: CellResult) -> str | None:
+    """Why a cell has no reproduce command (the plan rejected it: ``run`` would reject it
+    again), else None."""
+    return f"none: rejected by the plan (rule {c.rule})" if c.verdict == SKIPPED else None
 
 
 def cell_links(run_dir: Path, out: Path, cell_id: str) -> list[tuple[str, str]]:
@@ -276,7 +285,7 @@ def cell_links(run_dir: Path, out: Path, cell_id: str) -> list[tuple[str, str]]:
 
 def _cells_html(result: GateResult, sweep: str, run_dir: Path, out: Path) -> str:
     """The Cells table: the id links the cell's directory; a column of links to its logs and
-    cell.json, and its reproduce command (:func:`reproduce_command`)."""
+    cell.json, and its reproduce command (:func:`reproduce_command`; none for a rejected cell)."""
     e = html.escape
     head = "".join(f"<th>{e(c)}</th>" for c in (*SUMMARY_COLUMNS, "files", "reproduce"))
     body = []
@@ -287,7 +296,8 @@ def _cells_html(result: GateResult, sweep: str, run_dir: Path, out: Path) -> str
         tds += [f'<td class="{e(x)}">{e(x)}</td>' if i == 2 else f"<td>{e(x)}</td>" for i, x in enumerate(row[1:-1], 1)]
         tds.append(f'<td class="reason">{_fold(row[-1])}</td>')
         tds.append("<td>" + " ".join(f"<a href='{e(h, quote=True)}'>{e(n)}</a>" for n, h in links[1:]) + "</td>")
-        tds.append(f"<td><code>{e(reproduce_command(sweep, c.cell_id))}</code></td>")
+        why = not_reproducible(c)
+        tds.append(f"<td>{e(why)}</td>" if why else f"<td><code>{e(reproduce_command(sweep, c.cell_id))}</code></td>")
         body.append("<tr id='" + e(c.cell_id, quote=True) + "'>" + "".join(tds) + "</tr>")
     return f"<table class='cells'><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
@@ -300,7 +310,7 @@ def _cells_markdown(result: GateResult, sweep: str, run_dir: Path, out: Path) ->
     ]
     for c, row in zip(result.cells, summary_rows(result)):
         links = " ".join(f"[{n}]({h})" for n, h in cell_links(run_dir, out, c.cell_id))
-        cmd = "`" + reproduce_command(sweep, c.cell_id) + "`"
+        cmd = md_escape(why) if (why := not_reproducible(c)) else "`" + reproduce_command(sweep, c.cell_id) + "`"
         lines.append("| " + " | ".join([*(md_escape(x) for x in row), links, cmd]) + " |")
     return "\n".join(lines)
 
