@@ -440,7 +440,8 @@ def compare_runs(
             f"{sweeps[1] or '(unnamed)'} (run.json sweep_name): cells would not line up; pass "
             "--allow-other-sweep to compare them anyway"
         )
-    fa, fb, notes = only_build(ra, a_build), only_build(rb, b_build), ()
+    fa, fb = only_build(ra, a_build), only_build(rb, b_build)
+    notes: tuple[str, ...] = ()
     if Path(a).resolve() == Path(b).resolve() and a_build != b_build:
         # one run, two builds: its reference cells are on both sides, each would be compared with itself
         refs = sum(c.kind == "ref" for c in fa.cells)
