@@ -29,6 +29,6 @@ def test_an_expected_failure_says_so(capsys):
     p.done("base", "failed", "decode-0 (exited with code 1): AssertionError")
     p.close()
     lines = capsys.readouterr().err.splitlines()
-    assert lines[0].startswith("[1/3] drill: failed (expected) after") and lines[0].endswith("killed by signal 9")
-    assert lines[1].startswith("[2/3] unfixed: ok (expected to fail) after")
+    assert lines[0].startswith("[1/3] drill: failed (expect: fail) after") and lines[0].endswith("killed by signal 9")
+    assert lines[1].startswith("[2/3] unfixed: ok (expect: fail) after")
     assert lines[2].startswith("[3/3] base: failed after")

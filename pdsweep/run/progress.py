@@ -49,14 +49,14 @@ class Progress:
 
     def done(self, cell: str, status: str, reason: str | None, expect_fail: bool = False) -> None:
         """A cell's end line. ``expect_fail``: the sweep declares the cell ``expect: fail``; its
-        failure reads "failed (expected)" in yellow (the gate decides whether it is that
-        expected failure, XFAIL) and an expected cell that did not fail says so."""
+        line says so in yellow, "failed (expect: fail)" or "ok (expect: fail)" (a wrong answer
+        is found by the gate's checks): the gate decides whether it is that failure (XFAIL)."""
         with self.lock:
             self.current.pop(cell, None)
             self.done_n += 1
             color = {"ok": "green", "failed": "red"}.get(status, "yellow")
             if expect_fail:
-                color, status = "yellow", f"{status} ({'expected' if status == 'failed' else 'expected to fail'})"
+                color, status = "yellow", f"{status} (expect: fail)"
             why = f": {reason}" if reason else ""
             self.console.print(
                 f"[{self.done_n}/{self.total}] {cell}: [{color}]{status}[/{color}] "
