@@ -406,8 +406,8 @@ def test_a_pass_with_injected_read_failures_says_why(tmp_path: Path) -> None:
     assert {c.cell_id: c.verdict for c in result.cells}[drill.id] == "PASS"
     note = (
         "50 READ failures injected by the fault drill fail-read-1-in-4 (1 in 4 READs reported failed), expected: "
-        "allowed by the transfer gate, vLLM counted 50 failed transfers; kv_load_failure_policy recompute: their "
-        "prompts recomputed on decode, no request failed (149 transfers + 50 failed cover the 192 PD requests)"
+        "allowed by the transfer gate, vLLM counted 50 failed transfers; kv_load_failure_policy recompute, no "
+        "request failed (149 transfers + 50 failed cover the 192 PD requests)"
     )
     md = write_report(run)["markdown"].read_text()
     assert "| 149 | " in md and f"| 50/0 | {note} |" in md
