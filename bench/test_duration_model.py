@@ -44,7 +44,7 @@ def modelled_s(run: Path, idx: dict) -> float:
     from pdsweep.plan.expand import expand
     from pdsweep.plan.schedule import eval_s
     from pdsweep.plan.startup import estimator
-    from pdsweep.spec.sweep import load_sweep
+    from pdsweep.sweepfile.sweep import load_sweep
 
     ls = load_sweep(REPO / idx["sweep"])
     est, cells = estimator(ls), {c.id: c for c in expand(ls).cells}
@@ -61,7 +61,7 @@ def test_duration_model_against_measured_phases(benchmark) -> None:
     from pdsweep.plan.expand import expand
     from pdsweep.plan.schedule import EVAL_S, FIRST_REQUEST_S, dies_at_first_request
     from pdsweep.plan.startup import startup_s
-    from pdsweep.spec.sweep import load_catalogue, load_sweep
+    from pdsweep.sweepfile.sweep import load_catalogue, load_sweep
 
     run = _run()
     if run is None:

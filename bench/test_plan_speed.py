@@ -4,7 +4,7 @@ from pathlib import Path
 
 from pdsweep.plan.expand import expand
 from pdsweep.plan.schedule import pack
-from pdsweep.spec.sweep import load_sweep
+from pdsweep.sweepfile.sweep import load_sweep
 
 SWEEPS = Path(__file__).resolve().parent.parent / "sweeps"
 

@@ -28,7 +28,7 @@ from pdsweep.plan.expand import expand
 from pdsweep.results import layout
 from pdsweep.run.context import RunOptions
 from pdsweep.run.sweep import run_sweep
-from pdsweep.spec.sweep import load_sweep
+from pdsweep.sweepfile.sweep import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 SUMMARY = REPO / "results" / "bench" / "summary.md"

@@ -21,7 +21,7 @@ import pytest
 
 from pdsweep.plan.geometry import kv_geometry
 from pdsweep.plan.readplan import handshake_ranks
-from pdsweep.spec.sweep import load_catalogue
+from pdsweep.sweepfile.sweep import load_catalogue
 from pdsweep.xfer import bench as xb
 from pdsweep.xfer.memory import make_requests
 from pdsweep.xfer.session import TransferSession

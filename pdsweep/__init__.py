@@ -3,7 +3,7 @@ disaggregation over the NIXL KV connector.
 
 The subpackages are the pipeline, in the order a sweep goes through them:
 
-    spec -> plan -> deploy -> measure -> run (writes results/) -> judge -> report -> history -> cli
+    sweepfile -> plan -> deploy -> measure -> run (writes results/) -> judge -> report -> history -> cli
 
 Layers. Each subpackage (and each top-level module) has a rank; a module imports only
 from its own subpackage or ones ranked before it, never a later one, and no import
@@ -11,7 +11,8 @@ cycle exists between modules. tests/test_layers.py reads this list and fails on 
 import going up it (lazy and type-only imports included), on a cycle, and on a
 subpackage or top-level module missing from it.
 
-    layers: core results engine builds spec tiny plan deploy measure xfer run judge report history commands cli __main__
+    layers: core results engine builds sweepfile tiny plan deploy measure xfer run judge report history
+            commands cli __main__
 
 ``core`` and ``results`` are leaves every stage uses (errors, paths; the on-disk results
 layout); ``engine`` runs inside vLLM's processes (the ``vllm.general_plugins`` entry point);

@@ -13,7 +13,7 @@ import sys
 from pdsweep.core.errors import UserError, run_main
 from pdsweep.plan.builds import venv_python
 from pdsweep.plan.expand import expand
-from pdsweep.spec.sweep import load_sweep
+from pdsweep.sweepfile.sweep import load_sweep
 
 
 def main() -> int:

@@ -30,6 +30,7 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # tests/test_layers.py imports pdsweep: runnable from any python in the repo
 PKG = ROOT / "pdsweep"
 GOALS = {
     "files over 500 lines": 0,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pdsweep.cli import main
-from pdsweep.spec.sweep import LoadedSweep, load_sweep
+from pdsweep.sweepfile.sweep import LoadedSweep, load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -30,7 +30,7 @@ from pdsweep.measure.accuracy import (
     two_proportion_p,
 )
 from pdsweep.results.layout import read_json, write_json
-from pdsweep.spec.phases import EvalSpec
+from pdsweep.sweepfile.phases import EvalSpec
 from pdsweep.tiny import arith
 
 UPSTREAM = "vllm tests/v1/kv_connector/nixl_integration/test_accuracy.py"

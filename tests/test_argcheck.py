@@ -9,7 +9,7 @@ from pdsweep.cli import main
 from pdsweep.core.errors import UserError
 from pdsweep.plan.expand import expand
 from pdsweep.run.dryrun import check_cells_argv
-from pdsweep.spec.sweep import load_sweep
+from pdsweep.sweepfile.sweep import load_sweep
 
 pytest.importorskip("vllm.entrypoints.launchers.cli_args")
 
@@ -41,7 +41,7 @@ matrix:
             "{decode: [--block-sise, '16']}",
             "qwen3-0.6b.p2d1.b128-128.fixed.bad instance decode-0: vllm serve: error: unrecognized arguments: --block-sise 16",
         ),
-        # (--kv-transfer-config in serve_args is refused earlier, by the spec: tests/test_spec_guards.py)
+        # (--kv-transfer-config in serve_args is refused earlier, by the spec: tests/test_sweepfile_guards.py)
         (
             "{prefill: [--enable-auto-tool-choice]}",
             "qwen3-0.6b.p2d1.b128-128.fixed.bad instance prefill-0: TypeError: Error: --enable-auto-tool-choice "

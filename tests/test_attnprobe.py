@@ -15,7 +15,7 @@ from pdsweep.builds import attnprobe
 from pdsweep.plan import blocks
 from pdsweep.plan.blocks import effective_blocks
 from pdsweep.plan.expand import expand
-from pdsweep.spec.sweep import load_catalogue, load_sweep
+from pdsweep.sweepfile.sweep import load_catalogue, load_sweep
 
 pytest.importorskip("vllm.platforms.interface")
 

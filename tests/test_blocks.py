@@ -9,7 +9,7 @@ import pytest
 from pdsweep.plan import blocks
 from pdsweep.plan.blocks import effective_blocks
 from pdsweep.plan.expand import expand
-from pdsweep.spec.sweep import load_catalogue, load_sweep
+from pdsweep.sweepfile.sweep import load_catalogue, load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 SWEEPS = REPO / "sweeps"

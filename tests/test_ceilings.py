@@ -11,7 +11,7 @@ import pytest
 from pdsweep.core.errors import UserError
 from pdsweep.plan import budgets
 from pdsweep.plan.expand import expand
-from pdsweep.spec.sweep import load_sweep
+from pdsweep.sweepfile.sweep import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = load_sweep(Path(__file__).resolve().parent.parent / "sweeps" / "cpu-smoke.yaml")
@@ -66,8 +66,8 @@ def test_load_startup_and_request_ceilings():
 
 def test_phase_budgets_derive_from_the_sweep():
     from pdsweep.plan.budgets import bench_budget_s, eval_budget_s
-    from pdsweep.spec.phases import BenchSpec, EvalSpec
-    from pdsweep.spec.serve import Defaults
+    from pdsweep.sweepfile.phases import BenchSpec, EvalSpec
+    from pdsweep.sweepfile.serve import Defaults
 
     ls = load_sweep(REPO / "sweeps" / "cpu-smoke.yaml")  # 20 docs, 2 at a time, 300 s timeout, 3 retries
     assert eval_budget_s(ls.sweep.eval) == 120 + 10 * 300 * 4

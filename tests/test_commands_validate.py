@@ -10,7 +10,7 @@ from _sweepfiles import SMALL, bad, write
 from pdsweep.cli import main
 from pdsweep.plan.expand import expand
 from pdsweep.run.feasible import feasibility_warnings
-from pdsweep.spec.sweep import load_sweep
+from pdsweep.sweepfile.sweep import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -94,7 +94,7 @@ def test_plan_json_carries_pairs_and_percentiles_and_loads_the_sweep_once(monkey
     judged percentiles, in the table and in ``--format json``, from one load of the sweep."""
     import json
 
-    import pdsweep.spec.sweep as spec
+    import pdsweep.sweepfile.sweep as spec
 
     loads: list[str] = []
     real = spec.load_sweep

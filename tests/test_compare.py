@@ -16,7 +16,7 @@ from pdsweep.report.render import compare_markdown as markdown
 from pdsweep.report.render import write_compare_json as write_json
 from pdsweep.report.render import write_compare_markdown as write_markdown
 from pdsweep.results import layout
-from pdsweep.spec.gatespec import GateSpec
+from pdsweep.sweepfile.gatespec import GateSpec
 
 KIMI = "kimi-linear.p2d1.b16-16"
 FORWARD = {  # compare_runs(fixed, unfixed): the unfixed build regresses

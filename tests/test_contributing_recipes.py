@@ -85,7 +85,7 @@ def test_gate_check_recipe(scratch: Path) -> None:
         "the `Check` protocol in `pdsweep/judge/gate.py`",
         "`files.problem(NAME)`",
         "Register it in `checks_for` in `pdsweep/judge/gate.py`",
-        "`GateSpec` (`pdsweep/spec/gatespec.py`)",
+        "`GateSpec` (`pdsweep/sweepfile/gatespec.py`)",
         "`pdsweep/results/layout.py`",
         "`CELL_FILES` (`pdsweep/judge/facts.py`",
         "`write_run` (`tests/fixtures/make_runs.py`)",
@@ -110,7 +110,7 @@ def test_gate_check_recipe(scratch: Path) -> None:
     )
     edit(scratch, "pdsweep/results/layout.py", 'LOAD_FILE = "load.json"\n', 'TRIVIAL_FILE = "trivial.json"\n')
     edit(scratch, "pdsweep/judge/facts.py", "CELL_FILES = (\n", "    layout.TRIVIAL_FILE,\n")
-    edit(scratch, "pdsweep/spec/gatespec.py", "class GateSpec(_Strict):\n", "    require_trivial: bool = True\n")
+    edit(scratch, "pdsweep/sweepfile/gatespec.py", "class GateSpec(_Strict):\n", "    require_trivial: bool = True\n")
     gate = "pdsweep/judge/gate.py"
     edit(scratch, gate, "from __future__ import annotations\n", "from pdsweep.judge.trivial import TrivialCheck\n")
     edit(scratch, gate, "    return checks\n", "    if gate.require_trivial:\n        checks.append(TrivialCheck())\n",
@@ -123,7 +123,7 @@ def test_gate_check_recipe(scratch: Path) -> None:
         from fixtures.make_runs import case, pd, write_run
         from pdsweep.judge.gate import FAIL, PASS, gate_run
         from pdsweep.results import layout
-        from pdsweep.spec.gatespec import GateSpec
+        from pdsweep.sweepfile.gatespec import GateSpec
 
         cell = pd("tiny-llama", 1, 1)
         run = write_run(Path(tempfile.mkdtemp()), "r", [case(cell)])
@@ -139,11 +139,11 @@ def test_gate_check_recipe(scratch: Path) -> None:
 def test_load_workload_recipe(scratch: Path) -> None:
     says(
         "A load workload",
-        "`WorkloadSpec` (`pdsweep/spec/phases.py`",
+        "`WorkloadSpec` (`pdsweep/sweepfile/phases.py`",
         "its name in `WorkloadSpec.name` and its requests in `build` (`pdsweep/measure/workloads.py`, "
         "one `LoadRequest` per prompt)",
     )
-    edit(scratch, "pdsweep/spec/phases.py", "    name: Literal[", '"single", ', start="class WorkloadSpec(")
+    edit(scratch, "pdsweep/sweepfile/phases.py", "    name: Literal[", '"single", ', start="class WorkloadSpec(")
     edit(scratch, "pdsweep/measure/workloads.py", '    if name == "random":\n',
          '    if name == "single":\n        return [LoadRequest(f"{name}/0", tok.prompt(f"{name}:0", length), out_len)]\n',
          after=False, start="def build(")  # fmt: skip
@@ -154,7 +154,7 @@ def test_load_workload_recipe(scratch: Path) -> None:
         import sys
         sys.modules["transformers"] = None  # the tokenizers fallback: fast
         from pdsweep.measure.workloads import build
-        from pdsweep.spec.phases import BenchSpec, WorkloadSpec
+        from pdsweep.sweepfile.phases import BenchSpec, WorkloadSpec
 
         bench = BenchSpec.model_validate({"enabled": True, "workloads": ["single"]})
         (req,) = build(bench.workloads[0], bench, sys.argv[1], block=16, max_model_len=512, text="prose")
@@ -217,7 +217,7 @@ def test_fault_drill_recipe(scratch: Path) -> None:
         from pathlib import Path
         from test_run_fake import make_sweep
         from pdsweep.core.faults import SWEEP_FAULTS, ProxyFaults
-        from pdsweep.spec.sweep import load_sweep
+        from pdsweep.sweepfile.sweep import load_sweep
 
         src = Path("tests/fake_vllm.py").read_text()
         doc = set(re.findall(r"FAKE_[A-Z_]+", ast.get_docstring(ast.parse(src))))
@@ -237,7 +237,7 @@ def test_model_recipe(scratch: Path) -> None:
     says(
         "A model",
         "An entry in `sweeps/models.yaml`",
-        "`ModelSpec`, `pdsweep/spec/catalogue.py`",
+        "`ModelSpec`, `pdsweep/sweepfile/catalogue.py`",
         "`pdsweep validate SWEEP`",
         "the kind's builder in `_KINDS` (`pdsweep/tiny/config.py`)",
     )
@@ -255,7 +255,7 @@ def test_model_recipe(scratch: Path) -> None:
     run_py(
         scratch,
         """
-        from pdsweep.spec.sweep import load_catalogue
+        from pdsweep.sweepfile.sweep import load_catalogue
         from pdsweep.tiny.config import _KINDS, config_params
 
         m = load_catalogue("sweeps/models.yaml").models["tiny-llama-b"]

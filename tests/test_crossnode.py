@@ -13,7 +13,7 @@ from pdsweep.plan.expand import expand
 from pdsweep.plan.instance import Slot, instances
 from pdsweep.plan.placement import Cluster
 from pdsweep.run.dryrun import plan_dict
-from pdsweep.spec.sweep import load_sweep
+from pdsweep.sweepfile.sweep import load_sweep
 
 SMOKE = Path(__file__).resolve().parent.parent / "sweeps" / "cpu-smoke.yaml"
 PD = "tiny-llama.p1d1.b32-32.fixed"

@@ -49,4 +49,4 @@ def test_the_device_check_reads_only_tracked_files_and_no_pydantic_module():
     loaded = [str(Path(f).resolve().relative_to(REPO)) for f in r.stdout.split()]
     assert "pdsweep/xfer/bench.py" in loaded and "pdsweep/plan/geometry.py" in loaded
     assert [f for f in loaded if f not in files] == []  # everything it imports travels
-    assert not [f for f in loaded if f.startswith("pdsweep/spec/")], loaded  # the pydantic schema stays out
+    assert not [f for f in loaded if f.startswith("pdsweep/sweepfile/")], loaded  # the pydantic schema stays out

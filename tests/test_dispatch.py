@@ -29,7 +29,7 @@ from pdsweep.plan.dispatch import (
 from pdsweep.plan.expand import Cell, expand
 from pdsweep.plan.schedule import EVAL_S, FIRST_REQUEST_S
 from pdsweep.run.gpureuse import record
-from pdsweep.spec.sweep import load_sweep
+from pdsweep.sweepfile.sweep import load_sweep
 
 
 def _run_checked(order, keys, sizes, gpus, ends, dur) -> list[str]:

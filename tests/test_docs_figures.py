@@ -13,7 +13,7 @@ from fixtures.make_runs import pd, write_run
 from pdsweep.judge.gate import FAIL, NOT_RUNNABLE, gate_run
 from pdsweep.plan.expand import expand
 from pdsweep.run.dryrun import plan_dict
-from pdsweep.spec.sweep import load_sweep
+from pdsweep.sweepfile.sweep import load_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 MISSION, CPU = REPO / "sweeps" / "hybrid-mla-mamba.yaml", REPO / "sweeps" / "cpu-smoke.yaml"

@@ -14,8 +14,8 @@ from pdsweep.builds.unfix import EDITS
 from pdsweep.builds.vllmsite import vllm_site
 from pdsweep.core.errors import UserError
 from pdsweep.plan.expand import Cell, expand
-from pdsweep.spec.expectations import applies, resolve
-from pdsweep.spec.sweep import load_sweep
+from pdsweep.sweepfile.expectations import applies, resolve
+from pdsweep.sweepfile.sweep import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 CELL = Cell(

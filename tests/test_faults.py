@@ -27,7 +27,7 @@ from pdsweep.core.faults import (
 from pdsweep.deploy.launchers import Handle
 from pdsweep.plan.expand import expand
 from pdsweep.run.drills import armed
-from pdsweep.spec.sweep import load_sweep
+from pdsweep.sweepfile.sweep import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 

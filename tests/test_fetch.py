@@ -12,7 +12,7 @@ import pytest
 
 from pdsweep.core.errors import UserError
 from pdsweep.run import fetch as F
-from pdsweep.spec.sweep import load_catalogue
+from pdsweep.sweepfile.sweep import load_catalogue
 
 REPO = Path(__file__).resolve().parents[1]
 CAT = load_catalogue(REPO / "sweeps" / "models.yaml").models
@@ -77,7 +77,7 @@ def test_fetch_offline_names_every_missing_repo_and_touches_no_hub(hub):
 def test_run_preflight_says_to_fetch_a_model_not_downloaded():
     from pdsweep.plan.expand import expand
     from pdsweep.run.preflight import preflight
-    from pdsweep.spec.sweep import load_sweep
+    from pdsweep.sweepfile.sweep import load_sweep
 
     ls = load_sweep(REPO / "sweeps" / "hybrid-mla-mamba.yaml")
     cells = [c for c in expand(ls).cells if c.model == "glm-5.3-flash-4l"][:1]

@@ -14,7 +14,7 @@ from pdsweep.judge.compare import REGRESSION, compare_results
 from pdsweep.judge.flaky import FLAKY
 from pdsweep.judge.gate import FAIL, PASS, gate_run
 from pdsweep.report.render import summary_markdown, write_junit
-from pdsweep.spec.gatespec import GateSpec
+from pdsweep.sweepfile.gatespec import GateSpec
 
 HANG = "first request timed out after 120 s with every instance alive (ReadyHang)"
 RETRIES = {ST: {"retries": [{"phase": "ready", "reason": HANG, "log_tail": ["decode-0: no shm block"]}]}}

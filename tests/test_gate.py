@@ -16,7 +16,7 @@ from pdsweep.core.errors import GateFailed, UserError
 from pdsweep.judge.gate import FAIL, FLAKY, PASS, SKIPPED, XFAIL, XPASS, XPASS_REASON, gate_run
 from pdsweep.report.render import write_junit, write_summary
 from pdsweep.results import layout
-from pdsweep.spec.gatespec import GateSpec
+from pdsweep.sweepfile.gatespec import GateSpec
 
 ID = ids(MIXED)
 REJECTED_ID = MIXED_REJECTED[0][0].id
@@ -444,7 +444,7 @@ def test_expected_failure_must_match_its_signature(tmp_path):
 
 
 def test_match_needs_expect_and_a_regex(tmp_path):
-    from pdsweep.spec.sweep import load_sweep
+    from pdsweep.sweepfile.sweep import load_sweep
 
     base = "name: x\nplatform: cpu\nmatrix:\n  model: [tiny-llama]\n  include:\n"
     for entry, msg in (

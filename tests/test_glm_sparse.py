@@ -13,7 +13,7 @@ import pytest
 from pdsweep.builds import attnprobe
 from pdsweep.plan.blocks import effective_blocks, for_cell
 from pdsweep.plan.expand import expand
-from pdsweep.spec.sweep import load_catalogue, load_sweep
+from pdsweep.sweepfile.sweep import load_catalogue, load_sweep
 
 pytest.importorskip("vllm")
 REPO = Path(__file__).resolve().parents[1]

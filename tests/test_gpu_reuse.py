@@ -29,7 +29,7 @@ from pdsweep.results import layout
 from pdsweep.run.context import RunOptions
 from pdsweep.run.gpureuse import assign
 from pdsweep.run.sweep import run_sweep
-from pdsweep.spec.sweep import load_catalogue, load_sweep
+from pdsweep.sweepfile.sweep import load_catalogue, load_sweep
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent

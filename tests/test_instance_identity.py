@@ -22,7 +22,7 @@ from pdsweep.plan.instance import (
     check_ports,
     instances,
 )
-from pdsweep.spec.sweep import load_sweep
+from pdsweep.sweepfile.sweep import load_sweep
 
 SMOKE = Path(__file__).resolve().parent.parent / "sweeps" / "cpu-smoke.yaml"
 

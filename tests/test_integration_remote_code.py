@@ -20,7 +20,7 @@ from pdsweep.judge.gate import gate_run
 from pdsweep.results import layout
 from pdsweep.run.context import RunOptions
 from pdsweep.run.sweep import run_sweep
-from pdsweep.spec.sweep import load_sweep
+from pdsweep.sweepfile.sweep import load_sweep
 from pdsweep.tiny.checkpoints import checkpoint_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.nightly, pytest.mark.timeout(900)]

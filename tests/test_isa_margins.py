@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from pdsweep.measure import margins
-from pdsweep.spec.sweep import load_catalogue
+from pdsweep.sweepfile.sweep import load_catalogue
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = json.loads((ROOT / "tests" / "fixtures" / "isa_margins.json").read_text())

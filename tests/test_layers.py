@@ -16,7 +16,7 @@ PKG = Path(pdsweep.__file__).resolve().parent
 
 def layer_order() -> list[str]:
     """Subpackage and top-level module names from the docstring's ``layers:`` line."""
-    m = re.search(r"^    layers:\s+(.+)$", pdsweep.__doc__ or "", re.M)
+    m = re.search(r"^    layers:\s+(.+(?:\n            .+)*)$", pdsweep.__doc__ or "", re.M)
     assert m, "pdsweep/__init__.py has no '    layers: ...' line"
     return m.group(1).split()
 

@@ -15,7 +15,7 @@ from pdsweep.builds.vllmsite import vllm_site
 from pdsweep.core.errors import UserError
 from pdsweep.plan.expand import expand
 from pdsweep.plan.instance import Slot, instances
-from pdsweep.spec.sweep import load_sweep
+from pdsweep.sweepfile.sweep import load_sweep
 
 SWEEPS = Path(__file__).resolve().parent.parent / "sweeps"
 SITE, _ = vllm_site(sys.executable)

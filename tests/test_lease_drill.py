@@ -15,7 +15,7 @@ from pdsweep.deploy.proxy import _Proxy
 from pdsweep.plan.expand import expand
 from pdsweep.plan.instance import Slot, instances
 from pdsweep.run.drills import armed, lease_drill_faults, lease_s
-from pdsweep.spec.sweep import load_sweep
+from pdsweep.sweepfile.sweep import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 

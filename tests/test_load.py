@@ -16,7 +16,7 @@ from pdsweep.measure.consistency import thresholds_for
 from pdsweep.measure.loadcheck import judge_load
 from pdsweep.measure.workloads import SHIPPED_TRACE, build, make_trace, read_trace
 from pdsweep.results import layout
-from pdsweep.spec.phases import BenchSpec, WorkloadSpec
+from pdsweep.sweepfile.phases import BenchSpec, WorkloadSpec
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -94,7 +94,7 @@ def test_bad_trace_names_file_line_and_field(tmp_path):
         read_trace(p)
 
 
-def test_spec_names_workloads_and_rejects_unknown():
+def test_sweepfile_names_workloads_and_rejects_unknown():
     b = BenchSpec(workloads=["random", {"name": "multi-turn", "turns": 4}])
     assert [w.name for w in b.workloads] == ["random", "multi-turn"] and b.workloads[1].turns == 4
     with pytest.raises(ValueError, match="shared-prefix"):

@@ -9,7 +9,7 @@ import pytest
 from pdsweep.cli import main as cli_main
 from pdsweep.core.errors import UserError
 from pdsweep.plan.expand import expand
-from pdsweep.spec.sweep import load_sweep
+from pdsweep.sweepfile.sweep import load_sweep
 
 MODELS = Path(__file__).resolve().parents[1] / "sweeps" / "models.yaml"
 EXTRA = """\

@@ -134,7 +134,7 @@ def test_flashmla_pin_is_hopper_only_from_vllms_own_check(tmp_path, env, capsys)
     Hopper; the probe asks it for the target arch, so the pin is refused on sm100 with vLLM's
     reason, and the catalogue pins it for sm90 only (serve_args_by_arch)."""
     from pdsweep.plan import blocks
-    from pdsweep.spec.sweep import load_sweep
+    from pdsweep.sweepfile.sweep import load_sweep
 
     kimi = load_sweep(SWEEP).catalogue.models["kimi-linear"]
     with pytest.raises(blocks.BackendError) as e:
@@ -156,7 +156,7 @@ def test_flashmla_pin_is_hopper_only_from_vllms_own_check(tmp_path, env, capsys)
 def test_serve_args_by_arch_is_checked_like_serve_args(tmp_path):
     """A flag pdsweep sets (e.g. --port) is refused in serve_args_by_arch as in serve_args, naming
     file, field and flag; an arch key that is not smXY is refused by the schema."""
-    from pdsweep.spec.sweep import load_sweep
+    from pdsweep.sweepfile.sweep import load_sweep
 
     sweep = tmp_path / "s.yaml"
     sweep.write_text(

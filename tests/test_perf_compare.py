@@ -18,7 +18,7 @@ from pdsweep.measure.percentiles import MIN_TAIL_REQUESTS, requests_for
 from pdsweep.report.perf_compare import write_compare_junit
 from pdsweep.report.render import COMPARE_COLUMNS, compare_markdown, compare_rows
 from pdsweep.results import layout
-from pdsweep.spec.gatespec import GateSpec
+from pdsweep.sweepfile.gatespec import GateSpec
 
 CELL = pd("tiny-llama", 1, 1)
 

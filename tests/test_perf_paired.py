@@ -13,7 +13,7 @@ import pytest
 from pdsweep.core.stats import detectable_slowdown, paired_ratio_interval
 from pdsweep.judge.perf import NOISY, REGRESSION, SAME, judge_metric, paired_with, perf_deltas
 from pdsweep.measure.repeats import engine_cpu_s, repeat_series
-from pdsweep.spec.sweep import GateSpec
+from pdsweep.sweepfile.sweep import GateSpec
 
 # machine-load epochs: each pair of repeats shares one (x1 .. x3), as on a shared host
 EPOCHS = [1.0, 2.6, 1.3, 0.8, 2.1, 1.6]

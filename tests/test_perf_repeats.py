@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from pdsweep.measure.repeats import Probes, planned_repeats, run_repeats
-from pdsweep.spec.phases import BenchSpec
+from pdsweep.sweepfile.phases import BenchSpec
 
 
 def _ls(platform: str = "cuda", **bench: Any) -> Any:

@@ -15,7 +15,7 @@ from pdsweep.plan.instance import PORTS_PER_SLOT, instances
 from pdsweep.plan.placement import Cluster, ClusterPool, fit_groups, groups, min_nodes, needs
 from pdsweep.plan.schedule import pack
 from pdsweep.run.dryrun import plan_dict
-from pdsweep.spec.sweep import load_sweep
+from pdsweep.sweepfile.sweep import load_sweep
 
 SWEEPS = Path(__file__).resolve().parent.parent / "sweeps"
 HYBRID = SWEEPS / "hybrid-mla-mamba.yaml"

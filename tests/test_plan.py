@@ -16,8 +16,8 @@ from pdsweep.deploy.instances import relocate
 from pdsweep.plan import pushrules, rules
 from pdsweep.plan.expand import Cell, expand, matrix_combinations
 from pdsweep.plan.instance import Slot, instances, on_slot
-from pdsweep.spec.matrix import Matrix
-from pdsweep.spec.sweep import load_sweep
+from pdsweep.sweepfile.matrix import Matrix
+from pdsweep.sweepfile.sweep import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 SWEEPS = REPO / "sweeps"
@@ -416,7 +416,7 @@ bs_vals = st.sampled_from([16, 32, 48, 64, 128])
     model=st.sampled_from(["kimi-linear", "deepseek-v2-lite-chat", "qwen3-0.6b", "granite-4.0-h-tiny"]),
 )
 def test_every_emitted_cell_satisfies_vllm_rules(ptp, dtp, pbs, dbs, model):
-    from pdsweep.spec.sweep import Sweep
+    from pdsweep.sweepfile.sweep import Sweep
 
     ls = load_sweep(SWEEPS / "hybrid-mla-mamba.yaml")
     body = ls.sweep.model_dump()

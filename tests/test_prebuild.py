@@ -10,7 +10,7 @@ from pdsweep.plan.expand import expand
 from pdsweep.run import prebuild
 from pdsweep.run import sweep as run_sweep_mod
 from pdsweep.run.context import RunOptions
-from pdsweep.spec.sweep import load_sweep
+from pdsweep.sweepfile.sweep import load_sweep
 
 SMOKE = load_sweep(Path(__file__).resolve().parent.parent / "sweeps" / "cpu-smoke.yaml")
 

@@ -137,7 +137,7 @@ def test_driver_older_than_torch_cuda():
 
 
 def test_weights_resolution(tmp_path):
-    from pdsweep.spec.catalogue import ModelSpec
+    from pdsweep.sweepfile.catalogue import ModelSpec
 
     def spec(**kw):
         return ModelSpec(architecture="X", attention="mla", num_layers=1, **kw)
@@ -184,7 +184,7 @@ def test_cell_that_does_not_fit_is_not_runnable(tmp_path, node, monkeypatch, cap
     """Per-cell memory fit (issue 35): a cell whose instance does not fit is NOT-RUNNABLE with
     the arithmetic; the preflight does not refuse the sweep."""
     from pdsweep.plan.expand import expand
-    from pdsweep.spec.sweep import load_sweep
+    from pdsweep.sweepfile.sweep import load_sweep
 
     ls = load_sweep(write_sweep(tmp_path, tp="p2d1"))  # decode at TP 1: 98 GB on one 80 GB GPU
     got = pf.preflight(ls, expand(ls).cells, hub=FakeHub({KIMI: False}))
@@ -226,7 +226,7 @@ def test_refuses_busy_gpu_and_old_driver(tmp_path, node, monkeypatch, capsys):
 def test_failed_nvidia_smi_is_an_error(tmp_path, node, monkeypatch, capsys):
     monkeypatch.setattr(pf, "HfHub", lambda: FakeHub({KIMI: False}))
     fake_nvidia_smi(node, fail=True)
-    ls = __import__("pdsweep.spec.sweep", fromlist=["load_sweep"]).load_sweep(write_sweep(tmp_path))
+    ls = __import__("pdsweep.sweepfile.sweep", fromlist=["load_sweep"]).load_sweep(write_sweep(tmp_path))
     from pdsweep.plan.expand import expand
 
     with pytest.raises(UserError, match="nvidia-smi failed"):
@@ -238,7 +238,7 @@ def test_a_node_without_nvlink_is_warned_that_kv_reads_would_go_over_tcp(tmp_pat
     the preflight says so before anything starts, naming the sweep line that fixes it; an SXM node
     (links active), or a sweep that sets the variable, gets no such line."""
     from pdsweep.plan.expand import expand
-    from pdsweep.spec.sweep import load_sweep
+    from pdsweep.sweepfile.sweep import load_sweep
 
     def nvlink_lines(path: Path) -> list[str]:
         ls = load_sweep(path)

@@ -16,7 +16,7 @@ from fixtures.make_runs import case, pd, write_run
 from pdsweep.judge.gate import FAIL, PASS, gate_run
 from pdsweep.plan import readplan
 from pdsweep.results import layout
-from pdsweep.spec.sweep import GateSpec
+from pdsweep.sweepfile.sweep import GateSpec
 
 TR = layout.TRANSFER_FILE
 HYBRID = pd("kimi-linear", 2, 1)  # the fixture's cell.json model is MLA + KDA
@@ -174,7 +174,7 @@ def test_push_instances_log_writes_on_prefill_and_the_rule_follows_the_build(tmp
     from pdsweep.core.paths import REPO
     from pdsweep.plan.expand import expand
     from pdsweep.plan.instance import instances, transfer_mode
-    from pdsweep.spec.sweep import load_sweep
+    from pdsweep.sweepfile.sweep import load_sweep
 
     (tmp_path / "models.yaml").write_text((REPO / "sweeps" / "models.yaml").read_text())
     (tmp_path / "s.yaml").write_text(

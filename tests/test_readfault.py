@@ -44,7 +44,7 @@ def test_read_fault_counts_reads_vllm_scheduler_lines() -> None:
 
 
 def test_fault_axis_takes_fail_read_1_in_k_and_refuses_k_0(tmp_path) -> None:
-    from pdsweep.spec.sweep import load_sweep
+    from pdsweep.sweepfile.sweep import load_sweep
 
     assert [read_fault_every(f) for f in ("fail-read-1-in-4", "none", "fail-read-1-in-0", None)] == [
         4,
@@ -67,7 +67,7 @@ def test_fault_axis_takes_fail_read_1_in_k_and_refuses_k_0(tmp_path) -> None:
 def test_decode_alone_gets_the_fault_env() -> None:
     from pdsweep.plan.expand import expand
     from pdsweep.plan.instance import Slot, instances
-    from pdsweep.spec.sweep import load_sweep
+    from pdsweep.sweepfile.sweep import load_sweep
 
     ls = load_sweep("sweeps/cpu-smoke.yaml")
     cells = {c.id: c for c in expand(ls).cells}

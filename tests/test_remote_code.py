@@ -16,8 +16,8 @@ from pdsweep.core.errors import UserError
 from pdsweep.measure.prompts import _load_tokenizer, build_prompts
 from pdsweep.plan.expand import expand
 from pdsweep.plan.instance import Slot, instances
-from pdsweep.spec.catalogue import ModelSpec
-from pdsweep.spec.sweep import load_catalogue, load_sweep
+from pdsweep.sweepfile.catalogue import ModelSpec
+from pdsweep.sweepfile.sweep import load_catalogue, load_sweep
 from pdsweep.tiny.checkpoints import META_FILE, checkpoint_dir
 from pdsweep.tiny.tokenizer import build_tokenizer, make_remote_code_tokenizer
 
@@ -63,7 +63,7 @@ def test_load_workloads_pass_trust_remote_code(tokenizers):
     """The load phase's prompts (pdsweep.measure.workloads.build) load the tokenizer with the
     catalogue's trust_remote_code too (before, every remote-code cell failed its load phase)."""
     from pdsweep.measure.workloads import build
-    from pdsweep.spec.phases import BenchSpec, WorkloadSpec
+    from pdsweep.sweepfile.phases import BenchSpec, WorkloadSpec
 
     fast, remote = tokenizers
     bench, w = BenchSpec(), WorkloadSpec(name="random", num_prompts=2, input_len=24, output_len=4)
@@ -153,7 +153,7 @@ def test_lm_eval_gets_trust_remote_code(monkeypatch, tmp_path, tokenizers):
     import lm_eval
 
     from pdsweep.measure.accuracy import run_lm_eval
-    from pdsweep.spec.phases import EvalSpec
+    from pdsweep.sweepfile.phases import EvalSpec
 
     seen: list[dict] = []
 

@@ -22,7 +22,7 @@ from pdsweep.plan.schedule import estimate_s, lifecycle, reuse_order
 from pdsweep.results import layout
 from pdsweep.run.context import RunOptions
 from pdsweep.run.sweep import run_sweep
-from pdsweep.spec.sweep import load_sweep
+from pdsweep.sweepfile.sweep import load_sweep
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent

@@ -18,7 +18,7 @@ from pdsweep.plan.schedule import GpuPool
 from pdsweep.plan.startup import estimator
 from pdsweep.run.dryrun import plan_dict
 from pdsweep.run.gpureuse import run_dispatch
-from pdsweep.spec.sweep import load_sweep
+from pdsweep.sweepfile.sweep import load_sweep
 
 MISSION = Path(__file__).resolve().parents[1] / "sweeps" / "hybrid-mla-mamba.yaml"
 SCALE = 0.001  # wall seconds per model second

@@ -25,7 +25,7 @@ from pdsweep.report.overview import PERF_COL, pair_rows
 from pdsweep.results import layout
 from pdsweep.run.context import RunOptions
 from pdsweep.run.sweep import run_sweep
-from pdsweep.spec.sweep import load_sweep
+from pdsweep.sweepfile.sweep import load_sweep
 
 A, B = "fake-gqa.p1d1.b16-16.fixed", "fake-gqa.p1d1.b16-16.unfixed"
 BENCH = "bench: {enabled: true, num_prompts: 2, concurrencies: [1], check: false, repeats: 3, pair_builds: true}\n"

@@ -17,7 +17,7 @@ from pdsweep.core.errors import UserError
 from pdsweep.measure.accuracy import load_expected
 from pdsweep.plan.expand import expand, reference_of
 from pdsweep.run.feasible import cannot_pass, feasibility_warnings
-from pdsweep.spec.sweep import load_sweep
+from pdsweep.sweepfile.sweep import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 

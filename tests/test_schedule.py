@@ -13,7 +13,7 @@ from pdsweep.core.errors import UserError
 from pdsweep.plan.expand import Cell, expand
 from pdsweep.plan.instance import PORTS_PER_SLOT
 from pdsweep.plan.schedule import GpuPool, pack
-from pdsweep.spec.sweep import load_sweep
+from pdsweep.sweepfile.sweep import load_sweep
 
 SWEEPS = Path(__file__).resolve().parent.parent / "sweeps"
 

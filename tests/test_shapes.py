@@ -11,7 +11,7 @@ import pytest
 
 from pdsweep.core.errors import UserError
 from pdsweep.plan.expand import expand
-from pdsweep.spec.sweep import load_sweep
+from pdsweep.sweepfile.sweep import load_sweep
 
 SWEEPS = Path(__file__).resolve().parent.parent / "sweeps"
 
@@ -122,7 +122,7 @@ def test_pipeline_parallel_flag_names_the_axis_and_quotes_vllms_decode_refusal()
     import re
 
     from pdsweep.builds.vllmsite import vllm_site
-    from pdsweep.spec.guards import RESERVED_FLAGS
+    from pdsweep.sweepfile.guards import RESERVED_FLAGS
 
     site, _ = vllm_site(sys.executable)
     src = (site / "vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py").read_text()

@@ -12,8 +12,8 @@ import pytest
 
 from pdsweep.core.errors import UserError
 from pdsweep.core.paths import sha256_file
-from pdsweep.spec.catalogue import TrainSpec
-from pdsweep.spec.sweep import load_catalogue
+from pdsweep.sweepfile.catalogue import TrainSpec
+from pdsweep.sweepfile.sweep import load_catalogue
 from pdsweep.tiny import checkpoints as tinymodels
 from pdsweep.tiny import fixtures, refresh
 from pdsweep.tiny import train as tinytrain

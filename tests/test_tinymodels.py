@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pdsweep.core.errors import UserError
-from pdsweep.spec.sweep import load_catalogue
+from pdsweep.sweepfile.sweep import load_catalogue
 from pdsweep.tiny.checkpoints import META_FILE, checkpoint_dir
 from pdsweep.tiny.config import CPU_HEAD_SIZES, config_params
 from pdsweep.tiny.tokenizer import VOCAB_SIZE, build_tokenizer

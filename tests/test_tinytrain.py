@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from pdsweep.core.errors import UserError
-from pdsweep.spec.catalogue import TrainSpec
-from pdsweep.spec.sweep import load_catalogue
+from pdsweep.sweepfile.catalogue import TrainSpec
+from pdsweep.sweepfile.sweep import load_catalogue
 from pdsweep.tiny import arith
 from pdsweep.tiny import checkpoints as tinymodels
 from pdsweep.tiny import train as tinytrain

@@ -12,7 +12,7 @@ from fixtures.make_runs import case, pd, write_run
 
 from pdsweep.judge.gate import gate_run
 from pdsweep.results import layout
-from pdsweep.spec.gatespec import GateSpec
+from pdsweep.sweepfile.gatespec import GateSpec
 
 CELL = pd("tiny-llama", 1, 1)
 TWO = [
@@ -80,7 +80,7 @@ def test_gpu_read_over_tcp_names_the_nvlink_cause_and_the_remedy(tmp_path: Path)
 def test_the_mission_sweep_expects_cuda_ipc_on_one_node() -> None:
     """sweeps/hybrid-mla-mamba.yaml fails a cell whose KV went over tcp (fail closed); without it a
     PCIe node's 0.06-0.68 GB/s tcp READs passed every check."""
-    from pdsweep.spec.sweep import load_sweep
+    from pdsweep.sweepfile.sweep import load_sweep
 
     gate = load_sweep(Path(__file__).resolve().parents[1] / "sweeps" / "hybrid-mla-mamba.yaml").sweep.gate
     assert gate.transports == ["cuda_ipc"] and gate.transports_cross_host == ["rc"]

@@ -12,7 +12,7 @@ import yaml
 from pdsweep.plan.blocks import flag
 from pdsweep.plan.expand import expand
 from pdsweep.plan.instance import Slot, instances, model_path
-from pdsweep.spec.sweep import load_sweep
+from pdsweep.sweepfile.sweep import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE = REPO / "tests" / "fixtures" / "upstream" / "nixl_integration.yaml"

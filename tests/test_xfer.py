@@ -19,8 +19,8 @@ from pdsweep.plan.readplan import (
     vllm_available,
     vllm_tp_mapping,
 )
-from pdsweep.spec.catalogue import ModelSpec
-from pdsweep.spec.sweep import load_catalogue
+from pdsweep.sweepfile.catalogue import ModelSpec
+from pdsweep.sweepfile.sweep import load_catalogue
 from pdsweep.xfer import memory, rank
 from pdsweep.xfer.bench import BenchConfig, run_transfer_bench
 from pdsweep.xfer.session import TransferSession

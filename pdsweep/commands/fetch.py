@@ -30,7 +30,7 @@ class FetchArgs:
 
         from pdsweep.plan.expand import expand
         from pdsweep.run.fetch import fetch, missing_datasets, sweep_models
-        from pdsweep.spec.sweep import load_sweep
+        from pdsweep.sweepfile.sweep import load_sweep
 
         plan = expand(load_sweep(self.sweep))
         cells = [c for c in plan.cells if self.cells is None or fnmatch(c.id, self.cells)]

@@ -40,7 +40,7 @@ class ValidateArgs:
         from pdsweep.plan.expand import expand
         from pdsweep.run.dryrun import check_cells_argv
         from pdsweep.run.feasible import feasibility_warnings
-        from pdsweep.spec.sweep import load_sweep
+        from pdsweep.sweepfile.sweep import load_sweep
 
         ls = load_sweep(self.sweep)
         plan = expand(ls)

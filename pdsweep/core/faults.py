@@ -1,7 +1,7 @@
 """Faults, one vocabulary: every fault pdsweep injects, where it acts, its knobs and the failure
 the gate must then report. The drill (:mod:`pdsweep.run.drills`), the PD proxy
 (:mod:`pdsweep.deploy.proxy_faults`), the engine plugin (:mod:`pdsweep.engine.vllm_plugin`,
-:mod:`pdsweep.engine.readfault`) and the sweep schema (``fault:`` axis, :mod:`pdsweep.spec.sweep`)
+:mod:`pdsweep.engine.readfault`) and the sweep schema (``fault:`` axis, :mod:`pdsweep.sweepfile.sweep`)
 read their names and knobs from here; ``core`` so that every layer may import it (the engine
 plugin runs inside vLLM and imports nothing above ``core``).
 

@@ -42,7 +42,7 @@ from pdsweep.judge.flaky import FLAKY
 from pdsweep.judge.gate import NOT_RUNNABLE, PASS, SKIPPED, CellResult, GateResult, gate_run
 from pdsweep.judge.perf import NOISY, PerfDelta, perf_deltas
 from pdsweep.results import layout
-from pdsweep.spec.gatespec import GateSpec
+from pdsweep.sweepfile.gatespec import GateSpec
 
 REGRESSION, IMPROVEMENT, SAME = "regression", "improvement", "same"
 NOT_COMPARABLE, ONLY_A, ONLY_B = "not-comparable", "only-in-A", "only-in-B"

@@ -24,8 +24,8 @@ from pdsweep.core.stats import num, obj
 from pdsweep.plan.cell import Cell
 from pdsweep.results import layout
 from pdsweep.results.schema import type_problem
-from pdsweep.spec.axes import MAX_ROLE_INSTANCES, Block, Dp, Instances, Pp, Tp
-from pdsweep.spec.gatespec import GateSpec
+from pdsweep.sweepfile.axes import MAX_ROLE_INSTANCES, Block, Dp, Instances, Pp, Tp
+from pdsweep.sweepfile.gatespec import GateSpec
 
 CELL_FILES = (
     layout.CELL_FILE,

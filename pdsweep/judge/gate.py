@@ -15,7 +15,7 @@ one, or a cell that did not finish is a FAIL whose reason names the cell and the
 e.g. ``kimi-linear.p2d1.b16-16.fixed/accuracy.json: missing``.
 
 Each check is a small object whose ``fails(cell)`` returns readable reasons (empty: the
-check passes); :func:`checks_for` builds them from a :class:`~pdsweep.spec.gatespec.GateSpec`.
+check passes); :func:`checks_for` builds them from a :class:`~pdsweep.sweepfile.gatespec.GateSpec`.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ from pdsweep.judge.load import LoadAnswersCheck, LoadCheck
 from pdsweep.judge.transfer import ReadPatternCheck, TransferCheck, TransportCheck
 from pdsweep.plan.cell import Cell
 from pdsweep.results import layout
-from pdsweep.spec.axes import MATCH_ANY
-from pdsweep.spec.gatespec import GateSpec
+from pdsweep.sweepfile.axes import MATCH_ANY
+from pdsweep.sweepfile.gatespec import GateSpec
 
 PASS, FAIL, XFAIL, XPASS, SKIPPED = "PASS", "FAIL", "XFAIL", "XPASS", "SKIPPED"
 NOT_RUNNABLE = "NOT-RUNNABLE"  # needs more GPUs than the host/allocation (layout.NEEDS_GPUS)

@@ -36,7 +36,7 @@ from typing import Any
 
 from pdsweep.core.stats import detectable_slowdown, mann_whitney_p, paired_ratio_interval, ratio_interval
 from pdsweep.measure.percentiles import requests_for
-from pdsweep.spec.gatespec import PERF_METRICS, GateSpec
+from pdsweep.sweepfile.gatespec import PERF_METRICS, GateSpec
 
 REGRESSION, IMPROVEMENT, SAME, NOISY = "regression", "improvement", "same", "noisy"
 PERF_VERDICTS = (REGRESSION, IMPROVEMENT, SAME, NOISY)

@@ -31,7 +31,7 @@ from pdsweep.core.stats import num, two_proportion_p
 from pdsweep.measure.endpoints import completions_url
 from pdsweep.results import layout
 from pdsweep.results.layout import write_text
-from pdsweep.spec.phases import EvalSpec
+from pdsweep.sweepfile.phases import EvalSpec
 from pdsweep.tiny import arith
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from typing import Any
 from pdsweep.deploy.deployment import CellFailed
 from pdsweep.deploy.launchers.base import own_group
 from pdsweep.results import layout
-from pdsweep.spec.phases import EvalSpec
+from pdsweep.sweepfile.phases import EvalSpec
 
 REQUEST, RESULT, LOG = "request.json", "result.json", "lm_eval.log"
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from pdsweep.core.paths import REPO
 from pdsweep.measure.prompts import build_prompts, probe_text
-from pdsweep.spec.sweep import load_catalogue
+from pdsweep.sweepfile.sweep import load_catalogue
 from pdsweep.tiny import arith, fixtures
 from pdsweep.tiny import checkpoints as tinymodels
 from pdsweep.tiny import train as tinytrain
@@ -307,7 +307,7 @@ def gated(sweep: Path = REPO / "sweeps" / "cpu-smoke.yaml") -> dict[str, dict[st
     (or single-instance) blocks, which size the probe, and the probe's and eval's settings."""
     from pdsweep.plan import blocks
     from pdsweep.plan.expand import expand
-    from pdsweep.spec.sweep import load_sweep
+    from pdsweep.sweepfile.sweep import load_sweep
 
     ls = load_sweep(sweep)
     ev = ls.sweep.eval

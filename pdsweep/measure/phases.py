@@ -17,7 +17,7 @@ import httpx
 from pdsweep.deploy.deployment import CellFailed, Deployment, stop_if_ended
 from pdsweep.plan.expand import Cell
 from pdsweep.results import layout
-from pdsweep.spec.sweep import LoadedSweep
+from pdsweep.sweepfile.sweep import LoadedSweep
 
 log = logging.getLogger(__name__)
 

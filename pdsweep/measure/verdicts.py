@@ -15,7 +15,7 @@ from typing import Any
 from pdsweep.measure.accuracy import judge, load_expected
 from pdsweep.measure.consistency import compare, judge_consistency, thresholds_for
 from pdsweep.results import layout
-from pdsweep.spec.sweep import LoadedSweep
+from pdsweep.sweepfile.sweep import LoadedSweep
 
 log = logging.getLogger(__name__)
 EVAL_RAW, PROBE_RAW = layout.EVAL_RAW, layout.PROBE_RAW

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from pdsweep.core.errors import UserError
-from pdsweep.spec.phases import BenchSpec, WorkloadSpec
+from pdsweep.sweepfile.phases import BenchSpec, WorkloadSpec
 
 SHIPPED_TRACE = Path(__file__).resolve().parent / "traces" / "mini_mooncake.jsonl"
 TRACE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")

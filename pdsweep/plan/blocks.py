@@ -37,14 +37,13 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from pdsweep.core.dtypes import DTYPE_BYTES
 from pdsweep.core.errors import UserError
-from pdsweep.spec.sweep import ModelSpec
+from pdsweep.sweepfile.sweep import ModelSpec
 
 if TYPE_CHECKING:
     from pdsweep.plan.cell import Cell
-    from pdsweep.spec.sweep import LoadedSweep
-
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "half": 2, "float": 4, "fp8": 1}
+    from pdsweep.sweepfile.sweep import LoadedSweep
 
 
 @dataclass(frozen=True)

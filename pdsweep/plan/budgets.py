@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import math
 
-from pdsweep.spec.phases import BenchSpec, EvalSpec
-from pdsweep.spec.serve import Defaults
-from pdsweep.spec.sweep import Sweep
+from pdsweep.sweepfile.phases import BenchSpec, EvalSpec
+from pdsweep.sweepfile.serve import Defaults
+from pdsweep.sweepfile.sweep import Sweep
 
 STARTUP_ALLOWANCE_S = 120.0  # lm-eval task/tokenizer loading, bench tokenizer and dataset
 UNLIMITED_DOCS = 2000  # requests assumed per task without eval.limit (gsm8k test: 1319)

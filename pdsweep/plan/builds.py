@@ -14,7 +14,7 @@ from pdsweep.core.errors import UserError
 from pdsweep.core.paths import REPO
 
 if TYPE_CHECKING:
-    from pdsweep.spec.sweep import LoadedSweep
+    from pdsweep.sweepfile.sweep import LoadedSweep
 
 
 def venv_python(venv: str | Path) -> Path:

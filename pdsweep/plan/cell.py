@@ -38,7 +38,7 @@ class Cell:
     expect_reason: str | None = None
     expect_ref: str | None = None
     expect_match: str | None = None  # regex the failure's signature must match (gate)
-    expect_vllm: str | None = None  # the expectation holds for builds in this vLLM range (pdsweep.spec.expectations)
+    expect_vllm: str | None = None  # holds for builds in this vLLM range (sweepfile.expectations)
     expect_without: tuple[str, ...] = ()  # ... and lacking one of these fixes (pdsweep.builds.fixprobes)
     expect_note: str | None = None  # whether it applies to this cell's build, and why
 

@@ -18,9 +18,9 @@ from pdsweep.core.errors import UserError
 from pdsweep.plan import rules
 from pdsweep.plan.cell import Cell, Rejected
 from pdsweep.plan.instance import MAX_INSTANCES
-from pdsweep.spec.axes import AXES, EXPECT_KEYS, REF_ENTRY_KEYS
-from pdsweep.spec.catalogue import ModelSpec
-from pdsweep.spec.sweep import LoadedSweep
+from pdsweep.sweepfile.axes import AXES, EXPECT_KEYS, REF_ENTRY_KEYS
+from pdsweep.sweepfile.catalogue import ModelSpec
+from pdsweep.sweepfile.sweep import LoadedSweep
 
 
 @dataclass
@@ -97,8 +97,8 @@ def _to_cell(combo: dict[str, Any], ls: LoadedSweep) -> Cell:
 
 def resolve_for_plan(cell: Cell, ls: LoadedSweep) -> Cell:
     """``cell`` with a build-conditional expectation resolved against its build's vLLM
-    (:mod:`pdsweep.spec.expectations`), or kept as declared when that build is not there yet."""
-    from pdsweep.spec.expectations import conditional, resolve
+    (:mod:`pdsweep.sweepfile.expectations`), or kept as declared when that build is not there yet."""
+    from pdsweep.sweepfile.expectations import conditional, resolve
 
     if not conditional(cell):
         return cell
@@ -164,7 +164,7 @@ _REF_FIELDS = {"block_size": "decode_block_size"}  # a kind: ref entry's key -> 
 
 def apply_ref_expectations(refs: list[Cell], ls: LoadedSweep) -> list[Cell]:
     """``refs`` with the expectations of the sweep's ``kind: ref`` include entries applied
-    (every key of :data:`pdsweep.spec.sweep.REF_ENTRY_KEYS` an entry gives must equal the
+    (every key of :data:`pdsweep.sweepfile.sweep.REF_ENTRY_KEYS` an entry gives must equal the
     reference's; a later entry overrides an earlier one). A reference is final for the PD
     cells compared with it, so an engine fault that breaks the single instance itself (e.g.
     the unpatched CPU RoPE kernel) is declared on it. Raises ``UserError`` naming the entry

@@ -34,11 +34,12 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from pdsweep.core.dtypes import DTYPE_BYTES
+
 if TYPE_CHECKING:  # pydantic is slow to import in every rank process
-    from pdsweep.spec.sweep import ModelSpec
+    from pdsweep.sweepfile.sweep import ModelSpec
 
 RegionKind = Literal["mla", "k", "v", "conv", "recurrent"]
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 ATTENTION_KINDS = ("mla", "k", "v")
 SSM_KINDS = ("conv", "recurrent")
 

@@ -26,8 +26,8 @@ from pdsweep.core.faults import READ_FAULT_ENV_VAR, read_fault_every
 from pdsweep.plan.blocks import arch_serve_args
 from pdsweep.plan.cell import Cell
 from pdsweep.plan.crossnode import loopback_fields
-from pdsweep.spec.catalogue import ModelSpec
-from pdsweep.spec.sweep import LoadedSweep
+from pdsweep.sweepfile.catalogue import ModelSpec
+from pdsweep.sweepfile.sweep import LoadedSweep
 
 MAX_PORT = 65535  # the largest TCP port
 PORTS_PER_SLOT = 200  # one lane: a concurrently running cell

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pdsweep.plan.cell import Cell
-    from pdsweep.spec.sweep import LoadedSweep, ModelSpec
+    from pdsweep.sweepfile.sweep import LoadedSweep, ModelSpec
 
 
 def serve_args(c: Cell, m: ModelSpec, ls: LoadedSweep) -> list[str]:

@@ -17,7 +17,7 @@ from pdsweep.plan.topology import tp_ratio
 
 if TYPE_CHECKING:
     from pdsweep.plan.cell import Cell
-    from pdsweep.spec.sweep import LoadedSweep, ModelSpec
+    from pdsweep.sweepfile.sweep import LoadedSweep, ModelSpec
 
 # kv_buffer_device accepted per platform: nixl/utils.py, _NIXL_SUPPORTED_DEVICE.
 KV_BUFFER_DEVICES = {"cuda": ("cuda", "cpu"), "cpu": ("cpu",), "xpu": ("cpu", "xpu")}

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from pdsweep.plan.expand import Cell
 from pdsweep.plan.schedule import STARTUP_S, eval_s
-from pdsweep.spec.sweep import LoadedSweep, ModelSpec
+from pdsweep.sweepfile.sweep import LoadedSweep, ModelSpec
 
 FIXED_S = {"cuda": 120.0, "cpu": 60.0}  # seconds before weights: init, compile, graphs
 LOAD_GBPS = 2.0  # GB/s per TP rank while loading weights

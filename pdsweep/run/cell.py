@@ -38,7 +38,7 @@ def run_cell(
     None: alone, saying why when ``bench.pair_builds`` meant to pair it (``ctx.unpaired``).
     status.json gets the load.json's ``pairing`` / ``unpaired``; the side leaves the pair when the cell ends."""
     from pdsweep.measure.paired import Unpaired
-    from pdsweep.spec.expectations import resolve
+    from pdsweep.sweepfile.expectations import resolve
 
     if pair is None and cell.id in ctx.unpaired:
         pair = Unpaired(ctx.unpaired[cell.id])

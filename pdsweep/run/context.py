@@ -14,7 +14,7 @@ from pdsweep.deploy.instances import AltBlocks
 from pdsweep.deploy.launchers import Launcher, LocalLauncher
 from pdsweep.plan.expand import Plan
 from pdsweep.run.progress import Progress
-from pdsweep.spec.sweep import LoadedSweep
+from pdsweep.sweepfile.sweep import LoadedSweep
 
 
 @dataclass

@@ -52,7 +52,7 @@ from pdsweep.core.faults import LEASE_EXPIRY, ProxyFaults, sweep_fault
 from pdsweep.deploy.launchers import Handle
 from pdsweep.plan.cell import Cell
 from pdsweep.plan.instance import kv_transfer_config
-from pdsweep.spec.sweep import LoadedSweep
+from pdsweep.sweepfile.sweep import LoadedSweep
 
 log = logging.getLogger(__name__)
 KILL_AFTER_S = 1.0  # into the phase: its client (lm-eval, vllm bench serve) has not sent a request yet

@@ -111,7 +111,7 @@ def plan_dict(
     from pdsweep.plan.expand import expand, select_cells
     from pdsweep.plan.schedule import detect_gpus
     from pdsweep.run.feasible import feasibility_warnings
-    from pdsweep.spec.sweep import load_sweep
+    from pdsweep.sweepfile.sweep import load_sweep
 
     ls = load_sweep(sweep)
     start_probe_if_cold(ls, check)

@@ -162,7 +162,7 @@ def matrix_problems(plan: Plan) -> tuple[list[str], list[str]]:
     that is not an axis replaces those cells (their id changes) instead of adding one: an
     error (make the key an axis); an ``exclude`` that matches no combination: a warning."""
     from pdsweep.plan.expand import _to_cell
-    from pdsweep.spec.axes import AXES
+    from pdsweep.sweepfile.axes import AXES
 
     m, path = plan.loaded.sweep.matrix, plan.loaded.path
     axes = [k for k in AXES if getattr(m, k)]

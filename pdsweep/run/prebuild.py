@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from pdsweep.core.errors import UserError
 from pdsweep.plan.cell import Cell
 from pdsweep.plan.instance import model_path
-from pdsweep.spec.sweep import LoadedSweep
+from pdsweep.sweepfile.sweep import LoadedSweep
 
 
 def prebuild_checkpoints(ls: LoadedSweep, cells: Iterable[Cell]) -> tuple[dict[str, str], dict[str, str]]:

@@ -38,6 +38,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Protocol
 
+from pdsweep.core.dtypes import DTYPE_BYTES
 from pdsweep.core.errors import UserError
 from pdsweep.plan.gpus import (
     CUDA_IPC_GET_ENV,
@@ -113,9 +114,6 @@ def _param_counts(meta: Any) -> Iterable[tuple[int, str]]:
     for f in meta.files_metadata.values():
         for dt, n in f.parameter_count.items():
             yield n, dt
-
-
-DTYPE_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "I32": 4}
 
 
 @dataclass(frozen=True)

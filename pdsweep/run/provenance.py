@@ -13,7 +13,7 @@ from typing import Any
 
 from pdsweep.core.paths import REPO
 from pdsweep.plan.expand import Cell
-from pdsweep.spec.sweep import LoadedSweep
+from pdsweep.sweepfile.sweep import LoadedSweep
 
 
 def git_sha() -> str | None:

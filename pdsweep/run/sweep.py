@@ -37,7 +37,7 @@ from pdsweep.run.pairs import lanes, run_pairs
 from pdsweep.run.prebuild import prebuild_checkpoints
 from pdsweep.run.progress import Progress
 from pdsweep.run.provenance import git_sha, host_facts, now
-from pdsweep.spec.sweep import LoadedSweep, load_sweep
+from pdsweep.sweepfile.sweep import LoadedSweep, load_sweep
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from pdsweep.core.errors import UserError
 from pdsweep.core.paths import REPO
-from pdsweep.spec.catalogue import ModelSpec
+from pdsweep.sweepfile.catalogue import ModelSpec
 from pdsweep.tiny import arith
 from pdsweep.tiny.config import config_params
 from pdsweep.tiny.tokenizer import build_tokenizer, corpus, make_remote_code_tokenizer

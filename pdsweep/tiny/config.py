@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pdsweep.core.errors import UserError
-from pdsweep.spec.catalogue import ModelSpec
+from pdsweep.sweepfile.catalogue import ModelSpec
 from pdsweep.tiny.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
 
 HIDDEN = 128
@@ -281,7 +281,7 @@ def _mla_mamba2(model: ModelSpec, name: str) -> dict[str, Any]:
     )
 
 
-# one builder per TinyKind (pdsweep.spec.catalogue): the kind's own parameters
+# one builder per TinyKind (pdsweep.sweepfile.catalogue): the kind's own parameters
 _KINDS: dict[str, Callable[[ModelSpec, str], dict[str, Any]]] = {
     "llama": _llama,
     "deepseek_v2": _deepseek_v2,

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from pdsweep.core.errors import UserError
 from pdsweep.core.paths import REPO, sha256_file
-from pdsweep.spec.catalogue import ModelSpec
-from pdsweep.spec.sweep import load_catalogue
+from pdsweep.sweepfile.catalogue import ModelSpec
+from pdsweep.sweepfile.sweep import load_catalogue
 from pdsweep.tiny.checkpoints import checkpoint_dir, default_cache_dir
 from pdsweep.tiny.fixtures import MANIFEST, ROOT, manifest
 

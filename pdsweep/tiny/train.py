@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from pdsweep.core.errors import UserError
-from pdsweep.spec.catalogue import TrainSpec
+from pdsweep.sweepfile.catalogue import TrainSpec
 from pdsweep.tiny import arith
 from pdsweep.tiny.config import MLA_KEYS, SHAPE_KEYS, mamba2_mixer_config
 

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pdsweep.spec.catalogue import ModelSpec
+from pdsweep.sweepfile.catalogue import ModelSpec
 from pdsweep.tiny.config import MLA_KEYS, SHAPE_KEYS, mamba2_mixer_config
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pdsweep.spec.sweep import ModelSpec
+    from pdsweep.sweepfile.sweep import ModelSpec
 from pdsweep.plan.geometry import KVGeometry, kv_geometry
 from pdsweep.plan.readplan import PLANS, MappingImpl, PlanKind, ReadPlan, UnfixedPlanAsserts, plans_for
 from pdsweep.xfer.memory import check_device, make_requests
@@ -326,7 +326,7 @@ def _find_model(path: Path | None, name: str) -> ModelSpec:
         if not path.exists():
             path = Path(__file__).resolve().parents[2] / "sweeps" / "models.yaml"
     try:
-        from pdsweep.spec.sweep import load_catalogue, load_sweep
+        from pdsweep.sweepfile.sweep import load_catalogue, load_sweep
     except ImportError as e:
         if e.name != "pydantic" and not str(e.name).startswith("pydantic"):
             raise

@@ -3,7 +3,7 @@ that lacks it (the lent device: python 3.12, torch, numpy, PyYAML, no pydantic; 
 
 :func:`load_model` reads ``sweeps/models.yaml`` with PyYAML into :class:`LightModel`, the fields
 :func:`pdsweep.plan.geometry.kv_geometry` reads, with the same allowed values as
-:class:`pdsweep.spec.catalogue.ModelSpec`; every other key is ignored (the full schema checks them
+:class:`pdsweep.sweepfile.catalogue.ModelSpec`; every other key is ignored (the full schema checks them
 where pydantic is installed). Bad input raises ``ValueError`` naming the file, model, field and the
 allowed values.
 """

@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 from pdsweep.deploy.launchers.base import own_group  # noqa: E402
 from pdsweep.plan import instance as P  # noqa: E402
 from pdsweep.plan.cell import Cell  # noqa: E402
-from pdsweep.spec.sweep import load_sweep  # noqa: E402
+from pdsweep.sweepfile.sweep import load_sweep  # noqa: E402
 
 
 def sockets(out: Path, tag: str) -> None:

@@ -7,8 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pdsweep.spec.axes import Pos
-from pdsweep.spec.catalogue import Strict as _Strict
+from pdsweep.sweepfile.axes import Pos
+from pdsweep.sweepfile.catalogue import Strict as _Strict
 
 
 class ConsistencySpec(_Strict):

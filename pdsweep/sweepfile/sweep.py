@@ -1,8 +1,8 @@
 """Sweep files: the top-level pydantic schema, YAML loading, clear errors (the model
-catalogue's schema is :mod:`pdsweep.spec.catalogue`; this module loads both). The sections'
-schemas: :mod:`pdsweep.spec.axes` (axes, bounds, faults), :mod:`pdsweep.spec.matrix`,
-:mod:`pdsweep.spec.serve` (builds, serve_args, defaults), :mod:`pdsweep.spec.phases` (eval,
-bench), :mod:`pdsweep.spec.gatespec` (gate).
+catalogue's schema is :mod:`pdsweep.sweepfile.catalogue`; this module loads both). The sections'
+schemas: :mod:`pdsweep.sweepfile.axes` (axes, bounds, faults), :mod:`pdsweep.sweepfile.matrix`,
+:mod:`pdsweep.sweepfile.serve` (builds, serve_args, defaults), :mod:`pdsweep.sweepfile.phases` (eval,
+bench), :mod:`pdsweep.sweepfile.gatespec` (gate).
 
 A sweep YAML (``sweeps/*.yaml``) names a model catalogue (``sweeps/models.yaml`` by
 default), vLLM builds, named serve-arg and env variants, a ``matrix`` with
@@ -23,15 +23,15 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pdsweep.core.errors import UserError
-from pdsweep.spec import guards
-from pdsweep.spec.axes import BOUND_OF, BOUND_WHY
-from pdsweep.spec.catalogue import Catalogue, ModelSpec, NixlSupport, Platform, PlatformSupport
-from pdsweep.spec.catalogue import Strict as _Strict
-from pdsweep.spec.gatespec import GateSpec
-from pdsweep.spec.matrix import Matrix
-from pdsweep.spec.phases import BenchSpec, EvalSpec
-from pdsweep.spec.serve import BuildSpec, Defaults, ServeArgsVariant
-from pdsweep.spec.yamlfile import fmt_loc, line_of, read_yaml, resolve_model
+from pdsweep.sweepfile import guards
+from pdsweep.sweepfile.axes import BOUND_OF, BOUND_WHY
+from pdsweep.sweepfile.catalogue import Catalogue, ModelSpec, NixlSupport, Platform, PlatformSupport
+from pdsweep.sweepfile.catalogue import Strict as _Strict
+from pdsweep.sweepfile.gatespec import GateSpec
+from pdsweep.sweepfile.matrix import Matrix
+from pdsweep.sweepfile.phases import BenchSpec, EvalSpec
+from pdsweep.sweepfile.serve import BuildSpec, Defaults, ServeArgsVariant
+from pdsweep.sweepfile.yamlfile import fmt_loc, line_of, read_yaml, resolve_model
 
 
 class Sweep(_Strict):
@@ -226,7 +226,7 @@ def _name_errors(sweep: Sweep, cat: Catalogue, path: Path, node: yaml.Node | Non
     return errors
 
 
-# ---------------------------------------------------------------- safe names, derived flags (pdsweep.spec.guards)
+# ---------------------------------------------------------------- safe names, derived flags (pdsweep.sweepfile.guards)
 def _raise_all(errors: list[str]) -> None:
     if errors:
         raise UserError("\n".join(dict.fromkeys(errors)))
@@ -247,7 +247,7 @@ def _guard_catalogue(cat: Catalogue, path: Path, node: yaml.Node | None) -> list
 
 def _guard_sweep(sweep: Sweep, path: Path, node: yaml.Node | None) -> list[str]:
     """Build/variant names are safe; serve_args/env/ucx variants set no flag or variable
-    pdsweep derives from the cell's axes (:mod:`pdsweep.spec.guards`)."""
+    pdsweep derives from the cell's axes (:mod:`pdsweep.sweepfile.guards`)."""
     out = []
     for field in ("builds", "serve_args", "env"):
         for name in getattr(sweep, field):

@@ -1,5 +1,5 @@
-"""pdsweep.spec.serve: a serve_args variant's kv_transfer_extra keys are known and bounded
-(pdsweep.spec.connector; issue 23)."""
+"""pdsweep.sweepfile.serve: a serve_args variant's kv_transfer_extra keys are known and bounded
+(pdsweep.sweepfile.connector; issue 23)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""pdsweep.spec.axes: numbers outside an axis's bounds are refused with the bound's reason (issue 15)."""
+"""pdsweep.sweepfile.axes: numbers outside an axis's bounds are refused with the bound's reason (issue 15)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_tp_pair_beyond_the_bound_is_refused(tmp_path: Path, capsys) -> None:
 def test_property_decode_dp_bounds(n: int) -> None:
     from pydantic import ValidationError
 
-    from pdsweep.spec.serve import Defaults
+    from pdsweep.sweepfile.serve import Defaults
 
     if 1 <= n <= 8:
         assert Defaults(decode_dp=n).decode_dp == n

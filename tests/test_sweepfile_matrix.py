@@ -1,4 +1,4 @@
-"""pdsweep.spec.matrix: 'expect: fail' needs 'match:', and every shipped expected failure names its
+"""pdsweep.sweepfile.matrix: 'expect: fail' needs 'match:', and every shipped expected failure names its
 signature (issue 23); conflicting include entries are errors (issue 15)."""
 
 from __future__ import annotations

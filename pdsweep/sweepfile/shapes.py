@@ -1,6 +1,6 @@
 """The table of reported PD failure shapes (``docs/bug-shapes.yaml``) and its page
 (``docs/bug-shapes.md``): each shape with its upstream references and what in pdsweep covers
-it. ``python -m pdsweep.spec.shapes [PATH]`` prints the page; tests/test_spec_shapes.py checks
+it. ``python -m pdsweep.sweepfile.shapes [PATH]`` prints the page; tests/test_sweepfile_shapes.py checks
 that the committed page matches and that every ``covered_by`` entry exists."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ KINDS = ("cell", "rule", "check", "workload", "flag")  # what a covered_by entry
 class Cover(BaseModel):
     """One thing that covers a shape: exactly one of ``cell`` (with its ``sweep``), ``rule``
     (pdsweep.plan.rules.RULES), ``check`` (a gate check name), ``workload``, ``flag`` (a
-    refused vllm serve flag, pdsweep.spec.guards.REFUSED_FLAGS)."""
+    refused vllm serve flag, pdsweep.sweepfile.guards.REFUSED_FLAGS)."""
 
     model_config = ConfigDict(extra="forbid")
     cell: str | None = None
@@ -86,8 +86,8 @@ def render(shapes: list[Shape]) -> str:
         "",
         "Failures users reported since August 2026, several of which answer HTTP 200 with wrong text, each",
         "with its upstream references and what in pdsweep covers it. Generated from",
-        "`docs/bug-shapes.yaml` (`PYTHONPATH=. python -m pdsweep.spec.shapes > docs/bug-shapes.md`);",
-        "tests/test_spec_shapes.py checks that this page matches and that every cell, rule, check, workload",
+        "`docs/bug-shapes.yaml` (`PYTHONPATH=. python -m pdsweep.sweepfile.shapes > docs/bug-shapes.md`);",
+        "tests/test_sweepfile_shapes.py checks that this page matches and that every cell, rule, check, workload",
         "and flag named below exists. The drill cells live in `sweeps/drills.yaml` (run by `make test-all`",
         "through tests/test_drills_real.py, or `pdsweep run sweeps/drills.yaml`).",
         "",

@@ -1,4 +1,4 @@
-"""pdsweep.spec.catalogue: a negative layer count is refused (issue 15)."""
+"""pdsweep.sweepfile.catalogue: a negative layer count is refused (issue 15)."""
 
 from __future__ import annotations
 

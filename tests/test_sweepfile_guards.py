@@ -1,4 +1,4 @@
-"""pdsweep.spec.guards: unsafe names, and flags or env variables that define the cell, are refused
+"""pdsweep.sweepfile.guards: unsafe names, and flags or env variables that define the cell, are refused
 with the axis that sets them (issue 15)."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def test_unsafe_model_name_is_refused(tmp_path: Path, capsys) -> None:
 @given(NAMES)
 @settings(max_examples=200, deadline=None)
 def test_property_accepted_names_are_one_safe_path_component(name: str) -> None:
-    from pdsweep.spec.guards import unsafe_name
+    from pdsweep.sweepfile.guards import unsafe_name
 
     for model in (False, True):
         if unsafe_name(name, model) is None:
@@ -116,7 +116,7 @@ def test_flags_models_and_sweeps_legitimately_set_pass(tmp_path: Path, capsys) -
 def test_property_a_flag_vllm_would_read_as_a_reserved_one_is_refused(name: str) -> None:
     """Whatever spelling vLLM's parser maps to a reserved flag (``_`` for ``-``, ``.key``
     suffixes, ``=value``, unique prefixes) is refused; other flags pass."""
-    from pdsweep.spec.guards import RESERVED_FLAGS, reserved_flag
+    from pdsweep.sweepfile.guards import RESERVED_FLAGS, reserved_flag
 
     arg = "--" + name
     canon = "--" + name.replace("_", "-")
@@ -147,7 +147,7 @@ matrix: {{model: [tiny-llama], tp: [p1d1]}}
 """,
         )
     msg = str(e.value)
-    # refused by the spec's cell-defining-flag guard (pdsweep.spec.guards) before the
+    # refused by the spec's cell-defining-flag guard (pdsweep.sweepfile.guards) before the
     # kv_transfer_extra check: either names the file, line, field and the arg
     assert "s.yaml:6: serve_args.other.decode" in msg and arg.split("=")[0][:18] in msg
     assert "defines the cell" in msg and "kv_transfer_extra" in msg and "connector and role cannot change" in msg

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import Field, field_validator
 
-from pdsweep.spec.catalogue import Strict as _Strict
+from pdsweep.sweepfile.catalogue import Strict as _Strict
 
 # gate.perf keys: metric families of pdsweep.judge.perf (ratio thresholds, 0.05 = 5 %);
 # engine_cpu_ms (CPU ms of the engine processes per request) is judged only when named

@@ -11,11 +11,11 @@ from pdsweep.core.errors import UserError
 from pdsweep.judge.gate import checks_for
 from pdsweep.plan.expand import expand
 from pdsweep.plan.rules import RULES
-from pdsweep.spec.gatespec import GateSpec
-from pdsweep.spec.guards import REFUSED_FLAGS
-from pdsweep.spec.phases import WorkloadSpec
-from pdsweep.spec.shapes import SHAPES_FILE, Cover, load_shapes, render
-from pdsweep.spec.sweep import load_sweep
+from pdsweep.sweepfile.gatespec import GateSpec
+from pdsweep.sweepfile.guards import REFUSED_FLAGS
+from pdsweep.sweepfile.phases import WorkloadSpec
+from pdsweep.sweepfile.shapes import SHAPES_FILE, Cover, load_shapes, render
+from pdsweep.sweepfile.sweep import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -61,7 +61,7 @@ def test_the_five_shapes_of_issue_38_each_point_at_something_that_exists():
 def test_docs_page_is_rendered_from_the_data():
     page = (REPO / "docs" / "bug-shapes.md").read_text()
     assert page == render(load_shapes(SHAPES_FILE)), (
-        "run: PYTHONPATH=. python -m pdsweep.spec.shapes > docs/bug-shapes.md"
+        "run: PYTHONPATH=. python -m pdsweep.sweepfile.shapes > docs/bug-shapes.md"
     )
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from pdsweep.cli import main
 from pdsweep.core.errors import UserError
-from pdsweep.spec.sweep import load_sweep
+from pdsweep.sweepfile.sweep import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""pdsweep.spec.connector: kv_transfer_extra.kv_connector is a NIXL connector only (issue 11)."""
+"""pdsweep.sweepfile.connector: kv_transfer_extra.kv_connector is a NIXL connector only (issue 11)."""
 
 from __future__ import annotations
 

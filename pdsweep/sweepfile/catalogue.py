@@ -1,7 +1,7 @@
 """The model catalogue (``sweeps/models.yaml``): each model's KV geometry (MLA latent,
 attention heads, SSM state), NIXL and platform support, and the tiny checkpoint to
 generate in its place on CPU; plus the strict pydantic base every sweep-file model uses.
-Loaded by :func:`pdsweep.spec.sweep.load_catalogue`."""
+Loaded by :func:`pdsweep.sweepfile.sweep.load_catalogue`."""
 
 from __future__ import annotations
 

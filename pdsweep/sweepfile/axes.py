@@ -1,7 +1,7 @@
 """The axes a sweep's matrix varies, their value types and upper bounds (each with where it
 comes from, shown in a bound's error), and the fault axis (its names: :mod:`pdsweep.core.faults`).
 
-Read by :mod:`pdsweep.spec.matrix` (the matrix schema), :mod:`pdsweep.spec.sweep` (bound
+Read by :mod:`pdsweep.sweepfile.matrix` (the matrix schema), :mod:`pdsweep.sweepfile.sweep` (bound
 errors) and :mod:`pdsweep.plan.expand` (cells).
 """
 

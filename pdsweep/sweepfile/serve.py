@@ -7,10 +7,10 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pdsweep.spec.axes import Block, Dp, Fault, Instances, KvLayout, Pp, Router, Tp
-from pdsweep.spec.catalogue import KvBufferDevice, validate_nested
-from pdsweep.spec.catalogue import Strict as _Strict
-from pdsweep.spec.connector import KV_TRANSFER_EXTRA_KEYS, NIXL_EXTRA_KEYS, KvTransferExtra
+from pdsweep.sweepfile.axes import Block, Dp, Fault, Instances, KvLayout, Pp, Router, Tp
+from pdsweep.sweepfile.catalogue import KvBufferDevice, validate_nested
+from pdsweep.sweepfile.catalogue import Strict as _Strict
+from pdsweep.sweepfile.connector import KV_TRANSFER_EXTRA_KEYS, NIXL_EXTRA_KEYS, KvTransferExtra
 
 
 class BuildSpec(_Strict):
@@ -39,7 +39,7 @@ class BuildSpec(_Strict):
 # KVTransferConfig fields (vllm/config/kv_transfer.py) a sweep may set through
 # kv_transfer_extra (kv_connector: NixlConnector or NixlPushConnector only); kv_connector_module_path,
 # kv_role and kv_buffer_device define the cell (pdsweep gates on NIXL metrics and its own roles) and are pdsweep's.
-# (pdsweep.spec.connector: every key bounded; engine_id is pdsweep's)
+# (pdsweep.sweepfile.connector: every key bounded; engine_id is pdsweep's)
 
 
 class ServeArgsVariant(_Strict):

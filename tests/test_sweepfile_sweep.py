@@ -1,4 +1,4 @@
-"""pdsweep.spec.sweep: every error of a sweep file at once, max_model_len above a tiny model's
+"""pdsweep.sweepfile.sweep: every error of a sweep file at once, max_model_len above a tiny model's
 (bad input of issue 37); a models_file that is a symlink loop is bad input (issue 23)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from _sweepfiles import sweep
 
 from pdsweep.cli import main
 from pdsweep.core.errors import UserError
-from pdsweep.spec.sweep import load_sweep
+from pdsweep.sweepfile.sweep import load_sweep
 
 MODELS = Path(__file__).resolve().parents[1] / "sweeps" / "models.yaml"
 

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pdsweep.spec.axes import (
+from pdsweep.sweepfile.axes import (
     AXES,
     BOUND_WHY,
     EXPECT_KEYS,
@@ -25,8 +25,8 @@ from pdsweep.spec.axes import (
     Router,
     Tp,
 )
-from pdsweep.spec.catalogue import KvBufferDevice, validate_nested
-from pdsweep.spec.catalogue import Strict as _Strict
+from pdsweep.sweepfile.catalogue import KvBufferDevice, validate_nested
+from pdsweep.sweepfile.catalogue import Strict as _Strict
 
 
 class MatrixEntry(_Strict):
@@ -60,7 +60,7 @@ class MatrixEntry(_Strict):
     # regex over the failure's signature (gate reasons + the failing instance's log tail);
     # an expected failure whose signature does not match is FAIL, not XFAIL
     match: str | None = Field(default=None, min_length=1)
-    # for which builds the expectation holds (pdsweep.spec.expectations): a PEP 440 range of the
+    # for which builds the expectation holds (pdsweep.sweepfile.expectations): a PEP 440 range of the
     # build's vLLM version, and fixes (pdsweep.builds.fixprobes.FIXES) of which one must be absent
     vllm: str | None = Field(default=None, min_length=1)
     without: list[str] | None = Field(default=None, min_length=1)

@@ -1,4 +1,4 @@
-"""pdsweep.spec.yamlfile: duplicate keys name both lines; invalid UTF-8 and any bytes are bad
+"""pdsweep.sweepfile.yamlfile: duplicate keys name both lines; invalid UTF-8 and any bytes are bad
 input, never a traceback (issue 15)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from pdsweep.cli import main
 from pdsweep.core.errors import UserError
-from pdsweep.spec.sweep import load_sweep
+from pdsweep.sweepfile.sweep import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 
