@@ -32,15 +32,25 @@ def test_every_kth_done_read_is_reported_err_and_logged(caplog: pytest.LogCaptur
     # DONE number 3 and 6 become ERR; PROC and NIXL's own ERR pass through
     assert seen == ["PROC", "DONE", "DONE", "PROC", "ERR", "DONE", "DONE", "ERR", "ERR"]
     text = "\n".join(r.getMessage() for r in caplog.records)
-    assert read_fault_counts(text) == {"injected": 2, "recovered_reqs": 0, "failed_reqs": 0}
+    assert read_fault_counts(text) == {"injected": 2, "failed_loads": 0, "recovered_reqs": 0, "failed_reqs": 0}
     with pytest.raises(ValueError, match="every must be >= 1"):
         wrap_check_xfer_state(lambda self, handle: "DONE", every=0)
 
 
 def test_read_fault_counts_reads_vllm_scheduler_lines() -> None:
     text = "\n".join([RECOVERED, RECOVERED, FAILED, "PDSWEEP_INJECTED_READ_FAILURE read=4 every=4"])
-    assert read_fault_counts(text) == {"injected": 1, "recovered_reqs": 4, "failed_reqs": 1}
-    assert read_fault_counts("") == {"injected": 0, "recovered_reqs": 0, "failed_reqs": 0}
+    assert read_fault_counts(text) == {"injected": 1, "failed_loads": 0, "recovered_reqs": 4, "failed_reqs": 1}
+    assert read_fault_counts("") == {"injected": 0, "failed_loads": 0, "recovered_reqs": 0, "failed_reqs": 0}
+
+
+def test_failed_loads_count_the_requests_vllm_recomputes_without_a_log_line() -> None:
+    """vLLM 0.32's NIXL worker logs each failed READ's request once per failed transfer
+    (nixl/base_worker.py); the scheduler's failed_recving path recomputes it silently, so
+    "Recovered from KV load failure" never shows: the distinct request ids are the count."""
+    skip = "WARNING base_worker.py:2916] Skipping KV post-processing for failed request cmpl-{}-0"
+    text = "\n".join([skip.format("a"), skip.format("b"), skip.format("a")])
+    assert read_fault_counts(text)["failed_loads"] == 2
+    assert read_fault_counts(text)["recovered_reqs"] == 0
 
 
 def test_fault_axis_takes_fail_read_1_in_k_and_refuses_k_0(tmp_path) -> None:

@@ -397,7 +397,7 @@ def test_a_pass_with_injected_read_failures_says_why(tmp_path: Path) -> None:
     patch = {
         layout.CELL_FILE: {"instances": [{"name": "decode-0", "role": "decode", "argv": argv}]},
         layout.TRANSFER_FILE: {
-            "read_faults": {"injected": 50, "recovered_reqs": 0, "failed_reqs": 0},
+            "read_faults": {"injected": 50, "failed_loads": 50, "recovered_reqs": 0, "failed_reqs": 0},
             "totals": {"num_transfers": 149, "failed_transfers": 50, "kv_requests": 192},
         },
     }
@@ -406,8 +406,8 @@ def test_a_pass_with_injected_read_failures_says_why(tmp_path: Path) -> None:
     assert {c.cell_id: c.verdict for c in result.cells}[drill.id] == "PASS"
     note = (
         "50 READ failures injected by the fault drill fail-read-1-in-4 (1 in 4 READs reported failed), expected: "
-        "allowed by the transfer gate, vLLM counted 50 failed transfers; kv_load_failure_policy recompute, no "
-        "request failed (149 transfers + 50 failed cover the 192 PD requests)"
+        "allowed by the transfer gate, vLLM counted 50 failed transfers; kv_load_failure_policy recompute, 50 "
+        "request(s) with a failed KV load recomputed on decode, no request failed (149 transfers + 50 failed cover the 192 PD requests)"
     )
     md = write_report(run)["markdown"].read_text()
     assert "| 149 | " in md and f"| 50/0 | {note} |" in md

@@ -121,6 +121,10 @@ _READ_FAULT = re.compile(READ_FAULT_TAG + r" read=\d+ every=\d+")
 # vLLM's scheduler after a KV load failure (v1/core/sched/scheduler.py _handle_invalid_blocks)
 _KV_LOAD_RECOVERED = re.compile(r"Recovered from KV load failure: (\d+) request\(s\) rescheduled")
 _KV_LOAD_FAILED = re.compile(r"Failing (\d+) request\(s\) due to KV load failure")
+# vLLM's NIXL worker on a failed READ (nixl/base_worker.py get_finished); the request goes to the
+# scheduler as failed_recving, whose _handle_failed_recving recomputes it under
+# kv_load_failure_policy recompute (num_computed_tokens = 0) without a log line of its own
+_KV_LOAD_SKIPPED = re.compile(r"Skipping KV post-processing for failed request (\S+)")
 # vLLM logs the TransferTopology of each prefill engine at the handshake (nixl/base_worker.py)
 _TOPOLOGY = re.compile(r"Transfer plan: TransferTopology\((?P<body>[^)]*)\)")
 
@@ -161,11 +165,14 @@ def nixl_writes_by_rank(text: str) -> dict[str, dict[str, int]]:
 
 
 def read_fault_counts(text: str) -> dict[str, int]:
-    """From a decode log: ``injected`` READ failures (:data:`READ_FAULT_TAG` lines), and the
-    requests vLLM's scheduler ``recovered_reqs`` (``kv_load_failure_policy: recompute``) and
-    ``failed_reqs`` (``fail``) after KV load failures, summed over its log lines."""
+    """From a decode log: ``injected`` READ failures (:data:`READ_FAULT_TAG` lines); ``failed_loads``,
+    the distinct requests whose KV load vLLM's NIXL worker reported failed (``failed_recving``:
+    recomputed on decode under ``kv_load_failure_policy: recompute``, failed under ``fail``); the
+    requests vLLM's scheduler ``recovered_reqs`` on its invalid-block path
+    (``_handle_invalid_blocks``) and ``failed_reqs`` (``fail``), summed over its log lines."""
     return {
         "injected": len(_READ_FAULT.findall(text)),
+        "failed_loads": len(set(_KV_LOAD_SKIPPED.findall(text))),
         "recovered_reqs": sum(int(n) for n in _KV_LOAD_RECOVERED.findall(text)),
         "failed_reqs": sum(int(n) for n in _KV_LOAD_FAILED.findall(text)),
     }

@@ -165,11 +165,14 @@ def read_fault_note(c: CellResult) -> str:
         f"{injected:g} READ failures injected by the fault drill {f.fault} (1 in {every} READs reported failed), "
         f"expected: allowed by the transfer gate, vLLM counted {failed:g} failed transfers"
     )
-    if policy:  # the policy as configured; what vLLM did is the recovered count below (its log line)
+    if policy:  # the policy as configured; what vLLM did is in its log lines (counted below)
         text += f"; kv_load_failure_policy {policy}"
+    loads, failed_reqs = num(f.read_faults.get("failed_loads")), num(f.read_faults.get("failed_reqs"))
+    if loads and policy == "recompute" and not failed_reqs:  # failed_recving: recomputed, no log line of vLLM's
+        text += f", {loads:g} request(s) with a failed KV load recomputed on decode"
     if recovered:
         text += f" ({recovered:g} request(s) recovered)"
-    if not num(f.read_faults.get("failed_reqs")):
+    if not failed_reqs:
         text += ", no request failed"
     done, kv = f.total("num_transfers"), f.total("kv_requests")
     if done is not None and kv is not None and done < kv:
