@@ -21,6 +21,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from pdsweep.commands.best import BestArgs
 from pdsweep.commands.bisect import BisectArgs
 from pdsweep.commands.compare import CompareArgs
 from pdsweep.commands.fetch import FetchArgs
@@ -77,6 +78,7 @@ SUBCOMMANDS: tuple[Command, ...] = (
     Command("history", "the history store", children=(Command.of(HistoryAddArgs), Command.of(HistoryShowArgs))),
     Command.of(DashboardArgs),
     Command.of(BisectArgs),
+    Command.of(BestArgs),
     Command("proxy", "run the PD proxy", module="deploy.proxy"),
     Command("baseline-env", "build the unfixed vLLM venv (PR #49297 undone)", module="builds.baseline"),
     Command(

@@ -115,3 +115,19 @@ exit_now(7)
     got = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert got.returncode == 7 and got.stdout == "doneexit handlers ran\n", got.stderr[-2000:]
     assert "nanobind" not in got.stderr, got.stderr[-2000:]
+
+
+def test_bench_goodput_is_vllms_request_goodput(server, tmp_path, tokenizer):
+    """bench.goodput goes to vLLM as --goodput; load.json's goodput_req_s is vLLM's own
+    request_goodput: every request within a generous SLO (= request throughput), none within 1 us."""
+    figs = {}
+    for name, slo in (("wide", 60_000.0), ("tight", 0.001)):
+        load = benchserve.LoadRun(
+            server, "fake", str(tokenizer), False, 16, 4, 6, 2, tmp_path, f"{name}.json", (("ttft", slo), ("e2el", slo))
+        )
+        assert load.argv()[-3:] == ["--goodput", f"ttft:{slo:g}", f"e2el:{slo:g}"]
+        rc, _ = benchserve.run(sys.executable, load, tmp_path / f"{name}.log", 120, in_process=True)
+        assert rc == 0, (tmp_path / f"{name}.log").read_text()[-3000:]
+        figs[name] = benchserve.figures(benchserve.read_result(load), load)
+    assert figs["wide"]["goodput_req_s"] == pytest.approx(figs["wide"]["req_s"])
+    assert figs["tight"]["goodput_req_s"] == 0

@@ -26,6 +26,7 @@ def test_command_names_are_unique_and_every_leaf_has_an_entry_point() -> None:
         "history",
         "dashboard",
         "bisect",
+        "best",
         "proxy",
         "baseline-env",
         "builds",

@@ -28,7 +28,7 @@ from typing import IO, Any
 class LoadRun:
     """What one run sends: ``base_url`` (the deployment), served ``model``, ``tokenizer`` path,
     prompt/answer lengths in tokens, ``num_prompts`` at ``concurrency``, the result file
-    ``result_dir / result_filename``."""
+    ``result_dir / result_filename``, per-request SLOs ``goodput`` (ms; ``--goodput``)."""
 
     base_url: str
     model: str
@@ -40,6 +40,7 @@ class LoadRun:
     concurrency: int
     result_dir: Path
     result_filename: str
+    goodput: tuple[tuple[str, float], ...] = ()  # (metric, ms): --goodput
 
     def argv(self) -> list[str]:
         """The arguments after ``vllm bench serve``."""
@@ -52,6 +53,7 @@ class LoadRun:
             *("--max-concurrency", str(self.concurrency), "--ignore-eos", "--disable-tqdm"),
             *("--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99"),
             *("--save-result", "--result-dir", str(self.result_dir), "--result-filename", self.result_filename),
+            *(["--goodput", *(f"{k}:{v:g}" for k, v in self.goodput)] if self.goodput else []),
         ]
 
 
@@ -145,6 +147,7 @@ def figures(result: dict[str, Any], load: LoadRun) -> dict[str, Any]:
         **{f"{m}_ms": pct(m) for m in ("ttft", "tpot", "itl", "e2el")},
         "output_tok_s": result.get("output_throughput"),
         "req_s": result.get("request_throughput"),
+        "goodput_req_s": result.get("request_goodput"),  # None without --goodput
         "output_tokens": result.get("total_output_tokens"),  # 0 with every request "completed": nothing served
         "completed": result.get("completed"),
         "errors": result.get("failed", load.num_prompts - (result.get("completed") or 0)),

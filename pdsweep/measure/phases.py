@@ -310,6 +310,7 @@ def run_load(ls: LoadedSweep, cell: Cell, dep: Deployment, mpath: str, cdir: Pat
             conc,
             cdir / "logs",
             f"load-c{conc}.json",
+            tuple((b.goodput or {}).items()),
         )
         budget = bench_budget_s(b, ls.sweep.defaults, conc)
         try:

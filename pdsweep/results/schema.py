@@ -98,6 +98,7 @@ class LoadRun(_File):
     output_tokens: Count = None  # vllm bench serve total_output_tokens
     output_tok_s: Ms = None
     req_s: Ms = None
+    goodput_req_s: Ms = None  # vllm bench serve request_goodput (bench.goodput set)
 
     @model_validator(mode="after")
     def _possible(self) -> LoadRun:

@@ -7,8 +7,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from pdsweep.core.errors import UserError
 from pdsweep.sweepfile.axes import Pos
 from pdsweep.sweepfile.catalogue import Strict as _Strict
+from pdsweep.sweepfile.slo import parse_slo
 
 
 class ConsistencySpec(_Strict):
@@ -88,6 +90,21 @@ class BenchSpec(_Strict):
     # deployed at once, their load repeats interleaved in ABBA order, judged by the paired interval
     # (pdsweep.measure.paired; docs/performance.md). Off: each cell alone, one after the other
     pair_builds: bool = False
+    # per-request SLOs in ms passed to `vllm bench serve --goodput ttft:<ms> tpot:<ms> e2el:<ms>`
+    # (vllm/benchmarks/serve.py check_goodput_args): load.json records vLLM's request_goodput
+    goodput: dict[Literal["ttft", "tpot", "e2el"], Annotated[float, Field(gt=0)]] | None = None
+    # latency SLOs the report recommends a configuration for (pdsweep best --slo; sweepfile.slo)
+    slos: list[str] = []
+
+    @field_validator("slos")
+    @classmethod
+    def _slos(cls, v: list[str]) -> list[str]:
+        for text in v:
+            try:
+                parse_slo(text)
+            except UserError as e:
+                raise ValueError(str(e).replace("--slo", "bench.slos", 1)) from None
+        return v
 
     @field_validator("workloads", mode="before")
     @classmethod

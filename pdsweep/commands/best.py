@@ -1,0 +1,56 @@
+"""``pdsweep best``: the P/D configuration with the highest goodput per GPU that meets an SLO
+(:func:`pdsweep.judge.pareto.best`), its interval and the runner-up."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from pdsweep.core.errors import GateFailed
+
+
+@dataclass(frozen=True)
+class BestArgs:
+    parser_name: ClassVar[str] = "best"
+    parser_help: ClassVar[str] = "which P/D configuration to deploy under an SLO (exit 1: none meets it)"
+
+    run_dir: Path
+    slo: str
+    model: str | None = None
+
+    @classmethod
+    def add_cli_args(cls, p: argparse.ArgumentParser) -> None:
+        p.add_argument("run_dir", type=Path)
+        p.add_argument(
+            "--slo",
+            required=True,
+            help="latency limits in ms, e.g. ttft_p90=500,tpot_p90=50 (keys: ttft|tpot|itl|e2el _ p50|p90|p99)",
+        )
+        p.add_argument("--model", default=None, help="only this model's cells (default: every model)")
+
+    @classmethod
+    def from_cli_args(cls, ns: argparse.Namespace) -> BestArgs:
+        from pdsweep.sweepfile.slo import parse_slo
+
+        parse_slo(ns.slo)  # refused before the run is read
+        return cls(ns.run_dir, ns.slo, ns.model)
+
+    def main(self) -> int:
+        from pdsweep.judge.gate import gate_run
+        from pdsweep.judge.pareto import best, describe, points
+        from pdsweep.sweepfile.slo import parse_slo
+
+        pts = points(self.run_dir, gate_run(self.run_dir))
+        models = sorted({p.model for p in pts})
+        none_met = []
+        for model in [self.model] if self.model else models or [None]:
+            b = best(pts, parse_slo(self.slo), model)
+            print(f"{model}:" if model else "all models:")
+            print("".join(f"  {line}\n" for line in describe(b)), end="")
+            if b.choice is None:
+                none_met.append(model or "all models")
+        if none_met:
+            raise GateFailed(f"best: no configuration meets the SLO for {', '.join(none_met)}")
+        return 0

@@ -1,0 +1,140 @@
+"""Which P/D configuration to deploy (pdsweep.judge.pareto, `pdsweep best`): load points per
+concurrency from load.json, normalized by the plan's ranks, a failed cell's points off the front,
+the best point under an SLO with its runner-up, and refusals of a malformed SLO."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fixtures.make_runs import case, pd, ref, write_run
+
+from pdsweep.cli import main
+from pdsweep.core.errors import UserError
+from pdsweep.judge.gate import gate_run
+from pdsweep.judge.pareto import best, describe, front, points
+from pdsweep.results import layout
+from pdsweep.sweepfile.slo import parse_slo
+
+
+def run_(conc: int, tok_s: float, ttft_p90: float, tpot_p50: float, goodput: float | None = None) -> dict[str, Any]:
+    return {
+        "concurrency": conc,
+        "num_prompts": 16,
+        "completed": 16,
+        "errors": 0,
+        "output_tok_s": tok_s,
+        "ttft_ms": {"p50": ttft_p90 / 2, "p90": ttft_p90, "p99": ttft_p90 * 1.2},
+        "tpot_ms": {"p50": tpot_p50, "p90": tpot_p50 * 1.1, "p99": tpot_p50 * 1.3},
+        **({"goodput_req_s": goodput} if goodput is not None else {}),
+    }
+
+
+def load(*runs: dict[str, Any]) -> dict[str, Any]:
+    return {layout.LOAD_FILE: {"runs": list(runs)}}
+
+
+P1D1, P2D1, P1D2 = pd("tiny-llama", 1, 1), pd("tiny-llama", 2, 1), pd("tiny-llama", 1, 2)
+
+
+def pareto_run(tmp_path: Path, bad: dict[str, Any] | None = None) -> Path:
+    """p1d1 (2 ranks), p2d1 (3 ranks) and p1d2 (3 ranks) at concurrency 1 and 4, two repeats each."""
+    cases = [
+        case(P1D1, load(run_(1, 100, 50, 10), run_(1, 104, 52, 10), run_(4, 300, 120, 13), run_(4, 296, 118, 13))),
+        case(P2D1, load(run_(1, 120, 40, 9), run_(1, 126, 41, 9), run_(4, 600, 90, 12), run_(4, 612, 92, 12))),
+        case(P1D2, bad or load(run_(1, 90, 60, 11), run_(1, 93, 61, 11), run_(4, 900, 80, 14), run_(4, 905, 81, 14))),
+        case(ref(P1D1)),
+    ]
+    return write_run(tmp_path, "r", cases)
+
+
+def test_points_are_per_concurrency_per_rank_with_repeat_intervals(tmp_path: Path) -> None:
+    run = pareto_run(tmp_path)
+    pts = {(p.config, p.concurrency): p for p in points(run, gate_run(run))}
+    assert set(pts) == {(c, n) for c in ("p1d1 b16-16", "p2d1 b16-16", "p1d2 b16-16") for n in (1, 4)}
+    p = pts[("p2d1 b16-16", 4)]
+    assert p.ranks == 3 and p.tok_s_per_gpu.mean == pytest.approx(606 / 3) and p.tok_s_per_gpu.n == 2
+    assert p.tok_s_per_gpu.lo is not None and p.tok_s_per_gpu.lo < 606 / 3 < p.tok_s_per_gpu.hi
+    assert p.tok_s_per_user == pytest.approx(1000 / 12) and p.latency_ms["ttft_p90"] == pytest.approx(91)
+
+
+def test_front_leaves_out_dominated_and_failed_points(tmp_path: Path) -> None:
+    run = pareto_run(tmp_path)
+    pts = points(run, gate_run(run))
+    # (tok/s per GPU, tok/s per user): p1d2@4 (301, 71), p2d1@4 (202, 83), p1d1@1 (51, 100), p2d1@1 (41, 111);
+    # p1d1@4 (149, 77) is dominated by p2d1@4 and p1d2@1 (31, 91) by p1d1@1
+    assert [(p.config, p.concurrency) for p in front(pts)] == [
+        ("p1d2 b16-16", 4),
+        ("p2d1 b16-16", 4),
+        ("p1d1 b16-16", 1),
+        ("p2d1 b16-16", 1),
+    ]
+    # vs TTFT p90 (lower is better): p1d2@4 (81 ms, 301) dominates p2d1@4 (91 ms, 202)
+    by_ttft = [(p.config, p.concurrency) for p in front(pts, "ttft_p90")]
+    assert by_ttft == [("p1d2 b16-16", 4), ("p1d1 b16-16", 1), ("p2d1 b16-16", 1)]
+    # p1d2 serves wrong answers under load: its points are drawn, marked and off the front
+    bad = {
+        **load(run_(1, 90, 60, 11), run_(4, 900, 80, 8)),
+        layout.LOAD_CHECK_FILE: {"verdict": "fail", "reasons": ["2 of 16 answers differ"]},
+    }
+    run2 = pareto_run(tmp_path / "bad", bad)
+    pts2 = points(run2, gate_run(run2))
+    assert all(p.failed and "answers differ" in p.failed for p in pts2 if p.config.startswith("p1d2"))
+    assert [(p.config, p.concurrency) for p in front(pts2)] == [
+        ("p2d1 b16-16", 4),
+        ("p1d1 b16-16", 1),
+        ("p2d1 b16-16", 1),
+    ]
+    assert best(pts2, parse_slo("ttft_p90=100")).choice.config == "p2d1 b16-16"
+
+
+def test_best_meets_the_slo_and_names_a_runner_up(tmp_path: Path) -> None:
+    run = pareto_run(tmp_path)
+    pts = points(run, gate_run(run))
+    b = best(pts, parse_slo("ttft_p90=100,tpot_p50=12.5"))
+    # p1d2@4 misses tpot (14 ms); p2d1@4 (202 tok/s per GPU) leads; the runner-up is another cell's best
+    assert (b.choice.config, b.choice.concurrency) == ("p2d1 b16-16", 4)
+    assert (b.runner_up.config, b.runner_up.concurrency) == ("p1d1 b16-16", 1)
+    assert not b.indistinct  # 202 vs 51 tok/s per GPU, intervals apart
+    text = "\n".join(describe(b))
+    assert "best: p2d1 b16-16 (fixed) @ concurrency 4: 202 [" in text and "runner-up: p1d1 b16-16" in text
+    none = best(pts, parse_slo("ttft_p90=10"))
+    assert none.choice is None and none.closest.config == "p2d1 b16-16" and none.closest.concurrency == 1
+
+
+def test_best_ranks_by_goodput_when_the_run_measured_it(tmp_path: Path) -> None:
+    cases = [
+        case(P1D1, load(run_(4, 300, 50, 10, goodput=9.0), run_(4, 300, 50, 10, goodput=9.2))),
+        case(P2D1, load(run_(4, 900, 50, 10, goodput=3.0), run_(4, 900, 50, 10, goodput=3.1))),
+        case(ref(P1D1)),
+    ]
+    run = write_run(tmp_path, "g", cases)
+    b = best(points(run, gate_run(run)), parse_slo("ttft_p90=100"))
+    assert b.figure == "goodput_per_gpu" and b.choice.config == "p1d1 b16-16"
+    assert b.choice.goodput_per_gpu.mean == pytest.approx(9.1 / 2)
+
+
+@pytest.mark.parametrize(
+    ("slo", "says"),
+    [
+        ("ttft=500", "'ttft' is not a metric (allowed: ttft_p50, ttft_p90"),
+        ("ttft_p90", "ttft_p90 needs a limit in ms > 0"),
+        ("ttft_p90=-3", "ttft_p90 needs a limit in ms > 0"),
+        ("tpot_p90=nan", "tpot_p90 needs a limit in ms > 0"),
+    ],
+)
+def test_a_malformed_slo_is_refused_naming_the_metric(slo: str, says: str) -> None:
+    with pytest.raises(UserError, match=None) as e:
+        parse_slo(slo)
+    assert says in str(e.value)
+
+
+def test_best_command_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = pareto_run(tmp_path)
+    assert main(["best", str(run), "--slo", "ttft_p90=100"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny-llama:" in out and "best: p1d2 b16-16 (fixed) @ concurrency 4" in out
+    assert main(["best", str(run), "--slo", "ttft_p90=5"]) == 1
+    assert "no configuration meets the SLO (ttft_p90 <= 5 ms)" in capsys.readouterr().out
+    assert main(["best", str(run), "--slo", "ttfb_p90=5"]) == 2
