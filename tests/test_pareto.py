@@ -138,3 +138,23 @@ def test_best_command_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert main(["best", str(run), "--slo", "ttft_p90=5"]) == 1
     assert "no configuration meets the SLO (ttft_p90 <= 5 ms)" in capsys.readouterr().out
     assert main(["best", str(run), "--slo", "ttfb_p90=5"]) == 2
+
+
+def test_report_draws_the_front_and_recommends_per_sweep_slo(tmp_path: Path) -> None:
+    from pdsweep.report.html import write_report
+
+    run = pareto_run(tmp_path)
+    index = layout.read_json(run / layout.RUN_FILE)
+    layout.write_json(
+        run / layout.RUN_FILE, {**index, "bench": {"enabled": True, "slos": ["ttft_p90=100,tpot_p50=12.5"]}}
+    )
+    made = write_report(run)
+    assert made["front_tiny-llama"].name == "front_tiny-llama.png" and made["front_tiny-llama"].stat().st_size > 10_000
+    md = made["markdown"].read_text()
+    section = md[md.index("## Which P/D configuration") :]
+    assert "| tiny-llama | fixed | p1d2 b16-16 | 4 | 301 [" in section  # the front, best throughput first
+    assert (
+        "tiny-llama, SLO ttft_p90=100,tpot_p50=12.5:" in section
+        and "best: p2d1 b16-16 (fixed) @ concurrency 4" in section
+    )
+    assert "<h2>Which P/D configuration</h2>" in made["html"].read_text()

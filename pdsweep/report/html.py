@@ -29,6 +29,7 @@ from pdsweep.report.overview import (
     pair_rows,
     verdict_matrix,
 )
+from pdsweep.report.pareto_section import FRONT_COLUMNS, front_section
 from pdsweep.report.perf_compare import PERF_COLUMNS, perf_headline, perf_legend, perf_rows
 from pdsweep.report.perf_section import PERF_CELL_COLUMNS, PERF_NOTE, perf_cell_rows, plot_perf
 from pdsweep.report.plots import (
@@ -106,6 +107,10 @@ TITLES = {
 }
 
 
+def _title(plot: str) -> str:
+    return TITLES.get(plot) or f"Which P/D configuration: {plot.removeprefix('front_')}"
+
+
 def plot_captions(result: GateResult, plots: dict[str, Path]) -> dict[str, tuple[str, list[str]]]:
     """Text under a plot, ``{plot: (paragraph, list items)}``: what the heatmaps' ``min of N``
     squares fold (:data:`~pdsweep.report.plots.FOLD_NOTE`), listed under the first heatmap
@@ -168,7 +173,7 @@ def _markdown(
         lines += ["## Plots", ""]
         captions = plot_captions(result, plots)
         for k, p in plots.items():
-            lines += [f"### {TITLES[k]}\n\n![{k}]({p.relative_to(out).as_posix()})\n"]
+            lines += [f"### {_title(k)}\n\n![{k}]({p.relative_to(out).as_posix()})\n"]
             if k in captions:
                 text, items = captions[k]
                 lines += [md_escape(text), "", *(f"- {md_escape(x)}" for x in items), *([""] if items else [])]
@@ -365,7 +370,7 @@ def _html(
     captions = plot_captions(result, plots)
     for k, p in plots.items():
         data = base64.b64encode(p.read_bytes()).decode("ascii")
-        parts.append(f"<h3>{e(TITLES[k])}</h3><img alt='{e(k)}' src='data:image/png;base64,{data}'>")
+        parts.append(f"<h3>{e(_title(k))}</h3><img alt='{e(k)}' src='data:image/png;base64,{data}'>")
         if k in captions:
             text, items = captions[k]
             parts.append(
@@ -453,10 +458,16 @@ def _write_report_files(
         "builds": plot_side_by_side(series, pdir / "builds.png") if series else None,
         "perf": plot_perf(result, pdir / "perf.png"),
     }
-    plots = {k: p for k, p in made.items() if p is not None}
+    fronts = front_section(run_dir, result, pdir)  # pdsweep.report.pareto_section
+    plots = {k: p for k, p in {**made, **fronts.plots}.items() if p is not None}
     facts = _run_facts(run_dir)
     sweep = dict(facts).get("sweep", "SWEEP.yaml")
     md_cells, html_cells = _cells_markdown(result, sweep, run_dir, final), _cells_html(result, sweep, run_dir, final)
-    md = layout.write_text(out / layout.REPORT_MD, _markdown(result, facts, plots, out, cmps, md_cells))
-    page = layout.write_text(out / layout.REPORT_HTML, _html(result, facts, plots, cmps, html_cells))
+    md_text = _markdown(result, facts, plots, out, cmps, md_cells) + fronts.markdown()
+    md = layout.write_text(out / layout.REPORT_MD, md_text)
+    page_text = _html(result, facts, plots, cmps, html_cells)
+    page_text = page_text.replace(
+        "</body></html>", fronts.html(_html_table(FRONT_COLUMNS, fronts.rows)) + "</body></html>"
+    )
+    page = layout.write_text(out / layout.REPORT_HTML, page_text)
     return {"markdown": md, "html": page, **plots}
