@@ -158,3 +158,33 @@ def test_report_draws_the_front_and_recommends_per_sweep_slo(tmp_path: Path) -> 
         and "best: p2d1 b16-16 (fixed) @ concurrency 4" in section
     )
     assert "<h2>Which P/D configuration</h2>" in made["html"].read_text()
+
+
+def test_front_changes_name_the_points_that_moved_beyond_noise(tmp_path: Path) -> None:
+    from pdsweep.judge.pareto import front_changes
+
+    a = pareto_run(tmp_path / "a")
+    slow = load(run_(1, 100, 50, 10), run_(1, 104, 52, 10), run_(4, 300, 120, 13), run_(4, 296, 118, 13))
+    cases = [
+        case(P1D1, slow),
+        case(P2D1, load(run_(1, 121, 40, 9), run_(1, 125, 41, 9), run_(4, 300, 90, 12), run_(4, 306, 92, 12))),
+        case(P1D2, {**slow, layout.LOAD_CHECK_FILE: {"verdict": "fail", "reasons": ["2 of 16 answers differ"]}}),
+        case(ref(P1D1)),
+    ]
+    b = write_run(tmp_path / "b", "r", cases)
+    lines = front_changes(points(a, gate_run(a)), points(b, gate_run(b)))
+    assert "tiny-llama: p1d2 b16-16 @ concurrency 4: left the front (B: failed)" in lines
+    moved = [x for x in lines if x.startswith("tiny-llama: p2d1 b16-16 @ concurrency 4: 202 -> 101 tok/s per GPU")]
+    assert moved and "B/A 0.50x" in moved[0]
+    assert not any("p2d1 b16-16 @ concurrency 1:" in x for x in lines)  # 123 vs 123: noise, not a move
+    assert front_changes(points(a, gate_run(a)), points(a, gate_run(a))) == []
+
+
+def test_compare_prints_where_the_front_moved(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = pareto_run(tmp_path / "a")
+    assert main(["compare", str(a), str(a), "--out", str(tmp_path / "same")]) == 0
+    assert "front: no Pareto front moved beyond noise" in capsys.readouterr().out
+    bad = load(run_(1, 90, 60, 11), run_(1, 93, 61, 11), run_(4, 900, 80, 14), run_(4, 905, 81, 14))
+    b = pareto_run(tmp_path / "b", {**bad, layout.LOAD_CHECK_FILE: {"verdict": "fail", "reasons": ["wrong"]}})
+    main(["compare", str(a), str(b), "--out", str(tmp_path / "cmp")])
+    assert "front: tiny-llama: p1d2 b16-16 @ concurrency 4: left the front (B: failed)" in capsys.readouterr().out

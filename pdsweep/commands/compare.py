@@ -61,6 +61,17 @@ class CompareArgs:
         )
         return args
 
+    def front_changes(self) -> list[str]:
+        """Where each model's Pareto front moved from A to B (pdsweep.judge.pareto.front_changes),
+        each side's points of its build when --a-build/--b-build pick one."""
+        from pdsweep.judge.gate import gate_run
+        from pdsweep.judge.pareto import front_changes, points
+
+        def side(run: Path, build: str | None) -> list:
+            return [p for p in points(run, gate_run(run)) if build is None or p.build == build]
+
+        return front_changes(side(self.a, self.a_build), side(self.b, self.b_build))
+
     def main(self) -> int:
         from pdsweep.judge.compare import compare_runs
         from pdsweep.report.render import write_compare_json, write_compare_markdown
@@ -85,6 +96,8 @@ class CompareArgs:
             return md
 
         write_and_show(write, verdict)
+        fronts = self.front_changes()  # shown, not judged: the perf verdicts above judge each cell
+        print("".join(f"front: {line}\n" for line in fronts) or "front: no Pareto front moved beyond noise")
         res.raise_for_verdict()
         print(verdict)
         return 0

@@ -40,15 +40,16 @@ class Interval:
     lo: float | None
     hi: float | None
     n: int
+    values: tuple[float, ...] = ()
 
     @classmethod
     def of(cls, values: list[float]) -> Interval | None:
         mean, lo, hi = t_interval(values, CONFIDENCE)
-        return None if mean is None else cls(mean, lo, hi, len(values))
+        return None if mean is None else cls(mean, lo, hi, len(values), tuple(values))
 
     def scaled(self, k: float) -> Interval:
         lo, hi = (None, None) if self.lo is None or self.hi is None else (self.lo * k, self.hi * k)
-        return Interval(self.mean * k, lo, hi, self.n)
+        return Interval(self.mean * k, lo, hi, self.n, tuple(v * k for v in self.values))
 
     def show(self, unit: str) -> str:
         ci = "" if self.lo is None else f" [{self.lo:.3g}, {self.hi:.3g}]"
@@ -204,4 +205,38 @@ def describe(b: Best) -> list[str]:
         out.append(line("runner-up", b.runner_up))
         if b.indistinct:
             out.append(f"the two cannot be told apart: their 95 % intervals of {unit} overlap (or one has n < 2)")
+    return out
+
+
+def front_changes(a: list[Point], b: list[Point], alpha: float = 0.05) -> list[str]:
+    """Where the front moved from run (or build) A to B, per model: each point on either front,
+    matched by model, P/D configuration and concurrency, whose tok/s per GPU differs beyond noise
+    (Welch's t-test, ``scipy.stats.ttest_ind(equal_var=False)``, p < ``alpha``; needs n >= 2 on both
+    sides), and points that joined or left the front. Empty: no front moved."""
+    from scipy import stats
+
+    key = lambda p: (p.model, p.config, p.concurrency)  # noqa: E731
+    pa, pb = {key(p): p for p in a}, {key(p): p for p in b}
+    fa = {key(p) for m in {p.model for p in a} for p in front([q for q in a if q.model == m])}
+    fb = {key(p) for m in {p.model for p in b} for p in front([q for q in b if q.model == m])}
+    out = []
+    for k in sorted(fa | fb):
+        x, y = pa.get(k), pb.get(k)
+        where = f"{k[0]}: {k[1]} @ concurrency {k[2]}"
+        if x is None or y is None or x.failed or y.failed:
+            side, pt = ("B", y) if k in fa else ("A", x)
+            why = "not measured" if pt is None else "failed" if pt.failed else "dominated"
+            out.append(f"{where}: {'left' if k in fa else 'joined'} the front ({side}: {why})")
+            continue
+        va, vb = x.tok_s_per_gpu.values, y.tok_s_per_gpu.values
+        if len(va) < 2 or len(vb) < 2:
+            continue
+        p = float(stats.ttest_ind(vb, va, equal_var=False).pvalue)
+        if p < alpha:
+            ratio = y.tok_s_per_gpu.mean / x.tok_s_per_gpu.mean if x.tok_s_per_gpu.mean else float("inf")
+            out.append(
+                f"{where}: {x.tok_s_per_gpu.mean:.3g} -> {y.tok_s_per_gpu.mean:.3g} tok/s per GPU "
+                f"(B/A {ratio:.2f}x, Welch p={p:.3g}, n={len(va)}/{len(vb)})"
+                + ("" if (k in fa) == (k in fb) else f"; {'left' if k in fa else 'joined'} the front")
+            )
     return out
