@@ -322,3 +322,11 @@ def test_property_odd_results_values_never_crash_gate_or_compare(
     assert main(["gate", str(run), "--junit", str(root / "j.xml"), "--summary", str(root / "s.md")]) in (0, 1, 2)
     assert main(["compare", str(run), str(run), "--out", str(root)]) in (0, 1, 2)
     assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("instances", [7, "decode-0", {"role": "decode"}])
+def test_cell_json_instances_not_a_list_never_crash_the_gate(tmp_path: Path, instances) -> None:
+    """Found by the property test above (hypothesis, 2026-12-07): cell.json ``instances: 7`` made
+    judge.facts.load_failure_policy iterate an int (TypeError, exit 3)."""
+    run = write_run(tmp_path, "run", [case(CELL, {layout.CELL_FILE: {"instances": instances}}), case(CELL.reference())])
+    assert {c.cell_id: c.verdict for c in gate_run(run).cells}[CELL.id] in (PASS, FAIL)

@@ -239,7 +239,8 @@ def worst_prompt(prompts: Any) -> str | None:
 def load_failure_policy(cell_json: dict[str, Any]) -> str | None:
     """``kv_load_failure_policy`` of the first decode instance's ``--kv-transfer-config`` in
     cell.json ``instances[].argv``; None when not set or not readable."""
-    for inst in cell_json.get("instances") or []:
+    instances = cell_json.get("instances")
+    for inst in instances if isinstance(instances, list) else []:  # a damaged file's 7 or "x": none
         argv = obj(inst).get("argv")
         if obj(inst).get("role") != "decode" or not isinstance(argv, list):
             continue
