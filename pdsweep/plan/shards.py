@@ -11,7 +11,7 @@ the cells, so every job computes the same one: disjoint shards whose union is th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from pdsweep.plan.cell import Cell
@@ -50,7 +50,7 @@ def parse_shard(text: str) -> Shard:
     return Shard(i, n)
 
 
-def groups(cells: list[Cell], keys: dict[str, Iterable[str]], links: Iterable[tuple[str, str]]) -> list[list[Cell]]:
+def groups(cells: list[Cell], keys: Mapping[str, Iterable[str]], links: Iterable[tuple[str, str]]) -> list[list[Cell]]:
     """``cells`` joined by shared instance ``keys`` (cell id -> instance keys) and ``links``
     (pairs of cell ids), each group in the cells' order, groups in order of their first cell."""
     parent: dict[str, str] = {}
@@ -78,7 +78,7 @@ def groups(cells: list[Cell], keys: dict[str, Iterable[str]], links: Iterable[tu
 def cut(
     cells: list[Cell],
     count: int,
-    keys: dict[str, Iterable[str]],
+    keys: Mapping[str, Iterable[str]],
     links: Iterable[tuple[str, str]],
     estimate: Callable[[Cell], float],
 ) -> list[list[Cell]]:
