@@ -52,6 +52,11 @@ def test_gate_of_two_shards_equals_gate_of_the_whole(tmp_path, tok, capsys):
     assert verdicts(got) == verdicts(want)
     assert main(["gate", str(shards[0]), str(shards[1])]) == 0
     assert "gate: PASSED: 4 PASS" in capsys.readouterr().out
+    view = shards[0].with_name("s1.shards")  # named after shard 1, in whatever order they come
+    assert main(["compare", str(whole), f"{shards[1]},{shards[0]}"]) == 0
+    assert "**NO REGRESSION**: 4 same" in (view / layout.COMPARE_MD).read_text()
+    assert main(["report", str(shards[1]), str(shards[0])]) == 0
+    assert "| fake-gqa.p1d1.b16-16.fixed.env-b | pd | PASS |" in (view / layout.REPORT_MD).read_text()
     # fail closed: a shard missing or given twice is not the run
     with pytest.raises(UserError, match=r"expected 1\.\.2 once each; missing \[2\], repeated \[1\]"):
         merged_view([shards[0], shards[0]])

@@ -94,7 +94,7 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 def merged_view(run_dirs: list[Path]) -> Path:
     """One run directory for ``run_dirs``: itself when one is given; else the view
-    ``<first shard dir><MERGED_SUFFIX>`` next to the first (rewritten on each call). Raises
+    ``<shard 1's dir><MERGED_SUFFIX>`` next to it (rewritten on each call). Raises
     ``UserError`` (see the module doc)."""
     dirs = [Path(d) for d in run_dirs]
     if len(dirs) == 1:
@@ -106,7 +106,7 @@ def merged_view(run_dirs: list[Path]) -> Path:
     base = dict(shards[0][1])
     finished = [i.get("finished") for _, i, _, _ in shards]
     base.update(
-        name=f"{base.get('name') or dirs[0].name}{MERGED_SUFFIX}",
+        name=f"{base.get('name') or shards[0][0].name}{MERGED_SUFFIX}",
         cells=cells,
         started=min(str(i.get("started")) for _, i, _, _ in shards),
         finished=None if None in finished else max(map(str, finished)),
@@ -118,7 +118,8 @@ def merged_view(run_dirs: list[Path]) -> Path:
         "cells": _union([c for _, _, p, _ in shards for c in p.get("cells") or []], "id"),
         "rejected": _union([r for _, _, p, _ in shards for r in p.get("rejected") or []], "cell_id"),
     }
-    view = dirs[0].resolve().with_name(dirs[0].resolve().name + MERGED_SUFFIX)
+    first = shards[0][0].resolve()  # shard 1's directory, whatever order they were given in
+    view = first.with_name(first.name + MERGED_SUFFIX)
     view.mkdir(exist_ok=True)
     for cid, d in where.items():
         dest = layout.cell_dir(view, cid)
