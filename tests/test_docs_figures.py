@@ -141,3 +141,22 @@ def test_cpu_isa_margin_figures() -> None:
         for n, m in fix["models"].items()
     )
     assert quoted("docs/cpu.md", r"every gated model passes by (\d+)x or more") == (ratio // 10,)
+
+
+def test_matrix_budget_and_shard_figures():
+    """docs/matrix.md "The CI clock": cpu-smoke's makespan against --budget 10, and its two shards."""
+    from pdsweep.plan.shards import JobArgs, Shard
+
+    whole = plan_dict(str(CPU), 0, job_args=JobArgs(budget=10))
+    s = whole["makespan"]["s"]
+    assert quoted("docs/matrix.md", r"planned makespan (\d+) min \((\d+) s, the whole sweep") == (
+        round(s / 60),
+        round(s),
+    )
+    assert quoted("docs/matrix.md", r"split it: at least --shard i/(\d+)` \(cpu-smoke") == (
+        whole["budget"]["shards_hint"],
+    )
+    parts = [plan_dict(str(CPU), 0, job_args=JobArgs(shard=Shard(i, 2))) for i in (1, 2)]
+    got = quoted("docs/matrix.md", r"cpu-smoke in two: (\d+) \+ (\d+) cells, (\d+) s and (\d+) s against (\d+) s whole")
+    want = (*(len(p["cells"]) for p in parts), *(round(p["makespan"]["s"]) for p in parts), round(s))
+    assert got == want

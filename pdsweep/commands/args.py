@@ -11,7 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pdsweep.core.errors import UserError
+from pdsweep.plan.shards import JobArgs, Shard, parse_shard
 from pdsweep.results import layout
+from pdsweep.results.shards import merged_view
 
 
 def gpu_count(text: str) -> int:
@@ -41,6 +43,63 @@ def gpu_arch_arg(p: argparse.ArgumentParser) -> None:
         default=None,
         help="target GPU for attention backend and kernel blocks (default: nvidia-smi compute_cap, else sm90)",
     )
+
+
+def shard_arg(p: argparse.ArgumentParser) -> None:
+    """``--shard i/n``: job i of n, each keeping whole instance chains (:mod:`pdsweep.plan.shards`)."""
+    p.add_argument(
+        "--shard",
+        type=shard,
+        default=None,
+        metavar="I/N",
+        help="run or plan job I of N: the sweep cut into N disjoint jobs keeping whole instance chains",
+    )
+
+
+def shard(text: str) -> Shard:
+    """argparse type of ``--shard``: :func:`pdsweep.plan.shards.parse_shard` (exit 2 with usage)."""
+    try:
+        return parse_shard(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def minutes(text: str) -> float:
+    """argparse type of ``--budget``: minutes, 0 < m <= 10080 (a week)."""
+    try:
+        m = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of minutes") from None
+    if not 0 < m <= 10080:
+        raise argparse.ArgumentTypeError(f"{text} minutes: allowed 0 < minutes <= 10080")
+    return m
+
+
+def budget_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--budget",
+        type=minutes,
+        default=None,
+        metavar="MINUTES",
+        help="the job's time limit: fail (exit 2) when the planned makespan exceeds it (default: the sweep's budget)",
+    )
+
+
+def job_args(ns: argparse.Namespace) -> JobArgs:
+    """:class:`pdsweep.plan.shards.JobArgs` of ``--shard`` and ``--budget``."""
+    return JobArgs(getattr(ns, "shard", None), getattr(ns, "budget", None))
+
+
+def run_dirs(text: str) -> list[Path]:
+    """argparse type of a run argument that may be the shards of one run: ``DIR`` or
+    ``DIR,DIR,...`` (:func:`pdsweep.results.shards.merged_view`)."""
+    return [Path(x) for x in text.split(",") if x]
+
+
+def one_run(dirs: list[Path] | Path) -> Path:
+    """The run directory of ``dirs``: itself, or the merged view of its shards
+    (:func:`pdsweep.results.shards.merged_view`; ``UserError`` when they are not one run's shards)."""
+    return merged_view(dirs if isinstance(dirs, list) else [dirs])
 
 
 def no_check_argv_arg(p: argparse.ArgumentParser) -> None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from pdsweep.commands.args import check_outputs, write_and_show
+from pdsweep.commands.args import check_outputs, one_run, run_dirs, write_and_show
 from pdsweep.results import layout
 from pdsweep.results.outputs import refuse_results_path
 
@@ -27,8 +27,10 @@ class CompareArgs:
 
     @classmethod
     def add_cli_args(cls, p: argparse.ArgumentParser) -> None:
-        p.add_argument("a", type=Path, help="baseline run (e.g. unfixed, or the last green nightly)")
-        p.add_argument("b", type=Path, help="candidate run")
+        p.add_argument(
+            "a", type=run_dirs, help="baseline run (e.g. unfixed, or the last green nightly; shards: DIR,DIR,...)"
+        )
+        p.add_argument("b", type=run_dirs, help="candidate run (shards of one run: DIR,DIR,...)")
         p.add_argument("--out", type=Path, default=None, help="directory for compare.md / compare.json")
         p.add_argument(
             "--a-build", default=None, help="only A's PD cells of this build (e.g. fixed); references: see --b-build"
@@ -51,9 +53,11 @@ class CompareArgs:
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> CompareArgs:
-        """``--out`` defaults to B; raises ``UserError`` when an output cannot be written."""
-        args = cls(ns.a, ns.b, Path(ns.out or ns.b), ns.a_build, ns.b_build, ns.allow_missing, ns.allow_other_sweep)
-        for run in (ns.a, ns.b):
+        """``--out`` defaults to B (shards: their merged view, :mod:`pdsweep.results.shards`);
+        raises ``UserError`` when an output cannot be written or the shards are not one run's."""
+        a, b = one_run(ns.a), one_run(ns.b)
+        args = cls(a, b, Path(ns.out or b), ns.a_build, ns.b_build, ns.allow_missing, ns.allow_other_sweep)
+        for run in (a, b):
             for name in (layout.COMPARE_MD, layout.COMPARE_JSON):
                 refuse_results_path(run, args.out / name, "--out")
         check_outputs(

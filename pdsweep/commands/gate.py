@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from pdsweep.commands.args import check_outputs, write_and_show
+from pdsweep.commands.args import check_outputs, one_run, write_and_show
 from pdsweep.core.errors import GateFailed
 from pdsweep.results import layout
 from pdsweep.results.outputs import refuse_results_path
@@ -26,7 +26,9 @@ class GateArgs:
 
     @classmethod
     def add_cli_args(cls, p: argparse.ArgumentParser) -> None:
-        p.add_argument("run_dir", type=Path)
+        p.add_argument(
+            "run_dir", type=Path, nargs="+", help="a run directory, or the n shard directories of one run (--shard i/n)"
+        )
         p.add_argument("--junit", type=Path, default=None)
         p.add_argument("--summary", type=Path, default=None)
         p.add_argument(
@@ -42,12 +44,13 @@ class GateArgs:
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> GateArgs:
-        """Outputs default into the run directory; raises ``UserError`` when one cannot
+        """Outputs default into the run directory (shards: their merged view); raises ``UserError`` when one cannot
         be written or both are one file."""
+        run_dir = one_run(ns.run_dir)  # shards: their merged view (pdsweep.results.shards)
         args = cls(
-            ns.run_dir,
-            ns.junit or ns.run_dir / layout.JUNIT_FILE,
-            ns.summary or ns.run_dir / layout.SUMMARY_FILE,
+            run_dir,
+            ns.junit or run_dir / layout.JUNIT_FILE,
+            ns.summary or run_dir / layout.SUMMARY_FILE,
             ns.require_all_cells,
             ns.nightly,
         )

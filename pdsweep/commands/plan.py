@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pdsweep.commands.args import gpu_arch_arg, gpu_count, no_check_argv_arg
+from pdsweep.commands.args import budget_arg, gpu_arch_arg, gpu_count, job_args, no_check_argv_arg, shard_arg
+from pdsweep.core.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,7 @@ class PlanArgs:
     check_argv: bool = True
     cluster: Any = None  # pdsweep.plan.placement.Cluster, or None: one host
     preflight: bool = False
+    job: Any = None  # pdsweep.run.jobs.JobArgs: --shard, --budget
 
     @classmethod
     def add_cli_args(cls, p: argparse.ArgumentParser) -> None:
@@ -48,6 +51,8 @@ class PlanArgs:
             default="local",
             help="slurm: place over the allocation we run in (SLURM_JOB_NODELIST, SLURM_GPUS_ON_NODE)",
         )
+        shard_arg(p)
+        budget_arg(p)
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> PlanArgs:
@@ -63,14 +68,27 @@ class PlanArgs:
             not ns.no_check_argv,
             plan_cluster(ns.nodes, ns.gpus_per_node, ns.launcher),
             ns.preflight,
+            job_args(ns),
         )
 
     def main(self) -> int:
         from pdsweep.run.dryrun import plan_dict, print_plan
 
-        d = plan_dict(self.sweep, self.gpus, self.cells, self.cluster, check=self.check_argv, gpu_check=self.preflight)
+        d = plan_dict(
+            self.sweep,
+            self.gpus,
+            self.cells,
+            self.cluster,
+            check=self.check_argv,
+            gpu_check=self.preflight,
+            job_args=self.job,
+        )
         if self.format == "json":
             print(json.dumps(d, indent=2))
+            for w in d["warnings"]:
+                print(f"warning: {w}", file=sys.stderr)
         else:
             print_plan(d)
+        if d["budget"] and not d["budget"]["fits"]:  # after the plan: what does not fit is in sight
+            raise UserError(f"{self.sweep}: {d['budget']['line']}")
         return 0

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pdsweep.commands.args import append_history, default_history, gpu_arch_arg, gpu_count
+from pdsweep.commands.args import append_history, default_history, gpu_arch_arg, gpu_count, shard_arg
 from pdsweep.core.errors import EXIT_INTERRUPTED, UserError, ignore_stop_signals
 
 
@@ -33,6 +33,7 @@ class RunArgs:
         p.add_argument("--gpus", type=gpu_count, default=None)
         gpu_arch_arg(p)
         p.add_argument("--resume", action="store_true", help="skip cells whose status is final")
+        shard_arg(p)
         p.add_argument("--quiet", action="store_true", help="one line per cell (CI logs)")
         p.add_argument("--skip-eval", action="store_true", help="deploy and probe only, no lm-eval")
         p.add_argument(

@@ -7,8 +7,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pdsweep.commands.args import gpu_arch_arg, no_check_argv_arg
+from pdsweep.commands.args import budget_arg, gpu_arch_arg, gpu_count, job_args, no_check_argv_arg, shard_arg
 from pdsweep.core.errors import UserError
+from pdsweep.plan.shards import JobArgs
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,8 @@ class ValidateArgs:
     sweep: str
     check_argv: bool = True
     preflight: bool = False
+    job: Any = None  # pdsweep.plan.shards.JobArgs: --shard, --budget
+    gpus: int | None = None  # the node the budget is checked on (default: nvidia-smi)
 
     @classmethod
     def add_cli_args(cls, p: argparse.ArgumentParser) -> None:
@@ -30,10 +33,15 @@ class ValidateArgs:
             help="also check weights, memory fit, driver and busy GPUs on this host (pdsweep.run.preflight)",
         )
         gpu_arch_arg(p)
+        budget_arg(p)
+        shard_arg(p)
+        p.add_argument(
+            "--gpus", type=gpu_count, default=None, help="GPUs the budget is checked on (default: nvidia-smi)"
+        )
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> ValidateArgs:
-        return cls(ns.sweep, not ns.no_check_argv, ns.preflight)
+        return cls(ns.sweep, not ns.no_check_argv, ns.preflight, job_args(ns), ns.gpus)
 
     def main(self) -> int:
         from pdsweep.measure.evaltasks import check_eval_tasks
@@ -58,12 +66,27 @@ class ValidateArgs:
             for w in gpu_preflight(ls, plan.cells).warnings:
                 print(f"warning: {w}", file=sys.stderr)
         print_perf_lines(ls.sweep)
+        job = self.job or JobArgs()
+        if job.budget is not None or ls.sweep.budget is not None:
+            check_budget(self.sweep, self.gpus, job)
         print(
             f"{self.sweep}: valid: {len(plan.pd_cells)} PD cells, {len(plan.cells) - len(plan.pd_cells)} "
             f"reference cells, {len(plan.rejected)} rejected"
             + ("; every vllm serve argv parses" if self.check_argv else "")
         )
         return 0
+
+
+def check_budget(sweep: str, gpus: int | None, job: Any) -> None:
+    """The CI clock (:mod:`pdsweep.plan.clock`): the planned makespan of the sweep (or its
+    ``--shard``) against ``--budget`` or the sweep's ``budget``; prints the comparison, raises
+    ``UserError`` naming both figures when it cannot fit."""
+    from pdsweep.run.dryrun import plan_dict
+
+    b = plan_dict(sweep, gpus, check=False, job_args=job)["budget"]
+    if not b["fits"]:
+        raise UserError(f"{sweep}: {b['line']}")
+    print(f"budget: {b['line']}")
 
 
 def print_perf_lines(sweep: Any) -> None:

@@ -42,6 +42,7 @@ from pdsweep.judge.facts import (
     run_gate_spec,
 )
 from pdsweep.judge.flaky import FLAKY, flaky_reasons, retried
+from pdsweep.judge.folded import fold_in
 from pdsweep.judge.load import LoadAnswersCheck, LoadCheck
 from pdsweep.judge.transfer import ReadPatternCheck, TransferCheck, TransportCheck
 from pdsweep.plan.cell import Cell
@@ -346,6 +347,7 @@ def gate_run(
         if extra := disagreements(cid, entry, fallback, files, None):  # fails whatever was expected
             res = dataclasses.replace(res, verdict=FAIL, reasons=(*res.reasons, *extra))
         results.append(res)
+    results = fold_in(results, index.get("folded"), _runner_missing)  # folded cells: their runner's verdict
     problems: tuple[str, ...] = (
         ()
         if any(r.verdict not in (SKIPPED, NOT_RUNNABLE) for r in results)
@@ -357,6 +359,10 @@ def gate_run(
     )
     flaky_fails = gate.flaky_fails_nightly if nightly else gate.flaky_fails_sweep
     return GateResult(run_dir, str(index.get("name") or run_dir.name), gate, tuple(results), problems, flaky_fails)
+
+
+def _runner_missing(alias: str, runner: str) -> CellResult:
+    return CellResult(alias, "pd", FAIL, (f"folded into {runner}, which has no result in this run",))
 
 
 def _planned_and_rejected(

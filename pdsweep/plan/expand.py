@@ -17,6 +17,7 @@ from typing import Any
 from pdsweep.core.errors import UserError
 from pdsweep.plan import rules
 from pdsweep.plan.cell import Cell, Rejected
+from pdsweep.plan.derived import derive, is_derived, note
 from pdsweep.plan.instance import MAX_INSTANCES
 from pdsweep.sweepfile.axes import AXES, EXPECT_KEYS, REF_ENTRY_KEYS
 from pdsweep.sweepfile.catalogue import ModelSpec
@@ -92,12 +93,15 @@ def _to_cell(combo: dict[str, Any], ls: LoadedSweep) -> Cell:
         expect_vllm=combo.get("vllm"),
         expect_without=tuple(combo.get("without") or ()),
     )
+    if model := ls.catalogue.models.get(cell.model):  # in a fix's scope: its expectation (pdsweep.plan.derived)
+        cell = derive(cell, model, ls, declared=any(k in combo for k in EXPECT_KEYS))
     return resolve_for_plan(cell, ls)
 
 
 def resolve_for_plan(cell: Cell, ls: LoadedSweep) -> Cell:
     """``cell`` with a build-conditional expectation resolved against its build's vLLM
-    (:mod:`pdsweep.sweepfile.expectations`), or kept as declared when that build is not there yet."""
+    (:mod:`pdsweep.sweepfile.expectations`), or kept as declared when that build is not there yet
+    (a derived one, :mod:`pdsweep.plan.derived`, is then not applied yet: ``run`` resolves it)."""
     from pdsweep.sweepfile.expectations import conditional, resolve
 
     if not conditional(cell):
@@ -108,8 +112,10 @@ def resolve_for_plan(cell: Cell, ls: LoadedSweep) -> Cell:
     try:
         python = build_python(ls, cell.build)
     except UserError:
-        return replace(cell, expect_note=f"expected to fail as declared: build {cell.build} not made yet")
-    return resolve(cell, *probe_python(python))
+        out = replace(cell, expect_note=f"expected to fail as declared: build {cell.build} not made yet")
+    else:
+        out = resolve(cell, *probe_python(python))
+    return note(out) if is_derived(cell) else out
 
 
 def expand(ls: LoadedSweep) -> Plan:

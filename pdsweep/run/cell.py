@@ -18,6 +18,7 @@ from pdsweep.deploy.deployment import CellFailed, Deployment, DeployRequest, Rea
 from pdsweep.deploy.instances import InstancePool, instance_id
 from pdsweep.deploy.launchers import tail
 from pdsweep.measure.phases import CellMeasure, measure_cell
+from pdsweep.plan.derived import is_derived, note
 from pdsweep.plan.expand import Cell, reference_of
 from pdsweep.plan.instance import InstanceSpec, Slot, instances, model_path, planned_blocks
 from pdsweep.results import layout
@@ -45,7 +46,8 @@ def run_cell(
 
     build_facts = ctx.builds.get(cell.build) or {}
     if build_facts.get("python") and not build_facts.get("error"):
-        cell = resolve(cell, build_facts.get("vllm_version"), build_facts.get("fixes") or {})
+        resolved = resolve(cell, build_facts.get("vllm_version"), build_facts.get("fixes") or {})
+        cell = note(resolved) if is_derived(cell) else resolved  # says it was derived (pdsweep.plan.derived)
     cdir = layout.cell_dir(ctx.run_dir, cell.id)
     if cdir.exists():  # a non-final earlier attempt: start clean, nothing half-old remains
         shutil.rmtree(cdir)

@@ -35,6 +35,7 @@ class RunOptions:
     reuse: bool = True  # share identical instances across cells (pdsweep.deploy.instances); False: --no-reuse
     prestart: bool = True  # with reuse: start the next cell's new instances while this one measures
     preflight: bool = True  # weights, memory fit, driver, busy GPUs (pdsweep.run.preflight); False: --no-preflight
+    shard: Any = None  # pdsweep.plan.shards.Shard: job i of n (--shard i/n); None: the whole sweep
 
     @property
     def faults(self) -> ProxyFaults:
@@ -60,3 +61,4 @@ class RunContext:
     alt: AltBlocks = field(default_factory=AltBlocks)  # alternate port blocks (lane ports taken)
     timings: dict[str, float] = field(default_factory=dict)  # run.json: judge_s, wall_s, ...
     unpaired: dict[str, str] = field(default_factory=dict)  # bench.pair_builds: cell id -> why it runs alone
+    job: Any = None  # pdsweep.run.jobs.Job: folded cells and the shard (run.json ``folded``, ``shard``)

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pdsweep.core.errors import UserError
+from pdsweep.plan.shards import JobArgs
+from pdsweep.run.jobs import annotate, job_cells, job_text
 
 if TYPE_CHECKING:
     from pdsweep.plan.placement import ClusterPool
@@ -102,12 +104,19 @@ def plan_cluster(nodes: int | None, gpus_per_node: int | None, launcher: str = "
 
 
 def plan_dict(
-    sweep: str, gpus: int | None, cells_glob: str | None = None, cluster=None, check: bool = False, gpu_check=False
+    sweep: str,
+    gpus: int | None,
+    cells_glob: str | None = None,
+    cluster=None,
+    check: bool = False,
+    gpu_check=False,
+    job_args=None,
 ) -> dict:
     """The dry run: cells with per-instance argv/env (and node), rejected cells, and the
     schedule; over ``cluster`` (nodes x GPUs) when given, else over one host's ``gpus``.
     ``gpu_check``: run :func:`pdsweep.run.preflight.preflight` first (``UserError`` on a problem;
-    busy GPUs are left out of the schedule)."""
+    busy GPUs are left out of the schedule). ``job_args``: :class:`pdsweep.plan.shards.JobArgs`
+    (``--shard``, ``--budget``; folding, the core-case warning and the budget: :func:`pdsweep.run.jobs.annotate`)."""
     from pdsweep.plan.expand import expand, select_cells
     from pdsweep.plan.schedule import detect_gpus
     from pdsweep.run.feasible import feasibility_warnings
@@ -123,9 +132,12 @@ def plan_dict(
     cells = select_cells(plan, cells_glob)
     if cells_glob and not cells:
         raise UserError(f"--cells {cells_glob!r} selects no cell of {ls.path} ({len(plan.cells)} cells)")
+    job_args = job_args or JobArgs()
+    job = job_cells(ls, cells, job_args.shard)  # identical deployments folded, then this job's shard
+    cells = job.cells
     argv_verdict = submit_cells_argv(ls, cells) if check else None
     try:  # vLLM parses every argv while the cells are scheduled; its refusals come first
-        return _planned(ls, plan, cells, (gpus, n, cluster, gpu_check), argv_verdict)
+        return annotate(_planned(ls, plan, cells, (gpus, n, cluster, gpu_check), argv_verdict), ls, plan, job, job_args)
     except UserError:
         if argv_verdict:
             argv_verdict()
@@ -419,6 +431,9 @@ def print_plan(d: dict) -> None:
         f"vs {one_by_one:.0f} s one cell at a time"
     )
     _print_measured_as(con, d)
+    con.file.write(job_text(d))
+    for w in d.get("warnings") or []:
+        print(f"warning: {w}", file=sys.stderr)
 
 
 def _print_measured_as(con, d: dict) -> None:

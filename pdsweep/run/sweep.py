@@ -33,6 +33,7 @@ from pdsweep.plan.schedule import GpuPool, detect_gpus, not_runnable, order, pac
 from pdsweep.results import layout
 from pdsweep.run.cell import run_cell
 from pdsweep.run.context import RunContext, RunOptions
+from pdsweep.run.jobs import job_cells
 from pdsweep.run.pairs import lanes, run_pairs
 from pdsweep.run.prebuild import prebuild_checkpoints
 from pdsweep.run.progress import Progress
@@ -75,6 +76,8 @@ def write_index(
             }
             for c in cells
         },
+        "folded": ctx.job.folded if ctx.job else {},  # folded id -> the id that ran for it (pdsweep.plan.fold)
+        "shard": ctx.job.shard if ctx.job else None,  # job i of n (pdsweep.plan.shards)
         "rejected": [{"cell_id": r.cell.id, "rule": r.rule, "reason": r.reason} for r in ctx.plan.rejected]
         + [
             {
@@ -183,6 +186,8 @@ def _open_run(path: str | Path, opts: RunOptions) -> tuple[RunContext, list[Cell
         check_eval_tasks(ls)
     if not cells:
         raise UserError(f"no cell of {ls.path} matches --cells {opts.cells!r}")
+    job = job_cells(ls, cells, opts.shard)  # identical deployments folded, then this job's shard
+    cells = job.cells
     run_dir = (Path(opts.out) if opts.out else default_run_dir(ls)).resolve()  # results/latest -> its run
     old = layout.read_json_or_none(run_dir / layout.RUN_FILE)
     if old and not opts.resume:
@@ -220,6 +225,7 @@ def _open_run(path: str | Path, opts: RunOptions) -> tuple[RunContext, list[Cell
         git_shas=git_shas,
         sweep_sha256=sha,
         git_sha=current,
+        job=job,
     )
     return ctx, cells, pool, [c for c in cells if c.id in why]  # a reference only they need, too
 

@@ -52,6 +52,12 @@ class Sweep(_Strict):
     eval: EvalSpec = EvalSpec()
     bench: BenchSpec = BenchSpec()
     gate: GateSpec = GateSpec()
+    # a PD cell in the scope of a fix its build lacks expects that fix's failure unless its include
+    # entry declares an expectation (pdsweep.plan.derived); false: only declared expectations
+    derive_expectations: bool = True
+    # minutes the job running this sweep (or one --shard of it) may take: validate and `plan`
+    # fail when the planned makespan exceeds it (pdsweep.plan.clock)
+    budget: float | None = Field(default=None, gt=0, le=10080)
 
     def serve_variant(self, name: str) -> ServeArgsVariant:
         v = self.serve_args[name]

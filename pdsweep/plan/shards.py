@@ -1,0 +1,94 @@
+"""A sweep cut into ``n`` jobs (``--shard i/n``) that keep whole instance chains.
+
+Cells are joined when they share an instance (the chains of :mod:`pdsweep.plan.reusepack`:
+:func:`pdsweep.deploy.instances.instance_key` equal), and by ``links`` the caller gives (a PD
+cell and its single-instance reference, whose answers the judge compares in one run
+directory; the two cells of a ``bench.pair_builds`` pair, measured interleaved). Each joined
+group goes whole to one shard: longest first (estimated seconds, one cell after the other),
+onto the shard with the least so far (ties: the lower index). The cut depends on nothing but
+the cells, so every job computes the same one: disjoint shards whose union is the sweep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from pdsweep.plan.cell import Cell
+
+MAX_SHARDS = 256
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Job ``index`` (1-based) of ``count``."""
+
+    index: int
+    count: int
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
+@dataclass(frozen=True)
+class JobArgs:
+    """The job flags of ``plan``/``validate``/``run``: ``--shard i/n`` and ``--budget MINUTES``
+    (:mod:`pdsweep.plan.clock`)."""
+
+    shard: Shard | None = None
+    budget: float | None = None
+
+
+def parse_shard(text: str) -> Shard:
+    """``i/n`` -> :class:`Shard`; raises ``ValueError`` naming the allowed values."""
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard {text!r}: expected i/n (e.g. 1/2), integers") from None
+    if not 1 <= n <= MAX_SHARDS or not 1 <= i <= n:
+        raise ValueError(f"--shard {text}: allowed 1 <= i <= n <= {MAX_SHARDS}")
+    return Shard(i, n)
+
+
+def groups(cells: list[Cell], keys: Mapping[str, Iterable[str]], links: Iterable[tuple[str, str]]) -> list[list[Cell]]:
+    """``cells`` joined by shared instance ``keys`` (cell id -> instance keys) and ``links``
+    (pairs of cell ids), each group in the cells' order, groups in order of their first cell."""
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for c in cells:
+        find("c:" + c.id)
+        for k in keys.get(c.id, ()):
+            parent[find("c:" + c.id)] = find("k:" + k)
+    ids = {c.id for c in cells}
+    for a, b in links:
+        if a in ids and b in ids:
+            parent[find("c:" + a)] = find("c:" + b)
+    out: dict[str, list[Cell]] = {}
+    for c in cells:
+        out.setdefault(find("c:" + c.id), []).append(c)
+    return list(out.values())
+
+
+def cut(
+    cells: list[Cell],
+    count: int,
+    keys: Mapping[str, Iterable[str]],
+    links: Iterable[tuple[str, str]],
+    estimate: Callable[[Cell], float],
+) -> list[list[Cell]]:
+    """``count`` disjoint lists of ``cells`` (each in the cells' order; some may be empty when
+    there are fewer groups than shards) whose union is ``cells``, no :func:`groups` group split."""
+    load = [0.0] * count
+    members: list[set[str]] = [set() for _ in range(count)]
+    gs = groups(cells, keys, links)
+    for g in sorted(gs, key=lambda g: -sum(estimate(c) for c in g)):  # stable: ties keep plan order
+        i = min(range(count), key=lambda j: (load[j], j))
+        load[i] += sum(estimate(c) for c in g)
+        members[i] |= {c.id for c in g}
+    return [[c for c in cells if c.id in m] for m in members]
