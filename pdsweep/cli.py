@@ -86,6 +86,11 @@ SUBCOMMANDS: tuple[Command, ...] = (
         "sweep builds",
         children=(
             Command("make", "make a build venv: vLLM version, wheel file/URL or source tree", module="builds.make"),
+            Command(
+                "tonight",
+                "make VLLM's build and its unfixed twin; write the sweep pointed at both (make nightly VLLM=...)",
+                module="commands.tonight",
+            ),
         ),
     ),
     Command(

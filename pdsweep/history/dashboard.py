@@ -80,14 +80,14 @@ def cell_plot(conn: Any, cell_id: str, changes: list[trends.Change]) -> str | No
     return out
 
 
-def _report_link(run_path: str | None, out: Path) -> str | None:
+def _report_link(db: Path, run_path: str | None, started: str | None, out: Path) -> str | None:
     """A link to the run's report.html, else its gate summary.md, else its directory (a
-    run gated but never reported still opens); None when the run is no longer on disk."""
-    if not run_path or not Path(run_path).is_dir():
+    run gated but never reported still opens); None when the run is no longer on disk or its
+    directory now holds another run (:func:`pdsweep.history.store.resolve_run_path`)."""
+    d = store.resolve_run_path(db, run_path, started)
+    if d is None:
         return None
-    rep = next(
-        (Path(run_path) / n for n in ("report.html", "summary.md") if (Path(run_path) / n).exists()), Path(run_path)
-    )
+    rep = next((d / n for n in ("report.html", "summary.md") if (d / n).exists()), d)
     try:
         return str(rep.resolve().relative_to(out.parent.resolve()))
     except ValueError:
@@ -105,7 +105,7 @@ def render(db: Path, out: Path, sweep: str | None = None) -> Path:
             "<table><tr><th>run</th><th>started</th><th>gate</th><th>pdsweep</th></tr>",
         ]
         for r in all_runs:
-            link = _report_link(r["path"], out)
+            link = _report_link(db, r["path"], r["started"], out)
             name = html.escape(r["name"] or r["run_key"])
             cell = f"<a href='{html.escape(link)}'>{name}</a>" if link else name
             parts.append(
@@ -119,7 +119,8 @@ def render(db: Path, out: Path, sweep: str | None = None) -> Path:
             for m in store.metrics_of(conn, cell_id):
                 changes += trends.metric_changes(cell_id, m, store.metric_series(conn, cell_id, m, sweep))
             strip = "".join(
-                f"<a href='{html.escape(_report_link(p.run_path, out) or '#')}' title='{html.escape(p.started)}: "
+                f"<a href='{html.escape(_report_link(db, p.run_path, p.started, out) or '#')}' "
+                f"title='{html.escape(p.started)}: "
                 f"{p.verdict}'><span class='v' style='background:{COLOURS.get(p.verdict, '#000')}'></span></a>"
                 for p in verdicts
             )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import sqlite3
 from collections.abc import Iterator
@@ -156,6 +157,28 @@ def cell_figures(run_dir: Path, cell_id: str, files_totals: dict[str, Any]) -> l
     return out
 
 
+def run_path_for(db: Path, run_dir: Path) -> str:
+    """The run directory as the store keeps it: relative to the store's own directory, so that a
+    store carried between CI runners with its runs beside it (BASELINE) still finds them; the
+    dashboard links a path only while the run.json there is the same run (``RUN=results/nightly``
+    is reused every night: an old entry's path then holds a newer run)."""
+    return os.path.relpath(Path(run_dir).resolve(), Path(db).resolve().parent)
+
+
+def resolve_run_path(db: Path, run_path: str | None, started: str | None) -> Path | None:
+    """The directory of a stored run path (relative to ``db``'s directory; an absolute path of an
+    older store as is) when the run.json there is still that run (its ``started`` equals
+    ``started``); None otherwise: the run is gone or its directory was reused by a later run."""
+    if not run_path:
+        return None
+    p = Path(db).resolve().parent / run_path
+    try:
+        index = layout.read_json(p / layout.RUN_FILE)
+    except (OSError, ValueError, UserError):
+        return None
+    return p if isinstance(index, dict) and index.get("started") == started else None
+
+
 def add_run(db: Path, run_dir: Path, result: GateResult | None = None) -> str:
     """Append (or replace) ``run_dir`` in the store in one transaction; returns its run key.
     The gate is recomputed from the run's files unless ``result`` is given. Raises
@@ -184,7 +207,7 @@ def add_run(db: Path, run_dir: Path, result: GateResult | None = None) -> str:
                 index.get("git_sha"),
                 index.get("pdsweep_version"),
                 json.dumps(index.get("host") or {}, sort_keys=True),
-                str(run_dir.resolve()),
+                run_path_for(db, run_dir),
                 int(result.passed),
                 result.headline(),
             ),
