@@ -50,9 +50,9 @@ def test_actionlint() -> None:
 
 
 # ---------------------------------------------------------------- the simulated nightly
-def nightly(ws: Path, run: str) -> None:
-    """What `make nightly RUN=run` leaves in the workspace ``ws``: the run (cells with logs and
-    cell.json), its report, junit.xml and summary.md."""
+def nightly(ws: Path, run: str, history: str | None = None) -> None:
+    """What `make nightly RUN=run HISTORY=history` leaves in the workspace ``ws``: the run (cells with
+    logs and cell.json), its report, junit.xml, summary.md and dashboard.html, and the history store."""
     run_dir = write_run(ws / Path(run).parent, Path(run).name, list(MIXED.values()), MIXED_REJECTED)
     for cell in run_dir.iterdir():
         if (cell / layout.CELL_FILE).is_file():
@@ -61,6 +61,9 @@ def nightly(ws: Path, run: str) -> None:
     write_junit(result, run_dir / layout.JUNIT_FILE)
     write_summary(result, run_dir / layout.SUMMARY_FILE)
     write_report(run_dir)
+    layout.write_text(run_dir / "dashboard.html", "<html></html>\n")
+    if history:
+        layout.write_text(ws / history, "sqlite\n")
 
 
 def expand(text: str, env: dict[str, str]) -> str:
@@ -85,17 +88,19 @@ def gha_problems(wf: dict[str, Any], ws: Path) -> list[str]:
     problems = []
     if (wf.get("permissions") or {}).get("checks") != "write":
         problems.append("permissions: checks: write missing (mikepenz/action-junit-report)")
+    restored, saved = gha_state(wf)
     for var in ("HISTORY", "BASELINE"):
-        if not env.get(var, "").startswith("/"):
-            problems.append(f"{var} is not outside the checkout: actions/checkout cleans it")
+        if not (carried(env.get(var, ""), restored) and carried(env.get(var, ""), saved)):
+            problems.append(f"{var} is not restored and saved by actions/cache: a fresh runner loses it")
     (job,) = wf["jobs"].values()
     made = False
+    uploaded: set[str] = set()
     for i, step in enumerate(job["steps"]):
         run = expand(step.get("run", ""), env)
         if "make nightly" in run:
             if f"RUN={env.get('RUN')}" not in run.replace('"', ""):
                 problems.append(f"step {i}: make nightly without RUN=$RUN")
-            nightly(ws, env["RUN"])
+            nightly(ws, env["RUN"], env.get("HISTORY"))
             made = True
             continue
         reads = re.findall(r"(?:cat|<)\s+(\S+)", run)
@@ -108,21 +113,47 @@ def gha_problems(wf: dict[str, Any], ws: Path) -> list[str]:
         if "upload-artifact" in str(step.get("uses")):
             up = set().union(*(files(ws, expand(p, env)) for p in str(w.get("path")).split() if p[0] != "!"))
             up -= set().union(*(files(ws, expand(p[1:], env)) for p in str(w.get("path")).split() if p[0] == "!"))
-            for want in ("logs/decode-0.log", "/cell.json", "/summary.md", "/junit.xml", "/report.html"):
-                if not any(f.endswith(want) for f in up):
-                    problems.append(f"step {i}: the artifact has no {want}")
+            uploaded |= up
+    for want in ("logs/decode-0.log", "/cell.json", "/summary.md", "/junit.xml", "/report.html", "/dashboard.html"):
+        if made and not any(f.endswith(want) for f in uploaded):
+            problems.append(f"no artifact has {want}")
     if not made:
         problems.append("no step runs make nightly")
     return problems
+
+
+def gha_state(wf: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(paths restored by actions/cache/restore with a restore-keys prefix (the latest entry),
+    paths saved by actions/cache/save whose ``if`` lets a red night through). actions/cache (restore
+    + save in one) saves only after a green job: it does not carry a red night's history."""
+    (job,) = wf["jobs"].values()
+    restored: list[str] = []
+    saved: list[str] = []
+    for step in job["steps"]:
+        uses, w = str(step.get("uses", "")), step.get("with") or {}
+        paths = str(w.get("path", "")).split()
+        if uses.startswith("actions/cache/restore@") and w.get("restore-keys"):
+            restored += paths
+        if uses.startswith("actions/cache/save@") and "success()" not in str(step.get("if", "success()")):
+            saved += paths
+    return restored, saved
+
+
+def carried(path: str, dirs: list[str]) -> bool:
+    """Whether ``path`` lies in (or is) one of ``dirs`` (workspace-relative)."""
+    return bool(path) and any(path == d.rstrip("/") or path.startswith(d.rstrip("/") + "/") for d in dirs)
 
 
 def buildkite_problems(pipeline: dict[str, Any], ws: Path) -> list[str]:
     """Steps that read an artifact no step before a ``wait`` uploaded; what the nightly needs."""
     env = {k: str(v) for k, v in (pipeline.get("env") or {}).items()}
     problems = []
+    plugins = [p for s in pipeline["steps"] for p in s.get("plugins") or []]
+    caches = [next(iter(p.values())) for p in plugins if next(iter(p)).startswith("cache#")]
     for var in ("HISTORY", "BASELINE"):
-        if not env.get(var, "").startswith("/"):
-            problems.append(f"{var} is not outside the checkout")
+        for way in ("restore", "save"):
+            if not carried(env.get(var, ""), [c["path"] for c in caches if c.get(way) == "pipeline"]):
+                problems.append(f"{var} is not {way}d by the cache plugin (pipeline): a fresh agent loses it")
     uploaded: set[str] = set()  # artifacts of the steps before the last wait
     pending: set[str] = set()  # of the steps since
     for i, step in enumerate(pipeline["steps"]):
@@ -136,7 +167,9 @@ def buildkite_problems(pipeline: dict[str, Any], ws: Path) -> list[str]:
         local: set[str] = set()
         for c in commands:
             if "make nightly" in c:
-                nightly(ws, env["RUN"])
+                nightly(ws, env["RUN"], env.get("HISTORY"))
+                for tgz in re.findall(r"tar -czf (\S+)", c):
+                    layout.write_text(ws / tgz, "state\n")
             for path in re.findall(r"buildkite-agent artifact download (\S+)", c):
                 if not {f for f in uploaded if fnmatch.fnmatch(f, path)}:
                     problems.append(f"step {i}: downloads {path}, not uploaded before a wait")
@@ -152,7 +185,7 @@ def buildkite_problems(pipeline: dict[str, Any], ws: Path) -> list[str]:
                     problems.append(f"step {i}: junit-annotate reads {conf['artifacts']}, not uploaded before a wait")
         for pattern in step.get("artifact_paths") or []:
             pending |= files(ws, expand(pattern, env))
-    for want in ("logs/decode-0.log", "/cell.json", "/summary.md", "/junit.xml", "/report.html"):
+    for want in ("logs/decode-0.log", "/cell.json", "/summary.md", "/junit.xml", "/report.html", "/dashboard.html"):
         if not any(f.endswith(want) for f in uploaded):
             problems.append(f"no artifact {want}")
     return problems
@@ -170,19 +203,24 @@ def test_the_checks_catch_what_issue_37_found(tmp_path: Path) -> None:
     """The examples as they were: junit-annotate in the sweep step, logs left out, no
     permissions, HISTORY in the checkout."""
     bk = yaml.safe_load(BUILDKITE.read_text())
-    sweep, _wait, annotate, _summary = bk["steps"]
+    sweep, _wait, _save, annotate, _summary = bk["steps"]
     sweep["plugins"] = annotate["plugins"]
     bk["steps"] = [sweep]
+    assert "BASELINE is not saved by the cache plugin (pipeline): a fresh agent loses it" in buildkite_problems(
+        bk, tmp_path / "s"
+    )
     assert any("junit-annotate reads results/nightly/junit.xml" in p for p in buildkite_problems(bk, tmp_path / "a"))
     wf = yaml.safe_load(GHA.read_text())
     del wf["permissions"]
     wf["env"]["HISTORY"] = "results/history.sqlite"
+    wf["env"]["BASELINE"] = "/data/pdsweep/last-green"  # runner-local disk: an ephemeral runner loses it
     (job,) = wf["jobs"].values()
     upload = next(s for s in job["steps"] if "upload-artifact" in str(s.get("uses")))
     upload["with"]["path"] = "results/nightly/\n!results/nightly/**/logs/*.log"
     got = gha_problems(wf, tmp_path / "b")
     assert "permissions: checks: write missing (mikepenz/action-junit-report)" in got
-    assert "HISTORY is not outside the checkout: actions/checkout cleans it" in got
-    assert any("the artifact has no logs/decode-0.log" in p for p in got)
+    assert "HISTORY is not restored and saved by actions/cache: a fresh runner loses it" in got
+    assert "BASELINE is not restored and saved by actions/cache: a fresh runner loses it" in got
+    assert "no artifact has logs/decode-0.log" in got
     job["steps"] = [s for s in job["steps"] if "make nightly" not in s.get("run", "")]
     assert any("reads results/nightly/junit.xml, no step wrote it" in p for p in gha_problems(wf, tmp_path / "c"))

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import yaml
 from fixtures.make_runs import case, mission, pd, totals, write_run
+from test_ci_examples import gha_state
 
 from pdsweep.results import layout
 
@@ -54,23 +55,6 @@ def finish(ws: Path, env: dict[str, str], **over: str) -> subprocess.CompletedPr
 
 
 # ---------------------------------------------------------------- GitHub Actions
-def gha_state(wf: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """(paths restored by actions/cache/restore with a restore-keys prefix (the latest entry),
-    paths saved by actions/cache/save whose ``if`` lets a red night through). actions/cache (restore
-    + save in one) saves only after a green job: it does not carry a red night's history."""
-    (job,) = wf["jobs"].values()
-    restored: list[str] = []
-    saved: list[str] = []
-    for step in job["steps"]:
-        uses, w = str(step.get("uses", "")), step.get("with") or {}
-        paths = str(w.get("path", "")).split()
-        if uses.startswith("actions/cache/restore@") and w.get("restore-keys"):
-            restored += paths
-        if uses.startswith("actions/cache/save@") and "success()" not in str(step.get("if", "success()")):
-            saved += paths
-    return restored, saved
-
-
 def gha_night(wf: dict[str, Any], store: Path, ws: Path, night: int, green: bool) -> subprocess.CompletedProcess[str]:
     env = {k: str(v) for k, v in wf["env"].items()}
     restored, saved = gha_state(wf)
