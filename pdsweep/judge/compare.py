@@ -282,9 +282,12 @@ def _consistency(f: CellFacts) -> str:
     return "— (not measured" + (f": {f.status} in phase {f.phase}" if failed else "") + ")"
 
 
-def judge_pair(key: str, a: CellResult, b: CellResult, alpha: float, gate: GateSpec | None = None) -> CellComparison:
+def judge_pair(
+    key: str, a: CellResult, b: CellResult, alpha: float, gate: GateSpec | None = None, same_run: bool = False
+) -> CellComparison:
     """Compare one cell of A with its match in B (see the module doc for the rules);
-    ``gate``: the perf thresholds (None: defaults)."""
+    ``gate``: the perf thresholds (None: defaults); ``same_run``: A and B are two builds of one
+    run (unpaired perf then claims nothing, :mod:`pdsweep.judge.perf`)."""
     if {a.verdict, b.verdict} & {SKIPPED, NOT_RUNNABLE}:  # not run on one side: nothing to compare
         if a.verdict == b.verdict:
             return CellComparison(
@@ -302,7 +305,7 @@ def judge_pair(key: str, a: CellResult, b: CellResult, alpha: float, gate: GateS
         tpot_ratio=_ratio(fb.total("tpot_mean_s"), fa.total("tpot_mean_s")),
     )
     tasks = tuple(task_deltas(fa.tasks, fb.tasks))
-    perf = tuple(perf_deltas(fa.load, fb.load, gate or GateSpec()))
+    perf = tuple(perf_deltas(fa.load, fb.load, gate or GateSpec(), same_run))
     if fa.config_hash and fb.config_hash and fa.config_hash != fb.config_hash:
         return CellComparison(
             key,
@@ -345,9 +348,10 @@ def _key(c: CellResult) -> str:
 
 
 def compare_cells(
-    a: list[CellResult], b: list[CellResult], alpha: float, gate: GateSpec | None = None
+    a: list[CellResult], b: list[CellResult], alpha: float, gate: GateSpec | None = None, same_run: bool = False
 ) -> list[CellComparison]:
-    """Pair A's and B's cells by compare key (identical ids first, then in order) and judge each pair."""
+    """Pair A's and B's cells by compare key (identical ids first, then in order) and judge each
+    pair; ``same_run``: A and B come from one run (:func:`judge_pair`)."""
     out = []
     for key in dict.fromkeys([*map(_key, a), *map(_key, b)]):
         xs, ys = [c for c in a if _key(c) == key], [c for c in b if _key(c) == key]
@@ -355,7 +359,7 @@ def compare_cells(
         xs = [x for x in xs if all(x is not p for p, _ in same)]
         ys = [y for y in ys if all(y is not q for _, q in same)]
         for x, y in same + list(zip(xs, ys)):
-            out.append(judge_pair(key, x, y, alpha, gate))
+            out.append(judge_pair(key, x, y, alpha, gate, same_run))
         out += [CellComparison(key, ONLY_A, x, None, reasons=("no match in B",)) for x in xs[len(ys) :]]
         out += [CellComparison(key, ONLY_B, None, y, reasons=("no match in A",)) for y in ys[len(xs) :]]
     return out
@@ -369,9 +373,11 @@ def compare_results(
     sweeps: tuple[str | None, str | None] = (None, None),
     notes: tuple[str, ...] = (),
 ) -> CompareResult:
-    """Compare two gated runs (``alpha`` default: B's gate alpha); ``notes`` go to the result."""
+    """Compare two gated runs (``alpha`` default: B's gate alpha); ``notes`` go to the result.
+    Two sides from one run directory (two builds of it) judge perf as :func:`judge_pair` says."""
     alpha = b.gate.alpha if alpha is None else alpha
-    cells = tuple(compare_cells(list(a.cells), list(b.cells), alpha, b.gate))
+    same_run = Path(a.run_dir).resolve() == Path(b.run_dir).resolve()
+    cells = tuple(compare_cells(list(a.cells), list(b.cells), alpha, b.gate, same_run))
     problems = [f"{side} {p}" for side, r in (("A", a), ("B", b)) for p in r.problems]
     for side, r in (("A", a), ("B", b)):
         if not any(c.verdict != SKIPPED for c in r.cells):

@@ -23,6 +23,15 @@ and cancels); else the ratio of means over independent repeats
 slowdown an interval of its width would call a regression
 (:func:`pdsweep.core.stats.detectable_slowdown`), the teeth of this run for that metric.
 
+The wording is gated by those teeth: a ``regression`` (``improvement``) whose claimed change
+(B/A, or A/B for a rate; its inverse for an improvement) is smaller than ``detectable`` is
+``noisy`` instead (a ratio-of-means or bootstrap interval is not symmetric in log space, so
+it can clear a bound while its width could not resolve the change it claims). And two builds of
+*one* run measured unpaired (``unpaired_builds``: ``compare RUN RUN --a-build X --b-build Y``,
+the report's build pairs) met different machine-load epochs minutes apart, a drift the
+repeats' interval does not hold: only paired repeats (``bench.pair_builds``) give them a
+``regression`` or ``improvement``; unpaired they are ``noisy``, saying so.
+
 A metric A has and B lacks is a ``regression`` (fail closed: "metric missing in B").
 The two-sided Mann-Whitney U p-value is reported next to each ratio, not judged.
 vLLM's perf-eval (REGRESSION / NOISY / PASS against a baseline image) and AIPerf's
@@ -140,16 +149,25 @@ def verdict_of(ratio: float | None, lo: float | None, hi: float | None, t: float
 
 
 def judge_metric(
-    series: str, metric: str, a: list[float], b: list[float], t: float, confidence: float = 0.95, paired: bool = False
+    series: str,
+    metric: str,
+    a: list[float],
+    b: list[float],
+    t: float,
+    confidence: float = 0.95,
+    paired: bool = False,
+    unpaired_builds: bool = False,
 ) -> PerfDelta:
     """Judge one metric from its per-repeat values in A and B (module doc). ``paired``: ``a[i]``
     and ``b[i]`` ran interleaved (equal lengths), judged by their per-pair ratios; unequal
-    lengths fall back to the independent interval."""
+    lengths fall back to the independent interval. ``unpaired_builds``: A and B are two builds
+    of one run, so an unpaired interval claims no regression or improvement (module doc)."""
     if paired and len(a) == len(b):
         ratio, lo, hi, method = paired_ratio_interval(a, b, confidence)
     else:
         ratio, lo, hi, method = ratio_interval(a, b, confidence)
     v = verdict_of(ratio, lo, hi, t, lower_is_better(metric))
+    det = detectable_slowdown(lo, hi, t)
     note = ""
     if v == NOISY:
         note = (
@@ -157,6 +175,10 @@ def judge_metric(
             if lo is None
             else f"interval straddles the {t:.0%} threshold"
         )
+    else:
+        v, note = _within_teeth(v, ratio, det, lower_is_better(metric))
+    if v in (REGRESSION, IMPROVEMENT) and unpaired_builds and method != "paired":
+        v, note = NOISY, f"{v} {UNPAIRED_BUILDS}"
     mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
     return PerfDelta(
         series,
@@ -173,14 +195,35 @@ def judge_metric(
         method,
         mann_whitney_p(a, b),
         note,
-        detectable_slowdown(lo, hi, t),
+        det,
     )
 
 
-def perf_deltas(load_a: dict[str, Any] | None, load_b: dict[str, Any] | None, gate: GateSpec) -> list[PerfDelta]:
+UNPAIRED_BUILDS = (
+    "not claimed: two builds of one run measured unpaired, minutes apart (machine-load drift between them is not "
+    "in the interval; bench.pair_builds interleaves their repeats)"
+)
+
+
+def _within_teeth(v: str, ratio: float | None, det: float | None, lower_better: bool) -> tuple[str, str]:
+    """``(verdict, note)``: a ``regression``/``improvement`` whose claimed change is smaller than
+    ``det`` (the smallest slowdown this interval's width resolves) becomes ``noisy`` (module doc)."""
+    if v not in (REGRESSION, IMPROVEMENT) or ratio is None or ratio <= 0 or det is None:
+        return v, ""
+    worse = ratio if lower_better else 1 / ratio
+    change = worse if v == REGRESSION else 1 / worse
+    if change >= det:
+        return v, ""
+    return NOISY, f"{v} of {change:.2f}x not claimed: this interval resolves only >= {det:.2f}x"
+
+
+def perf_deltas(
+    load_a: dict[str, Any] | None, load_b: dict[str, Any] | None, gate: GateSpec, same_run: bool = False
+) -> list[PerfDelta]:
     """Every judged metric of every series in A's load.json against B's (either None: no
     load phase; nothing to judge when A has none). Confidence: B's ``repeat_plan``, else 0.95.
-    Paired (:func:`paired_with`) when both carry one ``pairing.id``."""
+    Paired (:func:`paired_with`) when both carry one ``pairing.id``. ``same_run``: A and B are
+    two builds of one run (:func:`judge_metric`'s ``unpaired_builds``)."""
     from pdsweep.measure.repeats import repeat_series
 
     if not load_a:
@@ -214,7 +257,7 @@ def perf_deltas(load_a: dict[str, Any] | None, load_b: dict[str, Any] | None, ga
                     )
                 )
                 continue
-            out.append(judge_metric(name, metric, xa, xb, t, conf, paired))
+            out.append(judge_metric(name, metric, xa, xb, t, conf, paired, unpaired_builds=same_run))
     return out
 
 

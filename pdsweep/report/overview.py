@@ -119,14 +119,16 @@ def pair_perf(result: GateResult, by_build: dict[str, CellResult], builds: list[
     (B = the first build in column order, A = the other: a baseline comes last), as
     ``"<B> vs <A>: 3 same, 1 noisy (paired; detects >= 1.25x)"``: the verdict counts, the interval
     method (``paired`` when both load.json carry one ``pairing.id``, ``bench.pair_builds``) and the
-    largest smallest-detectable slowdown over the metrics. '' unless exactly two builds have load figures."""
+    largest smallest-detectable slowdown over the metrics. Both builds are of this one run: unpaired
+    repeats claim no regression or improvement (:mod:`pdsweep.judge.perf`). '' unless exactly two
+    builds have load figures."""
     from pdsweep.judge.perf import PERF_VERDICTS, perf_deltas
 
     have = [b for b in builds if b in by_build and by_build[b].facts.load]
     if len(have) != 2:
         return ""
     b, a = have
-    deltas = perf_deltas(by_build[a].facts.load, by_build[b].facts.load, result.gate)
+    deltas = perf_deltas(by_build[a].facts.load, by_build[b].facts.load, result.gate, same_run=True)
     if not deltas:
         return ""
     n = {v: sum(d.verdict == v for d in deltas) for v in PERF_VERDICTS}

@@ -61,10 +61,17 @@ def perf_counts(result: CompareResult) -> dict[str, int]:
 
 
 def perf_headline(result: CompareResult) -> str:
-    """One loud line: metric verdict counts and whether ``noisy`` fails (``gate.perf_noisy_fails``)."""
+    """One loud line: metric verdict counts and whether ``noisy`` fails (``gate.perf_noisy_fails``);
+    when every judged metric is noisy (and noisy does not fail), perf is left out of the headline,
+    saying so: no counts that read as a verdict."""
     n = perf_counts(result)
     if not any(n.values()):
         return "performance: no load repeats to judge"
+    if n[NOISY] == sum(n.values()) and not result.noisy_fails:
+        return (
+            f"performance: left out: all {n[NOISY]} judged metric(s) are noisy (undecided at their thresholds, "
+            "no verdict at this run's noise; the table below and the smallest detectable slowdown say why)"
+        )
     fails = "fails the comparison" if result.noisy_fails else "does not fail it (gate.perf_noisy_fails: false)"
     return (
         f"performance: {n[REGRESSION]} regression, {n['improvement']} improvement, {n['same']} same, "
