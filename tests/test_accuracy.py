@@ -29,6 +29,7 @@ from pdsweep.measure.accuracy import (
     task_result,
     two_proportion_p,
 )
+from pdsweep.measure.tolerance import tolerance_at
 from pdsweep.results.layout import read_json, write_json
 from pdsweep.sweepfile.phases import EvalSpec
 from pdsweep.tiny import arith
@@ -205,7 +206,7 @@ def test_expected_file_has_upstream_values():
         "jamba2-3b": 0.74,
     }
     for model, value in want.items():
-        assert exp[model]["gsm8k"] == {"value": value, "tolerance": 0.05, "source": UPSTREAM}
+        assert exp[model]["gsm8k"] == {"value": value, "tolerance": 0.05, "n": 1319, "source": UPSTREAM}
     assert not [m for m in exp if "kimi" in m]
 
 
@@ -274,7 +275,12 @@ def test_judge_pass_within_tolerance_and_reference():
     t = out["tasks"]["gsm8k"]
     assert out["verdict"] == "pass" and out["cell_id"] == "pd"
     assert t["verdict"] == "pass" and t["reasons"] == []
-    assert t["expected"] == EXP["gsm8k"] and t["reference"] == {"cell_id": "qwen3-0.6b-ref", "value": 0.43, "n": 200}
+    how = "tolerance not scaled: calibration n None, run n 200"
+    assert t["expected"] == {**EXP["gsm8k"], "tolerance_at_n": 0.05, "tolerance_how": how} and t["reference"] == {
+        "cell_id": "qwen3-0.6b-ref",
+        "value": 0.43,
+        "n": 200,
+    }
     assert 0.05 < t["p_value"] < 0.5
 
 
@@ -354,3 +360,28 @@ def test_judge_body_round_trips_through_write_json(tmp_path):
         "verdict",
         "reasons",
     }
+
+
+def test_the_tolerance_scales_to_the_runs_sample_size():
+    """Qwen3-0.6B gsm8k 0.41 +/- 0.05 calibrated on the whole test set (n 1319), scored on 250:
+    binomial SE sqrt(0.41 x 0.59 x (1/250 - 1/1319)) = 0.0280 extra, 3 of it in quadrature:
+    +/- 0.0978. 0.33 fails at n 1319 and passes at n 250; 0.30 fails both; n >= 1319 unscaled."""
+    exp = {"gsm8k": {"value": 0.41, "tolerance": 0.05, "n": 1319, "source": UPSTREAM}}
+    assert tolerance_at(exp["gsm8k"], 250)[0] == pytest.approx(0.0978, abs=1e-4)
+    assert tolerance_at(exp["gsm8k"], 1319) == (0.05, "")
+    t = judge("pd", _res(0.33, n=250), exp, None, 0.05)["tasks"]["gsm8k"]
+    assert t["verdict"] == "pass" and t["expected"]["tolerance_at_n"] == pytest.approx(0.0978, abs=1e-4)
+    assert judge("pd", _res(0.33, n=1319), exp, None, 0.05)["verdict"] == "fail"
+    (reason,) = judge("pd", _res(0.30, n=250), exp, None, 0.05)["tasks"]["gsm8k"]["reasons"]
+    assert reason == (
+        f"gsm8k: {M} 0.3000 outside expected 0.41 +/- 0.098 ({UPSTREAM}; tolerance 0.05 at n=1319 scaled "
+        "to n=250: +/- 0.098 (binomial SE, 3 SE))"
+    )
+
+
+def test_every_expected_score_carries_its_sample_size(tmp_path):
+    assert all(isinstance(t["n"], int) for tasks in load_expected().values() for t in tasks.values())
+    p = tmp_path / "expected.yaml"
+    p.write_text("m:\n  gsm8k: {value: 0.4, tolerance: 0.05, source: s}\n")
+    with pytest.raises(UserError, match=r"m\.gsm8k\.n: Field required"):
+        load_expected(p)

@@ -215,7 +215,7 @@ def task_score(name: str, t: dict[str, Any]) -> TaskScore:
         stderr=se if isinstance(se, str) else num(se),
         n=n if isinstance(n, int) and not isinstance(n, bool) else None,
         expected=num(exp.get("value")),
-        tolerance=num(exp.get("tolerance")),
+        tolerance=num(exp.get("tolerance_at_n")) or num(exp.get("tolerance")),  # scaled to n when recorded
         reference=num(ref.get("value")),
         reference_cell=ref.get("cell_id"),
         p_value=num(t.get("p_value")),

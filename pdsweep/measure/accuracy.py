@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
 from pdsweep.core.errors import UserError
 from pdsweep.core.stats import num, two_proportion_p
 from pdsweep.measure.endpoints import completions_url
+from pdsweep.measure.tolerance import tolerance_at
 from pdsweep.results import layout
 from pdsweep.results.layout import write_text
 from pdsweep.sweepfile.phases import EvalSpec
@@ -51,6 +52,9 @@ class Expected(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     value: float = Field(ge=0, le=1)
     tolerance: float = Field(gt=0, le=1)
+    # the sample size value and tolerance were calibrated on (pdsweep.measure.tolerance scales the
+    # tolerance to a run that scores fewer)
+    n: int = Field(ge=1)
     source: str = Field(min_length=1)
 
 
@@ -59,7 +63,7 @@ class _ExpectedFile(RootModel[dict[str, dict[str, Expected]]]):
 
 
 def load_expected(path: Path = EXPECTED_FILE) -> dict[str, dict[str, dict[str, Any]]]:
-    """Read ``accuracy/expected.yaml``: ``{model: {task: {value, tolerance, source}}}``
+    """Read ``accuracy/expected.yaml``: ``{model: {task: {value, tolerance, n, source}}}``
     (model = pdsweep catalogue name, task = lm-eval task name; values are fractions).
 
     Raises ``UserError`` naming the file and the field path (``model.task.field``) on an
@@ -278,11 +282,13 @@ def _judge_task(
         reasons.append(f"{task}: no score ({metric} missing or not a number)")
     else:
         if exp is not None:
-            lo, hi = exp["value"] - exp["tolerance"], exp["value"] + exp["tolerance"]
+            tol, how = tolerance_at(exp, n)
+            exp = {**exp, "tolerance_at_n": round(tol, 4), "tolerance_how": how}
+            lo, hi = exp["value"] - tol, exp["value"] + tol
             if not (lo < value < hi):
                 reasons.append(
                     f"{task}: {metric} {value:.4f} outside expected {exp['value']} "
-                    f"+/- {exp['tolerance']} ({exp['source']})"
+                    f"+/- {round(tol, 3)} ({exp['source']}{'; ' + how if how else ''})"
                 )
         if ref is not None:
             rv, rn = ref["value"], ref["n"]
@@ -332,7 +338,9 @@ def judge(
     ``gate.alpha`` significance level.
 
     A task passes only if it has a finite score, lies strictly within the expected
-    tolerance where one exists (upstream ``test_accuracy``), and is not significantly
+    tolerance where one exists (upstream ``test_accuracy``; scaled to the task's ``n`` by
+    :func:`pdsweep.measure.tolerance.tolerance_at`, recorded as ``expected.tolerance_at_n``
+    and ``expected.tolerance_how``), and is not significantly
     below the reference (:func:`two_proportion_p` >= ``alpha``; correct counts are
     ``round(value * n)``, valid for 0/1 metrics such as exact_match and acc). A PD task
     with neither expected value nor reference fails ("nothing to gate against").
