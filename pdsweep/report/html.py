@@ -24,6 +24,7 @@ from pdsweep.report.overview import (
     CAUSE_CHARS,
     PERF_COL,
     failure_rows,
+    failures_first,
     matrix_rows,
     one_line,
     pair_rows,
@@ -192,20 +193,22 @@ def _markdown(
 
 
 def _overview_markdown(result: GateResult) -> list[str]:
-    """Verdict matrix, build pairs and failures, one-line causes (pdsweep.report.overview)."""
+    """Verdict matrix, build pairs and failures, one-line causes (pdsweep.report.overview); a
+    table longer than LONG_TABLE rows goes after the failures (:func:`failures_first`)."""
     cols, rows = matrix_rows(result)
-    lines = ["## Verdicts", "", md_table(cols, rows), ""]
+    sections = [(len(rows), ["## Verdicts", "", md_table(cols, rows), ""])]
     pcols, prows = pair_rows(result)
     if prows:
-        lines += ["## Build pairs", "", md_table(pcols, prows), ""]
+        sections.append((len(prows), ["## Build pairs", "", md_table(pcols, prows), ""]))
+    failures: list[str] = []
     if fails := failure_rows(result):
-        lines += [
+        failures = [
             "## Failures",
             "",
             md_table(("cell", "verdict", "cause"), [(c.cell_id, c.verdict, one_line(c)) for c in fails]),
             "",
         ]
-    return lines
+    return failures_first(sections, failures)
 
 
 def _fold(text: str) -> str:
@@ -226,23 +229,26 @@ def _verdict_td(c: CellResult | None) -> str:
 
 
 def _overview_html(result: GateResult) -> list[str]:
-    """The part of the page read first: verdict matrix, build pairs, failures."""
+    """The part of the page read first: verdict matrix, build pairs, failures (a table longer
+    than LONG_TABLE rows after the failures, :func:`failures_first`)."""
     e = html.escape
     cols, rows = verdict_matrix(result)
     head = "".join(f"<th>{e(c)}</th>" for c in ("model", *cols))
     body = "".join(f"<tr><th>{e(label)}</th>{''.join(map(_verdict_td, cells))}</tr>" for label, cells in rows)
-    parts = ["<h2>Verdicts</h2>", f"<table class='matrix'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"]
+    matrix = f"<table class='matrix'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    sections = [(len(rows), ["<h2>Verdicts</h2>", matrix])]
     pcols, prows = pair_rows(result)
     if prows:
         verdicts = tuple(range(1, len(pcols) - (pcols[-1] == PERF_COL), 2))  # not the load B/A column
-        parts += ["<h2>Build pairs</h2>", _html_table(pcols, prows, verdict_cols=verdicts)]
+        sections.append((len(prows), ["<h2>Build pairs</h2>", _html_table(pcols, prows, verdict_cols=verdicts)]))
+    failures: list[str] = []
     if fails := failure_rows(result):
         frows: list[tuple[str, ...]] = [
             (c.cell_id, c.verdict, "\n".join(r.replace(c.cell_id + "/", "") for r in c.reasons) or c.message)
             for c in fails
         ]
-        parts += ["<h2>Failures</h2>", _html_table(("cell", "verdict", "cause"), frows, verdict_cols=(1,))]
-    return parts
+        failures = ["<h2>Failures</h2>", _html_table(("cell", "verdict", "cause"), frows, verdict_cols=(1,))]
+    return failures_first(sections, failures)
 
 
 CSS = """body{font-family:system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse;font-size:13px;

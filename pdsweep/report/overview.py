@@ -20,6 +20,7 @@ from pdsweep.judge.flaky import FLAKY
 from pdsweep.judge.gate import FAIL, PASS, XPASS, CellResult, GateResult
 
 CAUSE_CHARS = 160  # a one-line cause is cut here; the full reasons fold below it
+LONG_TABLE = 30  # rows: a table longer than this goes after the failures (a reader finds them first)
 BASELINES = ("unfixed", "baseline")  # sort after every other build in a pair
 ACT_ON = (FAIL, XPASS, FLAKY)
 
@@ -39,6 +40,15 @@ def first_instance_error(text: str) -> str | None:
     (``streaming request: HTTP 500: {"error": ...}``); the instance's own error is the cause."""
     m = _INSTANCE_EXC.search(text)
     return f"{m.group('inst')}: {m.group('exc').strip()}" if m else None
+
+
+def failures_first(sections: list[tuple[int, list[str]]], failures: list[str]) -> list[str]:
+    """The overview's parts in reading order: the ``(rows, parts)`` sections whose table has at
+    most :data:`LONG_TABLE` rows in their order, then ``failures``, then the longer ones (a
+    768-cell run's 385-row build-pairs table no longer hides the failures below it)."""
+    short = [x for n, ps in sections if n <= LONG_TABLE for x in ps]
+    long = [x for n, ps in sections if n > LONG_TABLE for x in ps]
+    return short + failures + long
 
 
 def natural_key(text: str) -> tuple[tuple[int, int | str], ...]:
