@@ -46,8 +46,11 @@ def fake_run(ws: Path, run: str, night: int, green: bool) -> Path:
 
 
 def finish(ws: Path, env: dict[str, str], **over: str) -> subprocess.CompletedProcess[str]:
-    """``make nightly-finish`` of the repository's Makefile in ``ws`` (this interpreter, this checkout)."""
+    """``make nightly-finish`` of the repository's Makefile in ``ws`` (this interpreter, this checkout).
+    An absolute path lands on the night's own fresh disk (``ws/disk/...``): an ephemeral runner
+    keeps nothing between nights, inside the checkout or outside it."""
     v = {k: over.get(k, env[k]) for k in ("RUN", "BASELINE", "HISTORY")}
+    v = {k: str(ws / "disk" / x.lstrip("/")) if x.startswith("/") else x for k, x in v.items()}
     cmd = ["make", "-s", "-C", str(ws), "-f", str(REPO / "Makefile"), "nightly-finish", f"PY={sys.executable}"]
     cmd += [f"{k}={x}" for k, x in v.items()]
     penv = {**os.environ, "PYTHONPATH": str(REPO), "MPLBACKEND": "Agg"}

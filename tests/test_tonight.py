@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from _fakegpu import fake_nvidia_smi, path_with
 
 from pdsweep.commands import tonight
 from pdsweep.core.errors import UserError
@@ -110,3 +114,36 @@ def test_the_makefile_runs_tonights_build_with_vllm_and_the_pinned_one_without()
     pinned = make_n("nightly", "RUN=results/n", "SWEEP=sweeps/cpu-smoke.yaml")
     assert "builds tonight" not in pinned and "-m pdsweep run sweeps/cpu-smoke.yaml --out results/n --quiet" in pinned
     assert "make --no-print-directory baseline-env || " in pinned and "tonight.json" not in pinned
+
+
+def test_make_compare_has_no_dead_defaults_and_compare_builds_is_fixed_vs_unfixed() -> None:
+    """``make compare`` without A/B says what to give (exit 2) instead of failing on a directory
+    no target makes; ``make compare-builds`` compares the latest run's fixed and unfixed cells."""
+    r = subprocess.run(
+        ["make", "-s", "-C", str(REPO), "compare", "-o", ".venv/.pdsweep-installed"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2 and "make compare: give A=<baseline run> B=<candidate run>" in r.stderr, r.stderr
+    out = make_n("compare-builds")
+    assert "-m pdsweep compare results/latest results/latest --a-build fixed --b-build unfixed --allow-missing" in out
+
+
+@pytest.mark.integration
+@pytest.mark.nightly
+@pytest.mark.skipif(not os.environ.get("PDSWEEP_CUDA_WHEEL"), reason="set PDSWEEP_CUDA_WHEEL=<a CUDA vLLM wheel file>")
+def test_a_cuda_wheel_on_a_fake_gpu_node_stops_after_a_plan_with_both_builds(tmp_path: Path) -> None:
+    """``make plan VLLM=<CUDA wheel>`` on a fake 8 x H100 node (fake nvidia-smi; torch, NIXL and the
+    rest from this venv): the build and its unfixed twin are made, and the GPU sweep's plan runs
+    its cells on both (docs/nightly.md: vLLM 0.34.0's wheel, 47 cells)."""
+    wheel = os.environ["PDSWEEP_CUDA_WHEEL"]
+    fake_nvidia_smi(tmp_path / "bin")
+    venv = Path(sys.executable).parent.parent
+    cmd = ["make", "-C", str(REPO), "plan", f"VENV={venv}", "-o", f"{venv}/.pdsweep-installed", f"VLLM={wheel}"]
+    cmd += ["PLAN_ARGS=--gpus 8 --gpu-arch sm90 --no-check-argv"]
+    env = {**os.environ, "PATH": path_with(tmp_path / "bin"), "PYTHONPATH": str(REPO)}
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    name = Path(wheel).name.split("-")[1]
+    assert re.search(rf"^build fixed: \S+/vllm-{re.escape(name)}-\w+/bin/python: vllm_version {name}", r.stdout, re.M)
+    assert re.search(rf"^build unfixed: \S+/vllm-{re.escape(name)}-\w+-unfixed/bin/python", r.stdout, re.M)
+    assert re.search(r"^\S+hybrid-mla-mamba\.yaml: \d+ cells \(cuda, 8 GPUs", r.stdout, re.M)
