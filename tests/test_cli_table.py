@@ -41,7 +41,13 @@ def test_every_lazy_command_module_imports_with_its_entry_points() -> None:
     """A lazy row names its module relative to the package; a moved module breaks its command."""
     leaves = [c for c in SUBCOMMANDS if not c.children] + [k for c in SUBCOMMANDS for k in c.children]
     lazy = [c for c in leaves if c.module is not None]
-    assert [c.module for c in lazy] == ["deploy.proxy", "builds.baseline", "builds.make", "xfer.bench"]
+    assert [c.module for c in lazy] == [
+        "deploy.proxy",
+        "builds.baseline",
+        "builds.make",
+        "commands.tonight",
+        "xfer.bench",
+    ]
     for c in lazy:
         mod = c._load()
         assert callable(mod.add_cli_args) and callable(mod.main), c.module
@@ -49,6 +55,7 @@ def test_every_lazy_command_module_imports_with_its_entry_points() -> None:
         ["proxy", "--help"],
         ["baseline-env", "--help"],
         ["builds", "make", "--help"],
+        ["builds", "tonight", "--help"],
         ["bench", "transfer", "--help"],
     ):
         with pytest.raises(SystemExit) as e:
