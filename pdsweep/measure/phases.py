@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 
 from pdsweep.deploy.deployment import CellFailed, Deployment, stop_if_ended
+from pdsweep.measure.integrity import integrity
 from pdsweep.plan.expand import Cell
 from pdsweep.results import layout
 from pdsweep.sweepfile.sweep import LoadedSweep
@@ -182,6 +183,7 @@ def read_split(dep: Deployment) -> dict[str, Any]:
         "transfer_plans": transfer_topologies(decode),
         "reads_by_prefill_rank": nixl_reads_by_rank(decode) or None,
         "read_faults": read_fault_counts(decode),
+        "integrity": integrity(text_of(dep.role("prefill")), decode),  # pdsweep.measure.integrity
     }
 
 

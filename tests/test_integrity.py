@@ -1,0 +1,173 @@
+"""transfer.json ``integrity`` from the digest lines (pdsweep.measure.integrity) and its gate
+(pdsweep.judge.integrity): matched, mismatched, stale, missing, replicas, parts, failed READs."""
+
+from __future__ import annotations
+
+import pytest
+from fixtures.make_runs import TR, case, pd, write_run
+
+from pdsweep.engine.kvdigest import LANDED_TAG, OFFER_TAG
+from pdsweep.judge.gate import FAIL, PASS, gate_run
+from pdsweep.judge.integrity import integrity_reasons
+from pdsweep.measure.integrity import integrity
+from pdsweep.plan.expand import expand
+from pdsweep.plan.instance import Slot, instances
+from pdsweep.sweepfile.sweep import load_sweep
+
+
+def offer(agent: str, rank: int, req: str, units: list[tuple], engine: str = "E", split: int = 1) -> str:
+    d = ";".join(f"{g}/{k}/{b}/{i}/{a:x}/{n}/{dig}" for g, k, b, i, a, n, dig in units)
+    return (
+        f"INFO {OFFER_TAG} agent={agent} engine={engine} rank={rank} req={req} us=10 bytes=2048 split={split} d={d}\n"
+    )
+
+
+def landed(agent: str, req: str, reads: list[tuple], state: str = "DONE") -> str:
+    d = ";".join(f"{a:x}/{n}/{dig}" for a, n, dig in reads)
+    return f"INFO {LANDED_TAG} agent={agent} req={req} state={state} us=5 bytes=1024 d={d}\n"
+
+
+# an MLA + SSM hybrid at P TP 2: rank 0 and 1 hold the same latent (a replica), their own SSM shards
+P0 = [
+    (0, "mla", 7, "0", 0x1000, 512, "aa"),
+    (1, "ssm-conv", 3, "0", 0x9000, 256, "c0"),
+    (1, "ssm-temporal", 3, "1", 0x9100, 256, "t0"),
+]
+P1 = [
+    (0, "mla", 7, "0", 0x2000, 512, "aa"),
+    (1, "ssm-conv", 3, "0", 0xA000, 256, "c1"),
+    (1, "ssm-temporal", 3, "1", 0xA100, 256, "t1"),
+]
+
+
+def fixed_reads(conv1: str = "c1") -> str:
+    """vLLM's fixed read plan: the latent once from rank 0, the SSM from both ranks."""
+    return landed("p0", "r1", [(0x1000, 512, "aa"), (0x9000, 256, "c0"), (0x9100, 256, "t0")]) + landed(
+        "p1", "r1", [(0xA000, 256, conv1), (0xA100, 256, "t1")]
+    )
+
+
+def test_fixed_plan_matches_with_the_latent_as_a_replica():
+    got = integrity(offer("p0", 0, "r1", P0) + offer("p1", 1, "r1", P1), fixed_reads())
+    assert (got["compared"], got["matched"], got["mismatched"], got["missing"], got["stale"]) == (6, 6, 0, 0, 0)
+    assert got["replicated_descs"] == 1 and got["requests"] == 1 and got["first"] == {}
+    assert got["cost"]["prefill_us"] == 20 and got["cost"]["decode_us"] == 10
+    assert got["cost"]["prefill_us_per_mib"] == round(20 / (4096 / 2**20), 1)
+    assert integrity_reasons(got, "c/transfer.json") == []
+
+
+def test_one_prefill_rank_read_loses_the_ssm_shards_of_the_other():
+    """The shape of vLLM PR #49297: decode read prefill rank 0 only."""
+    decode = landed("p0", "r1", [(0x1000, 512, "aa"), (0x9000, 256, "c0"), (0x9100, 256, "t0")])
+    got = integrity(offer("p0", 0, "r1", P0) + offer("p1", 1, "r1", P1), decode)
+    assert (got["matched"], got["missing"]) == (4, 2)
+    assert got["first"]["missing"] == {"request": "r1", "group": "1:ssm-conv", "prefill_rank": 1, "block": 3}
+    (reason,) = integrity_reasons(got, "c/transfer.json")
+    assert reason.startswith(
+        "c/transfer.json: integrity: 2 missing block(s) of 6; first: request r1 group 1:ssm-conv prefill rank 1 block 3"
+    )
+
+
+def test_a_latent_that_differs_across_ranks_is_not_a_replica():
+    p1 = [(0, "mla", 7, "0", 0x2000, 512, "bb"), *P1[1:]]
+    got = integrity(offer("p0", 0, "r1", P0) + offer("p1", 1, "r1", p1), fixed_reads())
+    assert got["missing"] == 1 and got["first"]["missing"]["group"] == "0:mla"
+
+
+def test_a_changed_byte_is_mismatched_and_another_requests_bytes_are_stale():
+    got = integrity(offer("p0", 0, "r1", P0) + offer("p1", 1, "r1", P1), fixed_reads(conv1="ff"))
+    assert (got["mismatched"], got["stale"], got["matched"]) == (1, 0, 5)
+    assert got["first"]["mismatched"] == {"request": "r1", "group": "1:ssm-conv", "prefill_rank": 1, "block": 3}
+    # r2 reused rank 1's conv block after r1's lease expired; decode read r1 late and got r2's bytes
+    r2 = [(1, "ssm-conv", 3, "0", 0xA000, 256, "c2")]
+    got = integrity(offer("p0", 0, "r1", P0) + offer("p1", 1, "r1", P1) + offer("p1", 1, "r2", r2), fixed_reads("c2"))
+    assert (got["stale"], got["mismatched"], got["unread_requests"]) == (1, 0, 1)
+    assert "1 stale block(s)" in integrity_reasons(got, "t")[0]
+
+
+def test_decode_ranks_reading_parts_of_a_block():
+    """Decode TP 2 > prefill TP 1: each decode rank reads half of every descriptor."""
+    units = [
+        (0, "kv", 5, "0", 0x100, 64, "w"),
+        (0, "kv", 5, "0.0", 0x100, 32, "h0"),
+        (0, "kv", 5, "0.1", 0x120, 32, "h1"),
+    ]
+    text = offer("p0", 0, "r1", units, split=2)
+    both = landed("p0", "r1", [(0x100, 32, "h0")]) + landed("p0", "r1", [(0x120, 32, "h1")])
+    assert integrity(text, both)["matched"] == 1
+    assert integrity(text, landed("p0", "r1", [(0x100, 32, "h0")]))["missing"] == 1
+    assert (
+        integrity(text, landed("p0", "r1", [(0x100, 32, "h0")]) + landed("p0", "r1", [(0x120, 32, "xx")]))["mismatched"]
+        == 1
+    )
+
+
+def test_failed_reads_are_counted_apart_and_nothing_compared_fails():
+    got = integrity(offer("p0", 0, "r1", P0), landed("p0", "r1", [], state="ERR"))
+    assert (got["compared"], got["failed_on_purpose"], got["failed_reads"]) == (0, 3, 1)
+    assert integrity_reasons(got, "t") == [
+        "t: integrity: no block compared and matched (3 block(s) of failed READs, 0 unread request(s); allowed: matched > 0)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("integ", "reason"),
+    [
+        (None, "t: integrity: not measured (integrity is null; the plan switched the KV digests on)"),
+        ({"not_measured": "no offer"}, "t: integrity: not measured (no offer)"),
+        ({"compared": 1, "matched": 1, "mismatched": -1, "missing": 0, "stale": 0}, "t: integrity: impossible counts"),
+    ],
+)
+def test_fails_closed(integ, reason):
+    assert integrity_reasons(integ, "t")[0].startswith(reason)
+
+
+def test_no_offer_line_is_not_measured():
+    got = integrity("nothing here", fixed_reads())
+    assert got["not_measured"].startswith("no PDSWEEP_KV_OFFER line in the prefill logs")
+
+
+# ---------------------------------------------------------------- the gate, end to end on a fixture run
+DIGESTS_ON = {"cell.json": {"instances": [{"name": "decode-0", "env": {"PDSWEEP_KV_DIGEST": "1"}}]}}
+MATCHED = {"compared": 6, "matched": 6, "mismatched": 0, "missing": 0, "stale": 0, "first": {}}
+
+
+def test_gate_fails_a_planned_cell_without_integrity_and_names_the_first_bad_block(tmp_path):
+    cell = pd("tiny-mla-mamba2", 2, 1)
+    assert (
+        gate_run(write_run(tmp_path, "ok", [case(cell, DIGESTS_ON, {TR: {"integrity": MATCHED}})]))
+        .cell(cell.id)
+        .verdict
+        == PASS
+    )
+    g = gate_run(write_run(tmp_path, "none", [case(cell, DIGESTS_ON)])).cell(cell.id)
+    assert g.verdict == FAIL and list(g.reasons) == [
+        f"{cell.id}/transfer.json: integrity: not measured (integrity is null; the plan switched the KV digests on)"
+    ]
+    bad = {
+        **MATCHED,
+        "matched": 4,
+        "missing": 2,
+        "first": {"missing": {"request": "r1", "group": "1:ssm-conv", "prefill_rank": 1, "block": 3}},
+    }
+    g = gate_run(write_run(tmp_path, "bad", [case(cell, DIGESTS_ON, {TR: {"integrity": bad}})])).cell(cell.id)
+    assert g.verdict == FAIL and g.reasons[0].startswith(
+        f"{cell.id}/transfer.json: integrity: 2 missing block(s) of 6; first: request r1 group 1:ssm-conv prefill rank 1 block 3"
+    )
+    # a plan without the digests (a GPU sweep today) asks nothing of the file
+    assert gate_run(write_run(tmp_path, "gpu", [case(cell)])).cell(cell.id).verdict == PASS
+
+
+def test_plan_switches_digests_on_for_cpu_pd_instances_and_asserts_off_on_decode_only():
+    ls = load_sweep("sweeps/cpu-smoke.yaml")
+    cells = {c.id: c for c in expand(ls).cells}
+
+    def envs(cid: str) -> dict[str, dict[str, str]]:
+        return {s.name: s.env for s in instances(cells[cid], Slot(0, (), 20000), ls, "/m", "python")}
+
+    pd_env = envs("tiny-llama.p1d2.b32-32.fixed")
+    assert {k: v.get("PDSWEEP_KV_DIGEST") for k, v in pd_env.items()} == {"prefill-0": "1", "decode-0": "1"}
+    assert pd_env["prefill-0"]["PDSWEEP_KV_DIGEST_SPLIT"] == "2" and "PDSWEEP_KV_DIGEST_SPLIT" not in pd_env["decode-0"]
+    assert "PDSWEEP_KV_DIGEST" not in envs("tiny-llama.ref-tp1.b32.fixed")["single-0"]
+    off = envs("tiny-mla-mamba2.p2d1.b128-128.unfixed.asserts-off")
+    assert off["decode-0"]["PYTHONOPTIMIZE"] == "1" and "PYTHONOPTIMIZE" not in off["prefill-0"]
