@@ -171,3 +171,18 @@ def test_plan_switches_digests_on_for_cpu_pd_instances_and_asserts_off_on_decode
     assert "PDSWEEP_KV_DIGEST" not in envs("tiny-llama.ref-tp1.b32.fixed")["single-0"]
     off = envs("tiny-mla-mamba2.p2d1.b128-128.unfixed.asserts-off")
     assert off["decode-0"]["PYTHONOPTIMIZE"] == "1" and "PYTHONOPTIMIZE" not in off["prefill-0"]
+
+
+def test_the_fake_vllm_logs_digests_that_match(monkeypatch, capsys):
+    """tests/fake_vllm.py speaks pdsweep.engine.kvdigest's lines when the plan switches it on, so fake PD
+    cells pass the integrity gate (and stay silent otherwise)."""
+    import fake_vllm
+
+    fake_vllm._kv_digest_line("offer", "fake-1", "fake-1-0", "Q: 1 + 1")
+    assert capsys.readouterr().out == ""
+    monkeypatch.setenv("PDSWEEP_KV_DIGEST", "1")
+    fake_vllm._kv_digest_line("offer", "fake-1", "fake-1-0", "Q: 1 + 1")
+    prefill = capsys.readouterr().out
+    fake_vllm._kv_digest_line("landed", "fake-1", "fake-1-0", "Q: 1 + 1")
+    got = integrity(prefill, capsys.readouterr().out)
+    assert (got["compared"], got["matched"]) == (2, 2)

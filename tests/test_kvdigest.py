@@ -50,7 +50,7 @@ def read_one(nixl: FakeNixl, buf: bytearray, caplog: pytest.LogCaptureFixture) -
     local = np.array([[base, 64, 0], [base + 64, 64, 0]], dtype=np.uint64)
     remote = np.array([[0xA000, 64, 0], [0xA040, 64, 0]], dtype=np.uint64)
     lh = nixl.prep_xfer_dlist("NIXL_INIT_AGENT", nixl.get_xfer_descs(local, "DRAM"))
-    rh = nixl.prep_xfer_dlist("prefill-agent", nixl.get_xfer_descs(remote, "DRAM"))
+    rh = nixl.prep_xfer_dlist(b"prefill-agent", nixl.get_xfer_descs(remote, "DRAM"))  # vLLM: the name as bytes
     x = nixl.make_prepped_xfer("READ", lh, np.array([1]), rh, np.array([1]), notif_msg=b"cmpl-7-0:1")
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="vllm.pdsweep.engine.kvdigest"):
@@ -97,7 +97,7 @@ def test_prefill_descriptors_of_an_offered_block_come_from_vllm_compute_desc_ids
         _has_mamba=False, _transfer_layer_group_ids=[], num_regions=2, block_len_per_layer=[32, 32],
         region_group_ids=[0, 0], _uses_region_group_mapping=False, _physical_blocks_per_logical_kv_block=1,
         dst_num_blocks={"E": 10}, dst_region_num_blocks={}, engine_id="E", src_blocks_data=rows,
-        _group_spec_types=(FullAttentionSpec,), use_mla=False, tp_rank=1,
+        _group_spec_types=(FullAttentionSpec,), use_mla=False, tp_rank=1, nixl_memory_type="DRAM",
         nixl_wrapper=types.SimpleNamespace(name="agent-p1"),
     )  # fmt: skip
     w._compute_desc_ids = types.MethodType(NixlBaseConnectorWorker._compute_desc_ids, w)

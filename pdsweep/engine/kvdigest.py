@@ -40,8 +40,10 @@ N-th READ reported DONE has one byte of its first descriptor inverted in decode'
 before the digest, logged as ``PDSWEEP_INJECTED_BYTE_FLIP``.
 
 Digest: the first 64 bits of SHA-256 (``hashlib``, OpenSSL: SHA-NI where the CPU has it; BLAKE2b
-was 13x slower on the 2-core AMD EPYC host, ``bench/test_integrity_overhead.py``), over the bytes in place (ctypes, host memory only:
-descriptors of VRAM are never read here; the plugin logs why and installs nothing).
+was 13x slower on the 2-core AMD EPYC host, ``bench/test_integrity_overhead.py``), over the bytes
+in place (ctypes). Host memory only: descriptor lists of another memory type (``VRAM``) are never
+recorded on decode, and a prefill worker whose ``nixl_memory_type`` is not ``DRAM`` logs
+``not measured`` once instead of an offer line.
 """
 
 from __future__ import annotations
@@ -178,7 +180,13 @@ def wrap_start_load_kv(orig: Callable[..., Any], split: int) -> Callable[..., An
     """Worker: digest the offered blocks, then run vLLM's ``start_load_kv``."""
 
     def start_load_kv(self: Any, metadata: Any) -> Any:
-        for req, block_ids in (getattr(metadata, "_pdsweep_offered", None) or {}).items():
+        offered = getattr(metadata, "_pdsweep_offered", None) or {}
+        if offered and getattr(self, "nixl_memory_type", None) != "DRAM":
+            if not getattr(self, _MARK, False):
+                setattr(self, _MARK, True)
+                logger.warning("%s not measured: KV cache in %s, not host memory", OFFER_TAG, self.nixl_memory_type)
+            offered = {}
+        for req, block_ids in offered.items():
             try:
                 logger.info("%s", offer_line(self, req, block_ids, split))
             except Exception as e:  # noqa: BLE001 - the measurement must never stop vLLM
@@ -207,7 +215,8 @@ def desc_rows(descs: Any) -> Any:
 def wrap_get_xfer_descs(orig: Callable[..., Any]) -> Callable[..., Any]:
     def get_xfer_descs(self: Any, descs: Any, *args: Any, **kw: Any) -> Any:
         out = orig(self, descs, *args, **kw)
-        if (rows := desc_rows(descs)) is not None:
+        mem = kw.get("mem_type", args[0] if args else None)
+        if mem == "DRAM" and (rows := desc_rows(descs)) is not None:
             _DESCS[id(out)] = (out, rows)  # keep ``out`` alive: its id stays unique
         return out
 
@@ -219,7 +228,8 @@ def wrap_prep_xfer_dlist(orig: Callable[..., Any]) -> Callable[..., Any]:
         handle = orig(self, agent_name, xfer_list, *args, **kw)
         known = _DESCS.pop(id(xfer_list), None)
         if known is not None:
-            _DLISTS[handle] = (str(agent_name), known[1])
+            name = agent_name.decode() if isinstance(agent_name, bytes) else str(agent_name)  # vLLM passes bytes
+            _DLISTS[handle] = (name, known[1])
         return handle
 
     return prep_xfer_dlist
