@@ -186,3 +186,21 @@ def test_the_fake_vllm_logs_digests_that_match(monkeypatch, capsys):
     fake_vllm._kv_digest_line("landed", "fake-1", "fake-1-0", "Q: 1 + 1")
     got = integrity(prefill, capsys.readouterr().out)
     assert (got["compared"], got["matched"]) == (2, 2)
+
+
+def test_a_read_nixl_refused_leaves_every_block_missing_and_names_the_descriptor():
+    """vLLM 0.32.0 pre-fix, asserts off: decode's whole SSM conv descriptor (768 B) against prefill rank 0's
+    shard (384 B); NIXL makeXferReq refuses the READ ("length mismatch"), vLLM stops posting READs for it."""
+    refused = f"INFO {LANDED_TAG} agent=p0 req=r1 state=REFUSED us=0 bytes=0 d=9000/256/local512\n"
+    got = integrity(offer("p0", 0, "r1", P0) + offer("p1", 1, "r1", P1), refused)
+    assert (got["refused_reads"], got["missing"], got["matched"], got["failed_on_purpose"]) == (1, 6, 0, 0)
+    assert got["missing_by_group"] == {"0:mla": [0, 1], "1:ssm-conv": [0, 1], "1:ssm-temporal": [0, 1]}
+    assert got["first"]["refused"] == {
+        "request": "r1", "group": "1:ssm-conv", "prefill_rank": 0, "block": 3, "remote_bytes": 256, "local_bytes": 512
+    }  # fmt: skip
+    reasons = integrity_reasons(got, "t")
+    assert reasons[0] == (
+        "t: integrity: 1 READ(s) NIXL refused to prepare (vLLM transfer_setup_failed); first: request r1 group "
+        "1:ssm-conv prefill rank 0 block 3 (decode's descriptor 512 B, prefill's 256 B): that KV never arrived"
+    )
+    assert reasons[1].endswith("; missing (group: prefill ranks): 0:mla: 0,1; 1:ssm-conv: 0,1; 1:ssm-temporal: 0,1")

@@ -125,3 +125,25 @@ def test_prefill_scheduler_hands_offered_blocks_to_the_workers_on_the_next_metad
     finished(None, types.SimpleNamespace(request_id="d"), None)
     assert build(None, None)._pdsweep_offered == {"p": [[4, 5], [9]]}
     assert not hasattr(build(None, None), "_pdsweep_offered")
+
+
+def test_a_read_nixl_refuses_names_the_first_descriptor_whose_lengths_differ(caplog):
+    nixl = wrapped()
+
+    def refuse(self, *a, **kw):
+        raise RuntimeError("NIXL_ERR_INVALID_PARAM")
+
+    type(nixl).make_prepped_xfer = K.wrap_make_prepped_xfer(refuse)
+    local = np.array([[0x10, 64, 0], [0x50, 128, 0]], dtype=np.uint64)
+    remote = np.array([[0xA000, 64, 0], [0xA040, 64, 0]], dtype=np.uint64)
+    lh = nixl.prep_xfer_dlist("NIXL_INIT_AGENT", nixl.get_xfer_descs(local, "DRAM"))
+    rh = nixl.prep_xfer_dlist(b"p-agent", nixl.get_xfer_descs(remote, "DRAM"))
+    with caplog.at_level(logging.INFO, logger="vllm.pdsweep.engine.kvdigest"), pytest.raises(RuntimeError):
+        nixl.make_prepped_xfer("READ", lh, [0, 1], rh, [0, 1], notif_msg=b"cmpl-3:1")
+    (rec,) = parse_landed("\n".join(r.getMessage() for r in caplog.records))
+    assert (rec["agent"], rec["req"], rec["state"], rec["reads"]) == (
+        "p-agent",
+        "cmpl-3",
+        "REFUSED",
+        {(0xA040, 64): "local128"},
+    )

@@ -35,7 +35,9 @@ before the scheduler learns the request's KV arrived (so before any decode step 
     bytes=<n> d=<remote addr hex>/<len>/<digest>;...
 
 A READ reported otherwise (``ERR``: a failed READ, the drill's included) logs ``state=ERR`` and
-no digests. With ``PDSWEEP_FLIP_BYTE_EVERY=N`` (the sweep fault ``flip-byte-1-in-N``), every
+no digests; a READ NIXL refused to prepare (``make_prepped_xfer`` raised: vLLM's
+``transfer_setup_failed``) logs ``state=REFUSED`` with the first descriptor whose local and remote
+lengths differ (:func:`refused_line`). With ``PDSWEEP_FLIP_BYTE_EVERY=N`` (the sweep fault ``flip-byte-1-in-N``), every
 N-th READ reported DONE has one byte of its first descriptor inverted in decode's KV cache
 before the digest, logged as ``PDSWEEP_INJECTED_BYTE_FLIP``.
 
@@ -237,14 +239,32 @@ def wrap_prep_xfer_dlist(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 def wrap_make_prepped_xfer(orig: Callable[..., Any]) -> Callable[..., Any]:
     def make_prepped_xfer(self: Any, op: str, local: Any, lids: Any, remote: Any, rids: Any, *a: Any, **kw: Any) -> Any:
-        handle = orig(self, op, local, lids, remote, rids, *a, **kw)
         notif = kw.get("notif_msg", a[0] if a else b"")
+        where = None
         if op == "READ" and local in _DLISTS and remote in _DLISTS and notif:
             req = bytes(notif).decode(errors="replace").rsplit(":", 1)[0]
-            _READS[handle] = (_DLISTS[local][1][list(lids)], _DLISTS[remote][1][list(rids)], _DLISTS[remote][0], req)
+            where = (_DLISTS[local][1][list(lids)], _DLISTS[remote][1][list(rids)], _DLISTS[remote][0], req)
+        try:
+            handle = orig(self, op, local, lids, remote, rids, *a, **kw)
+        except Exception:
+            if where is not None:  # NIXL refused the READ (vLLM: transfer_setup_failed): say where lengths differ
+                logger.info("%s", refused_line(where))
+            raise
+        if where is not None:
+            _READS[handle] = where
         return handle
 
     return make_prepped_xfer
+
+
+def refused_line(where: tuple[Any, Any, str, str]) -> str:
+    """The :data:`LANDED_TAG` line of a READ NIXL refused to prepare (``state=REFUSED``): ``d`` names
+    the first descriptor whose local and remote lengths differ as ``<remote addr>/<len>/local<len>``
+    (NIXL ``makeXferReq``: "length mismatch"), empty when they all agree."""
+    local, remote, agent, req = where
+    bad = [(r, ll) for (_, ll, _), r in zip(local.tolist(), remote.tolist()) if int(ll) != int(r[1])]
+    d = f"{int(bad[0][0][0]):x}/{int(bad[0][0][1])}/local{int(bad[0][1])}" if bad else ""
+    return f"{LANDED_TAG} agent={agent} req={req.replace(' ', '_')} state=REFUSED us=0 bytes=0 d={d}"
 
 
 def landed_line(where: tuple[Any, Any, str, str], state: str, flip_now: bool) -> str:

@@ -8,7 +8,10 @@ what the file must hold comes from that, never from the file. Fails when
 - ``integrity`` is absent or says ``not_measured``: "integrity: not measured (why)" (fail closed);
 - nothing was compared (``compared`` 0 or ``matched`` 0), the READs failed on purpose aside;
 - any block is ``mismatched``, ``stale`` or ``missing``: one reason each, naming the first
-  request, group (``<index>:<kv|mla|ssm-conv|ssm-temporal>``), prefill rank and block.
+  request, group (``<index>:<kv|mla|ssm-conv|ssm-temporal>``), prefill rank and block (``missing``:
+  also every group with the prefill ranks it is missing from);
+- any READ NIXL refused to prepare (``refused_reads``): naming the block of the first descriptor
+  whose decode and prefill lengths differ.
 """
 
 from __future__ import annotations
@@ -47,19 +50,35 @@ def integrity_reasons(integ: Any, where: str) -> list[str]:
         return [f"{where}: integrity: impossible counts {show(counts)} (allowed: whole numbers >= 0)"]
     out = []
     first = obj(integ.get("first"))
+    if refused := integ.get("refused_reads"):
+        f = obj(first.get("refused"))
+        out.append(
+            f"{where}: integrity: {refused} READ(s) NIXL refused to prepare (vLLM transfer_setup_failed); first: "
+            f"request {f.get('request')} group {f.get('group')} prefill rank {f.get('prefill_rank')} block "
+            f"{f.get('block')} (decode's descriptor {f.get('local_bytes')} B, prefill's {f.get('remote_bytes')} B): "
+            "that KV never arrived"
+        )
     for kind in ("mismatched", "stale", "missing"):
         if counts[kind]:
             f = obj(first.get(kind))
             out.append(
                 f"{where}: integrity: {counts[kind]} {kind} block(s) of {counts['compared']}; first: request "
                 f"{f.get('request')} group {f.get('group')} prefill rank {f.get('prefill_rank')} block {f.get('block')}"
-                f" ({_WHAT[kind]})"
+                f" ({_WHAT[kind]})" + (_by_group(integ.get("missing_by_group")) if kind == "missing" else "")
             )
     if not out and not counts["matched"]:
         apart = f"{integ.get('failed_on_purpose', 0)} block(s) of failed READs"
         apart += f", {integ.get('unread_requests', 0)} unread request(s)"
         out.append(f"{where}: integrity: no block compared and matched ({apart}; allowed: matched > 0)")
     return out
+
+
+def _by_group(by_group: Any) -> str:
+    """``; missing (group: prefill ranks): 0:ssm-conv: 0,1; ...`` from ``missing_by_group``."""
+    if not isinstance(by_group, dict) or not by_group:
+        return ""
+    parts = [f"{g}: {','.join(str(r) for r in ranks)}" for g, ranks in by_group.items() if isinstance(ranks, list)]
+    return "; missing (group: prefill ranks): " + "; ".join(parts)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,10 @@ descriptor of it (every layer, every region). A block is
   with equal bytes (a replica: MLA's latent on every prefill rank), from another (the shape of
   vLLM PR #49297: one prefill rank read, the SSM shards of the others lost).
 
+A READ NIXL refused to prepare (``state=REFUSED``, vLLM's ``transfer_setup_failed``: decode's and
+prefill's descriptor lengths differ) is no failure on purpose: its blocks are ``missing`` and
+``first.refused`` names the block of the first descriptor whose lengths differ.
+
 Counted apart, never compared: the blocks of a request with a READ that failed (``state=ERR``:
 the READ-failure drill, a failed READ and so a recomputed or failed request) and requests
 prefill offered that decode never read at all (``unread_requests``: aborted, killed, pulled by
@@ -127,8 +131,12 @@ def integrity(prefill_text: str, decode_text: str) -> dict[str, Any]:
         return {"source": SOURCE, "not_measured": why}
     read: dict[tuple[str, str], dict[tuple[int, int], set[str]]] = defaultdict(lambda: defaultdict(set))
     failed, pulled = set(), set()
+    refused: dict[tuple[str, str], Any] = {}  # (agent, req) -> ((remote addr, len), "local<len>") or None
     for r in landed:
         pulled.add(r["req"])
+        if r["state"] == "REFUSED":  # NIXL would not prepare the READ: its blocks are missing, not apart
+            refused[(r["agent"], r["req"])] = next(iter(r["reads"].items()), None)
+            continue
         if r["state"] != "DONE":
             failed.add(r["req"])
         for k, dig in r["reads"].items():
@@ -155,6 +163,7 @@ def integrity(prefill_text: str, decode_text: str) -> dict[str, Any]:
     ctx = {"other": other, "replica": replica, "counts": counts}
     first: dict[str, dict[str, Any]] = {}
     unread: set[str] = set()
+    missing_by_group: dict[str, set[int]] = defaultdict(set)
     for o in offers:
         if o["req"] in failed:
             counts["failed_on_purpose"] += len({(u[0], u[1], u[2]) for u in o["units"]})
@@ -162,12 +171,16 @@ def integrity(prefill_text: str, decode_text: str) -> dict[str, Any]:
         if o["req"] not in pulled:
             unread.add(o["req"])
             continue
+        if (o["agent"], o["req"]) in refused:
+            _refused(o, refused[(o["agent"], o["req"])], first)
         for (g, kind, b), status in _blocks(o, read[(o["agent"], o["req"])], ctx).items():
             counts[status] += 1
             counts["compared"] += 1
             first.setdefault(
                 status, {"request": o["req"], "group": f"{g}:{kind}", "prefill_rank": o["rank"], "block": b}
             )
+            if status == "missing":
+                missing_by_group[f"{g}:{kind}"].add(o["rank"])
     known = {(o["agent"], o["req"]) for o in offers}
     n_req = len({o["req"] for o in offers})
     p_us, p_bytes = sum(o["us"] for o in offers), sum(o["bytes"] for o in offers)
@@ -178,14 +191,34 @@ def integrity(prefill_text: str, decode_text: str) -> dict[str, Any]:
         **{k: counts[k] for k in ("matched", "mismatched", "missing", "stale")},
         "replicated_descs": counts["replicated_descs"],
         "failed_on_purpose": counts["failed_on_purpose"],
-        "failed_reads": sum(1 for r in landed if r["state"] != "DONE"),
+        "failed_reads": sum(1 for r in landed if r["state"] not in ("DONE", "REFUSED")),
+        "refused_reads": len(refused),
+        "missing_by_group": {g: sorted(r) for g, r in sorted(missing_by_group.items())},
         "unread_requests": len(unread),
         "unmatched_reads": sum(1 for r in landed if (r["agent"], r["req"]) not in known),
         "byte_flips_injected": decode_text.count(FLIP_TAG),
         "requests": n_req,
-        "first": {k: first[k] for k in ("mismatched", "stale", "missing") if k in first},
+        "first": {k: first[k] for k in ("refused", "mismatched", "stale", "missing") if k in first},
         "cost": cost(p_us, p_bytes, d_us, d_bytes, n_req),
     }
+
+
+def _refused(offer: dict[str, Any], entry: Any, first: dict[str, dict[str, Any]]) -> None:
+    """``first["refused"]``: the offered block of the descriptor whose lengths NIXL found different."""
+    if entry is None or "refused" in first:
+        return
+    (addr, n), local = entry
+    for g, kind, b, _i, a, length, _d in offer["units"]:
+        if (a, length) == (addr, n):
+            first["refused"] = {
+                "request": offer["req"],
+                "group": f"{g}:{kind}",
+                "prefill_rank": offer["rank"],
+                "block": b,
+                "remote_bytes": n,
+                "local_bytes": int(local.removeprefix("local") or 0),
+            }
+            return
 
 
 def cost(p_us: int, p_bytes: int, d_us: int, d_bytes: int, n_req: int) -> dict[str, Any]:
