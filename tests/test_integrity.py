@@ -204,3 +204,19 @@ def test_a_read_nixl_refused_leaves_every_block_missing_and_names_the_descriptor
         "1:ssm-conv prefill rank 0 block 3 (decode's descriptor 512 B, prefill's 256 B): that KV never arrived"
     )
     assert reasons[1].endswith("; missing (group: prefill ranks): 0:mla: 0,1; 1:ssm-conv: 0,1; 1:ssm-temporal: 0,1")
+
+
+def test_a_cell_that_failed_measuring_carries_what_the_digests_saw(monkeypatch):
+    """A failed cell writes no transfer.json: run_cell appends these reasons to its status reason."""
+    import types
+
+    from pdsweep.measure import phases
+
+    refused = f"INFO {LANDED_TAG} agent=p0 req=r1 state=REFUSED us=0 bytes=0 d=9000/256/local512\n"
+    integ = integrity(offer("p0", 0, "r1", P0) + offer("p1", 1, "r1", P1), refused)
+    monkeypatch.setattr(phases, "read_split", lambda dep: {"integrity": integ})
+    (first, missing) = phases.failed_cell_integrity(types.SimpleNamespace(transfer_mode="pull"))
+    assert first.startswith("KV digests in the logs so far: integrity: 1 READ(s) NIXL refused to prepare")
+    assert phases.failed_cell_integrity(types.SimpleNamespace(transfer_mode="push")) == []
+    monkeypatch.setattr(phases, "read_split", lambda dep: {"integrity": {"not_measured": "x"}})
+    assert phases.failed_cell_integrity(types.SimpleNamespace(transfer_mode="pull")) == []
