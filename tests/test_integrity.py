@@ -1,4 +1,4 @@
-"""transfer.json ``integrity`` from the digest lines (pdsweep.measure.integrity) and its gate
+"""transfer.json ``integrity`` from the digest lines (pdsweep.core.kvintegrity) and its gate
 (pdsweep.judge.integrity): matched, mismatched, stale, missing, replicas, parts, failed READs."""
 
 from __future__ import annotations
@@ -6,10 +6,9 @@ from __future__ import annotations
 import pytest
 from fixtures.make_runs import TR, case, pd, write_run
 
-from pdsweep.engine.kvdigest import LANDED_TAG, OFFER_TAG
+from pdsweep.core.kvintegrity import LANDED_TAG, OFFER_TAG, integrity
 from pdsweep.judge.gate import FAIL, PASS, gate_run
 from pdsweep.judge.integrity import integrity_reasons
-from pdsweep.measure.integrity import integrity
 from pdsweep.plan.expand import expand
 from pdsweep.plan.instance import Slot, instances
 from pdsweep.sweepfile.sweep import load_sweep
@@ -220,3 +219,23 @@ def test_a_cell_that_failed_measuring_carries_what_the_digests_saw(monkeypatch):
     assert phases.failed_cell_integrity(types.SimpleNamespace(transfer_mode="push")) == []
     monkeypatch.setattr(phases, "read_split", lambda dep: {"integrity": {"not_measured": "x"}})
     assert phases.failed_cell_integrity(types.SimpleNamespace(transfer_mode="pull")) == []
+
+
+def test_a_failed_first_request_carries_what_the_digests_saw(tmp_path):
+    """pdsweep.deploy.kvnote: the unfixed asserts-off cell fails at its first request (HTTP 500), before any
+    phase; the reason names the READ NIXL refused and the missing groups from the instances' logs."""
+    import types
+
+    from pdsweep.deploy.kvnote import integrity_note
+
+    (tmp_path / "p.log").write_text("old lines\n" + offer("p0", 0, "r1", P0) + offer("p1", 1, "r1", P1))
+    (tmp_path / "d.log").write_text(f"{LANDED_TAG} agent=p0 req=r1 state=REFUSED us=0 bytes=0 d=9000/256/local512\n")
+    handles = [
+        types.SimpleNamespace(name="prefill-0", log_path=tmp_path / "p.log", log_start=len("old lines\n")),
+        types.SimpleNamespace(name="decode-0", log_path=tmp_path / "d.log", log_start=0),
+    ]
+    first, missing = integrity_note(handles, settle_s=0)
+    assert first.startswith("KV digests: integrity: 1 READ(s) NIXL refused to prepare")
+    assert missing.endswith("missing (group: prefill ranks): 0:mla: 0,1; 1:ssm-conv: 0,1; 1:ssm-temporal: 0,1")
+    (tmp_path / "d.log").write_text("")
+    assert integrity_note(handles[:1], settle_s=0)[0].startswith("KV digests: integrity: no block compared")

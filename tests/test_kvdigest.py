@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from pdsweep.core.faults import flip_byte_every, sweep_fault
+from pdsweep.core.kvintegrity import parse_landed, parse_offers
 from pdsweep.engine import kvdigest as K
-from pdsweep.measure.integrity import parse_landed, parse_offers
 
 
 class FakeNixl:

@@ -1,4 +1,4 @@
-"""In vLLM's processes: the KV integrity digests (transfer.json ``integrity``, :mod:`pdsweep.measure.integrity`).
+"""In vLLM's processes: the KV integrity digests (transfer.json ``integrity``, :mod:`pdsweep.core.kvintegrity`).
 
 Installed by pdsweep's vLLM plugin when ``PDSWEEP_KV_DIGEST=1`` (pdsweep sets it on every
 instance of a PD cell on CPU). Model-agnostic: it digests the memory ranges vLLM registered
@@ -58,12 +58,10 @@ import threading
 import time
 from typing import Any, Callable
 
+from pdsweep.core.kvintegrity import DIGEST_NAME, FLIP_TAG, LANDED_TAG, OFFER_TAG
+
 logger = logging.getLogger("vllm.pdsweep.engine.kvdigest")
 
-OFFER_TAG = "PDSWEEP_KV_OFFER"
-LANDED_TAG = "PDSWEEP_KV_LANDED"
-FLIP_TAG = "PDSWEEP_INJECTED_BYTE_FLIP"
-DIGEST_NAME = "sha256-64"  # 64 bits of SHA-256: OpenSSL's SHA-NI path, 0.6 ms/MiB vs BLAKE2b's 8 ms here (bench/)
 _MARK = "_pdsweep_kvdigest"
 
 # scheduler process: request id -> block ids offered, not yet handed to the workers

@@ -1,4 +1,4 @@
-"""The KV integrity gate: transfer.json ``integrity`` (:mod:`pdsweep.measure.integrity`, from the
+"""The KV integrity gate: transfer.json ``integrity`` (:mod:`pdsweep.core.kvintegrity`, from the
 digests of :mod:`pdsweep.engine.kvdigest`).
 
 Applies to a PD cell whose plan switched the digests on (cell.json ``instances[].env``
@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pdsweep.core.faults import KV_DIGEST_ENV_VAR
+from pdsweep.core.kvintegrity import integrity_reasons
 from pdsweep.core.stats import obj
 from pdsweep.judge.facts import CellFiles
-from pdsweep.measure.integrity import integrity_reasons
 from pdsweep.results import layout
 
 

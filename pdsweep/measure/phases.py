@@ -14,8 +14,8 @@ from typing import Any
 
 import httpx
 
+from pdsweep.core.kvintegrity import integrity, integrity_reasons
 from pdsweep.deploy.deployment import CellFailed, Deployment, stop_if_ended
-from pdsweep.measure.integrity import integrity, integrity_reasons
 from pdsweep.plan.expand import Cell
 from pdsweep.results import layout
 from pdsweep.sweepfile.sweep import LoadedSweep
@@ -183,12 +183,12 @@ def read_split(dep: Deployment) -> dict[str, Any]:
         "transfer_plans": transfer_topologies(decode),
         "reads_by_prefill_rank": nixl_reads_by_rank(decode) or None,
         "read_faults": read_fault_counts(decode),
-        "integrity": integrity(text_of(dep.role("prefill")), decode),  # pdsweep.measure.integrity
+        "integrity": integrity(text_of(dep.role("prefill")), decode),  # pdsweep.core.kvintegrity
     }
 
 
 def failed_cell_integrity(dep: Deployment) -> list[str]:
-    """The KV integrity reasons (:func:`pdsweep.measure.integrity.integrity_reasons`) of a pull PD cell
+    """The KV integrity reasons (:func:`pdsweep.core.kvintegrity.integrity_reasons`) of a pull PD cell
     whose measuring stopped on an error, from its logs so far: a failed cell writes no transfer.json,
     so its status reason must carry what the digests saw (a READ NIXL refused, missing SSM shards).
     Empty when nothing was digested or nothing is wrong."""
