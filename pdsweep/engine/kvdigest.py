@@ -77,7 +77,7 @@ _LOCK = threading.Lock()
 def digest(addr: int, length: int) -> str:
     """:data:`DIGEST_NAME` hex (16 digits) of ``length`` bytes of this process's memory at ``addr``."""
     buf = (ctypes.c_char * length).from_address(addr)
-    return hashlib.sha256(memoryview(buf)).hexdigest()[:16]  # type: ignore[arg-type]  # ctypes array: a buffer
+    return hashlib.sha256(memoryview(buf)).hexdigest()[:16]
 
 
 def flip_byte(addr: int) -> None:
