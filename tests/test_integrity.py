@@ -239,3 +239,11 @@ def test_a_failed_first_request_carries_what_the_digests_saw(tmp_path):
     assert missing.endswith("missing (group: prefill ranks): 0:mla: 0,1; 1:ssm-conv: 0,1; 1:ssm-temporal: 0,1")
     (tmp_path / "d.log").write_text("")
     assert integrity_note(handles[:1], settle_s=0)[0].startswith("KV digests: integrity: no block compared")
+
+
+def test_push_cells_are_not_digested_yet():
+    """Push mode (prefill WRITEs, NixlPushConnector) has no digest hook: the plan leaves it off, so the gate asks nothing."""
+    ls = load_sweep("sweeps/cpu-push.yaml")
+    cell = next(c for c in expand(ls).cells if c.kind == "pd")
+    envs = [s.env for s in instances(cell, Slot(0, (), 20000), ls, "/m", "python")]
+    assert envs and all("PDSWEEP_KV_DIGEST" not in e for e in envs)

@@ -289,7 +289,8 @@ def serve_env(cell: Cell, role: str, ls: LoadedSweep, host: str | None) -> dict[
             env[FLIP_BYTE_ENV_VAR] = str(every)
     if role == "decode" and (level := s.serve_variant(cell.serve_args).decode_optimize):
         env["PYTHONOPTIMIZE"] = str(level)  # asserts compiled out in decode's vLLM (serve_args decode_optimize)
-    if role != "single" and s.platform == "cpu":  # KV integrity digests: on by default on CPU (docs/integrity.md)
+    push = role != "single" and kv_transfer_config(cell, role, ls).get("kv_connector") == PUSH_CONNECTOR
+    if role != "single" and s.platform == "cpu" and not push:  # KV digests: pull cells on CPU (docs/integrity.md)
         env.setdefault(KV_DIGEST_ENV_VAR, "1")
         if role == "prefill" and cell.decode_tp > cell.prefill_tp and cell.decode_tp % cell.prefill_tp == 0:
             env.setdefault(KV_DIGEST_SPLIT_ENV_VAR, str(cell.decode_tp // cell.prefill_tp))
