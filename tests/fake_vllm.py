@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import re
@@ -55,6 +56,24 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_REQ_IDS = itertools.count()
+
+
+def _kv_digest_line(side: str, agent: str, req: str, prompt: str) -> None:
+    """pdsweep.engine.kvdigest's lines, when the plan switched the digests on (PDSWEEP_KV_DIGEST=1):
+    prefill offers two blocks of 1 KiB, decode reads them with the same digests."""
+    if os.environ.get("PDSWEEP_KV_DIGEST") != "1":
+        return
+    digs = [f"{zlib.crc32(f'{prompt}{b}'.encode()):016x}" for b in (1, 2)]
+    if side == "offer":
+        d = ";".join(f"0/kv/{b}/0/{0x1000 * b:x}/1024/{g}" for b, g in zip((1, 2), digs))
+        print(
+            f"PDSWEEP_KV_OFFER agent={agent} engine={agent} rank=0 req={req} us=3 bytes=2048 split=1 d={d}", flush=True
+        )
+    else:
+        d = ";".join(f"{0x1000 * b:x}/1024/{g}" for b, g in zip((1, 2), digs))
+        print(f"PDSWEEP_KV_LANDED agent={agent} req={req} state=DONE us=2 bytes=2048 d={d}", flush=True)
 
 
 def bench(argv: list[str]) -> None:
@@ -257,7 +276,10 @@ def main() -> None:
         }
         if kv.get("do_remote_decode"):
             expired.labels(name, "0").inc(int(os.environ.get("FAKE_EXPIRED", "0")))
+            req = f"fake-{args.port}-{next(_REQ_IDS)}"
+            _kv_digest_line("offer", f"fake-{args.port}", req, prompt)
             out["kv_transfer_params"] = {
+                "remote_request_id": req,
                 "do_remote_prefill": True,
                 "do_remote_decode": False,
                 "remote_engine_id": f"fake-{args.port}",
@@ -290,6 +312,12 @@ def main() -> None:
                 split = expected_read_split(
                     kind[0], kind[1], int(kv.get("fake_prefill_tp") or 1), args.tensor_parallel_size
                 )
+            _kv_digest_line(
+                "landed",
+                kv.get("remote_engine_id", "fake"),
+                kv.get("remote_request_id", "-"),
+                kv.get("fake_prompt", ""),
+            )
             for rank, k in split.items():
                 for _ in range(k):
                     print(

@@ -55,6 +55,10 @@ LEASE_EXPIRY = "decode-after-lease-expiry"
 READ_FAULT_PATTERN = r"^fail-read-1-in-([1-9][0-9]{0,5})$"
 READ_FAULT_ENV_VAR = "PDSWEEP_FAIL_READ_EVERY"  # set on decode instances; read by the engine plugin
 READ_FAULT_MAX = 999_999
+FLIP_BYTE_PATTERN = r"^flip-byte-1-in-([1-9][0-9]{0,5})$"
+FLIP_BYTE_ENV_VAR = "PDSWEEP_FLIP_BYTE_EVERY"  # set on decode instances; read by pdsweep.engine.kvdigest
+KV_DIGEST_ENV_VAR = "PDSWEEP_KV_DIGEST"  # PD instances on CPU: pdsweep.engine.kvdigest, transfer.json integrity
+KV_DIGEST_SPLIT_ENV_VAR = "PDSWEEP_KV_DIGEST_SPLIT"  # prefill: decode TP / prefill TP when decode reads sub-blocks
 # test-only: decode posts each NIXL READ this many ms late, inside its timed interval (pdsweep.engine.readdelay)
 READ_DELAY_ENV_VAR = "PDSWEEP_READ_DELAY_MS"
 
@@ -87,6 +91,13 @@ SWEEP_FAULTS: dict[str, FaultKind] = {
         f"{READ_FAULT_ENV_VAR}=K on decode: every K-th NIXL READ done is reported ERR (pdsweep.engine.readfault)",
         "kv_load_failure_policy recompute: none (vLLM's failed-transfer count equals the injected one); "
         r"fail: 'failed \d+ request\(s\) after a KV load failure'",
+    ),
+    "flip-byte-1-in-N": FaultKind(
+        FLIP_BYTE_PATTERN,
+        "engine",
+        f"{FLIP_BYTE_ENV_VAR}=N on decode: every N-th NIXL READ done has one byte of its first block "
+        "inverted in decode's KV cache after the READ (pdsweep.engine.kvdigest)",
+        r"integrity: \d+ mismatched block\(s\); first: request \S+ group \S+ prefill rank \d+ block \d+",
     ),
 }
 
@@ -146,6 +157,12 @@ def read_fault_every(fault: str | None) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def flip_byte_every(fault: str | None) -> int | None:
+    """N of a ``flip-byte-1-in-N`` fault (1 <= N <= 999999), else None."""
+    m = re.match(FLIP_BYTE_PATTERN, fault or "")
+    return int(m.group(1)) if m else None
+
+
 def sweep_fault(name: str) -> FaultKind | None:
     """The :class:`FaultKind` of a sweep's ``fault:`` value; None for ``none``. Raises ValueError
     naming the allowed values for any other name."""
@@ -153,10 +170,13 @@ def sweep_fault(name: str) -> FaultKind | None:
         return None
     if read_fault_every(name):
         return SWEEP_FAULTS["fail-read-1-in-K"]
+    if flip_byte_every(name):
+        return SWEEP_FAULTS["flip-byte-1-in-N"]
     if name in SWEEP_FAULTS:
         return SWEEP_FAULTS[name]
-    allowed = ", ".join([NONE, *(k for k in SWEEP_FAULTS if k != "fail-read-1-in-K"), "fail-read-1-in-K"])
-    raise ValueError(f"unknown fault {name!r} (allowed: {allowed}; K in 1..{READ_FAULT_MAX})")
+    patterns = ("fail-read-1-in-K", "flip-byte-1-in-N")
+    allowed = ", ".join([NONE, *(k for k in SWEEP_FAULTS if k not in patterns), *patterns])
+    raise ValueError(f"unknown fault {name!r} (allowed: {allowed}; K, N in 1..{READ_FAULT_MAX})")
 
 
 def check_sweep_fault(name: str) -> str:

@@ -24,6 +24,7 @@ import httpx
 
 from pdsweep.core.faults import NO_PROXY_FAULTS, ProxyFaults
 from pdsweep.core.logscan import first_exception, read_fault_counts
+from pdsweep.deploy.kvnote import integrity_note
 from pdsweep.deploy.launchers import Handle, port_free, tail
 from pdsweep.plan.expand import Cell
 from pdsweep.plan.instance import InstanceSpec, Slot, transfer_mode
@@ -341,9 +342,10 @@ def first_request(dep: Deployment, model: str, timeout_s: float) -> None:
     if r.status_code != 200:
         # the PD proxy's own timeout (same request_timeout_s) can fire first: 504 "... timed out ..."
         hang = r.status_code == 504 and "timed out" in r.text and hung(dep.handles)
-        raise (ReadyHang if hang else CellFailed)(
-            "ready", _with_culprits(f"first request: HTTP {r.status_code}: {r.text[:500]}", dep.handles), _tails(dep)
-        )
+        why = f"first request: HTTP {r.status_code}: {r.text[:500]}"
+        if dep.cell.kind == "pd" and not hang:  # what the KV digests saw (pdsweep.deploy.kvnote)
+            why += "".join(f"; {n}" for n in integrity_note(dep.handles))
+        raise (ReadyHang if hang else CellFailed)("ready", _with_culprits(why, dep.handles), _tails(dep))
     usage = r.json().get("usage") or {}
     if not usage.get("completion_tokens"):
         raise CellFailed("ready", f"first request returned no tokens: {r.text[:300]}", _tails(dep))

@@ -52,6 +52,7 @@ DEBUG_MLA_KV_ENV_VAR = "PDSWEEP_DEBUG_MLA_KV"  # pdsweep.engine.vllm_debug, diag
 DEBUG_MQ_ENV_VAR = "PDSWEEP_DEBUG_MQ_DUMP"  # pdsweep.engine.vllm_debug: SIGUSR2 logs the shm RPC rings
 READ_LOG_ENV_VAR = "PDSWEEP_NIXL_READ_LOG"  # pdsweep.engine.readlog: bytes per prefill rank (decode instances)
 WRITE_LOG_ENV_VAR = "PDSWEEP_NIXL_WRITE_LOG"  # pdsweep.engine.readlog: push WRITEs per prefill rank (prefill)
+KV_DIGEST_ENV_VAR = "PDSWEEP_KV_DIGEST"  # pdsweep.engine.kvdigest: KV integrity digests (PD instances)
 # linux/arch/x86/include/uapi/asm/prctl.h and asm/fpu/types.h
 _SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
 _MARK = "_pdsweep_progress_delay_us"
@@ -513,6 +514,10 @@ def register() -> None:
             _install_read_fault(int(raw))
         except Exception as e:  # noqa: BLE001
             logger.warning("pdsweep: ignoring %s=%r: %s", READ_FAULT_ENV_VAR, raw, e)
+    if env_on(KV_DIGEST_ENV_VAR):  # after the READ-failure drill: its check_xfer_state wraps the drill's
+        from pdsweep.engine.kvdigest import install_from_env
+
+        install_from_env(os.environ)
     if env_on(AMX_ENV_VAR):
         try:
             request_amx_permission()

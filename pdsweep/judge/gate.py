@@ -43,6 +43,7 @@ from pdsweep.judge.facts import (
 )
 from pdsweep.judge.flaky import FLAKY, flaky_reasons, retried
 from pdsweep.judge.folded import fold_in
+from pdsweep.judge.integrity import IntegrityCheck
 from pdsweep.judge.load import LoadAnswersCheck, LoadCheck
 from pdsweep.judge.transfer import ReadPatternCheck, TransferCheck, TransportCheck
 from pdsweep.plan.cell import Cell
@@ -117,7 +118,7 @@ def checks_for(gate: GateSpec, bench: bool = False, load_answers: bool = False) 
         checks += [AccuracyCheck(), AccuracyRecompute(gate.alpha)]
     if gate.require_consistency:
         checks += [ConsistencyCheck(), ConsistencyRecompute()]
-    checks += [TransferCheck(gate.max_failed_transfers), ReadPatternCheck()]
+    checks += [TransferCheck(gate.max_failed_transfers), ReadPatternCheck(), IntegrityCheck()]
     checks.append(LoadCheck(required=bench))
     checks.append(LoadAnswersCheck(required=load_answers))
     if gate.transports or gate.transports_cross_host:  # the UCX transport expected (pdsweep.judge.transfer)

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from pdsweep.core.kvintegrity import integrity, integrity_reasons
 from pdsweep.deploy.deployment import CellFailed, Deployment, stop_if_ended
 from pdsweep.plan.expand import Cell
 from pdsweep.results import layout
@@ -182,7 +183,19 @@ def read_split(dep: Deployment) -> dict[str, Any]:
         "transfer_plans": transfer_topologies(decode),
         "reads_by_prefill_rank": nixl_reads_by_rank(decode) or None,
         "read_faults": read_fault_counts(decode),
+        "integrity": integrity(text_of(dep.role("prefill")), decode),  # pdsweep.core.kvintegrity
     }
+
+
+def failed_cell_integrity(dep: Deployment) -> list[str]:
+    """The KV integrity reasons (:func:`pdsweep.core.kvintegrity.integrity_reasons`) of a pull PD cell
+    whose measuring stopped on an error, from its logs so far: a failed cell writes no transfer.json,
+    so its status reason must carry what the digests saw (a READ NIXL refused, missing SSM shards).
+    Empty when nothing was digested or nothing is wrong."""
+    if dep.transfer_mode == "push":
+        return []
+    integ = read_split(dep)["integrity"]
+    return [] if integ.get("not_measured") else integrity_reasons(integ, "KV digests in the logs so far")
 
 
 def read_back_blocks(dep: Deployment, planned: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -22,7 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from pdsweep.core.errors import UserError
-from pdsweep.core.faults import READ_FAULT_ENV_VAR, read_fault_every
+from pdsweep.core.faults import (
+    FLIP_BYTE_ENV_VAR,
+    KV_DIGEST_ENV_VAR,
+    KV_DIGEST_SPLIT_ENV_VAR,
+    READ_FAULT_ENV_VAR,
+    flip_byte_every,
+    read_fault_every,
+)
 from pdsweep.plan.blocks import arch_serve_args
 from pdsweep.plan.cell import Cell
 from pdsweep.plan.crossnode import loopback_fields
@@ -278,6 +285,15 @@ def serve_env(cell: Cell, role: str, ls: LoadedSweep, host: str | None) -> dict[
         env.setdefault("PDSWEEP_NIXL_READ_LOG", "1")  # pdsweep.engine.readlog, via pdsweep's vLLM plugin
         if every := read_fault_every(cell.fault):  # the READ-failure drill (pdsweep.engine.readfault)
             env[READ_FAULT_ENV_VAR] = str(every)
+        if every := flip_byte_every(cell.fault):  # the byte-flip drill (pdsweep.engine.kvdigest)
+            env[FLIP_BYTE_ENV_VAR] = str(every)
+    if role == "decode" and (level := s.serve_variant(cell.serve_args).decode_optimize):
+        env["PYTHONOPTIMIZE"] = str(level)  # asserts compiled out in decode's vLLM (serve_args decode_optimize)
+    push = role != "single" and kv_transfer_config(cell, role, ls).get("kv_connector") == PUSH_CONNECTOR
+    if role != "single" and s.platform == "cpu" and not push:  # KV digests: pull cells on CPU (docs/integrity.md)
+        env.setdefault(KV_DIGEST_ENV_VAR, "1")
+        if role == "prefill" and cell.decode_tp > cell.prefill_tp and cell.decode_tp % cell.prefill_tp == 0:
+            env.setdefault(KV_DIGEST_SPLIT_ENV_VAR, str(cell.decode_tp // cell.prefill_tp))
     if role == "prefill" and kv_transfer_config(cell, role, ls).get("kv_connector") == PUSH_CONNECTOR:
         env.setdefault("UCX_PROTO_INFO", "y")  # push: prefill WRITEs, so it logs them
         env.setdefault("PDSWEEP_NIXL_WRITE_LOG", "1")  # pdsweep.engine.readlog's WRITE log

@@ -82,6 +82,8 @@ class TransferJson(_File):
     # READ failures the fail-read-1-in-K drill injected, requests vLLM recovered / failed after
     # a KV load failure (pdsweep.core.logscan.read_fault_counts); absent before pdsweep had it
     read_faults: dict[str, Count] | None = None
+    # KV integrity digests, prefill offered vs decode landed (pdsweep.core.kvintegrity); absent before pdsweep had it
+    integrity: dict[str, Any] | None = None
 
 
 Ms = Annotated[float, Field(ge=0)] | None  # a latency in ms or a rate (null: not reported)

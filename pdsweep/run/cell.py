@@ -17,7 +17,7 @@ from pdsweep.core.logscan import first_exception
 from pdsweep.deploy.deployment import CellFailed, Deployment, DeployRequest, ReadyHang, Timeouts, blame, deploy
 from pdsweep.deploy.instances import InstancePool, instance_id
 from pdsweep.deploy.launchers import tail
-from pdsweep.measure.phases import CellMeasure, measure_cell
+from pdsweep.measure.phases import CellMeasure, failed_cell_integrity, measure_cell
 from pdsweep.plan.derived import is_derived, note
 from pdsweep.plan.expand import Cell, reference_of
 from pdsweep.plan.instance import InstanceSpec, Slot, instances, model_path, planned_blocks
@@ -213,7 +213,10 @@ def _deploy_and_measure(cr: CellRun) -> Slot:
                 hook = armed(cell.fault, dep.handles, on_phase)  # a fault drill's injection, else on_phase
                 measure_cell(ls, cell, dep, CellMeasure(cdir, mpath, hook, blocks, ctx.opts.skip_eval, spent, cr.pair))
             except Exception as e:  # name the instance that ended, and how, before the phase's own error
-                if (named := blame(status["phase"], e, dep.handles)) is None:
+                named = blame(status["phase"], e, dep.handles)
+                if isinstance(failed := named or e, CellFailed) and cell.kind == "pd":  # what the KV digests saw
+                    failed.reason += "".join(f"; {r}" for r in failed_cell_integrity(dep))
+                if named is None:
                     raise
                 raise named from e
             finally:  # a failed cell's too: how long it measured until it failed (the plan's eval_s)

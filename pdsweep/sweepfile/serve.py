@@ -53,6 +53,9 @@ class ServeArgsVariant(_Strict):
     decode: list[str] = []
     enforce_eager: bool | None = None  # override defaults.enforce_eager (e.g. MTP, CUDA graphs)
     kv_transfer_extra: dict[str, Any] = {}
+    # PYTHONOPTIMIZE of decode's vLLM processes (python -O): 1 compiles `assert` out, as users who run
+    # vLLM that way do (the unfixed build's `assert len(read_specs) == 1`, docs/integrity.md); 0: as is
+    decode_optimize: Literal[0, 1, 2] = 0
     # serve_args variant of the single-instance reference of cells with this variant (None:
     # this one), e.g. `base`, so a fault the variant causes outside PD is not on both sides
     reference: str | None = None

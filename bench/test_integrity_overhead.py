@@ -1,0 +1,57 @@
+"""What the KV integrity digests cost (pdsweep.engine.kvdigest): SHA-256 (64 bits kept) over KV bytes in
+place, per MiB, against copying the same bytes (a NIXL READ over UCX ``cma`` on one host is a
+``process_vm_readv`` copy), printed as the overhead ratio digest / copy.
+
+Both sides digest every transferred byte once (prefill at offer, decode after the READ), so a
+request pays about twice the digest time of its KV bytes; the cells record the measured figure
+(transfer.json ``integrity.cost``: ``prefill_us_per_mib``, ``decode_us_per_mib``, ``us_per_request``).
+Descriptors are digested one by one, as in a cell: 64 KiB each here (a 32-token block of a tiny
+model's layer is 1-16 KiB; a real model's is 64 KiB-1 MiB). Run: ``pytest bench/``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+
+import pytest
+
+from pdsweep.engine.kvdigest import digest
+
+MIB = 2**20
+DESC = 64 * 1024
+ROUNDS = 20
+
+
+def _per_mib(fn, buf_addr: int, total: int) -> float:
+    """Best-of-ROUNDS microseconds per MiB of ``fn`` over ``total`` bytes in DESC pieces."""
+    best = float("inf")
+    for _ in range(ROUNDS):
+        t = time.perf_counter()
+        for off in range(0, total, DESC):
+            fn(buf_addr + off, DESC)
+        best = min(best, time.perf_counter() - t)
+    return best * 1e6 / (total / MIB)
+
+
+@pytest.mark.benchmark(group="integrity")
+def test_digest_overhead_ratio(benchmark):
+    total = 16 * MIB
+    src = (ctypes.c_char * total).from_buffer(bytearray(b"\x5a" * total))
+    dst = (ctypes.c_char * total)()
+    base, out = ctypes.addressof(src), ctypes.addressof(dst)
+
+    def copy(addr: int, n: int) -> None:
+        ctypes.memmove(out + (addr - base), addr, n)
+
+    benchmark.pedantic(lambda: [digest(base + o, DESC) for o in range(0, total, DESC)], rounds=5, iterations=1)
+    d_us, c_us = _per_mib(digest, base, total), _per_mib(copy, base, total)
+    ratio = d_us / c_us
+    print(
+        f"\nKV integrity digest: {d_us:.0f} us/MiB (sha256-64, 64 KiB descriptors); copy: {c_us:.0f} us/MiB; "
+        f"overhead ratio digest/copy: {ratio:.1f} (x2 per request: prefill and decode each digest once)"
+    )
+    benchmark.extra_info.update(
+        {"digest_us_per_mib": round(d_us, 1), "copy_us_per_mib": round(c_us, 1), "ratio": round(ratio, 2)}
+    )
+    assert d_us > 0 and c_us > 0

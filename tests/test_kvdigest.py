@@ -1,0 +1,149 @@
+"""The KV digests inside vLLM (pdsweep.engine.kvdigest): decode's READ bookkeeping over NIXL's
+descriptor lists, the byte-flip drill, and prefill's descriptors of an offered block from vLLM's
+own ``NixlBaseConnectorWorker._compute_desc_ids``."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import types
+
+import numpy as np
+import pytest
+
+from pdsweep.core.faults import flip_byte_every, sweep_fault
+from pdsweep.core.kvintegrity import parse_landed, parse_offers
+from pdsweep.engine import kvdigest as K
+
+
+class FakeNixl:
+    """NIXL's ``nixl_agent`` surface vLLM's pull worker uses: descriptor lists, READs, states."""
+
+    def get_xfer_descs(self, descs, mem_type=None):
+        return object()
+
+    def prep_xfer_dlist(self, agent_name, xfer_list, mem_type=None):
+        return len(K._DLISTS) + 100
+
+    def make_prepped_xfer(self, op, local, lids, remote, rids, notif_msg=b""):
+        return ("xfer", op, tuple(lids))
+
+    def check_xfer_state(self, handle):
+        return "DONE"
+
+
+def wrapped(flip_every: int = 0) -> FakeNixl:
+    nixl = FakeNixl()
+    cls = types.new_class("Wrapped", (FakeNixl,))
+    cls.get_xfer_descs = K.wrap_get_xfer_descs(FakeNixl.get_xfer_descs)
+    cls.prep_xfer_dlist = K.wrap_prep_xfer_dlist(FakeNixl.prep_xfer_dlist)
+    cls.make_prepped_xfer = K.wrap_make_prepped_xfer(FakeNixl.make_prepped_xfer)
+    cls.check_xfer_state = K.wrap_check_xfer_state(FakeNixl.check_xfer_state, flip_every)
+    nixl.__class__ = cls
+    return nixl
+
+
+def read_one(nixl: FakeNixl, buf: bytearray, caplog: pytest.LogCaptureFixture) -> str:
+    """Decode's path: prepare local and remote lists as vLLM does, READ block 1, poll it DONE."""
+    base = ctypes.addressof((ctypes.c_char * len(buf)).from_buffer(buf))
+    local = np.array([[base, 64, 0], [base + 64, 64, 0]], dtype=np.uint64)
+    remote = np.array([[0xA000, 64, 0], [0xA040, 64, 0]], dtype=np.uint64)
+    lh = nixl.prep_xfer_dlist("NIXL_INIT_AGENT", nixl.get_xfer_descs(local, "DRAM"))
+    rh = nixl.prep_xfer_dlist(b"prefill-agent", nixl.get_xfer_descs(remote, "DRAM"))  # vLLM: the name as bytes
+    x = nixl.make_prepped_xfer("READ", lh, np.array([1]), rh, np.array([1]), notif_msg=b"cmpl-7-0:1")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="vllm.pdsweep.engine.kvdigest"):
+        nixl.check_xfer_state(x)
+    return "\n".join(r.getMessage() for r in caplog.records)
+
+
+def test_decode_digests_the_local_bytes_of_a_done_read_keyed_by_the_remote_range(caplog):
+    buf = bytearray(range(128))
+    text = read_one(wrapped(), buf, caplog)
+    (rec,) = parse_landed(text)
+    want = hashlib.sha256(bytes(buf[64:])).hexdigest()[:16]
+    assert (rec["agent"], rec["req"], rec["state"]) == ("prefill-agent", "cmpl-7-0", "DONE")
+    assert rec["reads"] == {(0xA040, 64): want}
+    assert buf == bytearray(range(128))  # read, never written
+
+
+def test_the_byte_flip_drill_changes_decode_kv_and_its_digest(caplog):
+    buf = bytearray(range(128))
+    text = read_one(wrapped(flip_every=1), buf, caplog)
+    assert buf[64] == 64 ^ 0xFF and buf[65:] == bytearray(range(65, 128))
+    (rec,) = parse_landed(text)
+    assert rec["reads"][(0xA040, 64)] == hashlib.sha256(bytes(buf[64:])).hexdigest()[:16]
+    assert f"{K.FLIP_TAG} req=cmpl-7-0 remote_addr=a040" in text
+    assert flip_byte_every("flip-byte-1-in-4") == 4 and sweep_fault("flip-byte-1-in-4").where == "engine"
+
+
+def test_a_failed_read_logs_no_digest(caplog):
+    nixl = wrapped()
+    type(nixl).check_xfer_state = K.wrap_check_xfer_state(lambda self, h: "ERR")
+    (rec,) = parse_landed(read_one(nixl, bytearray(128), caplog))
+    assert (rec["state"], rec["reads"]) == ("ERR", {})
+
+
+def test_prefill_descriptors_of_an_offered_block_come_from_vllm_compute_desc_ids():
+    """Two regions (K and V) of 10 blocks each, 32 bytes a block: block 3 is descriptors 3 and 13."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import NixlBaseConnectorWorker
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    mem = bytearray(b"k" * 320 + b"v" * 320)
+    base = ctypes.addressof((ctypes.c_char * len(mem)).from_buffer(mem))
+    rows = np.array([[base + 32 * i, 32, 0] for i in range(20)], dtype=np.uint64)
+    w = types.SimpleNamespace(
+        _has_mamba=False, _transfer_layer_group_ids=[], num_regions=2, block_len_per_layer=[32, 32],
+        region_group_ids=[0, 0], _uses_region_group_mapping=False, _physical_blocks_per_logical_kv_block=1,
+        dst_num_blocks={"E": 10}, dst_region_num_blocks={}, engine_id="E", src_blocks_data=rows,
+        _group_spec_types=(FullAttentionSpec,), use_mla=False, tp_rank=1, nixl_memory_type="DRAM",
+        nixl_wrapper=types.SimpleNamespace(name="agent-p1"),
+    )  # fmt: skip
+    w._compute_desc_ids = types.MethodType(NixlBaseConnectorWorker._compute_desc_ids, w)
+    w._logical_to_kernel_block_ids = types.MethodType(NixlBaseConnectorWorker._logical_to_kernel_block_ids, w)
+    got = K.offered_descs(w, [[3]])
+    assert got == [(0, "kv", 3, 0, base + 96, 32), (0, "kv", 3, 1, base + 416, 32)]
+    (rec,) = parse_offers(K.offer_line(w, "cmpl-9", [[3]], split=2))
+    assert (rec["agent"], rec["engine"], rec["rank"], rec["req"], rec["bytes"]) == ("agent-p1", "E", 1, "cmpl-9", 64)
+    dig = hashlib.sha256(b"k" * 32).hexdigest()[:16]
+    half = hashlib.sha256(b"k" * 16).hexdigest()[:16]
+    assert rec["units"][:3] == [
+        (0, "kv", 3, "0", base + 96, 32, dig),
+        (0, "kv", 3, "0.0", base + 96, 16, half),
+        (0, "kv", 3, "0.1", base + 112, 16, half),
+    ]
+
+
+def test_prefill_scheduler_hands_offered_blocks_to_the_workers_on_the_next_metadata():
+    """vLLM's pull scheduler answers a finished prefill request with do_remote_prefill and the blocks
+    it keeps (``pull_scheduler.py`` ``request_finished``); the next metadata carries them, once."""
+    answers = {"p": (True, {"do_remote_prefill": True, "remote_block_ids": ([4, 5], [9])}), "d": (False, None)}
+    finished = K.wrap_request_finished(lambda self, request, block_ids: answers[request.request_id])
+    build = K.wrap_build_meta(lambda self, out: types.SimpleNamespace())
+    assert finished(None, types.SimpleNamespace(request_id="p"), None)[0] is True
+    finished(None, types.SimpleNamespace(request_id="d"), None)
+    assert build(None, None)._pdsweep_offered == {"p": [[4, 5], [9]]}
+    assert not hasattr(build(None, None), "_pdsweep_offered")
+
+
+def test_a_read_nixl_refuses_names_the_first_descriptor_whose_lengths_differ(caplog):
+    nixl = wrapped()
+
+    def refuse(self, *a, **kw):
+        raise RuntimeError("NIXL_ERR_INVALID_PARAM")
+
+    type(nixl).make_prepped_xfer = K.wrap_make_prepped_xfer(refuse)
+    local = np.array([[0x10, 64, 0], [0x50, 128, 0]], dtype=np.uint64)
+    remote = np.array([[0xA000, 64, 0], [0xA040, 64, 0]], dtype=np.uint64)
+    lh = nixl.prep_xfer_dlist("NIXL_INIT_AGENT", nixl.get_xfer_descs(local, "DRAM"))
+    rh = nixl.prep_xfer_dlist(b"p-agent", nixl.get_xfer_descs(remote, "DRAM"))
+    with caplog.at_level(logging.INFO, logger="vllm.pdsweep.engine.kvdigest"), pytest.raises(RuntimeError):
+        nixl.make_prepped_xfer("READ", lh, [0, 1], rh, [0, 1], notif_msg=b"cmpl-3:1")
+    (rec,) = parse_landed("\n".join(r.getMessage() for r in caplog.records))
+    assert (rec["agent"], rec["req"], rec["state"], rec["reads"]) == (
+        "p-agent",
+        "cmpl-3",
+        "REFUSED",
+        {(0xA040, 64): "local128"},
+    )
