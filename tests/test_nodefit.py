@@ -189,6 +189,7 @@ def test_unverified_gpu_facts_are_said_in_the_plan(tmp_path, env, capsys):
     cannot be loaded on this CPU box, so GLM's backend is unverified; Kimi-Linear's facts are all vLLM's."""
     kw = NODES["b200"][0]
     env.setenv("PATH", f"{fake_nvidia_smi(tmp_path / 'bin', **kw)}:{__import__('os').environ['PATH']}")
+    env.setenv("PDSWEEP_GPU_ARCH", "sm100")  # nvidia-smi's arch is read once per process (lru_cache)
     cutlass = (
         "CUTLASS_MLA (ahead in vLLM's order) not checkable here: AssertionError: Torch not compiled with CUDA enabled"
     )
