@@ -58,7 +58,7 @@ NODE_SMI = {
     "h200": {"name": "NVIDIA H200", "total_mib": 143771},
     "b200": {"name": "NVIDIA B200", "cap": "10.0", "total_mib": 183359},
 }
-CELLS = {(v, n): c for v in ("0.34.0", "0.33.0") for n, c in (("h100", 47), ("h200", 47), ("b200", 45))}
+CELLS = {(v, n): c for v in ("0.34.0", "0.33.0") for n, c in (("h100", 46), ("h200", 46), ("b200", 44))}
 KDA_MLA = ("kimi-linear", "glm-5.3-flash-4l")  # the models whose blocks vLLM's own code answers here
 
 
