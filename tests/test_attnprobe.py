@@ -224,3 +224,45 @@ def test_a_stubbed_kernel_module_does_not_spoil_later_answers_of_the_process():
         assert later["backends"][0]["name"] == "FLASH_ATTN_MLA" and later["backends"][0]["sizes"]["multiple_of"] == 16
     finally:
         probe.close()
+
+
+def test_a_backend_class_that_cannot_load_here_is_never_valid(monkeypatch):
+    """Issue 56: on a fake B200 with vLLM 0.34.0, CUTLASS_MLA's module allocates a CUDA buffer at import
+    ("Torch not compiled with CUDA enabled" here) and was taken as valid: a sparse model got a dense backend.
+    vLLM's selector skips a backend whose import raises (platforms/cuda.py get_valid_backends); on the node it
+    may load and win, so the next valid backend is chosen and the unloadable one named in ``unverified``."""
+    unloadable = {
+        "name": "CUTLASS_MLA",
+        "reasons": [],
+        "sizes": None,
+        "unverified": ["AssertionError: Torch not compiled with CUDA enabled"],
+    }
+    answer = {
+        "priorities": ["CUTLASS_MLA", "FLASHMLA", "FLASHINFER_MLA_SPARSE"],
+        "backends": [
+            unloadable,
+            {
+                "name": "FLASHMLA",
+                "reasons": ["sparse not supported"],
+                "unverified": [],
+                "sizes": {"exact": [64], "multiple_of": None},
+            },
+            {
+                "name": "FLASHINFER_MLA_SPARSE",
+                "reasons": [],
+                "unverified": [],
+                "sizes": {"exact": [], "multiple_of": 32},
+            },
+        ],
+    }
+    monkeypatch.setattr(attnprobe, "select", lambda *a, **k: answer)
+    monkeypatch.setattr(attnprobe, "vllm_version", lambda *a: "0.34.0")
+    serve = blocks.Serve("bfloat16", "auto", 128, None, True)
+    got = blocks.cuda_backend(CAT["glm-5.3-flash-4l"], 4, "sm100", serve)
+    assert got is not None and (got.backend.name, got.source) == ("FLASHINFER_MLA_SPARSE", "vLLM 0.34.0")
+    assert got.unverified == (
+        "CUTLASS_MLA (ahead in vLLM's order) not checkable here: AssertionError: Torch not compiled with CUDA enabled",
+    )
+    answer["backends"] = [unloadable, answer["backends"][1]]  # nothing valid that loads: the table, said unverified
+    got = blocks.cuda_backend(CAT["glm-5.3-flash-4l"], 4, "sm100", serve)
+    assert got is not None and got.source == "pdsweep table" and got.unverified[0].startswith("CUTLASS_MLA")

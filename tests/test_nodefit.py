@@ -145,7 +145,14 @@ def test_flashmla_pin_is_hopper_only_from_vllms_own_check(tmp_path, env, capsys)
     for arch, pinned in (("sm90", True), ("sm100", False)):
         env.setenv("PDSWEEP_GPU_ARCH", arch)
         d, _ = plan_json(capsys, "--gpus", "8", "--cells", "kimi-linear.p2d1.b128-128.*")
-        assert {r["rule"] for r in d["rejected"]} <= {"hybrid-prefix-caching", "nixl-support", "block-ratio"}
+        assert {r["rule"] for r in d["rejected"]} <= {
+            "hybrid-prefix-caching",
+            "nixl-support",
+            "block-ratio",
+            "handshake-compat",
+        }
+        # sm100: vLLM picks FLASHINFER_MLA_SPARSE at 16 heads per rank, FLASHMLA_SPARSE at 32/64: GLM only
+        assert {r["cell"]["model"] for r in d["rejected"] if r["rule"] == "handshake-compat"} <= {"glm-5.3-flash-4l"}
         for c in d["cells"]:
             for i in c["instances"]:
                 argv = " ".join(i["argv"])
@@ -174,3 +181,22 @@ def test_serve_args_by_arch_is_checked_like_serve_args(tmp_path):
         with pytest.raises(UserError) as e:
             load_sweep(sweep)
         assert want in str(e.value), str(e.value)
+
+
+def test_unverified_gpu_facts_are_said_in_the_plan(tmp_path, env, capsys):
+    """Issue 56: what vLLM cannot answer here is said per cell (plan.json ``unverified``) and in the text
+    plan, never used silently: on a fake B200, CUTLASS_MLA (ahead of the sparse backends in vLLM's order)
+    cannot be loaded on this CPU box, so GLM's backend is unverified; Kimi-Linear's facts are all vLLM's."""
+    kw = NODES["b200"][0]
+    env.setenv("PATH", f"{fake_nvidia_smi(tmp_path / 'bin', **kw)}:{__import__('os').environ['PATH']}")
+    env.setenv("PDSWEEP_GPU_ARCH", "sm100")  # nvidia-smi's arch is read once per process (lru_cache)
+    cutlass = (
+        "CUTLASS_MLA (ahead in vLLM's order) not checkable here: AssertionError: Torch not compiled with CUDA enabled"
+    )
+    d, _ = plan_json(capsys, "--cells", "*.p1d1.b128-128.fixed")
+    cells = {c["id"]: c for c in d["cells"]}
+    assert f"prefill: {cutlass}" in cells["glm-5.3-flash-4l.p1d1.b128-128.fixed"]["unverified"]
+    assert cells["kimi-linear.p1d1.b128-128.fixed"]["unverified"] == []
+    assert main(["plan", SWEEP, "--no-check-argv", "--cells", "glm-5.3-flash-4l.p1d1.b128-128.fixed"]) == 0
+    out = capsys.readouterr().out
+    assert f"not vLLM's verdict here): {cutlass}: glm-5.3-flash-4l.p1d1.b128-128.fixed" in out

@@ -32,6 +32,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from pdsweep.builds.argprobe import ARGV_PROBE
+from pdsweep.builds.hybridprobe import HYBRID_PROBE
 from pdsweep.core.errors import UserError
 
 if TYPE_CHECKING:  # Python 3.10 has neither in typing; annotations only (from __future__ import annotations)
@@ -128,16 +129,24 @@ def sizes(cls):
     return out
 
 _VC = []
-def _config_ctx():
-    # some backends' checks build CustomOps, which read get_current_vllm_config(): a default VllmConfig
-    # (as vLLM's tests' default_vllm_config fixture), so their generic reasons (sparse, ...) still decide
+def defaults():
+    # vLLM's own VllmConfig defaults (as vLLM's tests' default_vllm_config fixture). A CUDA wheel on a box
+    # without a GPU cannot infer the device (DeviceConfig.__post_init__: "Failed to infer device type"), so
+    # the device is named: the questions are about CUDA. None (and the reason in _VC_ERR) when neither builds.
     if not _VC:
-        try:
-            from vllm.config import VllmConfig
-            _VC.append(VllmConfig())
-        except Exception: _VC.append(None)
+        from vllm.config import DeviceConfig, VllmConfig
+        for kw in ({}, {"device_config": DeviceConfig(device="cuda")}):
+            try: _VC.append(VllmConfig(**kw)); break
+            except Exception as e: _VC_ERR.append(f"VllmConfig({', '.join(kw)}): {type(e).__name__}: {e}")
+        else: _VC.append(None)
+    return _VC[0]
+_VC_ERR = []
+
+def _config_ctx():
+    # some backends' checks build CustomOps, which read get_current_vllm_config()
     from vllm.config.vllm import set_current_vllm_config
-    return set_current_vllm_config(_VC[0]) if _VC[0] is not None else contextlib.nullcontext()
+    vc = defaults()
+    return set_current_vllm_config(vc) if vc is not None else contextlib.nullcontext()
 
 def info(b, q, cap):
     cls, err = load(b)
@@ -148,8 +157,9 @@ def info(b, q, cap):
             kv_cache_dtype=q["kv_cache_dtype"], block_size=q["block_size"], use_mla=q["use_mla"], has_sink=False,
                 use_sparse=q.get("use_sparse", False), use_mm_prefix=False, use_per_head_quant_scales=False,
                 device_capability=cap, attn_type="decoder", use_kv_connector=q["use_kv_connector"])
-    except Exception as e:
-        r = [f"{type(e).__name__}: {e}"]
+    except Exception as e:  # vLLM's checks did not run to the end: nothing is known of this backend here
+        return {"name": b.name, "reasons": [], "unverified": [f"validate_configuration raised {type(e).__name__}: {e}"
+            + (f" ({'; '.join(_VC_ERR)})" if _VC_ERR else "")], "sizes": None}
     try: sz = sizes(cls)
     except Exception as e: sz = None; r = [*r, f"get_supported_kernel_block_sizes: {type(e).__name__}: {e}"]
     # a quantized KV dtype is checked against the compiled kernels (flash_attn_supports_kv_cache_dtype)
@@ -167,48 +177,6 @@ def answer(q):
         head_size=q["head_size"])
     return {"priorities": [b.name for b in pr], "backends": [info(b, q, cap) for b in pr]}
 
-def hybrid(q):
-    # vLLM's own Platform._align_hybrid_block_size (vllm/platforms/interface.py) on a stub VllmConfig
-    # holding what it reads; the model class it resolves is replaced by the two classmethods a KDA model
-    # has (Glm5NextForCausalLM / KimiLinearForCausalLM: MambaStateShapeCalculator.kda_state_shape,
-    # MambaStateDtypeCalculator.kda_state_dtype): resolving the real class needs the CUDA kernels.
-    # Then select_common_block_size (vllm/v1/worker/utils.py) for the kernel block.
-    from types import SimpleNamespace as NS
-    from vllm.platforms.cuda import CudaPlatform
-    from vllm.model_executor.models import ModelRegistry
-    from vllm.model_executor.layers.mamba.mamba_utils import MambaStateShapeCalculator, MambaStateDtypeCalculator
-    from vllm.v1.worker.utils import select_common_block_size
-    b, err = load(AttentionBackendEnum[q["backend"]])
-    if b is None: raise RuntimeError(f"{q['backend']}: {err}")
-    class Kda:
-        @classmethod
-        def get_mamba_state_shape_from_config(cls, vc):
-            h = vc.model_config.hf_text_config
-            return MambaStateShapeCalculator.kda_state_shape(vc.parallel_config.tensor_parallel_size,
-                h.linear_num_heads, h.linear_head_dim, conv_kernel_size=h.linear_conv_kernel_dim, num_spec=0)
-        @classmethod
-        def get_mamba_state_dtype_from_config(cls, vc):
-            c = vc.cache_config
-            return MambaStateDtypeCalculator.kda_state_dtype(vc.model_config.dtype, c.mamba_cache_dtype,
-                c.mamba_ssm_cache_dtype)
-    hf = NS(linear_num_heads=q["ssm_heads"], linear_head_dim=q["ssm_head_dim"], linear_conv_kernel_dim=q["conv_kernel"])
-    mc = NS(dtype=getattr(torch, q["dtype"]), use_mla=True, get_num_kv_heads=lambda pc: 1,
-        get_head_size=lambda: q["head_size"], architecture=q["architecture"], hf_text_config=hf)
-    cc = NS(cache_dtype=q["kv_cache_dtype"], block_size=q["block_size"], mamba_cache_mode="none",
-        mamba_page_size_padded=None, mamba_cache_dtype="auto", mamba_ssm_cache_dtype=q["ssm_cache_dtype"])
-    vc = NS(cache_config=cc, model_config=mc, parallel_config=NS(tensor_parallel_size=q["tp"]), speculative_config=None)
-    saved = (ModelRegistry.resolve_model_cls, CudaPlatform.__dict__.get("_find_non_ssm_backends"))
-    ModelRegistry.resolve_model_cls = lambda *a, **k: (Kda, q["architecture"])
-    CudaPlatform._find_non_ssm_backends = classmethod(lambda cls, vc: [b])  # the model's one attention backend
-    try: CudaPlatform._align_hybrid_block_size(vc, b)
-    finally:
-        ModelRegistry.resolve_model_cls = saved[0]
-        if saved[1] is not None: CudaPlatform._find_non_ssm_backends = saved[1]
-    try: kernel, kerr = select_common_block_size(cc.block_size, [b]), None
-    except ValueError as e: kernel, kerr = None, str(e)
-    return {"logical": cc.block_size, "kernel": kernel, "kernel_error": kerr,
-            "mamba_page_padded": cc.mamba_page_size_padded}
-
 def ratio(q):
     # NIXL's handshake: TransferTopology.block_size_ratio (kv_connector/utils.py) on decode's kernel block
     from types import SimpleNamespace as NS
@@ -216,8 +184,9 @@ def ratio(q):
     try: return {"ratio": TransferTopology.block_size_ratio(NS(block_size=q["local"]), q["remote"]), "error": None}
     except AssertionError as e: return {"ratio": None, "error": str(e)}
 
-KINDS = {"select": answer, "hybrid": hybrid, "ratio": ratio}
+KINDS = {"select": answer, "ratio": ratio}
 """
+    + HYBRID_PROBE
     + ARGV_PROBE
     + r"""
 import vllm
@@ -447,7 +416,7 @@ def _query(kind: str, python: str | None, **q: Any) -> dict[str, Any]:
 
 
 def kda_hybrid_block(
-    backend: str,
+    layers: tuple[tuple[str, ...], tuple[str, ...], int | None],
     *,
     tp: int,
     block_size: int,
@@ -462,19 +431,25 @@ def kda_hybrid_block(
     (tokens) until one attention page holds one KDA state page
     (``MambaStateShapeCalculator.kda_state_shape`` / ``MambaStateDtypeCalculator.kda_state_dtype``,
     vllm/model_executor/layers/mamba/mamba_utils.py, as Glm5NextForCausalLM and KimiLinearForCausalLM
-    call them), then ``select_common_block_size`` (vllm/v1/worker/utils.py) with ``backend``'s class.
+    call them) over vLLM's default ``VllmConfig`` (what the question does not set is vLLM's default),
+    ``_check_aligned_block_size``, then ``select_common_block_size`` (vllm/v1/worker/utils.py) as NIXL's
+    ``_sync_block_size_with_kernel`` calls it.
 
+    ``layers``: ``(backends, transfer, index_kpool)`` (:class:`pdsweep.plan.hybridlayers.Layers`);
     ``head_size``: MLA ``kv_lora_rank + qk_rope_head_dim``; ``ssm``: ``(linear_num_heads,
     linear_head_dim, conv_kernel)`` from config.json; ``dtypes``: ``(model dtype, --kv-cache-dtype,
-    --mamba-ssm-cache-dtype)``. Returns ``{"logical", "kernel", "kernel_error",
-    "mamba_page_padded"}`` (tokens, tokens, vLLM's message or None, bytes). Raises ``UserError``
-    when vLLM cannot be imported, ``ValueError`` with the probe's error."""
+    --mamba-ssm-cache-dtype)``. Returns ``{"logical", "kernel", "kernel_error", "mamba_page_padded",
+    "replayssm"}`` (tokens, tokens, vLLM's message or None, bytes, vLLM's use_flashinfer_replayssm).
+    Raises ``UserError`` when vLLM cannot be imported, ``ValueError`` with the probe's error."""
     heads, head_dim, conv = ssm
     dtype, kv_dtype, ssm_dtype = dtypes
+    backends, transfer, index_kpool = layers
     return _query(
         "hybrid",
         python,
-        backend=backend,
+        backends=list(backends),
+        transfer=list(transfer),
+        index_kpool=index_kpool,
         tp=tp,
         block_size=block_size,
         head_size=head_size,

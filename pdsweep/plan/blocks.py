@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from pdsweep.core.dtypes import DTYPE_BYTES
 from pdsweep.core.errors import UserError
+from pdsweep.plan.hybridlayers import hybrid_unverified, vllm_kda_blocks
 from pdsweep.sweepfile.sweep import ModelSpec
 
 if TYPE_CHECKING:
@@ -266,14 +267,25 @@ def cuda_backend(model: ModelSpec, tp: int, arch: str, serve: Serve) -> Choice |
     except UserError:
         return None
     where = f"vLLM {version} vllm/platforms/cuda.py CudaPlatform.get_attn_backend_cls on {arch}"
+    # a backend whose class cannot be loaded here (CUDA-only import: "Torch not compiled with CUDA enabled") or
+    # whose checks raised is undecided, never valid: vLLM's selector (get_valid_backends) skips a backend whose
+    # import raises; on the node it may load and win, so what follows it is unverified, naming it
+    undecided: list[str] = []
     for b in out["backends"]:
-        if not b["reasons"]:
-            if b.get("sizes") is None:  # the class could not be loaded here: its kernel sizes unknown
-                return Choice(BACKENDS.get(b["name"], Backend(b["name"], multiple_of=1)), "pdsweep table", ())
-            sz = b["sizes"]
-            return Choice(
-                Backend(b["name"], tuple(sz["exact"]), sz["multiple_of"]), f"vLLM {version}", tuple(b["unverified"])
-            )
+        if b["reasons"]:
+            continue
+        if b.get("sizes") is None:
+            undecided.append(f"{b['name']} (ahead in vLLM's order) not checkable here: {'; '.join(b['unverified'])}")
+            continue
+        sz = b["sizes"]
+        return Choice(
+            Backend(b["name"], tuple(sz["exact"]), sz["multiple_of"]),
+            f"vLLM {version}",
+            (*undecided, *b["unverified"]),
+        )
+    if undecided:
+        first = undecided[0].split(" ", 1)[0]
+        return Choice(BACKENDS.get(first, Backend(first, multiple_of=1)), "pdsweep table", tuple(undecided))
     if selected:
         raise BackendError(
             f"Selected backend AttentionBackendEnum.{selected} is not valid for this configuration. "
@@ -281,34 +293,6 @@ def cuda_backend(model: ModelSpec, tp: int, arch: str, serve: Serve) -> Choice |
         )
     reasons = ", ".join(f"{b['name']}: [{', '.join(b['reasons'])}]" for b in out["backends"])
     raise BackendError(f"No valid attention backend found for cuda. Reasons: {{{reasons}}} ({where})")
-
-
-def vllm_kda_blocks(model: ModelSpec, tp: int, block: int, backend: str, serve: Serve) -> tuple[int, int] | None:
-    """``(logical, kernel)`` blocks (tokens) of a KDA + MLA hybrid on CUDA from vLLM's own
-    ``Platform._align_hybrid_block_size`` and ``select_common_block_size``
-    (:func:`pdsweep.builds.attnprobe.kda_hybrid_block`), with the catalogue's config.json fields
-    (``mla``, ``ssm_state``). None when vLLM cannot be asked or the geometry is missing. Raises
-    ``ValueError`` with vLLM's message when no kernel block divides the logical block."""
-    from pdsweep.builds import attnprobe
-
-    s, head = model.ssm_state, _head_size(model)
-    if model.ssm != "kda" or s is None or head is None:
-        return None
-    try:
-        out = attnprobe.kda_hybrid_block(
-            backend,
-            tp=tp,
-            block_size=block,
-            head_size=head,
-            ssm=(s.num_heads, s.head_dim, s.conv_kernel),
-            dtypes=(serve.dtype, serve.kv_cache_dtype, "auto" if s.state_dtype == "float32" else s.state_dtype),
-            architecture=model.architecture,
-        )
-    except (UserError, ValueError):
-        return None
-    if out["kernel"] is None:
-        raise ValueError(f"{out['kernel_error']} (vLLM vllm/v1/worker/utils.py select_common_block_size)")
-    return int(out["logical"]), int(out["kernel"])
 
 
 def attn_page_1_token(model: ModelSpec, tp: int, kv_bytes: int) -> int | None:
@@ -431,13 +415,20 @@ def effective_blocks(
                 else ("mla" if model.attention == "mla" else "attn, num_kv_heads")
             )
             return EffectiveBlocks(logical=None, kernel=None, unknown=f"catalogue entry lacks {missing}", **common)
-        ssm_flag = flag(argv, "--mamba-ssm-cache-dtype")
-        if platform == "cuda" and source.startswith("vLLM") and ssm_flag in (None, "auto"):
-            got = vllm_kda_blocks(model, tp, block, name, serve)
-            if got is not None:  # vLLM's own alignment and kernel split
-                where = "Platform._align_hybrid_block_size + select_common_block_size"
-                return EffectiveBlocks(logical=got[0], kernel=got[1], blocks_source=f"{source} {where}", **common)
+        why = None
+        if platform == "cuda":
+            why = hybrid_unverified(model, source)
+            if why is None:
+                ssm_flag = flag(argv, "--mamba-ssm-cache-dtype")
+                got = vllm_kda_blocks(model, tp, block, name, (dtype, kv_dtype, ssm_flag))
+                if not isinstance(got, str):  # vLLM's own alignment and kernel split
+                    where = "Platform._align_hybrid_block_size + select_common_block_size"
+                    return EffectiveBlocks(logical=got[0], kernel=got[1], blocks_source=f"{source} {where}", **common)
+                why = got
         block = align_hybrid(block, attn_page, mpage, backend, mla=model.attention == "mla")
+        if why is not None:  # said in the plan, never silent: these figures are pdsweep's mirror
+            bs = f"unverified: {why}; logical/kernel from pdsweep's mirror of Platform._align_hybrid_block_size"
+            return EffectiveBlocks(logical=block, kernel=kernel_block(block, backend), blocks_source=bs, **common)
     return EffectiveBlocks(logical=block, kernel=kernel_block(block, backend), **common)
 
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from pdsweep.core.errors import UserError
 from pdsweep.plan.shards import JobArgs
 from pdsweep.run.jobs import annotate, job_cells, job_text
+from pdsweep.run.unverified import cell_unverified, unverified_text
 
 if TYPE_CHECKING:
     from pdsweep.plan.placement import ClusterPool
@@ -185,7 +186,7 @@ def _planned(ls, plan, cells, where, argv_verdict) -> dict:
         "fitted_to": fitted,  # the node shape cells were memory-fitted to (pdsweep.run.preflight.memory_fit)
         "nodes": list(cluster.nodes) if cluster else None,
         "cells": out_cells,
-        "rejected": [r.to_dict() for r in plan.rejected],
+        "rejected": [{**r.to_dict(), "unverified": cell_unverified(_cell_blocks(r.cell, ls))} for r in plan.rejected],
         "schedule": sched.to_dict(),
         "reuse": reuse,
         **_measured_as(ls, [p.cell for p in sched.placements]),
@@ -261,7 +262,8 @@ def _cell_entries(ls, cells, slots: dict) -> tuple[list[dict], dict]:
             **c.to_dict(),
             "tp_ratio": c.tp_ratio,
             "num_gpus": c.num_gpus,
-            "blocks": _cell_blocks(c, ls),
+            "blocks": (blocks := _cell_blocks(c, ls)),
+            "unverified": cell_unverified(blocks),
             "reference_cell": reference_of(c, ls).id if c.kind == "pd" and ls.sweep.eval.reference else None,
         }
         if c.id in slots:
@@ -389,7 +391,7 @@ def print_plan(d: dict) -> None:
         if b.get("failed_transfer_accounting"):
             what += f"; vllm:nixl_num_failed_transfers counts {b['failed_transfer_accounting']}"
         con.print(f"build {escape(name)}: {escape(str(b.get('python')))}: {escape(what)}")
-    con.file.write("".join(rejected_text(d["rejected"])))
+    con.file.write("".join(rejected_text(d["rejected"]) + unverified_text(d["cells"], d["rejected"])))
     s = d["schedule"]
     for x in s["needs_more_gpus"]:
         why = x.get("reason") or f"needs {x['needs']} GPUs (host has {d['gpus']})"

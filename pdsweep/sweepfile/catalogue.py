@@ -43,6 +43,10 @@ class MlaGeometry(Strict):
     # DSA sparse MLA (``config.index_topk`` set): vLLM's selector passes ``use_sparse`` and only
     # the ``*_MLA_SPARSE`` backends serve it (``AttentionBackend.validate_configuration``)
     sparse: bool = False
+    # config.json ``index_kpool`` (tokens per indexer state) of a sparse model whose indexer pools keys
+    # (GLM-5.3: ``Glm5NextIndexerBackend`` kernel blocks ``index_kpool x (32, 64)``, which vLLM's hybrid
+    # block alignment takes into its lcm: pdsweep.plan.hybridlayers)
+    index_kpool: int | None = Field(default=None, gt=1)
 
 
 class AttnGeometry(Strict):
