@@ -30,7 +30,7 @@ LAUNCHER ?= local
 .PHONY: install sweep plan validate gate report compare nightly history dashboard test test-all lint typecheck bench baseline-env clean tiny-fixtures
 
 install: $(STAMP)
-$(STAMP): pyproject.toml scripts/install-env.sh scripts/cpu-env-fixups.py constraints/gpu.txt constraints/gpu-cu12.txt constraints/cpu.txt
+$(STAMP): pyproject.toml scripts/install-env.sh scripts/cpu-env-fixups.py constraints/gpu.txt constraints/cpu.txt
 	bash scripts/install-env.sh $(VENV)
 
 validate: install

@@ -239,15 +239,11 @@ def driver_problems(driver: str | None, cuda: str | None) -> list[str]:
         return [f"torch is built for CUDA {cuda}: no known minimum driver (pdsweep/run/preflight.py MIN_DRIVER)"]
     if _version(driver) < need:
         want = ".".join(map(str, need))
-        older = [m for m, v in sorted(MIN_DRIVER.items(), reverse=True) if m < major and _version(driver) >= v]
-        if older and older[0] == 12:
-            fix = (
-                "upgrade the driver, or reinstall on the CUDA 12 route (`rm .venv/.pdsweep-installed && make "
-                "install`: scripts/install-env.sh picks constraints/gpu-cu12.txt on this driver; its vLLM predates "
-                "PR #49297, docs/gpu-preflight.md)"
-            )
-        else:
-            fix = "upgrade the driver (pdsweep has no install route for it: docs/gpu-preflight.md)"
+        # no CUDA 12 route: PyPI's vLLM releases carrying PR #49297 are all CUDA 13 builds (scripts/install-env.sh)
+        fix = (
+            "upgrade the driver (pdsweep has no install route for it: no vLLM on PyPI built for an older CUDA "
+            "carries PR #49297; docs/gpu-nodes.md)"
+        )
         return [
             f"NVIDIA driver {driver} is older than {want}, the minimum for CUDA {major}.x that torch is built for "
             f"(CUDA {cuda}): every vLLM instance would fail at start; {fix}"
