@@ -39,12 +39,16 @@ validate: install
 plan: install
 	$(PY) -m pdsweep plan $(SWEEP) $(if $(filter slurm,$(LAUNCHER)),--launcher slurm) $(PLAN_ARGS)
 
-# Run the sweep, point results/latest at it, write the report, then gate it. Without an
+# Fetch every hub weight and eval dataset the sweep needs (pdsweep fetch: disk checked first, progress,
+# a partial snapshot resumed; the CPU default's tiny checkpoints are local: nothing downloads), so no
+# instance downloads inside its startup budget (pdsweep run refuses a model not fetched). Then run the
+# sweep, point results/latest at it, write the report, then gate it. Without an
 # unfixed baseline (unsupported vLLM version) a sweep with unfixed cells stops before it runs
 # (scripts/require-baseline.py). GATE_ARGS=--require-all-cells: cells needing more GPUs than
 # this host fail (cluster nightlies; default: NOT-RUNNABLE, listed, not a failure).
 sweep: install
 	$(MAKE) --no-print-directory baseline-env || $(PY) scripts/require-baseline.py $(SWEEP)
+	$(PY) -m pdsweep fetch $(SWEEP)
 	$(PY) -m pdsweep run $(SWEEP) --out $(RUN) --launcher $(LAUNCHER) --history $(HISTORY)
 	ln -sfn $(abspath $(RUN)) $(LATEST)
 	$(PY) -m pdsweep report $(LATEST)
@@ -64,6 +68,7 @@ compare: install
 # a green run replaces it. No baseline yet: said loudly, the gate alone decides.
 nightly: install
 	$(MAKE) --no-print-directory baseline-env || $(PY) scripts/require-baseline.py $(SWEEP)
+	$(PY) -m pdsweep fetch $(SWEEP)
 	$(PY) -m pdsweep run $(SWEEP) --out $(RUN) --quiet --launcher $(LAUNCHER) --history $(HISTORY)
 	ln -sfn $(abspath $(RUN)) $(LATEST)
 	$(PY) -m pdsweep report $(LATEST)

@@ -71,14 +71,18 @@ def target_args(python: str, glibc: str) -> list[str]:
     ]
 
 
-def pip(args: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pip", "--isolated", *args], cwd=REPO, text=True, capture_output=True)
+def pip(args: list[str], timeout: float | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "pip", "--isolated", *args]
+    return subprocess.run(cmd, cwd=REPO, text=True, capture_output=True, timeout=timeout)
 
 
 def build_pure(req: str, into: Path) -> bool:
     """Build ``req`` from its sdist into ``into``; True when the wheel is pure python (py3-none-any)."""
     tmp = Path(tempfile.mkdtemp(dir=into))
-    if pip(["wheel", "--quiet", "--no-deps", "--no-binary=:all:", "-w", str(tmp), req]).returncode != 0:
+    try:  # a pure-python sdist builds in seconds; a compiled one (Rust, C++) is not what we look for
+        if pip(["wheel", "--quiet", "--no-deps", "--no-binary=:all:", "-w", str(tmp), req], timeout=120).returncode:
+            return False
+    except subprocess.TimeoutExpired:
         return False
     wheels = list(tmp.glob("*.whl"))
     if len(wheels) == 1 and wheels[0].name.endswith("-none-any.whl"):

@@ -49,6 +49,7 @@ from pdsweep.plan.gpus import (
     nvlink_status,
     visible,
 )
+from pdsweep.run import hubcache
 
 GIB = 1024**3
 
@@ -140,22 +141,10 @@ def local_bytes(path: Path) -> int | None:
 
 
 def hf_cache_dir(repo_id: str) -> Path | None:
-    """The newest cached snapshot of ``repo_id`` holding ``config.json``
-    (``huggingface_hub.scan_cache_dir``), or None."""
-    from huggingface_hub import scan_cache_dir
-    from huggingface_hub.errors import CacheNotFound
-
-    try:
-        info = scan_cache_dir()
-    except (CacheNotFound, OSError):
-        return None
-    for repo in info.repos:
-        if repo.repo_id == repo_id and repo.repo_type == "model":
-            revs = sorted(repo.revisions, key=lambda r: r.last_modified, reverse=True)
-            for rev in revs:
-                if any(f.file_name == "config.json" for f in rev.files):
-                    return Path(rev.snapshot_path)
-    return None
+    """The newest cached snapshot of ``repo_id`` when it is complete (:mod:`pdsweep.run.hubcache`:
+    every weight shard, no interrupted download), or None: a partial snapshot is not cached."""
+    snap = hubcache.snapshot(repo_id)
+    return snap.path if snap.complete else None
 
 
 def resolve_weights(
@@ -411,13 +400,14 @@ def preflight(
     models = list(dict.fromkeys(c.model for c in cells))
     weights = {n: resolve_weights(n, ls.catalogue.models[n], hub, env, cache) for n in models}
     errors = [w.error for w in weights.values() if w.error]
-    # resolvable on the hub but not downloaded: vLLM would download inside the startup budget
-    warnings: list[str] = [
-        f"model {n}: {w.where[4:]} is not downloaded: vLLM would fetch it at startup, inside the startup "
-        f"budget; run `pdsweep fetch {ls.path}` first (pdsweep.run.fetch)"
+    # resolvable on the hub but not fetched (or partial): vLLM would download inside the startup budget
+    errors += [
+        f"model {n}: {w.where[4:]} is {hubcache.not_fetched(w.where[4:]) or 'not in the HF cache'}: vLLM would "
+        f"download it at startup, inside the startup budget; run `pdsweep fetch {ls.path}` first (make sweep does)"
         for n, w in weights.items()
         if w.where and w.where.startswith("hub:")
     ]
+    warnings: list[str] = []
     ids: tuple[int, ...] = tuple(range(gpus or 0))
     unfit: dict[str, str] = {}
     shape = None
