@@ -15,16 +15,19 @@ from pathlib import Path
 from types import SimpleNamespace as NS
 
 import pytest
-from _fakes import fake_nvidia_smi
+from _fakes import block_non_loopback, fake_nvidia_smi
 from conftest import make_hub_snapshot
 
 from pdsweep.core.errors import UserError
 from pdsweep.run import hubcache
+from pdsweep.run import preflight as pf
 from pdsweep.run.preflight import hf_cache_dir, preflight
 
 ROOT = Path(__file__).resolve().parents[1]
 KIMI, GLM, LING = "moonshotai/Kimi-Linear-48B-A3B-Instruct", "JaredforReal/GLM-5.3-Flash-4L", "inclusionAI/Ling-2.5-1T"
-INDEX = json.dumps({"metadata": {"total_size": 3}, "weight_map": {"a": "model-1.safetensors", "b": "model-2.safetensors"}})
+INDEX = json.dumps(
+    {"metadata": {"total_size": 3}, "weight_map": {"a": "model-1.safetensors", "b": "model-2.safetensors"}}
+)
 
 
 def sharded(cache: Path, repo: str, shards: tuple[str, ...] = ("model-1.safetensors", "model-2.safetensors"), **kw):
@@ -48,7 +51,7 @@ def test_complete_and_partial_snapshots(hub_cache):
     assert hubcache.not_fetched(GLM).startswith("a partial snapshot in the HF cache at ")
 
 
-def test_run_preflight_refuses_a_partial_snapshot(hub_cache):
+def test_run_preflight_lists_a_partial_snapshot_as_unfetched(hub_cache):
     from pdsweep.plan.expand import expand
     from pdsweep.sweepfile.sweep import load_sweep
 
@@ -56,12 +59,36 @@ def test_run_preflight_refuses_a_partial_snapshot(hub_cache):
     ls = load_sweep(ROOT / "sweeps" / "hybrid-mla-mamba.yaml")
     cells = [c for c in expand(ls).cells if c.model == "glm-5.3-flash-4l"][:1]
     hub = NS(gated=lambda repo, token: False, weights_bytes=lambda repo, token: None)
-    with pytest.raises(UserError) as e:
-        preflight(ls, cells, hub=hub, inv=NS(error=None, gpus=[], driver=None), env={})
-    msg = str(e.value)
+    (msg,) = preflight(ls, cells, hub=hub, inv=NS(error=None, gpus=[], driver=None), env={}).unfetched
     assert f"model glm-5.3-flash-4l: {GLM} is a partial snapshot in the HF cache at " in msg
     assert "(missing: model-2.safetensors): vLLM would download it at startup, inside the startup budget" in msg
     assert f"run `pdsweep fetch {ls.path}` first" in msg
+
+
+def test_pdsweep_run_refuses_a_model_not_fetched(tmp_path, hub_cache, capsys):
+    """The sweep loop's preflight on a fake GPU node: nothing starts, the model and the remedy named."""
+    from pdsweep.cli import main
+
+    sharded(hub_cache, GLM, shards=("model-1.safetensors",))
+    bin_dir = fake_nvidia_smi(tmp_path / "bin", driver="580.65.06")
+    with pytest.MonkeyPatch.context() as mp, block_non_loopback():
+        mp.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+        mp.setattr(pf, "HfHub", lambda: NS(gated=lambda repo, token: False, weights_bytes=lambda repo, token: None))
+        mp.setattr(pf, "torch_cuda_version", lambda: "13.0")  # the node's torch (this box's is a CPU build)
+        rc = main(
+            [
+                "run",
+                str(ROOT / "sweeps" / "hybrid-mla-mamba.yaml"),
+                "--cells",
+                "glm-5.3-flash-4l.p1d1*",
+                "--out",
+                str(tmp_path / "run"),
+            ]
+        )
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert f"model glm-5.3-flash-4l: {GLM} is a partial snapshot in the HF cache" in err
+    assert not (tmp_path / "run").exists()
 
 
 def test_fetch_resumes_a_partial_snapshot_and_refuses_one_still_partial(hub_cache, monkeypatch, capsys):
@@ -107,7 +134,9 @@ def fake_venv(tmp_path: Path) -> tuple[Path, Path]:
 def make(tmp_path: Path, target: str, path: str, venv: Path, cache: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": path, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     args = [f"VENV={venv}", f"RUN={tmp_path / 'run'}", f"LATEST={tmp_path / 'latest'}", f"HISTORY={tmp_path / 'h.db'}"]
-    return subprocess.run(["make", "--no-print-directory", target, *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    return subprocess.run(
+        ["make", "--no-print-directory", target, *args], cwd=ROOT, env=env, capture_output=True, text=True
+    )
 
 
 def calls(log: Path) -> list[str]:

@@ -381,6 +381,7 @@ class Preflight:
     weights: dict[str, Weights]
     unfit: dict[str, str] = field(default_factory=dict)  # cell id -> why it does not fit (NOT-RUNNABLE)
     shape: str | None = None  # the node shape the cells were fitted to (node_shape)
+    unfetched: tuple[str, ...] = ()  # hub models not (completely) in the HF cache: `pdsweep run` refuses them
 
 
 def preflight(
@@ -400,14 +401,15 @@ def preflight(
     models = list(dict.fromkeys(c.model for c in cells))
     weights = {n: resolve_weights(n, ls.catalogue.models[n], hub, env, cache) for n in models}
     errors = [w.error for w in weights.values() if w.error]
-    # resolvable on the hub but not fetched (or partial): vLLM would download inside the startup budget
-    errors += [
+    # resolvable on the hub but not fetched (or partial): vLLM would download inside the startup budget;
+    # `pdsweep run` refuses them (Preflight.unfetched), `pdsweep plan --preflight` warns
+    unfetched = [
         f"model {n}: {w.where[4:]} is {hubcache.not_fetched(w.where[4:]) or 'not in the HF cache'}: vLLM would "
         f"download it at startup, inside the startup budget; run `pdsweep fetch {ls.path}` first (make sweep does)"
         for n, w in weights.items()
         if w.where and w.where.startswith("hub:")
     ]
-    warnings: list[str] = []
+    warnings: list[str] = list(unfetched)
     ids: tuple[int, ...] = tuple(range(gpus or 0))
     unfit: dict[str, str] = {}
     shape = None
@@ -434,7 +436,7 @@ def preflight(
             warnings += nvlink_warning(ls, cells, os.environ if env is None else env)
     if errors:
         raise UserError(f"{ls.path}: preflight: {len(errors)} problem(s), nothing started:\n" + "\n".join(errors))
-    return Preflight(ids, warnings, weights, unfit, shape)
+    return Preflight(ids, warnings, weights, unfit, shape, tuple(unfetched))
 
 
 def nvlink_warning(ls: Any, cells: list[Any], env: Mapping[str, str], status: str | None = None) -> list[str]:
