@@ -46,7 +46,7 @@ LAUNCHER ?= local
 .PHONY: install sweep plan validate gate report compare compare-builds nightly nightly-finish history dashboard test test-all lint typecheck bench baseline-env clean tiny-fixtures
 
 install: $(STAMP)
-$(STAMP): pyproject.toml scripts/install-env.sh scripts/cpu-env-fixups.py constraints/gpu.txt constraints/gpu-cu12.txt constraints/cpu.txt
+$(STAMP): pyproject.toml scripts/install-env.sh scripts/cpu-env-fixups.py constraints/gpu.txt constraints/cpu.txt
 	bash scripts/install-env.sh $(VENV)
 
 validate: install
@@ -56,12 +56,16 @@ plan: install
 	$(if $(VLLM),$(BUILDS))
 	$(PY) -m pdsweep plan $(RUN_SWEEP) $(if $(filter slurm,$(LAUNCHER)),--launcher slurm) $(PLAN_ARGS)
 
-# Run the sweep, point results/latest at it, write the report, then gate it. Without an
+# Fetch every hub weight and eval dataset the sweep needs (pdsweep fetch: disk checked first, progress,
+# a partial snapshot resumed; the CPU default's tiny checkpoints are local: nothing downloads), so no
+# instance downloads inside its startup budget (pdsweep run refuses a model not fetched). Then run the
+# sweep, point results/latest at it, write the report, then gate it. Without an
 # unfixed baseline (unsupported vLLM version) a sweep with unfixed cells stops before it runs
 # (scripts/require-baseline.py). GATE_ARGS=--require-all-cells: cells needing more GPUs than
 # this host fail (cluster nightlies; default: NOT-RUNNABLE, listed, not a failure).
 sweep: install
 	$(BUILDS)
+	$(PY) -m pdsweep fetch $(RUN_SWEEP)
 	$(PY) -m pdsweep run $(RUN_SWEEP) --out $(RUN) --launcher $(LAUNCHER) --history $(HISTORY)
 	$(RECORD)
 	ln -sfn $(abspath $(RUN)) $(LATEST)
@@ -89,6 +93,7 @@ compare-builds: install
 # yet: said loudly, the gate alone decides. HISTORY keeps each run's path relative to itself.
 nightly: install
 	$(BUILDS)
+	$(PY) -m pdsweep fetch $(RUN_SWEEP)
 	$(PY) -m pdsweep run $(RUN_SWEEP) --out $(RUN) --quiet --launcher $(LAUNCHER) --history $(HISTORY)
 	$(RECORD)
 	$(MAKE) --no-print-directory nightly-finish RUN=$(RUN)

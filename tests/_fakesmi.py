@@ -46,11 +46,13 @@ def fake_nvidia_smi(
     busy: dict[int, tuple[int, str, int]] | None = None,
     fail: bool = False,
     nvlink: bool = True,
+    reserved_mib: int = 0,
 ) -> Path:
     """An executable ``nvidia-smi`` in ``bin_dir`` (put it first on PATH) for ``n`` GPUs
     of ``name`` / SM ``cap`` / ``total_mib``; ``busy``: GPU index -> (pid, process name,
     used MiB) of a compute process another user holds (its memory counts as used); ``nvlink``:
-    ``nvlink --status`` lists active links (an SXM node) or nothing (PCIe).
+    ``nvlink --status`` lists active links (an SXM node) or nothing (PCIe); ``reserved_mib``: the
+    driver's own memory per GPU (``memory.reserved``; free = total - reserved - used, as nvidia-smi).
     Every call's argv is appended to ``bin_dir/smi.calls``. Returns ``bin_dir``."""
     import sys
 
@@ -66,7 +68,9 @@ def fake_nvidia_smi(
                 "name": name,
                 "compute_cap": cap,
                 "memory.total": total_mib,
-                "memory.free": total_mib - used,
+                "memory.free": total_mib - reserved_mib - used,
+                "memory.used": used,
+                "memory.reserved": reserved_mib,
                 "driver_version": driver,
             }
         )

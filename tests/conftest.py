@@ -107,3 +107,36 @@ def maintainer_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from fixtures.make_runs import write_maintainer
 
     return write_maintainer(tmp_path_factory.mktemp("maintainer"))
+
+
+def make_hub_snapshot(cache: Path, repo_id: str, files: dict[str, str], incomplete: int = 0) -> Path:
+    """One model in a fake HF hub cache laid out as huggingface_hub writes it (``models--org--name``:
+    ``blobs/``, ``refs/main``, ``snapshots/<commit>/`` linking blobs); ``incomplete``: that many
+    ``blobs/*.incomplete`` (an interrupted download). Returns the snapshot directory."""
+    import hashlib
+
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    commit = hashlib.sha1(repo_id.encode()).hexdigest()
+    snap = repo / "snapshots" / commit
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    snap.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        blob = repo / "blobs" / hashlib.sha256(f"{repo_id}/{name}/{text}".encode()).hexdigest()
+        blob.write_text(text)
+        (snap / name).parent.mkdir(parents=True, exist_ok=True)
+        (snap / name).unlink(missing_ok=True)
+        (snap / name).symlink_to(blob)
+    for i in range(incomplete):
+        (repo / "blobs" / f"{i:064x}.incomplete").write_text("partial bytes")
+    return snap
+
+
+@pytest.fixture
+def hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty fake HF hub cache, set as ``HF_HUB_CACHE`` (fill it with :func:`make_hub_snapshot`)."""
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    return cache

@@ -1,7 +1,7 @@
 """``pdsweep fetch`` (pdsweep.run.fetch) against huggingface_hub's own API with the network cut:
 ``HfApi.model_info`` and ``snapshot_download`` are replaced by recording fakes. The disk is checked
 before anything downloads, HF_HUB_OFFLINE refuses naming the missing repos, and the run preflight
-says to run it for a model not downloaded."""
+lists a model not downloaded (``pdsweep run`` refuses it), saying to run it."""
 
 from __future__ import annotations
 
@@ -52,7 +52,11 @@ def no_cache(repo):
 
 def test_fetch_sizes_then_checks_disk_then_downloads(hub, monkeypatch, tmp_path):
     monkeypatch.setattr(F, "free_bytes", lambda p: 200 * 10**9)
-    got = F.fetch(MODELS, env={"HF_HUB_CACHE": str(tmp_path)}, cache=no_cache)
+
+    def cache(repo):  # cached once downloaded (fetch checks each download is complete)
+        return tmp_path / repo if ("download", repo) in hub else None
+
+    got = F.fetch(MODELS, env={"HF_HUB_CACHE": str(tmp_path)}, cache=cache)
     assert [(m.model, m.nbytes) for m in got] == [("glm-5.3-flash-4l", 20_007_000_000), ("kimi-linear", 98_000_005_000)]
     assert hub == [("model_info", GLM), ("model_info", KIMI), ("download", GLM), ("download", KIMI)]
 
@@ -89,16 +93,10 @@ def test_run_preflight_says_to_fetch_a_model_not_downloaded():
         def weights_bytes(self, repo_id, token):
             return None
 
-    out = preflight(
-        ls,
-        cells,
-        hub=Hub(),
-        inv=NS(error=None, gpus=[], driver=None),
-        env={},
-        cache=no_cache,
-    )
-    assert f"model glm-5.3-flash-4l: {GLM} is not downloaded" in out.warnings[0]
-    assert f"run `pdsweep fetch {ls.path}` first" in out.warnings[0]
+    out = preflight(ls, cells, hub=Hub(), inv=NS(error=None, gpus=[], driver=None), env={}, cache=no_cache)
+    (msg,) = out.unfetched  # `pdsweep run` refuses it; `pdsweep plan --preflight` warns
+    assert f"model glm-5.3-flash-4l: {GLM} is not in the HF cache: vLLM would download it at startup" in msg
+    assert f"run `pdsweep fetch {ls.path}` first" in msg and msg in out.warnings
 
 
 def test_fetch_eval_datasets_from_lm_evals_task_index_in_the_same_disk_check(hub, monkeypatch, tmp_path):

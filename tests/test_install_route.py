@@ -1,12 +1,12 @@
-"""The install route by driver (issue 35): scripts/install-env.sh in its dry run
-(``PDSWEEP_INSTALL_DRY_RUN=1``) on fake nodes picks the CUDA 12 route (constraints/gpu-cu12.txt,
-nixl-cu12) on an R570 driver, the CUDA 13 route (constraints/gpu.txt) on >= 580, and refuses a
-driver below CUDA 12's minimum; its thresholds are preflight's MIN_DRIVER."""
+"""The install route by driver and the python check (issues 35, 56): scripts/install-env.sh in its
+dry run (``PDSWEEP_INSTALL_DRY_RUN=1``) on fake nodes takes the CUDA 13 route (constraints/gpu.txt)
+on a driver >= 580 and refuses an R570/R535 node at once (no CUDA 12 vLLM on PyPI carries PR #49297),
+naming the driver, the minimum (preflight's MIN_DRIVER[13]) and the remedies; a Python < 3.11 is
+refused before anything is made, naming the interpreter and ``PYTHON=``."""
 
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 from pathlib import Path
 
@@ -28,40 +28,101 @@ def dry_install(tmp_path: Path, driver: str) -> subprocess.CompletedProcess:
     )
 
 
-def pins(name: str) -> dict[str, str]:
-    return dict(re.findall(r"^([a-z0-9-]+)==(\S+)", (ROOT / "constraints" / name).read_text(), re.M))
+def steps_of(out: str) -> list[str]:
+    return [x[2:] for x in out.splitlines() if x.startswith("+ ")]
 
 
-@pytest.mark.parametrize(
-    ("driver", "route"), [("570.124.06", "cu12"), ("525.60.13", "cu12"), ("580.65.06", "cu13"), ("590.1", "cu13")]
-)
-def test_route_by_driver(tmp_path, driver, route):
+@pytest.mark.parametrize("driver", ["580.65.06", "590.1"])
+def test_cuda13_route(tmp_path, driver):
     r = dry_install(tmp_path, driver)
     assert r.returncode == 0, r.stderr
-    steps = [x[2:] for x in r.stdout.splitlines() if x.startswith("+ ")]
-    assert f'the stamp would record "route": "{route}"' in r.stdout
+    steps = steps_of(r.stdout)
+    assert 'the stamp would record "route": "cu13"' in r.stdout
     assert not (tmp_path / "venv").exists()  # a dry run changes nothing
-    if route == "cu12":
-        assert f"CUDA 12 route (driver {driver} < 580" in r.stdout
-        assert any("-c constraints/gpu-cu12.txt" in s and f"vllm=={pins('gpu-cu12.txt')['vllm']}" in s for s in steps)
-        assert any("nixl-cu12==1.5.1" in s for s in steps) and not any("nixl-cu13" in s for s in steps)
-        assert not any("constraints/gpu.txt" in s for s in steps)
-    else:
-        assert any("-c constraints/gpu.txt" in s and ".[dev,gpu]" in s for s in steps)
-        assert any("nixl-cu13==1.5.1" in s for s in steps) and not any("nixl-cu12" in s for s in steps)
+    assert any("-c constraints/gpu.txt" in s and ".[dev,gpu]" in s for s in steps)
+    assert any("nixl-cu13==1.5.1" in s for s in steps) and not any("nixl-cu12" in s for s in steps)
 
 
-def test_driver_below_cuda12_is_refused(tmp_path):
-    r = dry_install(tmp_path, "525.60.12")
-    assert r.returncode == 2 and "older than 525.60.13, the minimum of CUDA 12" in r.stderr
+@pytest.mark.parametrize("driver", ["570.124.06", "535.183.01", "525.60.12"])
+def test_driver_below_580_is_refused_at_once(tmp_path, driver):
+    """No vLLM on PyPI carries PR #49297 for CUDA 12 (0.19.1, the last, predates it): an R570 node is
+    refused before a venv is made, naming its driver, the minimum and the remedies."""
+    r = dry_install(tmp_path, driver)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"NVIDIA driver '{driver}' is older than 580, the minimum of CUDA 13" in r.stderr
+    assert "Remedy: a driver >= 580 (R580)" in r.stderr and "PDSWEEP_CUDA_ROUTE=cu13" in r.stderr
+    assert steps_of(r.stdout) == []  # nothing would be created or installed
 
 
-def test_routes_match_preflight_and_pypi_evidence():
+def test_forward_compat_override_takes_the_cuda13_route(tmp_path):
+    bin_dir = fake_nvidia_smi(tmp_path / "bin", driver="570.124.06")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PDSWEEP_INSTALL_DRY_RUN": "1"}
+    env.pop("PDSWEEP_TARGET", None)
+    env["PDSWEEP_CUDA_ROUTE"] = "cu13"
+    r = subprocess.run(
+        ["bash", "scripts/install-env.sh", str(tmp_path / "venv")], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    assert "CUDA 13 route (driver 570.124.06 >= 580, PDSWEEP_CUDA_ROUTE=cu13)" in r.stdout
+
+
+def fake_python(tmp_path: Path, version: str) -> Path:
+    """A stand-in interpreter answering install-env.sh's two version questions as Python ``version`` would."""
+    exe = tmp_path / f"python{version}"
+    ok = tuple(int(x) for x in version.split(".")[:2]) >= (3, 11)
+    exe.write_text(
+        "#!/bin/sh\n"
+        f'case "$2" in *print*) echo "{version} {exe}" ;; *sys.exit*) exit {0 if ok else 1} ;; *) exit 0 ;; esac\n'
+    )
+    exe.chmod(0o755)
+    return exe
+
+
+@pytest.mark.parametrize("target", ["gpu", "cpu"])
+def test_python_310_is_refused_before_anything_installs(tmp_path, target):
+    py = fake_python(tmp_path, "3.10.12")
+    env = {
+        **os.environ,
+        "PYTHON": str(py),
+        "PDSWEEP_INSTALL_DRY_RUN": "1",
+        "PDSWEEP_TARGET": target,
+        "PDSWEEP_DRIVER": "580.65.06",
+    }
+    r = subprocess.run(
+        ["bash", "scripts/install-env.sh", str(tmp_path / "venv")], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip() == (
+        f"install-env: Python 3.10.12 ({py}) is too old: vLLM needs Python >= 3.11; "
+        "pick another interpreter: make install PYTHON=python3.12 (or python3.11)"
+    )
+    assert r.stdout == ""  # refused before the venv, the pip upgrade or the route
+
+
+def test_python_312_passes_the_check(tmp_path):
+    py = fake_python(tmp_path, "3.12.3")
+    env = {**os.environ, "PYTHON": str(py), "PDSWEEP_INSTALL_DRY_RUN": "1", "PDSWEEP_TARGET": "cpu"}
+    r = subprocess.run(
+        ["bash", "scripts/install-env.sh", str(tmp_path / "venv")], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    assert steps_of(r.stdout)[0] == f"{py} -m venv {tmp_path / 'venv'}"
+
+
+def test_make_passes_python_to_the_check(tmp_path):
+    py = fake_python(tmp_path, "3.10.12")
+    env = {**os.environ, "PDSWEEP_INSTALL_DRY_RUN": "1", "PDSWEEP_TARGET": "cpu"}
+    r = subprocess.run(
+        ["make", "--no-print-directory", "install", f"VENV={tmp_path / 'venv'}", f"PYTHON={py}"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode != 0 and f"Python 3.10.12 ({py}) is too old" in r.stderr
+
+
+def test_minimum_matches_preflight():
     script = (ROOT / "scripts" / "install-env.sh").read_text()
     assert MIN_DRIVER[13] == (580,) and "$1 >= 580" in script
-    assert MIN_DRIVER[12] == (525, 60, 13) and "$1 == 525 && ($2 > 60 || ($2 == 60 && $3 >= 13))" in script
-    cu12 = pins("gpu-cu12.txt")
-    # PyPI metadata recorded in the file: vllm 0.19.1 pins torch 2.10.0, the last CUDA 12 (12.8) PyPI torch
-    assert (cu12["vllm"], cu12["torch"]) == ("0.19.1", "2.10.0")
-    assert cu12["nixl-cu12"] == pins("gpu.txt")["nixl-cu13"]  # one NIXL version on both routes
-    assert "nvidia-cuda-runtime-cu12==12.8.90" in (ROOT / "constraints" / "gpu-cu12.txt").read_text()
+    assert not (ROOT / "constraints" / "gpu-cu12.txt").exists()  # the CUDA 12 route is gone (no fix-bearing vLLM)

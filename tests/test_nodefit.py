@@ -101,6 +101,7 @@ def test_visible_uuids_mig_and_hidden_processes(tmp_path, monkeypatch):
     # GPU 6: 30 GiB used, no compute process listed (another container's PID namespace)
     smi = json.loads((bin_dir / "smi.json").read_text())
     smi["gpus"][6]["memory.free"] = smi["gpus"][6]["memory.total"] - 30720
+    smi["gpus"][6]["memory.used"] = 30720
     (bin_dir / "smi.json").write_text(json.dumps(smi))
     monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
     inv = inventory()

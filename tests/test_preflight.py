@@ -128,10 +128,9 @@ def test_driver_older_than_torch_cuda():
     assert pf.driver_problems("570.124.06", "12.8") == []
     (msg,) = pf.driver_problems("570.124.06", "13.0")
     assert "NVIDIA driver 570.124.06 is older than 580" in msg and "CUDA 13.x" in msg
-    assert "reinstall on the CUDA 12 route" in msg and "constraints/gpu-cu12.txt" in msg
-    assert "constraints/gpu.txt" not in msg  # the old advice named a file with no CUDA 12 build
+    assert "upgrade the driver (pdsweep has no install route for it" in msg and "gpu-cu12" not in msg
     (msg,) = pf.driver_problems("470.82.01", "13.0")
-    assert "no install route" in msg and "CUDA 12 route" not in msg
+    assert "no install route" in msg
     assert "CPU build" in pf.driver_problems("580.65.06", None)[0]
     assert "no known minimum driver" in pf.driver_problems("580.65.06", "14.0")[0]
 

@@ -349,7 +349,7 @@ def test_gpu_constraints_pin_a_release_the_unfix_table_knows() -> None:
     assert vllm in unfix.RELEASES and (RELEASES_DIR / vllm / unfix.NIXL_DIR).is_dir()
     spec = SpecifierSet(re.search(r'^gpu = \["vllm([^"]+)"', (repo / "pyproject.toml").read_text(), re.M)[1])
     assert vllm in spec and all(v in spec for v in unfix.RELEASES) and "0.34.1" not in spec
-    assert pins["nixl-cu13"] == pins["nixl-cu12"]  # one NIXL version, the backend by CUDA major
+    assert pins["nixl-cu13"] == pins["nixl-cu12"]  # one NIXL version, the backend by CUDA major (device check: cu12)
     assert "nixl" not in pins  # the meta package: 1.5.2 needs backends PyPI lacks
 
 

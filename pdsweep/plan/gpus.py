@@ -20,11 +20,16 @@ from pdsweep.core.errors import UserError
 
 log = logging.getLogger(__name__)
 
-# An idle GPU shows a few MiB used (driver, ECC pages; the fake node: 3 MiB); a CUDA context
-# alone is ~500 MiB. More than this with no compute process listed: someone nvidia-smi cannot see.
+# nvidia-smi's memory.used is what contexts hold; the driver's and firmware's own share is memory.reserved
+# (free = total - reserved - used; ~500 MiB to 1.5 GiB per GPU on an idle node, so total - free is no
+# measure of use). An idle GPU shows a few MiB used (the fake node: 3 MiB); a CUDA context alone is
+# ~500 MiB. More than this used with no compute process listed: someone nvidia-smi cannot see.
 HIDDEN_MIB = 1024
 
-GPU_FIELDS = ("index", "uuid", "name", "compute_cap", "memory.total", "memory.free", "driver_version")
+GPU_FIELDS = (
+    "index", "uuid", "name", "compute_cap", "memory.total", "memory.free", "memory.used", "memory.reserved",
+    "driver_version",
+)  # fmt: skip
 APP_FIELDS = ("pid", "process_name", "used_memory", "gpu_uuid")
 
 
@@ -46,20 +51,20 @@ class Gpu:
     free_mib: int
     driver: str  # "580.65.06"
     apps: tuple[ComputeApp, ...] = ()
+    used_mib: int = 0  # nvidia-smi memory.used: held by contexts (the driver's reserve not counted), MiB
+    reserved_mib: int = 0  # nvidia-smi memory.reserved: the driver's and firmware's own, MiB
 
     @property
     def busy(self) -> bool:
+        """A compute process nvidia-smi lists holds this GPU (``--query-compute-apps``)."""
         return bool(self.apps)
 
     @property
-    def used_mib(self) -> int:
-        return max(0, self.total_mib - self.free_mib)
-
-    @property
     def hidden_use(self) -> bool:
-        """Memory in use (> :data:`HIDDEN_MIB`) while nvidia-smi lists no compute process on
-        it: a process in another container's PID namespace (nvidia-smi cannot see it)."""
-        return not self.apps and self.free_mib > 0 and self.used_mib > HIDDEN_MIB
+        """Memory in contexts (nvidia-smi ``memory.used`` > :data:`HIDDEN_MIB`; the driver's
+        ``memory.reserved`` is not use) while nvidia-smi lists no compute process on it: a process
+        in another container's PID namespace (nvidia-smi cannot see it)."""
+        return not self.apps and self.used_mib > HIDDEN_MIB
 
     def busy_text(self) -> str:
         """``GPU 3 (GPU-...) is in use by pid 4242 python (20480 MiB)``."""
@@ -119,9 +124,9 @@ def inventory(ignore_pids: frozenset[int] | set[int] = frozenset()) -> Inventory
     except (subprocess.SubprocessError, OSError, ValueError) as e:
         return Inventory(error=f"nvidia-smi failed: {e}")
     out = []
-    for idx, uuid, name, cap, total, free, driver in gpus:
+    for idx, uuid, name, cap, total, free, used, reserved, driver in gpus:
         mine = tuple(a for a in apps if a.gpu_uuid == uuid)
-        out.append(Gpu(_int(idx), uuid, name, cap, _int(total), _int(free), driver, mine))
+        out.append(Gpu(_int(idx), uuid, name, cap, _int(total), _int(free), driver, mine, _int(used), _int(reserved)))
     return Inventory(tuple(out), ignored_pids=frozenset(ignore_pids))
 
 

@@ -2,12 +2,14 @@
 the startup budgets (:mod:`pdsweep.plan.startup`) cover loading, not downloading.
 
 For every hub model the sweep's cells use (catalogue ``hf_id``; ``path:`` and tiny models are
-local) that is not in the HF cache (``huggingface_hub.scan_cache_dir``, through
-:func:`pdsweep.run.preflight.hf_cache_dir`): its size from the hub (``HfApi.model_info(...,
+local) that is not in the HF cache or only partly (:mod:`pdsweep.run.hubcache`: every shard, no
+interrupted download; ``huggingface_hub.scan_cache_dir``): its size from the hub (``HfApi.model_info(...,
 files_metadata=True)``: the sizes of the files :data:`PATTERNS` selects, bytes), then the free
 disk of the HF cache (``huggingface_hub.constants.HF_HUB_CACHE``, ``shutil.disk_usage``) is
 checked against the total BEFORE anything is downloaded, then ``huggingface_hub.snapshot_download``
-fetches each (its own progress bars; one line per repo here). ``HF_HUB_OFFLINE=1``: refused,
+fetches each (its own progress bars; one line per repo here; a partial snapshot is resumed), and a
+snapshot still partial afterwards is refused (``UserError``). ``make sweep`` and ``make nightly`` run it
+before ``pdsweep run``, which refuses a model not fetched. ``HF_HUB_OFFLINE=1``: refused,
 naming every missing repo. Errors raise ``UserError`` (exit 2).
 
 Eval datasets: each lm-eval task of ``eval.tasks`` (pdsweep's own ``pdsweep_*`` are local) names
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from pdsweep.core.errors import UserError
+from pdsweep.run import hubcache
 from pdsweep.run.preflight import hf_cache_dir
 
 # what vLLM reads of a checkpoint (weights, configs, tokenizer, remote code)
@@ -104,6 +107,12 @@ def missing_models(models: Mapping[str, Any], cache: Callable[[str], Path | None
     ]
 
 
+def _partial(m: Missing) -> str:
+    """``": a partial snapshot ... (missing: ...)"`` for a model partly in the cache, else ``""``."""
+    why = hubcache.not_fetched(m.repo) if m.kind == "model" else ""
+    return f": {why}" if why.startswith("a partial") else ""
+
+
 def _offline(env: Mapping[str, str]) -> bool:
     return env.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
 
@@ -159,7 +168,7 @@ def fetch(
     todo = missing_models(models, cache) + list(datasets or [])
     if not todo:
         return []
-    names = ", ".join(f"{m.kind} {m.model} ({m.repo})" for m in todo)
+    names = ", ".join(f"{m.kind} {m.model} ({m.repo}{_partial(m)})" for m in todo)
     if _offline(env):
         raise UserError(
             f"pdsweep fetch: HF_HUB_OFFLINE is set and {len(todo)} are not in the HF cache: {names}; "
@@ -182,15 +191,23 @@ def fetch(
     if any(m.kind == "dataset" for m in sized):
         from datasets import load_dataset
     for i, m in enumerate(sized, 1):
+        partial = hubcache.snapshot(m.repo, root).path is not None if m.kind == "model" else False
         print(
-            f"[{i}/{len(sized)}] {m.kind} {m.model}: {m.repo}, {(m.nbytes or 0) / 1e9:.1f} GB",
+            f"[{i}/{len(sized)}] {m.kind} {m.model}: {m.repo}, {(m.nbytes or 0) / 1e9:.1f} GB"
+            + (" (resuming a partial snapshot)" if partial else ""),
             file=sys.stderr,
             flush=True,
         )
         if m.kind == "dataset":
             load_dataset(m.repo, m.config)
-        else:
-            dl(repo_id=m.repo, allow_patterns=list(PATTERNS), token=token, cache_dir=str(root))
+            continue
+        dl(repo_id=m.repo, allow_patterns=list(PATTERNS), token=token, cache_dir=str(root))
+        if cache(m.repo) is None:  # still partial (a shard the index maps but the hub lacks, a failed blob)
+            raise UserError(
+                f"pdsweep fetch: model {m.model}: {m.repo} is {hubcache.not_fetched(m.repo, root)} after the "
+                "download: refused (vLLM would download the rest inside the startup budget); rerun `pdsweep fetch` "
+                "to resume it"
+            )
     return sized
 
 

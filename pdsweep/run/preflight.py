@@ -49,6 +49,7 @@ from pdsweep.plan.gpus import (
     nvlink_status,
     visible,
 )
+from pdsweep.run import hubcache
 
 GIB = 1024**3
 
@@ -140,22 +141,10 @@ def local_bytes(path: Path) -> int | None:
 
 
 def hf_cache_dir(repo_id: str) -> Path | None:
-    """The newest cached snapshot of ``repo_id`` holding ``config.json``
-    (``huggingface_hub.scan_cache_dir``), or None."""
-    from huggingface_hub import scan_cache_dir
-    from huggingface_hub.errors import CacheNotFound
-
-    try:
-        info = scan_cache_dir()
-    except (CacheNotFound, OSError):
-        return None
-    for repo in info.repos:
-        if repo.repo_id == repo_id and repo.repo_type == "model":
-            revs = sorted(repo.revisions, key=lambda r: r.last_modified, reverse=True)
-            for rev in revs:
-                if any(f.file_name == "config.json" for f in rev.files):
-                    return Path(rev.snapshot_path)
-    return None
+    """The newest cached snapshot of ``repo_id`` when it is complete (:mod:`pdsweep.run.hubcache`:
+    every weight shard, no interrupted download), or None: a partial snapshot is not cached."""
+    snap = hubcache.snapshot(repo_id)
+    return snap.path if snap.complete else None
 
 
 def resolve_weights(
@@ -239,15 +228,11 @@ def driver_problems(driver: str | None, cuda: str | None) -> list[str]:
         return [f"torch is built for CUDA {cuda}: no known minimum driver (pdsweep/run/preflight.py MIN_DRIVER)"]
     if _version(driver) < need:
         want = ".".join(map(str, need))
-        older = [m for m, v in sorted(MIN_DRIVER.items(), reverse=True) if m < major and _version(driver) >= v]
-        if older and older[0] == 12:
-            fix = (
-                "upgrade the driver, or reinstall on the CUDA 12 route (`rm .venv/.pdsweep-installed && make "
-                "install`: scripts/install-env.sh picks constraints/gpu-cu12.txt on this driver; its vLLM predates "
-                "PR #49297, docs/gpu-preflight.md)"
-            )
-        else:
-            fix = "upgrade the driver (pdsweep has no install route for it: docs/gpu-preflight.md)"
+        # no CUDA 12 route: PyPI's vLLM releases carrying PR #49297 are all CUDA 13 builds (scripts/install-env.sh)
+        fix = (
+            "upgrade the driver (pdsweep has no install route for it: no vLLM on PyPI built for an older CUDA "
+            "carries PR #49297; docs/gpu-nodes.md)"
+        )
         return [
             f"NVIDIA driver {driver} is older than {want}, the minimum for CUDA {major}.x that torch is built for "
             f"(CUDA {cuda}): every vLLM instance would fail at start; {fix}"
@@ -396,6 +381,7 @@ class Preflight:
     weights: dict[str, Weights]
     unfit: dict[str, str] = field(default_factory=dict)  # cell id -> why it does not fit (NOT-RUNNABLE)
     shape: str | None = None  # the node shape the cells were fitted to (node_shape)
+    unfetched: tuple[str, ...] = ()  # hub models not (completely) in the HF cache: `pdsweep run` refuses them
 
 
 def preflight(
@@ -415,13 +401,15 @@ def preflight(
     models = list(dict.fromkeys(c.model for c in cells))
     weights = {n: resolve_weights(n, ls.catalogue.models[n], hub, env, cache) for n in models}
     errors = [w.error for w in weights.values() if w.error]
-    # resolvable on the hub but not downloaded: vLLM would download inside the startup budget
-    warnings: list[str] = [
-        f"model {n}: {w.where[4:]} is not downloaded: vLLM would fetch it at startup, inside the startup "
-        f"budget; run `pdsweep fetch {ls.path}` first (pdsweep.run.fetch)"
+    # resolvable on the hub but not fetched (or partial): vLLM would download inside the startup budget;
+    # `pdsweep run` refuses them (Preflight.unfetched), `pdsweep plan --preflight` warns
+    unfetched = [
+        f"model {n}: {w.where[4:]} is {hubcache.not_fetched(w.where[4:]) or 'not in the HF cache'}: vLLM would "
+        f"download it at startup, inside the startup budget; run `pdsweep fetch {ls.path}` first (make sweep does)"
         for n, w in weights.items()
         if w.where and w.where.startswith("hub:")
     ]
+    warnings: list[str] = list(unfetched)
     ids: tuple[int, ...] = tuple(range(gpus or 0))
     unfit: dict[str, str] = {}
     shape = None
@@ -448,7 +436,7 @@ def preflight(
             warnings += nvlink_warning(ls, cells, os.environ if env is None else env)
     if errors:
         raise UserError(f"{ls.path}: preflight: {len(errors)} problem(s), nothing started:\n" + "\n".join(errors))
-    return Preflight(ids, warnings, weights, unfit, shape)
+    return Preflight(ids, warnings, weights, unfit, shape, tuple(unfetched))
 
 
 def nvlink_warning(ls: Any, cells: list[Any], env: Mapping[str, str], status: str | None = None) -> list[str]:

@@ -203,6 +203,8 @@ def _open_run(path: str | Path, opts: RunOptions) -> tuple[RunContext, list[Cell
         from pdsweep.run.preflight import preflight as gpu_preflight
 
         checked = gpu_preflight(ls, cells, opts.gpus)
+        if checked.unfetched:  # an instance would download inside its startup budget (issue 56)
+            raise UserError(f"{ls.path}: preflight: nothing started:\n" + "\n".join(checked.unfetched))
         for warning in checked.warnings:
             log.warning("%s", warning)
         if ls.sweep.platform == "cuda" and checked.gpu_ids:

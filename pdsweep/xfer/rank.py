@@ -7,6 +7,7 @@ in, ``(kind, payload)`` out, ``("error", traceback)`` on any failure."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import time
@@ -66,7 +67,8 @@ def make_agent(name: str, delay_us: int = DEFAULT_PROGRESS_DELAY_US, telemetry: 
         raise ValueError("the progress-thread delay must be >= 1 us: 0 busy-spins a core (../shared/CPU.md)")
     import logging
 
-    from nixl_cu13 import _api
+    # the NIXL build for torch's CUDA major (scripts/device-check.sh sets it: nixl_cu12 beside a CUDA 12 torch)
+    _api = importlib.import_module(f"{os.environ.get('PDSWEEP_NIXL_MODULE') or 'nixl_cu13'}._api")
 
     if not os.environ.get("NIXL_LOG_LEVEL"):
         logging.getLogger("nixl").setLevel(logging.WARNING)
