@@ -89,6 +89,9 @@ def test_push_write_plan_is_vllms_mapping_from_prefills_side() -> None:
             assert readplan.write_targets(g, p, d, r, "builtin") == readplan.write_targets(g, p, d, r, "vllm")
 
 
+PUSH_ARGV = ["serve", "--kv-transfer-config", json.dumps({"kv_connector": "NixlPushConnector", "kv_role": "kv_both"})]
+
+
 def push_files(writes: dict[str, int] | None, used: list[str] | None = None) -> dict:
     split = (
         None
@@ -96,6 +99,7 @@ def push_files(writes: dict[str, int] | None, used: list[str] | None = None) -> 
         else {r: {"writes": n, "bytes": n * 4096, "descriptors": n, "decode_ranks": 1} for r, n in writes.items()}
     )
     return {
+        layout.CELL_FILE: {"instances": [{"role": r, "argv": PUSH_ARGV} for r in ("prefill", "decode")]},
         TR: {
             "transfer_mode": "push",
             "reads_by_prefill_rank": None,
@@ -128,6 +132,26 @@ def test_push_cells_are_judged_by_their_write_pattern_and_write_transport(tmp_pa
     ]
     r = judged("no-table", push_files({"0": 9, "1": 9}), {TR: {"ucx_transports": None}})
     assert "no UCX protocol table in the prefill logs" in r.reasons[0]
+
+
+def test_transfer_mode_comes_from_the_launched_argv_not_transfer_json(tmp_path: Path) -> None:
+    """Issue 59 case 2: a hybrid p2d1 pull cell that read only prefill rank 0 (PR #49297's shape) does
+    not pass by a transfer.json claiming push with a matching write split; the argv decides."""
+    claims_push = push_files({"0": 100, "1": 100})
+    pull = {layout.CELL_FILE: {"instances": []}, TR: {"reads_by_prefill_rank": {"0": {"reads": 100}, "1": {"reads": 0}}}}
+    r = gate_run(write_run(tmp_path / "a", "t", [case(HYBRID, claims_push, pull)])).cell(HYBRID.id)
+    assert r.verdict == FAIL and list(r.reasons) == [
+        f"{HYBRID.id}/{TR}: transfer_mode \"push\", but cell.json no instance argv recorded (pull, NixlConnector): "
+        "the transfer mode is the one the cell was launched with, not the file's claim"
+    ]
+    pull_argv = ["serve", "--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector"})]
+    launched_pull = {layout.CELL_FILE: {"instances": [{"role": "decode", "argv": pull_argv}]}}
+    r = gate_run(write_run(tmp_path / "b", "t", [case(HYBRID, claims_push, pull, launched_pull)])).cell(HYBRID.id)
+    assert r.verdict == FAIL and "cell.json argv launched pull" in r.reasons[0]
+    # no claim at all: judged as the pull cell it is, by its reads
+    no_claim = {TR: {"transfer_mode": None}}
+    r = gate_run(write_run(tmp_path / "c", "t", [case(HYBRID, claims_push, pull, no_claim)])).cell(HYBRID.id)
+    assert r.verdict == FAIL and "read pattern of p2d1 mla+kda (tp_ratio -2)" in r.reasons[0]
 
 
 def test_failed_transfer_reason_names_the_builds_accounting(tmp_path: Path) -> None:
