@@ -31,6 +31,8 @@ class LoadCheck:
 
     required: bool = False
     name: str = "load"
+    concurrencies: tuple[int, ...] = ()  # run.json bench.concurrencies, when a `random` workload was planned
+    num_prompts: int | None = None  # run.json bench.num_prompts: each vllm bench serve run's request count
 
     def applies(self, kind: str) -> bool:
         return True
@@ -46,7 +48,7 @@ class LoadCheck:
             return []
         if not isinstance(runs, list) or not runs:
             return [f"{w}: no load runs"]
-        out = []
+        out = planned_runs(runs, self.concurrencies, self.num_prompts, w)
         for r in runs:
             r = r if isinstance(r, dict) else {}
             conc, want = r.get("concurrency"), num(r.get("num_prompts"))
@@ -65,6 +67,48 @@ class LoadCheck:
             else:
                 out += _no_output(r, w, conc)
         return out
+
+
+def planned_runs(runs: list[Any], concurrencies: tuple[int, ...], num_prompts: int | None, w: str) -> list[str]:
+    """What the plan asked of load.json ``runs`` (run.json's frozen ``bench``, never the file's own
+    counts): a run at every planned concurrency, none at another, each of ``num_prompts`` requests."""
+    rows = [r for r in runs if isinstance(r, dict)]
+    seen = {r.get("concurrency") for r in rows}
+    out = [
+        f"{w}: no load run at concurrency {c} (bench.concurrencies {list(concurrencies)} in run.json)"
+        for c in concurrencies
+        if c not in seen
+    ]
+    if concurrencies:
+        out += [
+            f"{w}: a load run at concurrency {show(c)}, which bench.concurrencies {list(concurrencies)} does not plan"
+            for c in sorted(seen - set(concurrencies), key=str)
+        ]
+    if num_prompts is not None:
+        out += [
+            f"{w}: concurrency {show(r.get('concurrency'))}: num_prompts {show(r.get('num_prompts'))}, "
+            f"bench.num_prompts {num_prompts} in run.json"
+            for r in rows
+            if num(r.get("num_prompts")) != num_prompts
+        ]
+    return out
+
+
+def load_plan(bench: dict[str, Any]) -> dict[str, Any]:
+    """:class:`LoadCheck`'s ``concurrencies`` and ``num_prompts`` from run.json ``bench`` (the
+    sweep's :class:`~pdsweep.sweepfile.phases.BenchSpec`, frozen): ``vllm bench serve`` runs once per
+    concurrency when a ``random`` workload is planned (:func:`pdsweep.measure.phases.run_load`);
+    a run.json without ``bench.workloads`` predates them and planned ``random``."""
+    works = bench.get("workloads")
+    names = [x.get("name") if isinstance(x, dict) else x for x in works] if isinstance(works, list) else ["random"]
+    if bench.get("enabled") is not True or "random" not in names:
+        return {}
+    concs = bench.get("concurrencies")
+    n = bench.get("num_prompts")
+    return {
+        "concurrencies": tuple(c for c in concs if isinstance(c, int)) if isinstance(concs, list) else (),
+        "num_prompts": n if isinstance(n, int) and not isinstance(n, bool) else None,
+    }
 
 
 def _no_output(r: dict[str, Any], w: str, conc: Any) -> list[str]:

@@ -97,9 +97,14 @@ class MatrixEntry(_Strict):
     def _regex(cls, v: str | None) -> str | None:
         if v is not None:
             try:
-                re.compile(v)
+                rx = re.compile(v)
             except re.error as e:
                 raise ValueError(f"not a regular expression: {e}") from None
+            if v != MATCH_ANY and rx.search("") is not None:
+                raise ValueError(
+                    f"{v!r} matches the empty string, so it explains any failure: name the failure's signature, "
+                    f"or write 'match: {MATCH_ANY}' to accept any failure (counted loudly by the gate)"
+                )
         return v
 
 
