@@ -10,19 +10,21 @@ import re
 from typing import Any
 
 from pdsweep.judge.facts import CellFiles
+from pdsweep.sweepfile.matrix import TRIVIAL_TEXTS
 
 LOST_MARK = "(metric missing"  # TransferCheck, ReadPatternCheck: a value the file should hold
 
 
 def signature_matches(pattern: str, reasons: list[str], status: dict[str, Any]) -> bool:
     """``pattern`` (a ``match:`` regex) found in the reasons, status reason or log tail; an
-    unusable pattern, or one that matches the empty string (validate refuses it), never
-    matches (fail closed)."""
+    unusable pattern, or one that matches a trivial text such as the empty string
+    (:data:`~pdsweep.sweepfile.matrix.TRIVIAL_TEXTS`, refused by validate), never matches (fail closed)."""
     text = "\n".join([*reasons, str(status.get("reason") or ""), *map(str, status.get("log_tail") or [])])
     try:
-        return re.search(pattern, "") is None and re.search(pattern, text) is not None
+        rx = re.compile(pattern)
     except re.error:
         return False
+    return not any(rx.search(t) for t in TRIVIAL_TEXTS) and rx.search(text) is not None
 
 
 def unexplained_losses(pattern: str, reasons: list[str], files: CellFiles) -> list[str]:

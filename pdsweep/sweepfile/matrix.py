@@ -100,12 +100,17 @@ class MatrixEntry(_Strict):
                 rx = re.compile(v)
             except re.error as e:
                 raise ValueError(f"not a regular expression: {e}") from None
-            if v != MATCH_ANY and rx.search("") is not None:
+            trivial = next((t for t in TRIVIAL_TEXTS if rx.search(t) is not None), None)
+            if v != MATCH_ANY and trivial is not None:
                 raise ValueError(
-                    f"{v!r} matches the empty string, so it explains any failure: name the failure's signature, "
+                    f"{v!r} matches {trivial!r}, so it explains any failure: name the failure's signature, "
                     f"or write 'match: {MATCH_ANY}' to accept any failure (counted loudly by the gate)"
                 )
         return v
+
+
+# texts no failure signature matches: a `match:` that finds one of them explains every failure (a silent `match: any`)
+TRIVIAL_TEXTS = ("", "x", "Z", "0", " ", ".", "_", "\n")
 
 
 def _tp_pair_in_bounds(pair: str) -> str:
