@@ -105,7 +105,7 @@ def push_files(writes: dict[str, int] | None, used: list[str] | None = None) -> 
             "reads_by_prefill_rank": None,
             "writes_by_prefill_rank": split,
             "ucx_transports": used or ["cma/memory"],
-        }
+        },
     }
 
 
@@ -135,22 +135,27 @@ def test_push_cells_are_judged_by_their_write_pattern_and_write_transport(tmp_pa
 
 
 def test_transfer_mode_comes_from_the_launched_argv_not_transfer_json(tmp_path: Path) -> None:
-    """Issue 59 case 2: a hybrid p2d1 pull cell that read only prefill rank 0 (PR #49297's shape) does
-    not pass by a transfer.json claiming push with a matching write split; the argv decides."""
-    claims_push = push_files({"0": 100, "1": 100})
-    pull = {layout.CELL_FILE: {"instances": []}, TR: {"reads_by_prefill_rank": {"0": {"reads": 100}, "1": {"reads": 0}}}}
-    r = gate_run(write_run(tmp_path / "a", "t", [case(HYBRID, claims_push, pull)])).cell(HYBRID.id)
+    """Issue 59 case 2: a hybrid p2d1 pull cell (the fixture's argv: NixlConnector) that read only prefill
+    rank 0 (PR #49297's shape) does not pass by a transfer.json claiming push with a matching write split."""
+    claims_push = {TR: push_files({"0": 100, "1": 100})[TR]}
+    one_rank = {TR: {"reads_by_prefill_rank": {"0": {"reads": 100}, "1": {"reads": 0}}}}
+
+    def judged(name: str, *patches) -> object:
+        return gate_run(write_run(tmp_path / name, "t", [case(HYBRID, claims_push, one_rank, *patches)])).cell(
+            HYBRID.id
+        )
+
+    r = judged("pull-argv")
     assert r.verdict == FAIL and list(r.reasons) == [
-        f"{HYBRID.id}/{TR}: transfer_mode \"push\", but cell.json no instance argv recorded (pull, NixlConnector): "
+        f'{HYBRID.id}/{TR}: transfer_mode "push", but cell.json argv launched pull: '
         "the transfer mode is the one the cell was launched with, not the file's claim"
     ]
-    pull_argv = ["serve", "--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector"})]
-    launched_pull = {layout.CELL_FILE: {"instances": [{"role": "decode", "argv": pull_argv}]}}
-    r = gate_run(write_run(tmp_path / "b", "t", [case(HYBRID, claims_push, pull, launched_pull)])).cell(HYBRID.id)
-    assert r.verdict == FAIL and "cell.json argv launched pull" in r.reasons[0]
-    # no claim at all: judged as the pull cell it is, by its reads
-    no_claim = {TR: {"transfer_mode": None}}
-    r = gate_run(write_run(tmp_path / "c", "t", [case(HYBRID, claims_push, pull, no_claim)])).cell(HYBRID.id)
+    r = judged("no-argv", {layout.CELL_FILE: {"instances": []}})
+    assert r.verdict == FAIL and list(r.reasons) == [
+        f"{HYBRID.id}/{layout.CELL_FILE}: no instance argv with --kv-transfer-config recorded (instances[].argv): "
+        "the transfer mode the cell was launched with is unknown"
+    ]
+    r = judged("no-claim", {TR: {"transfer_mode": None}})  # judged as the pull cell it is, by its reads
     assert r.verdict == FAIL and "read pattern of p2d1 mla+kda (tp_ratio -2)" in r.reasons[0]
 
 

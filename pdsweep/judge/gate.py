@@ -29,6 +29,7 @@ from pdsweep.core.errors import GateFailed, UserError
 from pdsweep.core.stats import obj
 from pdsweep.judge.accuracy import AccuracyCheck, AccuracyRecompute
 from pdsweep.judge.agreement import disagreements, strictest_kind, unlisted_cells
+from pdsweep.judge.buildrecord import BuildRecordCheck
 from pdsweep.judge.consistency import ConsistencyCheck, ConsistencyRecompute
 from pdsweep.judge.facts import (
     CellFacts,
@@ -43,7 +44,7 @@ from pdsweep.judge.facts import (
 from pdsweep.judge.flaky import FLAKY, flaky_reasons, retried
 from pdsweep.judge.folded import fold_in
 from pdsweep.judge.integrity import IntegrityCheck
-from pdsweep.judge.load import LoadAnswersCheck, LoadCheck, load_plan
+from pdsweep.judge.load import LoadAnswersCheck, LoadCheck, load_plan, planned_answers
 from pdsweep.judge.planned import PlannedEval, PlannedPromptsCheck, PlannedTasksCheck, planned_eval
 from pdsweep.judge.signature import signature_matches, unexplained_losses
 from pdsweep.judge.transfer import ReadPatternCheck, TransferCheck, TransportCheck
@@ -115,14 +116,16 @@ def checks_for(
     load_answers: bool = False,
     load_plan: dict[str, Any] | None = None,
     planned: PlannedEval | None = None,
+    answers_plan: tuple[tuple[str, int], ...] = (),
 ) -> list[Check]:
     """The checks a cell must pass under ``gate`` (status always; accuracy and consistency
     unless disabled; transfer with ``gate.max_failed_transfers``; load, required when
     ``bench`` (the run's ``bench.enabled``); load answers (:mod:`pdsweep.judge.load`),
     required when ``load_answers`` (``bench.enabled`` and ``bench.check``)); ``load_plan``: the load
     runs the plan asked for (:func:`pdsweep.judge.load.load_plan`); ``planned``: the eval tasks and
-    probe prompts (:mod:`pdsweep.judge.planned`; default: the sweep defaults)."""
-    checks: list[Check] = [StatusCheck(), CellFileCheck()]
+    probe prompts (:mod:`pdsweep.judge.planned`; default: the sweep defaults); ``answers_plan``: the
+    (workload, concurrency) pairs load_check.json must hold (:func:`pdsweep.judge.load.planned_answers`)."""
+    checks: list[Check] = [StatusCheck(), CellFileCheck(), BuildRecordCheck()]
     planned = planned or planned_eval({})
     if gate.require_accuracy:
         checks += [AccuracyCheck(), AccuracyRecompute(gate.alpha), PlannedTasksCheck(planned)]
@@ -130,7 +133,7 @@ def checks_for(
         checks += [ConsistencyCheck(), ConsistencyRecompute(), PlannedPromptsCheck(planned)]
     checks += [TransferCheck(gate.max_failed_transfers), ReadPatternCheck(), IntegrityCheck()]
     checks.append(LoadCheck(required=bench, **(load_plan or {})))
-    checks.append(LoadAnswersCheck(required=load_answers))
+    checks.append(LoadAnswersCheck(required=load_answers, planned=answers_plan))
     if gate.transports or gate.transports_cross_host:  # the UCX transport expected (pdsweep.judge.transfer)
         checks.append(TransportCheck(tuple(gate.transports or ()), tuple(gate.transports_cross_host or ())))
     return checks
@@ -343,7 +346,14 @@ def gate_run(
         asked = planned_eval(index)
     except UserError as e:
         raise UserError(f"{run_dir}/{e}") from None
-    checks = checks_for(gate, bench=on, load_answers=answers, load_plan=load_plan(bench), planned=asked)
+    checks = checks_for(
+        gate,
+        bench=on,
+        load_answers=answers,
+        load_plan=load_plan(bench),
+        planned=asked,
+        answers_plan=planned_answers(bench) if answers else (),
+    )
     results = []
     for cid in order:
         entry = obj(entries.get(cid))

@@ -94,6 +94,16 @@ def planned_runs(runs: list[Any], concurrencies: tuple[int, ...], num_prompts: i
     return out
 
 
+def planned_answers(bench: dict[str, Any]) -> tuple[tuple[str, int], ...]:
+    """(workload, concurrency) pairs a PD cell's load_check.json must hold: every ``bench.workloads``
+    entry at every ``bench.concurrencies`` point (:func:`pdsweep.measure.phases.run_checked`)."""
+    works, concs = bench.get("workloads"), bench.get("concurrencies")
+    if not isinstance(works, list) or not isinstance(concs, list):
+        return ()
+    names = [x.get("name") if isinstance(x, dict) else x for x in works]
+    return tuple((str(n), c) for n in names for c in concs if isinstance(c, int))
+
+
 def load_plan(bench: dict[str, Any]) -> dict[str, Any]:
     """:class:`LoadCheck`'s ``concurrencies`` and ``num_prompts`` from run.json ``bench`` (the
     sweep's :class:`~pdsweep.sweepfile.phases.BenchSpec`, frozen): ``vllm bench serve`` runs once per
@@ -134,6 +144,7 @@ class LoadAnswersCheck:
 
     required: bool = False
     name: str = "load_answers"
+    planned: tuple[tuple[str, int], ...] = ()  # (workload, concurrency) of run.json bench: each must be checked
 
     def applies(self, kind: str) -> bool:
         return kind == "pd"
@@ -145,5 +156,23 @@ class LoadAnswersCheck:
             return [files.problem(layout.LOAD_CHECK_FILE)] if self.required or not missing else []
         w = files.where(layout.LOAD_CHECK_FILE)
         if body.get("verdict") == "pass" and not body.get("reasons"):
-            return []
+            return answers_against_plan(body, self.planned, w)
         return [f"{w}: {r}" for r in body.get("reasons") or []] or [f"{w}: verdict {body.get('verdict')!r}"]
+
+
+def answers_against_plan(body: dict[str, Any], planned: tuple[tuple[str, int], ...], w: str) -> list[str]:
+    """A passing load_check.json, recomputed from its counts against the plan: every planned
+    (workload, concurrency) checked at least one answer, with no wrong, errored or unmatched one
+    (:func:`pdsweep.measure.loadcheck.judge_load`'s rule)."""
+    rows = {(e.get("workload"), e.get("concurrency")): e for e in body.get("workloads") or [] if isinstance(e, dict)}
+    out = []
+    for name, conc in planned:
+        e = rows.get((name, conc))
+        if e is None:
+            out.append(f"{w}: load workload '{name}' at concurrency {conc} missing (bench in run.json)")
+            continue
+        counts = {k: num(e.get(k)) for k in ("checked", "wrong", "errors", "unmatched")}
+        if counts["checked"] is None or counts["checked"] < 1 or any(counts[k] != 0 for k in counts if k != "checked"):
+            shown = ", ".join(f"{k} {show(e.get(k))}" for k in counts)
+            out.append(f"{w}: load workload '{name}' at concurrency {conc}: {shown} with verdict pass")
+    return out

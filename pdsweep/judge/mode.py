@@ -6,9 +6,11 @@ prefill WRITEs (``nixl/push_worker.py``); pull (``NixlConnector``): decode READs
 
 from __future__ import annotations
 
+from collections import Counter
+
 from pdsweep.core.stats import obj
-from pdsweep.judge.facts import CellFiles, show
-from pdsweep.plan.instance import transfer_mode
+from pdsweep.judge.facts import CellFiles, cell_from_dict, show
+from pdsweep.plan.instance import roles, transfer_mode
 from pdsweep.results import layout
 
 
@@ -26,14 +28,42 @@ def is_push(files: CellFiles) -> bool:
     return launched_mode(files) == "push"
 
 
+def unlaunched_instances(files: CellFiles) -> list[str]:
+    """A PD cell's planned instances (:func:`pdsweep.plan.instance.roles`: ``num_prefill`` prefill
+    and ``num_decode`` decode) each recorded in cell.json with a connector in its argv, or why not."""
+    cell = cell_from_dict(obj(files.get(layout.CELL_FILE)).get("cell"))
+    if cell is None or cell.kind != "pd":
+        return []
+    insts = obj(files.get(layout.CELL_FILE)).get("instances")
+    rows = [i for i in insts if isinstance(i, dict)] if isinstance(insts, list) else []
+    seen = Counter(
+        str(i.get("role")) for i in rows if isinstance(i.get("argv"), list) and transfer_mode(list(map(str, i["argv"])))
+    )
+    want = Counter(role for _, role, *_ in roles(cell))
+    if seen == want:
+        return []
+    return [
+        f"{files.where(layout.CELL_FILE)}: instances with a --kv-transfer-config argv: "
+        f"{dict(sorted(seen.items())) or 'none'}; the cell plans {dict(sorted(want.items()))}"
+    ]
+
+
 def mode_disagrees(files: CellFiles) -> list[str]:
-    """A transfer.json whose ``transfer_mode`` differs from the launched mode (no recorded
-    argv: pull, pdsweep's default ``NixlConnector``): the file does not describe this cell."""
+    """Why the transfer mode cannot be trusted: no recorded instance argv names a connector
+    (fail closed), or transfer.json's ``transfer_mode`` differs from the launched mode (the file
+    does not describe this cell)."""
+    if lost := unlaunched_instances(files):
+        return lost
     tr = files.get(layout.TRANSFER_FILE) or {}
     claimed, launched = tr.get("transfer_mode"), launched_mode(files)
-    if claimed is None or claimed == (launched or "pull"):
+    if launched is None:
+        return [
+            f"{files.where(layout.CELL_FILE)}: no instance argv with --kv-transfer-config recorded "
+            "(instances[].argv): the transfer mode the cell was launched with is unknown"
+        ]
+    if claimed is None or claimed == launched:
         return []
-    how = f"argv launched {launched}" if launched else "no instance argv recorded (pull, NixlConnector)"
+    how = f"argv launched {launched}"
     return [
         f"{files.where(layout.TRANSFER_FILE)}: transfer_mode {show(claimed)}, but cell.json {how}: "
         "the transfer mode is the one the cell was launched with, not the file's claim"

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from pdsweep.core.errors import UserError
-from pdsweep.judge.facts import CellFiles
+from pdsweep.judge.facts import CellFiles, cell_from_dict, show
 from pdsweep.measure.prompts import resolve_lengths
 from pdsweep.results import layout
 from pdsweep.sweepfile.phases import EvalSpec
@@ -26,6 +26,7 @@ class PlannedEval:
 
     tasks: tuple[str, ...]
     prompts: tuple[str, ...]  # empty: consistency disabled
+    reference: bool = True  # eval.reference: each PD task is compared with its reference cell's
     source: str = ""  # NO_EVAL when the defaults stand in for run.json's eval
 
 
@@ -46,12 +47,13 @@ def planned_eval(index: dict[str, Any]) -> PlannedEval:
     # names only: a cap large enough that no int length is refused (the run refused those already)
     big = max([1 << 20, *(x + c.max_tokens + 2 for x in c.lengths if isinstance(x, int))])
     names = tuple(n for n, _ in resolve_lengths(16, big, c.lengths, c.max_tokens)) if c.enabled else ()
-    return PlannedEval(tuple(spec.tasks), names, NO_EVAL if raw is None else "")
+    return PlannedEval(tuple(spec.tasks), names, spec.reference, NO_EVAL if raw is None else "")
 
 
 @dataclass(frozen=True)
 class PlannedTasksCheck:
-    """accuracy.json holds a result for every task of the planned ``eval.tasks``."""
+    """accuracy.json holds a result for every task of the planned ``eval.tasks``; with
+    ``eval.reference`` a PD cell's task records its reference cell's score."""
 
     plan: PlannedEval
     name: str = "planned-tasks"
@@ -64,11 +66,25 @@ class PlannedTasksCheck:
         if not isinstance(tasks, dict) or not tasks:
             return []  # AccuracyCheck fails the file ("no tasks")
         w = files.where(layout.ACCURACY_FILE)
-        return [
+        out = [
             f"{w}: task {t} missing (eval.tasks {list(self.plan.tasks)} in run.json{self.plan.source})"
             for t in self.plan.tasks
             if t not in tasks
         ]
+        cell = cell_from_dict((files.get(layout.CELL_FILE) or {}).get("cell"))
+        if self.plan.reference and cell is not None and cell.kind == "pd":
+            want = cell.reference().id
+            for t in self.plan.tasks:
+                got = tasks.get(t).get("reference") if isinstance(tasks.get(t), dict) else None
+                if not isinstance(got, dict):
+                    out.append(
+                        f"{w}: {t}: no reference score recorded (eval.reference is true in run.json{self.plan.source})"
+                    )
+                elif got.get("cell_id") != want:
+                    out.append(
+                        f"{w}: {t}: reference.cell_id is {show(got.get('cell_id'))}, the cell's reference is {want}"
+                    )
+        return out
 
 
 @dataclass(frozen=True)
