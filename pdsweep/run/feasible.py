@@ -118,9 +118,9 @@ def build_problems(plan: Plan) -> tuple[list[str], list[str]]:
         if b.python and not (Path(b.python).is_file() and os.access(b.python, os.X_OK)):
             errors.append(f"{path}: builds.{name}.python: {b.python} is not an executable file")
         elif b.venv:
-            if not venv_python(b.venv).exists():
+            if not (py := venv_python(b.venv, Path(path).parent)).exists():
                 warnings.append(
-                    f"{path}: builds.{name}.venv: {b.venv}/bin/python does not exist yet (for the "
+                    f"{path}: builds.{name}.venv: {py} does not exist yet (for the "
                     f"unfixed baseline: `make baseline-env`); until then cells of build {name} fail"
                 )
     return errors, warnings
