@@ -98,6 +98,7 @@ def build_info(ls: LoadedSweep, name: str) -> dict[str, Any]:
         info["provenance_error"] = str(e)
     made = read_marker(Path(py).parent.parent)
     info["made_by"] = made["inputs"] if made else None  # `pdsweep builds make` inputs, or None: a venv as is
+    info["own_vllm"] = made.get("own_vllm") if made else None  # its vLLM path, NIXL connector files' sha256
     info["fixes"] = probe_python(py)[1]  # fix probe -> present (True) / absent (False) / unknown (None)
     # what vllm:nixl_num_failed_transfers counts in this build (the gate's reasons name it)
     info["failed_transfer_accounting"] = accounting_label(info["fixes"].get(FAILED_TRANSFER_ACCOUNTING))
