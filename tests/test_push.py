@@ -152,8 +152,8 @@ def test_transfer_mode_comes_from_the_launched_argv_not_transfer_json(tmp_path: 
     ]
     r = judged("no-argv", {layout.CELL_FILE: {"instances": []}})
     assert r.verdict == FAIL and list(r.reasons) == [
-        f"{HYBRID.id}/{layout.CELL_FILE}: no instance argv with --kv-transfer-config recorded (instances[].argv): "
-        "the transfer mode the cell was launched with is unknown"
+        f"{HYBRID.id}/{layout.CELL_FILE}: instances with a --kv-transfer-config argv: none; the cell plans "
+        "{'decode': 1, 'prefill': 1}"
     ]
     r = judged("no-claim", {TR: {"transfer_mode": None}})  # judged as the pull cell it is, by its reads
     assert r.verdict == FAIL and "read pattern of p2d1 mla+kda (tp_ratio -2)" in r.reasons[0]

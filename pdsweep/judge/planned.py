@@ -74,8 +74,8 @@ class PlannedTasksCheck:
         cell = cell_from_dict((files.get(layout.CELL_FILE) or {}).get("cell"))
         if self.plan.reference and cell is not None and cell.kind == "pd":
             want = cell.reference().id
-            for t in self.plan.tasks:
-                got = tasks.get(t).get("reference") if isinstance(tasks.get(t), dict) else None
+            for t in (t for t in self.plan.tasks if isinstance(tasks.get(t), dict)):
+                got = tasks[t].get("reference")
                 if not isinstance(got, dict):
                     out.append(
                         f"{w}: {t}: no reference score recorded (eval.reference is true in run.json{self.plan.source})"
