@@ -66,7 +66,9 @@ def test_a_planned_task_missing_from_accuracy_json_fails(tmp_path: Path) -> None
     assert r.verdict == PASS
 
 
-@pytest.mark.parametrize("pattern, text", [(".", "x"), ("|", ""), ("x*", ""), ("(?:)", ""), ("^", ""), ("\\w", "x")])
+@pytest.mark.parametrize(
+    "pattern, text", [(".", "\x00"), ("|", ""), ("x*", ""), ("(?:)", ""), ("^", ""), ("\\s", " "), ("[^a]", "\x00")]
+)
 def test_a_match_that_matches_any_text_is_refused(tmp_path: Path, capsys, pattern: str, text: str) -> None:
     body = (
         "name: x\nplatform: cpu\nmatrix:\n  model: [tiny-llama]\n  tp: [p1d1]\n  block_size: [32]\n"
