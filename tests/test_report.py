@@ -395,7 +395,12 @@ def test_a_pass_with_injected_read_failures_says_why(tmp_path: Path) -> None:
         '{"kv_role":"kv_consumer","kv_load_failure_policy":"recompute"}',
     ]
     patch = {
-        layout.CELL_FILE: {"instances": [{"name": "decode-0", "role": "decode", "argv": argv}]},
+        layout.CELL_FILE: {
+            "instances": [
+                {"name": "prefill-0", "role": "prefill", "argv": [*argv[:3], "--kv-transfer-config", "{}"]},
+                {"name": "decode-0", "role": "decode", "argv": argv},
+            ]
+        },
         layout.TRANSFER_FILE: {
             "read_faults": {"injected": 50, "failed_loads": 50, "recovered_reqs": 0, "failed_reqs": 0},
             "totals": {"num_transfers": 149, "failed_transfers": 50, "kv_requests": 192},

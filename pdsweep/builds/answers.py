@@ -4,7 +4,7 @@ and the ``vllm serve`` argv check (:mod:`pdsweep.builds.argcheck`) both import v
 costs 10 s or more on a 2-core box before the first answer.
 
 A store is one JSON file per (kind, install, asking code) under :func:`cache_dir`
-(``$PDSWEEP_PROBE_CACHE``, default ``.cache/pdsweep/probes``), named by the install's
+(``$PDSWEEP_PROBE_CACHE``, default ``.cache/pdsweep/probes`` in the working directory), named by the install's
 :func:`fingerprint`: the interpreter path plus path, size and mtime of vLLM's
 ``__init__.py``, ``_version.py`` and ``vllm*.dist-info/RECORD`` in its site-packages, and by
 a digest of the probe's code. A reinstall or upgrade changes the fingerprint, a changed probe
@@ -23,14 +23,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from pdsweep.core.paths import REPO
-
 CACHE_ENV = "PDSWEEP_PROBE_CACHE"
 
 
 def cache_dir() -> Path:
-    """``$PDSWEEP_PROBE_CACHE``, else ``<repo>/.cache/pdsweep/probes``."""
-    return Path(os.environ.get(CACHE_ENV) or REPO / ".cache" / "pdsweep" / "probes")
+    """``$PDSWEEP_PROBE_CACHE``, else ``.cache/pdsweep/probes`` under the working directory
+    (docs/matrix.md; never pdsweep's install checkout, which another clone may be)."""
+    return Path(os.environ.get(CACHE_ENV) or Path.cwd() / ".cache" / "pdsweep" / "probes")
 
 
 @lru_cache(maxsize=16)

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pdsweep.builds.ownvllm import check_input, own_vllm
 from pdsweep.core.errors import EXIT_OK, UserError, run_main
 from pdsweep.core.paths import sha256_file
 
@@ -161,7 +162,9 @@ def fetch_wheel(
     ``wheels`` (pip's cache makes a second fetch local). Raises :class:`UserError` naming
     the spec when pip fails or leaves no single wheel."""
     path = Path(spec)
-    if spec.endswith(".whl") and path.is_file():
+    if path.is_file():  # a file given: a wheel, never a version number
+        if not spec.endswith(".whl"):
+            raise UserError(f"--wheel {spec}: not a wheel file (a wheel's file name ends in .whl)")
         return path.absolute()
     if dist not in DISTS:
         raise UserError(f"--dist {dist!r}: allowed {', '.join(DISTS)}")
@@ -267,6 +270,9 @@ def _plan(
     """The dry-run plan of :func:`make_build` (its docstring); ``index``: pip's index arguments."""
     if (wheel is None) == (source is None):
         raise UserError("pdsweep builds make: give exactly one of --vllm, --wheel, --source")
+    if Path(root).exists() and not Path(root).is_dir():
+        raise UserError(f"--root {root}: not a directory")
+    check_input(wheel, source)  # a build holds its own vllm package
     base_python = deps_from or sys.executable
     pyver = subprocess.run(
         [base_python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True
@@ -363,6 +369,7 @@ def make_build(
     prov = provenance(python)
     if prov.get("vllm_version") is None or (version is not None and prov["vllm_version"] != version):
         raise UserError(f"the build {dest} imports vLLM {prov.get('vllm_version')!r}, not {version!r} from {name}")
+    own = own_vllm(python, dest)  # the vLLM imported is the build's own (not --deps-from's)
     if source is not None and prov.get("vllm_commit") is None and inputs.get("commit"):
         prov.update(vllm_commit=inputs["commit"], vllm_commit_source="git rev-parse HEAD of the source tree")
     marker = {
@@ -375,6 +382,7 @@ def make_build(
         "python": python,
         "made_seconds": round(time.perf_counter() - t0, 1),
         "provenance": prov,
+        "own_vllm": own,
     }
     (dest / MARKER).write_text(json.dumps(marker, indent=2))
     return dest, marker

@@ -115,7 +115,7 @@ def check_outputs(*named: tuple[str, Path]) -> None:
     (:func:`pdsweep.results.layout.check_writable`), before any work starts."""
     seen: dict[Path, str] = {}
     for flag, path in named:
-        key = Path(path).resolve()
+        key = layout.resolved(Path(path))
         if key in seen:
             raise UserError(f"{flag} {path} is the same file as {seen[key]}: one would overwrite the other")
         seen[key] = f"{flag} {path}"

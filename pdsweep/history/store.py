@@ -90,9 +90,14 @@ def connect(db: Path, create: bool = True) -> Iterator[sqlite3.Connection]:
     except sqlite3.Error as e:
         raise UserError(f"{db}: cannot open history store: {e}") from None
     with closing(conn):
-        conn.execute("PRAGMA foreign_keys = ON")
-        _check_schema(conn, db)
-        yield conn
+        try:
+            conn.execute("PRAGMA foreign_keys = ON")
+            _check_schema(conn, db)
+            yield conn
+        except sqlite3.Error as e:  # a damaged store (zeroed pages, a dropped table): named, never a traceback
+            raise UserError(
+                f"{db}: damaged history store (SQLite: {e}); re-create it from the run directories"
+            ) from None
 
 
 def _check_schema(conn: sqlite3.Connection, db: Path) -> None:
@@ -273,6 +278,12 @@ def metric_series(conn: sqlite3.Connection, cell_id: str, metric: str | None, sw
         for k, v, lo, hi, unit in conn.execute(
             "SELECT run_key, value, lo, hi, unit FROM figures WHERE cell_id = ? AND metric = ?", (cell_id, metric)
         ):
+            if any(x is not None and (isinstance(x, bool) or not isinstance(x, (int, float))) for x in (v, lo, hi)):
+                db = conn.execute("PRAGMA database_list").fetchone()[2]
+                raise UserError(
+                    f"{db}: damaged history store: figures row (run {k}, cell {cell_id}, metric {metric}) holds "
+                    f"value/lo/hi {v!r}/{lo!r}/{hi!r}, not numbers"
+                )
             figs[k] = (v, lo, hi, unit)
     out = []
     for row in conn.execute(sql, (cell_id, sweep) if sweep else (cell_id,)):

@@ -21,7 +21,6 @@ check passes); :func:`checks_for` builds them from a :class:`~pdsweep.sweepfile.
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,6 +29,7 @@ from pdsweep.core.errors import GateFailed, UserError
 from pdsweep.core.stats import obj
 from pdsweep.judge.accuracy import AccuracyCheck, AccuracyRecompute
 from pdsweep.judge.agreement import disagreements, strictest_kind, unlisted_cells
+from pdsweep.judge.buildrecord import BuildRecordCheck
 from pdsweep.judge.consistency import ConsistencyCheck, ConsistencyRecompute
 from pdsweep.judge.facts import (
     CellFacts,
@@ -44,7 +44,9 @@ from pdsweep.judge.facts import (
 from pdsweep.judge.flaky import FLAKY, flaky_reasons, retried
 from pdsweep.judge.folded import fold_in
 from pdsweep.judge.integrity import IntegrityCheck
-from pdsweep.judge.load import LoadAnswersCheck, LoadCheck
+from pdsweep.judge.load import LoadAnswersCheck, LoadCheck, load_plan, planned_answers
+from pdsweep.judge.planned import PlannedEval, PlannedPromptsCheck, PlannedTasksCheck, planned_eval
+from pdsweep.judge.signature import signature_matches, unexplained_losses
 from pdsweep.judge.transfer import ReadPatternCheck, TransferCheck, TransportCheck
 from pdsweep.plan.cell import Cell
 from pdsweep.results import layout
@@ -108,19 +110,30 @@ class CellFileCheck:
         return []
 
 
-def checks_for(gate: GateSpec, bench: bool = False, load_answers: bool = False) -> list[Check]:
+def checks_for(
+    gate: GateSpec,
+    bench: bool = False,
+    load_answers: bool = False,
+    load_plan: dict[str, Any] | None = None,
+    planned: PlannedEval | None = None,
+    answers_plan: tuple[tuple[str, int], ...] = (),
+) -> list[Check]:
     """The checks a cell must pass under ``gate`` (status always; accuracy and consistency
     unless disabled; transfer with ``gate.max_failed_transfers``; load, required when
     ``bench`` (the run's ``bench.enabled``); load answers (:mod:`pdsweep.judge.load`),
-    required when ``load_answers`` (``bench.enabled`` and ``bench.check``))."""
-    checks: list[Check] = [StatusCheck(), CellFileCheck()]
+    required when ``load_answers`` (``bench.enabled`` and ``bench.check``)); ``load_plan``: the load
+    runs the plan asked for (:func:`pdsweep.judge.load.load_plan`); ``planned``: the eval tasks and
+    probe prompts (:mod:`pdsweep.judge.planned`; default: the sweep defaults); ``answers_plan``: the
+    (workload, concurrency) pairs load_check.json must hold (:func:`pdsweep.judge.load.planned_answers`)."""
+    checks: list[Check] = [StatusCheck(), CellFileCheck(), BuildRecordCheck()]
+    planned = planned or planned_eval({})
     if gate.require_accuracy:
-        checks += [AccuracyCheck(), AccuracyRecompute(gate.alpha)]
+        checks += [AccuracyCheck(), AccuracyRecompute(gate.alpha), PlannedTasksCheck(planned)]
     if gate.require_consistency:
-        checks += [ConsistencyCheck(), ConsistencyRecompute()]
+        checks += [ConsistencyCheck(), ConsistencyRecompute(), PlannedPromptsCheck(planned)]
     checks += [TransferCheck(gate.max_failed_transfers), ReadPatternCheck(), IntegrityCheck()]
-    checks.append(LoadCheck(required=bench))
-    checks.append(LoadAnswersCheck(required=load_answers))
+    checks.append(LoadCheck(required=bench, **(load_plan or {})))
+    checks.append(LoadAnswersCheck(required=load_answers, planned=answers_plan))
     if gate.transports or gate.transports_cross_host:  # the UCX transport expected (pdsweep.judge.transfer)
         checks.append(TransportCheck(tuple(gate.transports or ()), tuple(gate.transports_cross_host or ())))
     return checks
@@ -266,12 +279,19 @@ def judge_cell(
             f"expected to fail ({expect_reason or 'no reason'}) but no 'match:' signature was recorded: "
             f"'expect: fail' needs 'match:' (or 'match: {MATCH_ANY}')",
         ]
-    elif expect and reasons and pattern != MATCH_ANY and not _signature_matches(pattern, reasons, st):
+    elif expect and reasons and pattern != MATCH_ANY and not signature_matches(pattern, reasons, st):
         verdict = FAIL
         reasons = [
             *reasons,
             f"expected to fail with a signature matching /{pattern}/ ({expect_reason}), but "
             "it failed otherwise: a different fault, not the expected one",
+        ]
+    elif expect and pattern != MATCH_ANY and (lost := unexplained_losses(pattern, reasons, files)):
+        verdict = FAIL
+        reasons = [
+            *reasons,
+            f"expected to fail with a signature matching /{pattern}/ ({expect_reason}), which does not name "
+            f"these lost results: {'; '.join(lost)}",
         ]
     elif expect:
         verdict = XFAIL if reasons else XPASS
@@ -293,16 +313,6 @@ def judge_cell(
         match_any=expect and pattern == MATCH_ANY,
         attempts=tuple(retried(st)),
     )
-
-
-def _signature_matches(pattern: str, reasons: list[str], status: dict[str, Any]) -> bool:
-    """``pattern`` (a ``match:`` regex) searched in the gate's reasons, the status reason and
-    the failing instance's log tail; an unusable pattern never matches (fail closed)."""
-    text = "\n".join([*reasons, str(status.get("reason") or ""), *map(str, status.get("log_tail") or [])])
-    try:
-        return re.search(pattern, text) is not None
-    except re.error:
-        return False
 
 
 def gate_run(
@@ -331,7 +341,19 @@ def gate_run(
     order = list(dict.fromkeys([*entries, *(c for c in planned if c not in rejected), *rejected]))
     bench = obj(index.get("bench"))
     on = bench.get("enabled") is True
-    checks = checks_for(gate, bench=on, load_answers=on and bench.get("check", True) is True and "workloads" in bench)
+    answers = on and bench.get("check", True) is True and "workloads" in bench
+    try:
+        asked = planned_eval(index)
+    except UserError as e:
+        raise UserError(f"{run_dir}/{e}") from None
+    checks = checks_for(
+        gate,
+        bench=on,
+        load_answers=answers,
+        load_plan=load_plan(bench),
+        planned=asked,
+        answers_plan=planned_answers(bench) if answers else (),
+    )
     results = []
     for cid in order:
         entry = obj(entries.get(cid))

@@ -1,5 +1,5 @@
 """KV transfer, judged from transfer.json (``vllm:nixl_*`` counters, the NIXL READ/WRITE log).
-In push mode (transfer.json ``transfer_mode: push``, ``NixlPushConnector``) prefill initiates
+In push mode (``NixlPushConnector`` in the cell's recorded argv, :mod:`pdsweep.judge.mode`) prefill initiates
 the transfers (WRITEs, vLLM ``nixl/push_worker.py``): the counters, the split and the UCX tables
 are prefill's, recorded by ``pdsweep.measure.phases`` from the prefill instances.
 
@@ -39,6 +39,7 @@ from pdsweep.judge.facts import (
     cell_from_dict,
     show,
 )
+from pdsweep.judge.mode import is_push, mode_disagrees
 from pdsweep.plan.crossnode import cross_host
 from pdsweep.plan.gpus import CUDA_IPC_GET_OFF
 from pdsweep.plan.readplan import expected_read_split, expected_write_split
@@ -61,11 +62,6 @@ class TransferFileCheck:
 
     def judge(self, tr: dict[str, Any], w: str, files: CellFiles) -> list[str]:
         raise NotImplementedError
-
-
-def is_push(tr: dict[str, Any] | None) -> bool:
-    """transfer.json says push mode (prefill WRITEs); runs before pdsweep recorded the mode were pull."""
-    return (tr or {}).get("transfer_mode") == "push"
 
 
 def build_accounting(files: CellFiles) -> str:
@@ -156,7 +152,7 @@ class TransferCheck(TransferFileCheck):
             moved["num_transfers"] is not None
             and moved["num_transfers"] + (num(totals.get("failed_transfers")) or 0) < kv_requests
         ):
-            who = "prefill (push mode)" if is_push(tr) else "decode"
+            who = "prefill (push mode)" if is_push(files) else "decode"
             out.append(
                 f"{w}: {who} did {moved['num_transfers']:g} KV transfers for {kv_requests:g} PD requests "
                 "whose prompt spans >= 1 block: the others were recomputed on decode (silent recompute)"
@@ -287,8 +283,10 @@ class ReadPatternCheck:
                 f"{files.where(layout.CELL_FILE)}: model.attention/ssm is {show(attention)}/{show(ssm)}: "
                 "cannot check the read pattern (allowed attention: mla, gqa, mha)"
             ]
+        if wrong := mode_disagrees(files):
+            return wrong
         p, d = cell.prefill_tp, cell.decode_tp
-        push = is_push(tr)
+        push = is_push(files)
         op = _PUSH if push else _PULL
         try:
             want = (expected_write_split if push else expected_read_split)(attention, ssm != "none", p, d)
@@ -405,7 +403,7 @@ class TransportCheck(TransferFileCheck):
                 f"({', '.join(self.expected)}) is for one host"
             ]
         want = ", ".join(expected) + (f" (across hosts {', '.join(hosts)})" if hosts else "")
-        op, side = ("WRITE", "prefill") if is_push(tr) else ("READ", "decode")
+        op, side = ("WRITE", "prefill") if is_push(files) else ("READ", "decode")
         used = tr.get("ucx_transports")
         if not isinstance(used, list) or not used:
             return [

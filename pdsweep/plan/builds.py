@@ -11,19 +11,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pdsweep.core.errors import UserError
-from pdsweep.core.paths import REPO
 
 if TYPE_CHECKING:
     from pdsweep.sweepfile.sweep import LoadedSweep
 
 
-def venv_python(venv: str | Path) -> Path:
-    """``<venv>/bin/python``; a relative ``venv`` is taken from the working directory when
-    it exists there, else from :data:`REPO` (``make`` runs in the checkout, tests elsewhere)."""
+def venv_python(venv: str | Path, sweep_dir: str | Path) -> Path:
+    """``<venv>/bin/python``; a relative ``venv`` is taken from ``sweep_dir``, the directory of
+    the sweep file that names it (never the working directory or pdsweep's own checkout: a build
+    missing there is missing, not another checkout's venv)."""
     py = Path(venv) / "bin" / "python"
-    if py.is_absolute():
-        return py
-    return (Path.cwd() / py) if (Path.cwd() / py).exists() else REPO / py
+    return py if py.is_absolute() else Path(sweep_dir).absolute() / py
 
 
 def build_python(ls: LoadedSweep, name: str) -> str:
@@ -33,10 +31,11 @@ def build_python(ls: LoadedSweep, name: str) -> str:
     if b.python:
         return b.python
     if b.venv:
-        py = venv_python(b.venv)
+        py = venv_python(b.venv, Path(ls.path).parent)
         if not py.exists():
             raise UserError(
-                f"{ls.path}: builds.{name}.venv: {py} does not exist (for the unfixed baseline run `make baseline-env`)"
+                f"{ls.path}: builds.{name}.venv: {py} does not exist (a relative venv is taken from the sweep "
+                "file's directory; for the unfixed baseline run `make baseline-env`)"
             )
         return str(py)
     return sys.executable
@@ -99,6 +98,7 @@ def build_info(ls: LoadedSweep, name: str) -> dict[str, Any]:
         info["provenance_error"] = str(e)
     made = read_marker(Path(py).parent.parent)
     info["made_by"] = made["inputs"] if made else None  # `pdsweep builds make` inputs, or None: a venv as is
+    info["own_vllm"] = made.get("own_vllm") if made else None  # its vLLM path, NIXL connector files' sha256
     info["fixes"] = probe_python(py)[1]  # fix probe -> present (True) / absent (False) / unknown (None)
     # what vllm:nixl_num_failed_transfers counts in this build (the gate's reasons name it)
     info["failed_transfer_accounting"] = accounting_label(info["fixes"].get(FAILED_TRANSFER_ACCOUNTING))

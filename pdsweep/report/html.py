@@ -279,15 +279,19 @@ def not_reproducible(c: CellResult) -> str | None:
 def cell_links(run_dir: Path, out: Path, cell_id: str) -> list[tuple[str, str]]:
     """(label, href relative to ``out``) for a cell's files that exist: its directory, each
     log under ``logs/`` (sorted), ``cell.json`` (argv, env), ``status.json``. Empty for a cell
-    that never ran (rejected: no directory)."""
+    that never ran (rejected: no directory). Raises ``UserError`` naming a directory of the run
+    that cannot be read (never mistaken for the report's own output failing)."""
     cell_dir = run_dir / cell_id
     if not cell_dir.is_dir():
         return []
     base = Path(os.path.relpath(cell_dir, out)).as_posix()
     links = [("dir", base + "/")]
     logs = cell_dir / layout.LOGS_DIR
-    if logs.is_dir():
-        links += [(f.name, f"{base}/{layout.LOGS_DIR}/{f.name}") for f in sorted(logs.iterdir(), key=lambda f: f.name)]
+    try:
+        names = sorted(f.name for f in logs.iterdir()) if logs.is_dir() else []
+    except OSError as e:
+        raise UserError(f"{logs}: cannot read the run's cell directory: {e.strerror or e}") from None
+    links += [(n, f"{base}/{layout.LOGS_DIR}/{n}") for n in names]
     for name in (layout.CELL_FILE, layout.STATUS_FILE):
         if (cell_dir / name).is_file():
             links.append((name, f"{base}/{name}"))

@@ -187,6 +187,15 @@ class UnresolvablePath(UserError):
     """A results path that cannot be resolved (a symlink loop): the cell fails, the run does not."""
 
 
+def resolved(path: Path) -> Path:
+    """``path`` resolved (symlinks followed); raises :class:`UnresolvablePath` (a ``UserError``
+    naming the path) for a symlink loop or a path the OS cannot resolve."""
+    try:
+        return Path(path).resolve()
+    except (OSError, RuntimeError) as e:  # RuntimeError: pathlib's "Symlink loop" (Python 3.11)
+        raise UnresolvablePath(f"{path}: cannot resolve: {e}") from None
+
+
 def inside(run_dir: Path, path: Path) -> Path:
     """``path``, after checking that it resolves inside ``run_dir`` (symlinks followed);
     raises ``UserError`` otherwise."""

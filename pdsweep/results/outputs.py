@@ -17,7 +17,7 @@ PROTECTED = (layout.RUN_FILE, layout.PLAN_FILE)
 def refuse_results_path(run_dir: Path, path: Path, flag: str) -> None:
     """Raise ``UserError`` naming ``flag`` when ``path`` (a file or an output directory)
     is run.json/plan.json of ``run_dir`` or lies inside one of its cell directories."""
-    run, p = Path(run_dir).resolve(), Path(path).resolve()
+    run, p = layout.resolved(run_dir), layout.resolved(path)
     if p.parent == run and p.name in PROTECTED:
         raise UserError(f"{flag} {path}: is the run's own {p.name}; writing it would destroy the run")
     try:

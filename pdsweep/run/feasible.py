@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pdsweep.core.errors import UserError
 from pdsweep.plan.expand import Plan
+from pdsweep.run.drillcheck import drill_problems
 
 
 def cannot_pass(plan: Plan) -> list[str]:
@@ -118,9 +119,9 @@ def build_problems(plan: Plan) -> tuple[list[str], list[str]]:
         if b.python and not (Path(b.python).is_file() and os.access(b.python, os.X_OK)):
             errors.append(f"{path}: builds.{name}.python: {b.python} is not an executable file")
         elif b.venv:
-            if not venv_python(b.venv).exists():
+            if not (py := venv_python(b.venv, Path(path).parent)).exists():
                 warnings.append(
-                    f"{path}: builds.{name}.venv: {b.venv}/bin/python does not exist yet (for the "
+                    f"{path}: builds.{name}.venv: {py} does not exist yet (for the "
                     f"unfixed baseline: `make baseline-env`); until then cells of build {name} fail"
                 )
     return errors, warnings
@@ -191,11 +192,12 @@ def feasibility_warnings(plan: Plan, tasks: bool = True) -> list[str]:
     """Raise one ``UserError`` listing every problem above; returns the warnings.
     ``tasks=False`` skips the lm-eval task index (seconds to read; ``plan`` skips it)."""
     matrix_errors, matrix_warnings = matrix_problems(plan)
-    errors = matrix_errors + cannot_pass(plan) + model_problems(plan)
+    drill_errors, drill_warnings = drill_problems(plan)
+    errors = matrix_errors + cannot_pass(plan) + model_problems(plan) + drill_errors
     if tasks:
         errors += unknown_tasks(plan)
     build_errors, warnings = build_problems(plan)
     errors += build_errors
     if errors:
         raise UserError("\n".join(dict.fromkeys(errors)))
-    return matrix_warnings + warnings
+    return matrix_warnings + warnings + drill_warnings

@@ -65,6 +65,7 @@ def write_index(
         "pdsweep_version": __version__,
         "gate": ctx.ls.sweep.gate.model_dump(),
         "bench": ctx.ls.sweep.bench.model_dump(),
+        "eval": ctx.ls.sweep.eval.model_dump(),  # what accuracy.json and consistency.json must hold
         "reuse": isinstance(ctx.provider, InstancePool),
         "timings": ctx.timings,
         "instances": ctx.provider.record() if ctx.provider else None,

@@ -97,10 +97,20 @@ class MatrixEntry(_Strict):
     def _regex(cls, v: str | None) -> str | None:
         if v is not None:
             try:
-                re.compile(v)
+                rx = re.compile(v)
             except re.error as e:
                 raise ValueError(f"not a regular expression: {e}") from None
+            trivial = next((t for t in TRIVIAL_TEXTS if rx.search(t) is not None), None)
+            if v != MATCH_ANY and trivial is not None:
+                raise ValueError(
+                    f"{v!r} matches {trivial!r}, so it explains any failure: name the failure's signature, "
+                    f"or write 'match: {MATCH_ANY}' to accept any failure (counted loudly by the gate)"
+                )
         return v
+
+
+# texts no failure signature matches: a `match:` that finds one of them explains every failure (a silent `match: any`)
+TRIVIAL_TEXTS = ("", "\x00", " ", "\n")
 
 
 def _tp_pair_in_bounds(pair: str) -> str:

@@ -1,0 +1,104 @@
+"""Issue 59 ("fail closed, round three"): what a results file must hold comes from the plan
+(run.json's frozen bench and eval), never from the file; an expectation explains only what its
+signature names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from _sweepfiles import bad
+from fixtures.make_runs import ACC, CON, HYBRID, LOAD, TASK, case, edit, good_prompts, pd, write_run
+
+from pdsweep.judge.gate import FAIL, PASS, XFAIL, gate_run
+from pdsweep.results import layout
+
+BENCH = {"enabled": True, "check": False, "workloads": [{"name": "random"}], "concurrencies": [2, 8], "num_prompts": 16}
+EVAL = {"tasks": [TASK], "consistency": {"lengths": ["short", "blocks", "long"]}}
+
+
+def load_run(c: int, n: int = 16) -> dict:
+    return {"concurrency": c, "num_prompts": n, "completed": n, "errors": 0, "output_tokens": 4 * n}
+
+
+def judged(tmp_path: Path, *patches, cell=HYBRID, bench=BENCH, eval_=EVAL):
+    run = write_run(tmp_path, "run", [case(cell, *patches)])
+    edit(run / layout.RUN_FILE, lambda d: d.update(bench=bench, eval=eval_))
+    return gate_run(run).cell(cell.id)
+
+
+W = f"{HYBRID.id}/{LOAD}"
+
+
+@pytest.mark.parametrize(
+    "runs, why",
+    [
+        ([load_run(2), load_run(8)], None),
+        ([load_run(2), load_run(2)], f"{W}: no load run at concurrency 8 (bench.concurrencies [2, 8] in run.json)"),
+        (
+            [load_run(2), load_run(8), load_run(4)],
+            f"{W}: a load run at concurrency 4, which bench.concurrencies [2, 8] does not plan",
+        ),
+        ([load_run(2), load_run(8, 1)], f"{W}: concurrency 8: num_prompts 1, bench.num_prompts 16 in run.json"),
+    ],
+    ids=["planned", "concurrency-lost", "unplanned-concurrency", "one-prompt-of-16"],
+)
+def test_load_runs_are_checked_against_the_planned_bench(tmp_path: Path, runs: list, why: str | None) -> None:
+    r = judged(tmp_path, {LOAD: {"runs": runs}})
+    assert (r.verdict, list(r.reasons)) == ((PASS, []) if why is None else (FAIL, [why]))
+
+
+def test_a_planned_probe_prompt_missing_from_consistency_json_fails(tmp_path: Path) -> None:
+    r = judged(tmp_path, {CON: {"prompts": good_prompts(("short",))}}, bench=None)
+    assert r.verdict == FAIL and list(r.reasons) == [
+        f"{HYBRID.id}/{CON}: prompt '{n}' missing (eval.consistency.lengths gives ['short', 'blocks', 'long'] "
+        "in run.json)"
+        for n in ("blocks", "long")
+    ]
+
+
+def test_a_planned_task_missing_from_accuracy_json_fails(tmp_path: Path) -> None:
+    r = judged(tmp_path, bench=None, eval_={**EVAL, "tasks": [TASK, "gsm8k"]})
+    assert r.verdict == FAIL and list(r.reasons) == [
+        f"{HYBRID.id}/{ACC}: task gsm8k missing (eval.tasks ['{TASK}', 'gsm8k'] in run.json)"
+    ]
+    r = judged(tmp_path / "old", bench=None, eval_=None)  # a run before eval was frozen: the defaults, said so
+    assert r.verdict == PASS
+
+
+@pytest.mark.parametrize(
+    "pattern, text", [(".", "\x00"), ("|", ""), ("x*", ""), ("(?:)", ""), ("^", ""), ("\\s", " "), ("[^a]", "\x00")]
+)
+def test_a_match_that_matches_any_text_is_refused(tmp_path: Path, capsys, pattern: str, text: str) -> None:
+    body = (
+        "name: x\nplatform: cpu\nmatrix:\n  model: [tiny-llama]\n  tp: [p1d1]\n  block_size: [32]\n"
+        f"  include:\n    - {{model: tiny-llama, tp: p1d1, block_size: 32, expect: fail, reason: r, match: '{pattern}'}}\n"
+    )
+    err = bad(tmp_path, body, capsys)
+    assert f"{pattern!r} matches {text!r}, so it explains any failure" in err and "s.yaml" in err
+
+
+UCX = "KV READ over UCX transport\\(s\\) tcp/.* \\(fell back to tcp\\); expected: cma"
+
+
+def test_an_expected_failure_does_not_hide_a_lost_result(tmp_path: Path) -> None:
+    """The CPU default's UCX-TCP drill (sweeps/cpu-smoke.yaml): its signature names the transport;
+    with its accuracy.json deleted it is FAIL listing the loss, not XFAIL."""
+    from pdsweep.judge.gate import checks_for
+    from pdsweep.sweepfile.gatespec import GateSpec
+
+    assert any(c.name == "transport" for c in checks_for(GateSpec(transports=["cma"])))
+    cell = pd("tiny-llama", 1, 1, expect_fail=True, expect_reason="ucx-tcp drill", expect_match=UCX)
+    tcp = {layout.TRANSFER_FILE: {"ucx_transports": ["tcp/lo"]}}
+
+    def gate(name: str, *patches):
+        run = write_run(tmp_path / name, "run", [case(cell, tcp, *patches)])
+        edit(run / layout.RUN_FILE, lambda d: d.update(gate={"transports": ["cma"]}))
+        return gate_run(run).cell(cell.id)
+
+    assert gate("drill").verdict == XFAIL
+    r = gate("lost", {ACC: None})
+    assert r.verdict == FAIL and r.reasons[-1] == (
+        f"expected to fail with a signature matching /{UCX}/ (ucx-tcp drill), which does not name these lost "
+        f"results: {cell.id}/{ACC}: missing"
+    )
