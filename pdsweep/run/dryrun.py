@@ -31,7 +31,7 @@ from pdsweep.plan.placement import Cluster
 from pdsweep.plan.shards import JobArgs
 from pdsweep.run.feasible import feasibility_warnings
 from pdsweep.run.jobs import annotate, job_cells, job_text
-from pdsweep.run.runplan import RunPlan, Where, place, plan_cells
+from pdsweep.run.runplan import RunPlan, place, plan_cells
 from pdsweep.run.unverified import cell_unverified, unverified_text
 from pdsweep.sweepfile.sweep import LoadedSweep, load_sweep
 
@@ -137,7 +137,7 @@ def plan_dict(
     cells = job.cells
     argv_verdict = submit_cells_argv(ls, cells) if check else None
     try:  # vLLM parses every argv while the cells are scheduled; its refusals come first
-        pool, fitted, warnings = place(ls, cells, Where(gpus, cluster, preflight=gpu_check, fit=True))
+        pool, fitted, warnings = place(ls, cells, gpus, cluster, check=gpu_check, fit=True)
         for w in warnings:
             log.warning("%s", w)
         rp = plan_cells(ls, plan, cells, pool).with_instances(dry_pythons(ls, cells), frozenset())

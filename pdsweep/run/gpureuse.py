@@ -162,19 +162,11 @@ def prestart(
     ctx.provider.prestart([r for r in real if instance_key(r) in keys], cell.id)
 
 
-def dispatch_schedule(
-    todo: list[Cell], specs: dict[str, list[InstanceSpec]], num_gpus: int, estimate: Callable, prestart: bool = True
-) -> dict[str, Any]:
-    """plan.json ``reuse.schedule`` (and ``pdsweep plan``'s): the cells of ``todo`` as
-    :func:`run_dispatch` runs them on ``num_gpus`` GPUs, simulated on the duration model
-    (:func:`pdsweep.plan.dispatch.simulate`): per cell (start order) when it starts, when its
-    instances are up, when it ends, its GPUs and the instances started for it (``prestarted``:
-    while it waited); the makespan against running every cell alone, one after the other."""
-    return record(plan_order(todo, specs, num_gpus, estimate, prestart)[1], estimate)
-
-
 def record(placed: list[Placed], estimate: Callable[[Cell], float]) -> dict[str, Any]:
-    """The ``reuse.schedule`` dict of simulated ``placed`` cells."""
+    """plan.json ``reuse.schedule`` (and ``pdsweep plan``'s) of ``placed``, the simulation of
+    :func:`plan_order` (:func:`pdsweep.plan.dispatch.simulate`): per cell (start order) when it
+    starts, when its instances are up, when it ends, its GPUs and the instances started for it
+    (``prestarted``: while it waited); the makespan against running every cell alone, one after the other."""
     return {
         "cells": [
             {

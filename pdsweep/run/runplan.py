@@ -42,36 +42,27 @@ EXECUTORS = {
 }
 
 
-@dataclass(frozen=True)
-class Where:
-    """Where a sweep runs: one host's ``gpus`` (None: nvidia-smi on CUDA, 0 on CPU) or a
-    ``cluster``; ``preflight``: check weights, memory fit, driver and busy GPUs
-    (:func:`pdsweep.run.preflight.preflight`, raises ``UserError``); ``fit``: else, on CUDA
-    without ``gpus``, fit cells to the GPUs nvidia-smi lists (:func:`pdsweep.run.preflight.plan_fit`)."""
-
-    gpus: int | None = None
-    cluster: Cluster | None = None
-    preflight: bool = False
-    fit: bool = False
-
-
-def place(ls: LoadedSweep, cells: list[Any], where: Where) -> tuple[Pool, str | None, list[str]]:
+def place(
+    ls: LoadedSweep, cells: list[Any], gpus: int | None, cluster: Cluster | None, check: bool, fit: bool
+) -> tuple[Pool, str | None, list[str]]:
     """(an empty pool of the resources ``cells`` run on, the node shape they were memory-fitted
-    to or None, the preflight's warnings)."""
+    to or None, the preflight's warnings): ``cluster``'s nodes, or this host's ``gpus`` (None:
+    nvidia-smi on CUDA, 0 on CPU); ``check``: weights, memory fit, driver and busy GPUs
+    (:func:`pdsweep.run.preflight.preflight`, raises ``UserError``); ``fit`` (the dry run): else,
+    on CUDA without ``gpus``, the GPUs nvidia-smi lists (:func:`pdsweep.run.preflight.plan_fit`)."""
     cuda, port_base = ls.sweep.platform == "cuda", ls.sweep.defaults.port_base
-    if where.cluster is not None:
-        cluster = where.cluster if cuda else replace(where.cluster, gpus_per_node=0)
-        return ClusterPool(cluster, port_base), None, []
+    if cluster is not None:
+        return ClusterPool(cluster if cuda else replace(cluster, gpus_per_node=0), port_base), None, []
     checked = None
-    if where.preflight:
-        checked = preflight(ls, cells, where.gpus)
-    elif where.fit and cuda and where.gpus is None:
+    if check:
+        checked = preflight(ls, cells, gpus)
+    elif fit and cuda and gpus is None:
         checked = plan_fit(ls, cells)  # the GPUs nvidia-smi lists: usable ones, per-cell memory fit
     warnings = checked.warnings if checked else []
     if checked is not None and cuda and checked.gpu_ids:
         ids = checked.gpu_ids
         return GpuPool(len(ids), port_base, ids=ids, unfit=checked.unfit), checked.shape, warnings
-    n = where.gpus if where.gpus is not None else (detect_gpus() if cuda and not where.fit else 0)
+    n = gpus if gpus is not None else (detect_gpus() if cuda and not fit else 0)
     return GpuPool(n, port_base), None, warnings
 
 

@@ -47,7 +47,7 @@ from pdsweep.run.pairs import lanes, run_pairs
 from pdsweep.run.prebuild import prebuild_checkpoints
 from pdsweep.run.progress import Progress
 from pdsweep.run.provenance import git_sha, host_facts, now
-from pdsweep.run.runplan import RunPlan, Where, place, plan_cells
+from pdsweep.run.runplan import RunPlan, place, plan_cells
 from pdsweep.sweepfile.sweep import LoadedSweep, load_sweep
 
 log = logging.getLogger(__name__)
@@ -187,7 +187,7 @@ def _open_run(path: str | Path, opts: RunOptions) -> tuple[RunContext, RunPlan]:
         )
     local = opts.launcher == "local"  # weights, memory, driver, busy GPUs: before anything starts
     launcher, cluster = launcher_cluster(ls, opts)  # outside an allocation: refused before any write
-    pool, fitted, warnings = place(ls, cells, Where(opts.gpus, cluster, preflight=opts.preflight and local))
+    pool, fitted, warnings = place(ls, cells, opts.gpus, cluster, check=opts.preflight and local, fit=False)
     for warning in warnings:
         log.warning("%s", warning)
     if fitted:

@@ -8,7 +8,6 @@ errors) and :mod:`pdsweep.plan.expand` (cells).
 from __future__ import annotations
 
 import re
-from types import GenericAlias
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field
@@ -53,6 +52,7 @@ def _tp_pair(pair: str) -> str:
 
 
 TpPair = Annotated[str, AfterValidator(_tp_pair)]
+_BOUND_OF_TYPE = ((Tp, "tp"), (Block, "block"), (Dp, "dp"), (Pp, "pp"), (Instances, "instances"))
 NO_DEFAULT = object()  # an axis `defaults:` has no field for: the model, and the shorthands
 
 # The axes a sweep's matrix varies, declared once: name -> (the type of one value, its value in
@@ -85,26 +85,6 @@ SHORTHANDS = {"tp": ("prefill_tp", "decode_tp"), "block_size": ("prefill_block_s
 DEFAULTS = {k: d for k, (_, d) in AXIS_TYPES.items() if d is not NO_DEFAULT}  # the axes `defaults:` sets
 
 
-def matrix_fields() -> dict[str, Any]:
-    """The matrix's axis fields (pydantic ``create_model`` form): a non-empty list of values,
-    required for an axis without a default that is no shorthand (the model)."""
-    return {
-        k: (GenericAlias(list, t), Field(min_length=1)) if k not in DEFAULTS and k not in SHORTHANDS
-        else (GenericAlias(list, t) | None, Field(default=None, min_length=1))
-        for k, (t, _) in AXIS_TYPES.items()
-    }  # fmt: skip
-
-
-def entry_fields() -> dict[str, Any]:
-    """An include/exclude entry's axis fields: one value each, all optional."""
-    return {k: (t | None, None) for k, (t, _) in AXIS_TYPES.items()}
-
-
-def default_fields() -> dict[str, Any]:
-    """``defaults:``'s axis fields: each axis's value when the matrix does not vary it."""
-    return {k: (AXIS_TYPES[k][0], d) for k, d in DEFAULTS.items()}
-
-
 BOUND_WHY = {
     "tp": f"a cell runs on one host; pdsweep takes TP up to {MAX_TP} ranks",
     "block": f"tokens per KV block; vLLM's attention backends and hybrid page alignment stay far below {MAX_BLOCK}",
@@ -114,15 +94,7 @@ BOUND_WHY = {
     "instances": "at most 12 instances per cell (pdsweep.plan.instance.MAX_INSTANCES: the per-cell port block)",
     "port_base": "TCP ports end at 65535 and each concurrent cell takes a block of 200",
 }
-BOUND_OF = {
-    "prefill_tp": "tp",
-    "decode_tp": "tp",
-    "block_size": "block",
-    "prefill_block_size": "block",
-    "decode_block_size": "block",
-    "decode_dp": "dp",
-    "prefill_pp": "pp",
-    "num_prefill": "instances",
-    "num_decode": "instances",
-    "port_base": "port_base",
+# the bound (BOUND_WHY) of each bounded axis, by its type, and of defaults.port_base
+BOUND_OF = {k: b for k, (t, _) in AXIS_TYPES.items() for ty, b in _BOUND_OF_TYPE if t is ty} | {
+    "port_base": "port_base"
 }

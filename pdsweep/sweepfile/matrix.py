@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, create_model, field_validator, model_validator
 
-from pdsweep.sweepfile.axes import AXES, EXPECT_KEYS, MATCH_ANY, REF_ENTRY_KEYS, SHORTHANDS, entry_fields, matrix_fields
+from pdsweep.sweepfile.axes import AXES, AXIS_TYPES, DEFAULTS, EXPECT_KEYS, MATCH_ANY, REF_ENTRY_KEYS, SHORTHANDS
 from pdsweep.sweepfile.catalogue import Strict as _Strict
 from pdsweep.sweepfile.catalogue import validate_nested
 
 
 class _EntryKeys(_Strict):
-    """An ``include``/``exclude`` entry besides its axis values (:func:`pdsweep.sweepfile.axes.entry_fields`):
+    """An ``include``/``exclude`` entry besides its axis values (one of each, :data:`AXIS_TYPES`):
     for include, ``expect: fail`` with ``reason`` and ``ref``, and ``kind: ref`` for an entry that
     sets the expectation of matching reference cells (:data:`REF_ENTRY_KEYS`)."""
 
@@ -63,11 +63,12 @@ class _EntryKeys(_Strict):
         return v
 
 
-MatrixEntry = create_model("MatrixEntry", __base__=_EntryKeys, **entry_fields())
+_one_each: dict[str, Any] = {k: (t | None, None) for k, (t, _) in AXIS_TYPES.items()}
+MatrixEntry = create_model("MatrixEntry", __base__=_EntryKeys, **_one_each)
 
 
 class _MatrixLists(_Strict):
-    """The matrix besides its axes (:func:`pdsweep.sweepfile.axes.matrix_fields`): ``include`` and ``exclude``."""
+    """The matrix besides its axes (a non-empty list of each, :data:`AXIS_TYPES`): ``include`` and ``exclude``."""
 
     include: list[dict[str, Any]] = []
     exclude: list[dict[str, Any]] = []
@@ -130,9 +131,19 @@ class _MatrixLists(_Strict):
 if TYPE_CHECKING:
 
     class Matrix(_MatrixLists):
-        """The matrix as mypy sees it: its axes are :func:`matrix_fields`."""
+        """The matrix as mypy sees it: its axes are :data:`AXIS_TYPES`'s."""
 
         def __getattr__(self, name: str) -> Any: ...
 
 else:
-    Matrix = create_model("Matrix", __base__=_MatrixLists, **matrix_fields())
+    # an axis without a default that is no shorthand (the model) is required
+    Matrix = create_model(
+        "Matrix",
+        __base__=_MatrixLists,
+        **{
+            k: (list[t], Field(min_length=1))
+            if k not in DEFAULTS and k not in SHORTHANDS
+            else (list[t] | None, Field(default=None, min_length=1))
+            for k, (t, _) in AXIS_TYPES.items()
+        },  # fmt: skip
+    )

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, create_model, field_validator, model_validator
 
-from pdsweep.sweepfile.axes import default_fields
+from pdsweep.sweepfile.axes import AXIS_TYPES, DEFAULTS
 from pdsweep.sweepfile.catalogue import Strict as _Strict
 from pdsweep.sweepfile.catalogue import validate_nested
 from pdsweep.sweepfile.connector import KV_TRANSFER_EXTRA_KEYS, NIXL_EXTRA_KEYS, KvTransferExtra
@@ -83,7 +83,7 @@ class ServeArgsVariant(_Strict):
 
 
 class _Settings(_Strict):
-    """``defaults:`` besides each axis's default (:func:`pdsweep.sweepfile.axes.default_fields`)."""
+    """``defaults:`` besides each axis's default (:data:`pdsweep.sweepfile.axes.DEFAULTS`)."""
 
     gpu_memory_utilization: float = Field(default=0.8, gt=0, le=1)
     enforce_eager: bool = True
@@ -106,9 +106,9 @@ class _Settings(_Strict):
 if TYPE_CHECKING:
 
     class Defaults(_Settings):
-        """``defaults:`` as mypy sees it: its axes are :func:`pdsweep.sweepfile.axes.default_fields`."""
+        """``defaults:`` as mypy sees it: its axes are :data:`pdsweep.sweepfile.axes.DEFAULTS`."""
 
         def __getattr__(self, name: str) -> Any: ...
 
 else:
-    Defaults = create_model("Defaults", __base__=_Settings, **default_fields())
+    Defaults = create_model("Defaults", __base__=_Settings, **{k: (AXIS_TYPES[k][0], d) for k, d in DEFAULTS.items()})
