@@ -355,7 +355,7 @@ def print_plan(d: dict) -> None:
         print(f"warning: {w}", file=sys.stderr)
 
 
-def _print_measured_as(con, d: dict) -> None:
+def _print_measured_as(con: Console, d: dict) -> None:
     """The ``pairs`` and ``perf`` of :func:`plan_dict` (its warnings logged)."""
     if pr := d.get("pairs"):
         con.file.write(
@@ -389,7 +389,7 @@ def rejected_text(rejected: list[dict]) -> list[str]:
     return out
 
 
-def _print_reuse(con, reuse: dict) -> None:
+def _print_reuse(con: Console, reuse: dict) -> None:
     """The instances ``run`` shares across cells (started once, reset between cells)."""
     shared = [r for r in reuse["instances"] if len(r["cells"]) > 1]
     t = Table(
