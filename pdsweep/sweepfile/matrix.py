@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, create_model, field_validator, model_validator
 
+from pdsweep.builds.fixprobes import FIXES
 from pdsweep.sweepfile.axes import AXES, AXIS_TYPES, DEFAULTS, EXPECT_KEYS, MATCH_ANY, REF_ENTRY_KEYS, SHORTHANDS
 from pdsweep.sweepfile.catalogue import Strict as _Strict
 from pdsweep.sweepfile.catalogue import validate_nested
@@ -45,8 +46,6 @@ class _EntryKeys(_Strict):
     @field_validator("without")
     @classmethod
     def _known_fixes(cls, v: list[str] | None) -> list[str] | None:
-        from pdsweep.builds.fixprobes import FIXES
-
         bad = [f for f in v or [] if f not in FIXES]
         if bad:
             raise ValueError(f"unknown fix probe(s) {bad} (allowed: {', '.join(FIXES)})")
