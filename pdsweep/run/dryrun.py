@@ -16,9 +16,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from pdsweep.builds import answers, attnprobe
+from pdsweep.builds import answers, attnprobe, fixprobes
 from pdsweep.builds.argcheck import submit_instances
-from pdsweep.builds.fixprobes import FAILED_TRANSFER_ACCOUNTING, accounting_label, probe_python
 from pdsweep.builds.make import PROVENANCE_FIELDS, read_marker
 from pdsweep.core.errors import UserError
 from pdsweep.deploy.launchers.slurm import allocation, node_addrs
@@ -230,7 +229,7 @@ def build_record(ls: LoadedSweep, name: str) -> dict[str, Any]:
         return {"python": None, "made": None, "error": str(e)}
     marker = read_marker(Path(python).parent.parent)
     made = {k: marker["provenance"].get(k) for k in PROVENANCE_FIELDS} if marker else None
-    counts = accounting_label(probe_python(python)[1].get(FAILED_TRANSFER_ACCOUNTING))
+    counts = fixprobes.accounting_label(fixprobes.probe_python(python)[1].get(fixprobes.FAILED_TRANSFER_ACCOUNTING))
     return {"python": python, "made": made, "failed_transfer_accounting": counts}
 
 
