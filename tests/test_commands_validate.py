@@ -119,10 +119,13 @@ def test_plan_json_carries_pairs_and_percentiles_and_loads_the_sweep_once(monkey
     import json
 
     import pdsweep.sweepfile.sweep as spec
+    from pdsweep.run import dryrun
 
     loads: list[str] = []
     real = spec.load_sweep
-    monkeypatch.setattr(spec, "load_sweep", lambda p, *a, **k: loads.append(str(p)) or real(p, *a, **k))
+    counted = lambda p, *a, **k: loads.append(str(p)) or real(p, *a, **k)  # noqa: E731
+    monkeypatch.setattr(spec, "load_sweep", counted)
+    monkeypatch.setattr(dryrun, "load_sweep", counted)
     sweep = str(REPO / "tests/fixtures/sweeps/cpu-paired.yaml")
     assert main(["plan", sweep, "--no-check-argv", "--format", "json"]) == 0
     d = json.loads(capsys.readouterr().out)

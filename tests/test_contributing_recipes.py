@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "contributing.md"
-RECIPES = ("A gate check", "A load workload", "A metric", "A fault", "A model")
+RECIPES = ("A gate check", "A load workload", "A metric", "A fault", "A sweep axis", "A model")
 
 
 def recipe(title: str) -> str:
@@ -263,4 +263,59 @@ def test_model_recipe(scratch: Path) -> None:
         p = config_params("tiny-llama-b", m)
         assert (p["num_hidden_layers"], p["num_key_value_heads"], p["head_dim"]) == (2, 2, 32), p
         """,
+    )
+
+
+def test_sweep_axis_recipe(scratch: Path) -> None:
+    says(
+        "A sweep axis",
+        "Three files.",
+        "`AXIS_TYPES` (`pdsweep/sweepfile/axes.py`)",
+        "The `Cell` field of that name and default, and its part of the cell id in `_id_parts`",
+        "(`pdsweep/plan/cell.py`",
+        "`serve_env` (`pdsweep/plan/instance.py`)",
+        "`tests/test_sweepfile_axes.py`",
+    )
+    edit(scratch, "pdsweep/sweepfile/axes.py", '    "fault": (Fault, "none"),', '\n    "kv_offload": (bool, False),',
+         start="AXIS_TYPES")  # fmt: skip
+    edit(scratch, "pdsweep/plan/cell.py", "    kind: str = ", "    kv_offload: bool = False\n", after=False)
+    edit(scratch, "pdsweep/plan/cell.py", "        return parts\n", '        if self.kv_offload:\n            parts.append("kvoff")\n',
+         after=False, start="def _id_parts(")  # fmt: skip
+    edit(scratch, "pdsweep/plan/instance.py", '    if cell.fault != "none":', 'env["PDSWEEP_KV_OFFLOAD"] = "1"\n',
+         after=False, start="def serve_env(")  # fmt: skip
+    edit(
+        scratch,
+        "pdsweep/plan/instance.py",
+        'env["PDSWEEP_KV_OFFLOAD"]',
+        "    if cell.kv_offload:\n        ",
+        after=False,
+    )
+    sweep = scratch / "sweeps" / "new-axis.yaml"
+    sweep.write_text(
+        "name: new-axis\nplatform: cpu\ndefaults: {kv_offload: false}\n"
+        "matrix:\n  model: [tiny-llama]\n  tp: [p1d1]\n  block_size: [32]\n  kv_offload: [false, true]\n"
+        "  exclude: [{kv_offload: true, block_size: 64}]\n"
+    )
+    out = run_py(scratch, "from pdsweep.cli import main; raise SystemExit(main())", "validate", "--no-check-argv",
+                 str(sweep))  # fmt: skip
+    assert "new-axis.yaml: valid: 2 PD cells, 2 reference cells, 0 rejected" in out
+    run_py(
+        scratch,
+        """
+        import sys
+        from pdsweep.plan.expand import expand
+        from pdsweep.plan.instance import Slot, instances
+        from pdsweep.sweepfile.sweep import load_sweep
+        from test_sweepfile_axes import test_an_axis_is_declared_once_and_every_cell_has_it
+
+        test_an_axis_is_declared_once_and_every_cell_has_it()
+        ls = load_sweep(sys.argv[1])
+        pd = {c.id: c for c in expand(ls).cells if c.kind == "pd"}
+        assert sorted(pd) == ["tiny-llama.p1d1.b32-32.fixed", "tiny-llama.p1d1.b32-32.fixed.kvoff"], sorted(pd)
+        on = pd["tiny-llama.p1d1.b32-32.fixed.kvoff"]
+        assert on.compare_key == "tiny-llama.p1d1.b32-32.kvoff"
+        specs = instances(on, Slot(0, (), 20000), ls, "/m", "python")
+        assert [s.env.get("PDSWEEP_KV_OFFLOAD") for s in specs] == ["1", "1"], [s.env for s in specs]
+        """,
+        str(sweep),
     )

@@ -92,7 +92,7 @@ def test_run_with_a_planted_loopback_node_addr_is_refused_before_any_write(monke
 
     import pdsweep.deploy.launchers as launchers
     from pdsweep.run.context import RunOptions
-    from pdsweep.run.sweep import launcher_and_pool
+    from pdsweep.run.sweep import launcher_cluster
 
     fake = types.SimpleNamespace(
         nodes=["pdsweep-n1", "pdsweep-n2"],
@@ -101,8 +101,8 @@ def test_run_with_a_planted_loopback_node_addr_is_refused_before_any_write(monke
     )
     monkeypatch.setattr(launchers, "make_launcher", lambda name: fake)
     with pytest.raises(UserError, match=r"loopback address: node pdsweep-n2 NodeAddr=127\.0\.0\.1 \(scontrol"):
-        launcher_and_pool(load_sweep(SMOKE), RunOptions(out=tmp_path / "run", launcher="slurm"), 0)
+        launcher_cluster(load_sweep(SMOKE), RunOptions(out=tmp_path / "run", launcher="slurm"))
     assert not (tmp_path / "run").exists()
     fake.addrs["pdsweep-n2"] = "10.231.39.12"
-    _, pool = launcher_and_pool(load_sweep(SMOKE), RunOptions(out=tmp_path / "run", launcher="slurm"), 0)
-    assert pool.cluster.addrs == TWO_HOSTS
+    _, cluster = launcher_cluster(load_sweep(SMOKE), RunOptions(out=tmp_path / "run", launcher="slurm"))
+    assert cluster is not None and cluster.addrs == TWO_HOSTS

@@ -49,17 +49,18 @@ def env(tmp_path, monkeypatch):
     return monkeypatch
 
 
-def plan_json(capsys, *extra: str) -> tuple[dict, str]:
+def plan_json(capsys, *extra: str, caplog=None) -> tuple[dict, str]:
+    """The plan as JSON and what it warned (logged: pdsweep.run.dryrun)."""
     assert main(["plan", SWEEP, "--no-check-argv", "--format", "json", *extra]) == 0
     out = capsys.readouterr()
-    return json.loads(out.out), out.err
+    return json.loads(out.out), out.err + (caplog.text if caplog else "")
 
 
 @pytest.mark.parametrize("node", list(NODES))
-def test_mission_sweep_fits_each_node(node, tmp_path, env, capsys):
+def test_mission_sweep_fits_each_node(node, tmp_path, env, capsys, caplog):
     kw, core, shape = NODES[node]
     env.setenv("PATH", f"{fake_nvidia_smi(tmp_path / 'bin', **kw)}:{__import__('os').environ['PATH']}")
-    d, err = plan_json(capsys)
+    d, err = plan_json(capsys, caplog=caplog)
     assert d["fitted_to"] == shape and d["gpus"] == 8
     placed = {p["cell"] for p in d["schedule"]["placements"]}
     assert set(core) <= placed, sorted(set(core) - placed)
@@ -79,13 +80,13 @@ def test_mission_sweep_fits_each_node(node, tmp_path, env, capsys):
         assert not [r for r in reasons.values() if "does not fit" in r]
 
 
-def test_cuda_visible_devices_is_the_set_pdsweep_uses(tmp_path, env, capsys):
+def test_cuda_visible_devices_is_the_set_pdsweep_uses(tmp_path, env, capsys, caplog):
     env.setenv(
         "PATH",
         f"{fake_nvidia_smi(tmp_path / 'bin', name='NVIDIA H200', total_mib=143771)}:{__import__('os').environ['PATH']}",
     )
     env.setenv("CUDA_VISIBLE_DEVICES", "2,3,4,5")
-    d, err = plan_json(capsys)
+    d, err = plan_json(capsys, caplog=caplog)
     assert d["gpus"] == 4 and d["fitted_to"] == "4 x NVIDIA H200 (140.4 GiB)"
     used = {g for p in d["schedule"]["placements"] for g in p["gpus"]}
     assert used == {2, 3, 4, 5}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pdsweep.core.errors import UserError
 from pdsweep.plan.expand import expand
-from pdsweep.run import prebuild
+from pdsweep.run import prebuild, runplan
 from pdsweep.run import sweep as run_sweep_mod
 from pdsweep.run.context import RunOptions
 from pdsweep.sweepfile.sweep import load_sweep
@@ -40,11 +40,11 @@ def test_run_sweep_builds_checkpoints_before_any_instance(monkeypatch):
     """run_sweep calls the prebuild before it plans instances or starts any cell."""
     order = []
     monkeypatch.setattr(run_sweep_mod, "prebuild_checkpoints", lambda ls, cells: order.append("prebuild") or ({}, {}))
-    monkeypatch.setattr(run_sweep_mod, "planned_specs", lambda *a: order.append("plan") or [])
-    monkeypatch.setattr(run_sweep_mod, "_sequential", lambda *a: order.append("cells"))
-    monkeypatch.setattr(run_sweep_mod, "_dispatch", lambda *a: order.append("cells"))
+    monkeypatch.setattr(runplan, "_specs", lambda *a: order.append("plan") or [])
+    for name in run_sweep_mod.EXECUTORS:
+        monkeypatch.setitem(run_sweep_mod.EXECUTORS, name, lambda *a: order.append("cells"))
     monkeypatch.setattr(run_sweep_mod, "build_info", lambda ls, b: {})
-    monkeypatch.setattr("pdsweep.measure.verdicts.judge_run", lambda *a: None)
+    monkeypatch.setattr(run_sweep_mod, "judge_run", lambda *a: None)
     import tempfile
 
     with tempfile.TemporaryDirectory() as d:

@@ -201,7 +201,7 @@ def test_cell_that_does_not_fit_is_not_runnable(tmp_path, node, monkeypatch, cap
     assert ok.gpu_ids == tuple(range(8)) and ok.weights["kimi-linear"].nbytes == 98_000_000_000 and ok.unfit == {}
 
 
-def test_refuses_busy_gpu_and_old_driver(tmp_path, node, monkeypatch, capsys):
+def test_refuses_busy_gpu_and_old_driver(tmp_path, node, monkeypatch, capsys, caplog):
     monkeypatch.setattr(pf, "HfHub", lambda: FakeHub({KIMI: False}))
     fake_nvidia_smi(node, busy={5: (777, "other-user-train.py", 40000)})
     sweep = write_sweep(tmp_path, tp="p2d2")
@@ -215,7 +215,7 @@ def test_refuses_busy_gpu_and_old_driver(tmp_path, node, monkeypatch, capsys):
     out = capsys.readouterr()
     d = json.loads(out.out)
     assert d["gpus"] == 7 and all(5 not in p["gpus"] for p in d["schedule"]["placements"])
-    assert "GPU 5 (GPU-00000005-fake) is in use by pid 777 other-user-train.py (40000 MiB): left out" in out.err
+    assert "GPU 5 (GPU-00000005-fake) is in use by pid 777 other-user-train.py (40000 MiB): left out" in caplog.text
     fake_nvidia_smi(node, driver="535.183.01")
     assert run_cli(sweep) == 2
     assert "NVIDIA driver 535.183.01 is older than 580, the minimum for CUDA 13.x" in capsys.readouterr().err

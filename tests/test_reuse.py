@@ -117,12 +117,12 @@ def test_plan_shows_which_instances_run_shares(capsys):
 
 
 def test_gpu_makespan_model_with_packing_and_reuse_beats_sequential():
-    from pdsweep.run.gpureuse import dispatch_schedule
+    from pdsweep.run.gpureuse import plan_order, record
 
     cells, specs = smoke_specs()
     cuda = [replace(c, platform="cuda") for c in cells]
     specs = {c.id: [replace(s, gpus=(0,) * s.tp) for s in specs[c.id]] for c in cells}  # one GPU per rank
-    four, eight = (dispatch_schedule(cuda, specs, n, estimate_s) for n in (4, 8))
+    four, eight = (record(plan_order(cuda, specs, n, estimate_s)[1], estimate_s) for n in (4, 8))
     assert eight["sequential_s"] == sum(estimate_s(c) for c in cuda)
     assert 0 < eight["makespan_s"] <= four["makespan_s"] and eight["makespan_s"] < eight["sequential_s"]
 

@@ -17,7 +17,7 @@ from pdsweep.plan.instance import Slot, instances, model_path
 from pdsweep.plan.schedule import GpuPool
 from pdsweep.plan.startup import estimator
 from pdsweep.run.dryrun import plan_dict
-from pdsweep.run.gpureuse import run_dispatch
+from pdsweep.run.gpureuse import plan_order, run_dispatch
 from pdsweep.sweepfile.sweep import load_sweep
 
 MISSION = Path(__file__).resolve().parents[1] / "sweeps" / "hybrid-mla-mamba.yaml"
@@ -96,7 +96,8 @@ def test_run_dispatch_runs_every_cell_once_at_once_where_gpus_allow_and_prestart
     builds = {b: {"python": "python"} for b in ("fixed", "unfixed")}
     opts = SimpleNamespace(prestart=True)
     ctx = SimpleNamespace(ls=ls, stop=threading.Event(), provider=stub, builds=builds, opts=opts)
-    run_dispatch(ctx, todo, GpuPool(8, 20000), specs, run_cell)
+    order, _, inp = plan_order(todo, specs, 8, est, prestart=True)
+    run_dispatch(ctx, (order, inp), GpuPool(8, 20000), specs, run_cell)
 
     assert not stub.errors, stub.errors[:3]
     assert sorted(c for _, _, c in ran) == sorted(c.id for c in todo)  # every cell once

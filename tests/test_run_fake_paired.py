@@ -164,7 +164,7 @@ def test_pair_builds_needs_the_load_phase(tmp_path, tok):
 
 def test_a_pair_that_does_not_fit_the_gpus_runs_unpaired_saying_why():
     from pdsweep.plan.schedule import GpuPool
-    from pdsweep.run.pairs import run_pairs
+    from pdsweep.run.pairs import plan_pairs, run_pairs
 
     cells = [
         NS(id=f"m.p1d1.b16-16.{b}", kind="pd", compare_key="m.p1d1.b16-16", build=b, num_gpus=2) for b in ("x", "y")
@@ -176,7 +176,8 @@ def test_a_pair_that_does_not_fit_the_gpus_runs_unpaired_saying_why():
         unpaired={},
     )
     pool = GpuPool(2, 20000)  # each cell fits alone (2 GPUs), the pair needs 4
-    assert run_pairs(ctx, cells, cells, pool) == cells  # both left to the plain path, one after the other
+    planned = plan_pairs(list(ctx.ls.sweep.builds), cells, cells)
+    assert run_pairs(ctx, cells, pool, planned) == cells  # both left to the plain path, one after the other
     assert ctx.unpaired == {
         "m.p1d1.b16-16.x": "not paired with m.p1d1.b16-16.y: the pair needs 4 GPUs at once (2 + 2), the pool has 2",
         "m.p1d1.b16-16.y": "not paired with m.p1d1.b16-16.x: the pair needs 4 GPUs at once (2 + 2), the pool has 2",

@@ -45,3 +45,28 @@ def test_property_decode_dp_bounds(n: int) -> None:
     else:
         with pytest.raises(ValidationError):
             Defaults(decode_dp=n)
+
+
+def test_an_axis_is_declared_once_and_every_cell_has_it() -> None:
+    """pdsweep.sweepfile.axes.AXIS_TYPES: the matrix, an include/exclude entry and ``defaults:``
+    take their axis fields from it, and every axis but the shorthands is a field of Cell with
+    the default ``defaults:`` gives (where Cell has one)."""
+    import dataclasses
+
+    from pdsweep.plan.cell import Cell
+    from pdsweep.sweepfile.axes import AXES, AXIS_TYPES, DEFAULTS, SHORTHANDS
+    from pdsweep.sweepfile.matrix import Matrix, MatrixEntry
+    from pdsweep.sweepfile.serve import Defaults
+
+    cell = {f.name: f.default for f in dataclasses.fields(Cell)}
+    assert AXES == tuple(AXIS_TYPES) and set(SHORTHANDS) < set(AXES)
+    missing = [a for a in AXES if a not in SHORTHANDS and a not in cell]
+    assert not missing, f"axes that are no field of Cell: {missing}"
+    assert (
+        {a for a in Matrix.model_fields if a in AXES} == set(AXES) == {a for a in MatrixEntry.model_fields if a in AXES}
+    )
+    assert {a for a in Defaults.model_fields if a in AXES} == set(DEFAULTS) == set(AXES) - set(SHORTHANDS) - {"model"}
+    assert [a for a in Matrix.model_fields if Matrix.model_fields[a].is_required()] == ["model"]
+    differ = {a: (d, cell[a]) for a, d in DEFAULTS.items() if cell[a] is not dataclasses.MISSING and cell[a] != d}
+    assert not differ, f"Cell's default differs from defaults:'s (axis: (defaults, Cell)): {differ}"
+    assert Defaults().model_dump(include=set(DEFAULTS)) == DEFAULTS

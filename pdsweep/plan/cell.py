@@ -11,6 +11,8 @@ from typing import Any
 
 from pdsweep.plan.topology import tp_ratio
 
+BUILD_PART = 3  # the build's index among a cell id's parts (after the model, TP pair and blocks)
+
 
 @dataclass(frozen=True)
 class Cell:
@@ -46,6 +48,12 @@ class Cell:
     def id(self) -> str:
         """Stable, readable id, e.g. ``kimi-linear.p2d1.b128-128.fixed`` (computed once per cell:
         a 1000-cell plan asks it millions of times)."""
+        return ".".join(self._id_parts)
+
+    @cached_property
+    def _id_parts(self) -> list[str]:
+        """The id's parts: model, TP pair (or reference TP), blocks, build (:data:`BUILD_PART`),
+        then one part per axis off its default."""
         if self.kind == "ref":
             parts = [self.model, f"ref-tp{self.decode_tp}", f"b{self.decode_block_size}", self.build]
         else:
@@ -73,15 +81,12 @@ class Cell:
             parts.append(f"router-{self.router}")
         if self.fault != "none":
             parts.append(f"fault-{self.fault}")
-        return ".".join(parts)
+        return parts
 
     @property
     def compare_key(self) -> str:
-        """The id without the build, to line up fixed and unfixed runs of one cell (the build
-        is the id part after the model's and the two TP/block parts, wherever the name recurs)."""
-        parts = self.id.split(".")
-        at = self.model.count(".") + 3
-        return ".".join(parts[:at] + parts[at + 1 :])
+        """The id without its build part, to line up fixed and unfixed runs of one cell."""
+        return ".".join(p for i, p in enumerate(self._id_parts) if i != BUILD_PART)
 
     @property
     def tp_ratio(self) -> int:

@@ -19,7 +19,7 @@ from pdsweep.plan import rules
 from pdsweep.plan.cell import Cell, Rejected
 from pdsweep.plan.derived import derive, is_derived, note
 from pdsweep.plan.instance import MAX_INSTANCES
-from pdsweep.sweepfile.axes import AXES, EXPECT_KEYS, REF_ENTRY_KEYS
+from pdsweep.sweepfile.axes import AXES, DEFAULTS, EXPECT_KEYS, REF_ENTRY_KEYS
 from pdsweep.sweepfile.catalogue import ModelSpec
 from pdsweep.sweepfile.sweep import LoadedSweep
 
@@ -67,8 +67,7 @@ def matrix_combinations(matrix: Any) -> list[dict[str, Any]]:
 
 def _to_cell(combo: dict[str, Any], ls: LoadedSweep) -> Cell:
     d = ls.sweep.defaults
-    # every axis but the model and the two shorthands (tp, block_size) has its default in `defaults`
-    v = {k: getattr(d, k) for k in AXES if k not in ("model", "tp", "block_size")}
+    v = {k: getattr(d, k) for k in DEFAULTS}  # every axis but the model and the shorthands (tp, block_size)
     v["kv_buffer_device"] = v["kv_buffer_device"] or ("cpu" if ls.sweep.platform == "cpu" else "cuda")
     for k, val in combo.items():
         if k == "tp":

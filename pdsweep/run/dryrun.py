@@ -1,37 +1,51 @@
 """The dry run (``pdsweep plan``, and the argv check of ``validate``): the cells of a
 sweep with every instance's exact ``vllm serve`` argv/env, the rejected cells with their
 rule, and the schedule over one host or a cluster, as a dict (``--format json``) or as
-tables. Starts nothing and writes nothing (tiny checkpoints are named, not built)."""
+tables: the :class:`pdsweep.run.runplan.RunPlan` ``run`` executes. Starts nothing and writes
+nothing (tiny checkpoints are named, not built)."""
 
 from __future__ import annotations
 
+import logging
 import shlex
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from pdsweep.builds import answers, attnprobe, fixprobes
+from pdsweep.builds.argcheck import submit_instances
+from pdsweep.builds.make import PROVENANCE_FIELDS, read_marker
 from pdsweep.core.errors import UserError
+from pdsweep.deploy.launchers.slurm import allocation, node_addrs
+from pdsweep.measure.percentiles import percentile_plan
+from pdsweep.plan.blocks import for_cell, target_arch
+from pdsweep.plan.builds import build_python
+from pdsweep.plan.expand import expand, reference_of, select_cells
+from pdsweep.plan.instance import PORTS_PER_SLOT, Slot, check_ports, instances, model_path, planned_blocks
+from pdsweep.plan.placement import Cluster
 from pdsweep.plan.shards import JobArgs
+from pdsweep.run.feasible import feasibility_warnings
 from pdsweep.run.jobs import annotate, job_cells, job_text
+from pdsweep.run.runplan import RunPlan, place, plan_cells
 from pdsweep.run.unverified import cell_unverified, unverified_text
+from pdsweep.sweepfile.sweep import LoadedSweep, load_sweep
 
-if TYPE_CHECKING:
-    from pdsweep.plan.placement import ClusterPool
-    from pdsweep.plan.schedule import GpuPool
+log = logging.getLogger(__name__)
 
 
-def check_cells_argv(ls, cells) -> None:
+def check_cells_argv(ls: LoadedSweep, cells: list[Any]) -> None:
     """Parse every instance argv of ``cells`` with the installed vLLM (:mod:`pdsweep.builds.argcheck`);
     raises ``UserError`` naming cell, instance and vLLM's message."""
     submit_cells_argv(ls, cells)()
 
 
-def submit_cells_argv(ls, cells):
+def submit_cells_argv(ls: LoadedSweep, cells: list[Any]) -> Any:
     """:func:`check_cells_argv` started: vLLM parses (in its probe process) until the returned
     function is called, which waits and raises ``UserError`` as :func:`check_cells_argv`."""
-    from pdsweep.builds.argcheck import submit_instances
-    from pdsweep.plan.instance import Slot, instances, model_path
-
     items = []
     for c in cells:
         m = ls.catalogue.models[c.model]
@@ -47,12 +61,10 @@ def submit_cells_argv(ls, cells):
     return verdict
 
 
-def start_probe_if_cold(ls, check: bool) -> None:
+def start_probe_if_cold(ls: LoadedSweep, check: bool) -> None:
     """Start this interpreter's vLLM probe (:func:`pdsweep.builds.attnprobe.start`) when the plan
     will ask it (argv check, or a CUDA sweep's backend choice) and its answers are not kept yet:
     vLLM's import then overlaps expanding the sweep. A warm store starts nothing."""
-    from pdsweep.builds import answers, attnprobe
-
     py = sys.executable
     code = attnprobe.SCRIPT
     if (check and answers.cold("argv", py, code)) or (ls.sweep.platform == "cuda" and answers.cold("attn", py, code)):
@@ -66,8 +78,6 @@ MAX_GPUS_PER_NODE = 64
 def _check_slot_ports(slots: dict, port_base: int) -> None:
     """Raise ``UserError`` when a lane the schedule placed (one host or a cluster) has ports
     past :data:`pdsweep.plan.instance.MAX_PORT` (:func:`pdsweep.plan.instance.check_ports`)."""
-    from pdsweep.plan.instance import PORTS_PER_SLOT, check_ports
-
     if slots:
         lanes = len({s.port_base for s in slots.values()})
         check_ports(
@@ -78,11 +88,9 @@ def _check_slot_ports(slots: dict, port_base: int) -> None:
         )
 
 
-def plan_cluster(nodes: int | None, gpus_per_node: int | None, launcher: str = "local"):
+def plan_cluster(nodes: int | None, gpus_per_node: int | None, launcher: str = "local") -> Cluster | None:
     """The :class:`pdsweep.plan.placement.Cluster` to place over, or None (one host). Raises
     ``UserError`` for ``--nodes`` without ``--gpus-per-node`` or non-positive counts."""
-    from pdsweep.plan.placement import Cluster
-
     if nodes is None and launcher != "slurm":
         if gpus_per_node is not None:
             raise UserError("--gpus-per-node needs --nodes N (or --launcher slurm inside an allocation)")
@@ -97,8 +105,6 @@ def plan_cluster(nodes: int | None, gpus_per_node: int | None, launcher: str = "
         if launcher == "slurm":
             raise UserError("--nodes places over a synthetic cluster; --launcher slurm over the allocation: give one")
         return Cluster.synthetic(nodes, gpus_per_node)
-    from pdsweep.deploy.launchers.slurm import allocation, node_addrs
-
     _, names, gpn = allocation()
     addrs = node_addrs(names)
     return Cluster(tuple(names), gpn if gpus_per_node is None else gpus_per_node, tuple(addrs[n] for n in names))
@@ -108,28 +114,20 @@ def plan_dict(
     sweep: str,
     gpus: int | None,
     cells_glob: str | None = None,
-    cluster=None,
+    cluster: Cluster | None = None,
     check: bool = False,
-    gpu_check=False,
-    job_args=None,
-) -> dict:
+    gpu_check: bool = False,
+    job_args: JobArgs | None = None,
+) -> dict[str, Any]:
     """The dry run: cells with per-instance argv/env (and node), rejected cells, and the
     schedule; over ``cluster`` (nodes x GPUs) when given, else over one host's ``gpus``.
     ``gpu_check``: run :func:`pdsweep.run.preflight.preflight` first (``UserError`` on a problem;
     busy GPUs are left out of the schedule). ``job_args``: :class:`pdsweep.plan.shards.JobArgs`
     (``--shard``, ``--budget``; folding, the core-case warning and the budget: :func:`pdsweep.run.jobs.annotate`)."""
-    from pdsweep.plan.expand import expand, select_cells
-    from pdsweep.plan.schedule import detect_gpus
-    from pdsweep.run.feasible import feasibility_warnings
-    from pdsweep.sweepfile.sweep import load_sweep
-
     ls = load_sweep(sweep)
     start_probe_if_cold(ls, check)
     plan = expand(ls)
     feasibility_warnings(plan, tasks=False)  # validate also asks lm-eval for the task names
-    cuda = ls.sweep.platform == "cuda"
-    fits_here = cluster is None and (gpu_check or (cuda and gpus is None))  # the GPU count comes from the fit
-    n = gpus if gpus is not None else (detect_gpus() if cuda and not fits_here else 0)
     cells = select_cells(plan, cells_glob)
     if cells_glob and not cells:
         raise UserError(f"--cells {cells_glob!r} selects no cell of {ls.path} ({len(plan.cells)} cells)")
@@ -138,40 +136,36 @@ def plan_dict(
     cells = job.cells
     argv_verdict = submit_cells_argv(ls, cells) if check else None
     try:  # vLLM parses every argv while the cells are scheduled; its refusals come first
-        return annotate(_planned(ls, plan, cells, (gpus, n, cluster, gpu_check), argv_verdict), ls, plan, job, job_args)
+        pool, fitted, warnings = place(ls, cells, gpus, cluster, check=gpu_check, fit=True)
+        for w in warnings:
+            log.warning("%s", w)
+        rp = plan_cells(ls, plan, cells, pool).with_instances(dry_pythons(ls, cells), frozenset())
+        _check_slot_ports({p.cell.id: p.slot for p in rp.schedule.placements}, ls.sweep.defaults.port_base)
+        if argv_verdict:
+            argv_verdict()
     except UserError:
         if argv_verdict:
             argv_verdict()
         raise
+    return annotate(_as_dict(rp, fitted, cluster), ls, plan, job, job_args)
 
 
-def _planned(ls, plan, cells, where, argv_verdict) -> dict:
-    """:func:`plan_dict` past the cells: ``where`` is ``(gpus, n, cluster, gpu_check)``;
-    ``argv_verdict`` (or None) is waited for before the schedule is returned."""
-    from pdsweep.plan.expand import reference_of
-    from pdsweep.plan.schedule import pack
+def dry_pythons(ls: LoadedSweep, cells: list[Any]) -> dict[str, str | None]:
+    """Build -> the interpreter ``run`` will use (a venv not made yet: its path, so a dry run
+    still shows the argv)."""
+    out: dict[str, str | None] = {}
+    for b in dict.fromkeys(c.build for c in cells):
+        try:
+            out[b] = build_python(ls, b)
+        except UserError:  # e.g. .venv-unfixed not built yet
+            out[b] = f"{ls.sweep.builds[b].venv}/bin/python"
+    return out
 
-    gpus, n, cluster, gpu_check = where
-    pool, fitted, n = _pool(ls, cells, gpus, n, cluster, gpu_check)
-    from pdsweep.plan.startup import estimator
 
-    ref_of = (lambda c: reference_of(c, ls).id) if ls.sweep.eval.reference else None
-    sched = pack(cells, n, ls.sweep.defaults.port_base, pool=pool, estimate=estimator(ls), ref_of=ref_of)
-    slots = {p.cell.id: p.slot for p in sched.placements}
-    _check_slot_ports(slots, ls.sweep.defaults.port_base)
-    out_cells, specs_of = _cell_entries(ls, cells, slots)
-    # `run` shares identical instances across cells on one host (pdsweep.deploy.instances); on
-    # GPUs dispatched per instance, each keeping its GPUs (pdsweep.run.gpureuse)
-    reuse = reuse_plan([c for c in cells if c.id in specs_of], specs_of) if cluster is None else None
-    if reuse is not None and n:
-        from pdsweep.run.gpureuse import dispatch_schedule
-
-        order = {c.id: c for c in cells}
-        todo = [order[cid] for cid in reuse["order"]]
-        reuse["schedule"] = dispatch_schedule(todo, specs_of, n, estimator(ls))
-    chained = reuse["schedule"] if reuse and reuse.get("schedule") else None
-    if argv_verdict:
-        argv_verdict()
+def _as_dict(rp: RunPlan, fitted: str | None, cluster: Cluster | None) -> dict[str, Any]:
+    """``rp`` as ``pdsweep plan --format json`` prints it."""
+    ls, sched = rp.ls, rp.schedule
+    chained = rp.reuse["schedule"] if rp.reuse and rp.reuse.get("schedule") else None
     return {
         # the one schedule `run` follows: reuse dispatch on this host's GPUs (pdsweep.run.gpureuse), else cells
         "makespan": {
@@ -180,149 +174,75 @@ def _planned(ls, plan, cells, where, argv_verdict) -> dict:
         },
         "sweep": str(ls.path),
         "platform": ls.sweep.platform,
-        "builds": {b: build_record(ls, b) for b in sorted({c.build for c in cells})},
+        "builds": {b: build_record(ls, b) for b in sorted({c.build for c in rp.cells})},
         "gpu_arch": _gpu_arch(ls.sweep.platform),
-        "gpus": n,
+        "gpus": rp.pool.num_gpus,
         "fitted_to": fitted,  # the node shape cells were memory-fitted to (pdsweep.run.preflight.memory_fit)
         "nodes": list(cluster.nodes) if cluster else None,
-        "cells": out_cells,
-        "rejected": [{**r.to_dict(), "unverified": cell_unverified(_cell_blocks(r.cell, ls))} for r in plan.rejected],
+        "cells": [_cell_entry(rp, c) for c in rp.cells],
+        "rejected": [
+            {**r.to_dict(), "unverified": cell_unverified(_cell_blocks(r.cell, ls))} for r in rp.expanded.rejected
+        ],
         "schedule": sched.to_dict(),
-        "reuse": reuse,
-        **_measured_as(ls, [p.cell for p in sched.placements]),
+        "reuse": rp.reuse,
+        "perf": _perf(ls),
+        "pairs": {"pairs": [{"a": p.a.id, "b": p.b.id} for p in rp.pairs[0]], "alone": rp.pairs[1]}
+        if rp.pairs
+        else None,
     }
 
 
-def _measured_as(ls, placed: list) -> dict:
-    """``perf``: the percentiles ``compare`` judges at ``bench.num_prompts`` and the ``gate.perf``
-    families it cannot (:func:`pdsweep.measure.percentiles.percentile_plan`; None without a load phase);
-    ``pairs``: with ``bench.pair_builds``, the cell pairs whose load repeats ``run`` interleaves
-    and why each other PD cell runs alone (:func:`pdsweep.run.pairs.plan_pairs`)."""
-    from pdsweep.measure.percentiles import percentile_plan
-    from pdsweep.run.pairs import plan_pairs
-
+def _perf(ls: LoadedSweep) -> dict[str, Any] | None:
+    """The percentiles ``compare`` judges at ``bench.num_prompts`` and the ``gate.perf`` families
+    it cannot (:func:`pdsweep.measure.percentiles.percentile_plan`); None without a load phase."""
     b = ls.sweep.bench
-    perf = dict(zip(("line", "warnings"), percentile_plan(b.num_prompts, ls.sweep.gate.perf))) if b.enabled else None
-    pairs = None
-    if b.pair_builds:
-        pd = [c for c in placed if c.kind == "pd"]
-        got, alone = plan_pairs(list(ls.sweep.builds), pd, pd)
-        pairs = {"pairs": [{"a": p.a.id, "b": p.b.id} for p in got], "alone": alone}
-    return {"perf": perf, "pairs": pairs}
+    return dict(zip(("line", "warnings"), percentile_plan(b.num_prompts, ls.sweep.gate.perf))) if b.enabled else None
 
 
-def _pool(
-    ls, cells, gpus: int | None, n: int, cluster, gpu_check: bool
-) -> tuple[GpuPool | ClusterPool | None, Any, int]:
-    """(pool, fitted node shape, GPU count) of the dry run's schedule: the usable GPUs of
-    :func:`pdsweep.run.preflight.preflight` (``gpu_check``) or ``plan_fit`` (CUDA, no
-    ``--gpus``), the synthetic or Slurm ``cluster``, else (None, None, ``n``)."""
-    pool: GpuPool | ClusterPool | None = None
-    fitted = None
-    checked = None
-    if gpu_check and cluster is None:
-        from pdsweep.run.preflight import preflight as gpu_preflight
-
-        checked = gpu_preflight(ls, cells, gpus)
-    elif ls.sweep.platform == "cuda" and cluster is None and gpus is None:
-        from pdsweep.run.preflight import plan_fit
-
-        checked = plan_fit(ls, cells)  # the GPUs nvidia-smi lists: usable ones, per-cell memory fit
-    if checked is not None:
-        from pdsweep.plan.schedule import GpuPool
-
-        for w in checked.warnings:
-            print(f"warning: {w}", file=sys.stderr)
-        if ls.sweep.platform == "cuda" and checked.gpu_ids:
-            n = len(checked.gpu_ids)
-            pool = GpuPool(n, ls.sweep.defaults.port_base, ids=checked.gpu_ids, unfit=checked.unfit)
-            fitted = checked.shape
-    if cluster is not None:
-        from dataclasses import replace
-
-        from pdsweep.plan.placement import ClusterPool
-
-        if ls.sweep.platform != "cuda":
-            cluster = replace(cluster, gpus_per_node=0)
-        pool = ClusterPool(cluster, ls.sweep.defaults.port_base)
-        n = cluster.num_gpus
-    return pool, fitted, n
+def _cell_entry(rp: RunPlan, c: Any) -> dict[str, Any]:
+    """One cell of the dry run: the cell, its TP ratio, GPUs, blocks and reference, and (when
+    scheduled) per instance argv/env and blocks."""
+    ls = rp.ls
+    d = {
+        **c.to_dict(),
+        "tp_ratio": c.tp_ratio,
+        "num_gpus": c.num_gpus,
+        "blocks": (blocks := _cell_blocks(c, ls)),
+        "unverified": cell_unverified(blocks),
+        "reference_cell": reference_of(c, ls).id if c.kind == "pd" and ls.sweep.eval.reference else None,
+    }
+    if c.id in rp.specs:
+        m = ls.catalogue.models[c.model]
+        d["instances"] = [{**s.to_dict(), "blocks": planned_blocks(m, ls.sweep.platform, s)} for s in rp.specs[c.id]]
+    return d
 
 
-def _cell_entries(ls, cells, slots: dict) -> tuple[list[dict], dict]:
-    """(one dict per cell for the dry run, the instance specs of each scheduled cell by id):
-    the cell, its TP ratio, GPUs, blocks and reference, and per instance argv/env and blocks."""
-    from pdsweep.plan.builds import build_python
-    from pdsweep.plan.expand import reference_of
-    from pdsweep.plan.instance import instances, model_path, planned_blocks
-
-    out_cells, specs_of = [], {}
-    for c in cells:
-        d = {
-            **c.to_dict(),
-            "tp_ratio": c.tp_ratio,
-            "num_gpus": c.num_gpus,
-            "blocks": (blocks := _cell_blocks(c, ls)),
-            "unverified": cell_unverified(blocks),
-            "reference_cell": reference_of(c, ls).id if c.kind == "pd" and ls.sweep.eval.reference else None,
-        }
-        if c.id in slots:
-            m = ls.catalogue.models[c.model]
-            try:
-                python = build_python(ls, c.build)  # the interpreter `run` will use
-            except UserError:  # e.g. .venv-unfixed not built yet: a dry run still shows the argv
-                python = f"{ls.sweep.builds[c.build].venv}/bin/python"
-            specs = specs_of[c.id] = instances(c, slots[c.id], ls, model_path(m, c.model, create=False), python)
-            d["instances"] = [{**s.to_dict(), "blocks": planned_blocks(m, ls.sweep.platform, s)} for s in specs]
-        out_cells.append(d)
-    return out_cells, specs_of
-
-
-def build_record(ls, name: str) -> dict:
+def build_record(ls: LoadedSweep, name: str) -> dict[str, Any]:
     """What the plan shows of build ``name``: its interpreter and, for a build made by
     ``pdsweep builds make``, the provenance its marker recorded (vLLM version and commit,
     torch, nixl meta and the nixl_cuXX imported, UCX); ``made: None`` for a venv as is
     (``run`` asks its interpreter and records the same fields in cell.json); and what its
     ``vllm:nixl_num_failed_transfers`` counts (probe ``vllm#55854``, :mod:`pdsweep.builds.fixprobes`)."""
-    from pdsweep.builds.fixprobes import FAILED_TRANSFER_ACCOUNTING, accounting_label, probe_python
-    from pdsweep.builds.make import PROVENANCE_FIELDS, read_marker
-    from pdsweep.plan.builds import build_python
-
     try:
         python = build_python(ls, name)
     except UserError as e:
         return {"python": None, "made": None, "error": str(e)}
     marker = read_marker(Path(python).parent.parent)
     made = {k: marker["provenance"].get(k) for k in PROVENANCE_FIELDS} if marker else None
-    counts = accounting_label(probe_python(python)[1].get(FAILED_TRANSFER_ACCOUNTING))
+    counts = fixprobes.accounting_label(fixprobes.probe_python(python)[1].get(fixprobes.FAILED_TRANSFER_ACCOUNTING))
     return {"python": python, "made": made, "failed_transfer_accounting": counts}
 
 
-def reuse_plan(cells, specs_of: dict) -> dict:
-    """What ``run`` (reuse on) does with ``cells``: its run order
-    (:func:`pdsweep.plan.schedule.reuse_order`), then :func:`pdsweep.deploy.instances.reuse_record`,
-    the shape of plan.json ``reuse``."""
-    from pdsweep.deploy.instances import instance_key, reuse_record
-    from pdsweep.plan.schedule import reuse_order
-
-    todo = reuse_order(cells, {cid: {instance_key(s) for s in sp} for cid, sp in specs_of.items()})
-    return reuse_record(todo, specs_of)
-
-
-def _cell_blocks(cell, ls) -> dict:
+def _cell_blocks(cell: Any, ls: LoadedSweep) -> dict[str, Any]:
     """Effective blocks per role (:func:`pdsweep.plan.blocks.for_cell`), or ``{"error": msg}``."""
-    from pdsweep.plan.blocks import for_cell
-
     try:
         return {role: e.to_dict() for role, e in for_cell(cell, ls).items()}
     except ValueError as e:
         return {"error": str(e)}
 
 
-def _gpu_arch(platform: str) -> dict | None:
+def _gpu_arch(platform: str) -> dict[str, str] | None:
     """``{"arch": "sm90", "source": "--gpu-arch" | "nvidia-smi" | "assumed ..."}`` on CUDA, else None."""
-    from pdsweep.plan.blocks import target_arch
-
     if platform != "cuda":
         return None
     arch, source = target_arch()
@@ -358,10 +278,6 @@ def instance_blocks_text(b: dict | None) -> str:
 def print_plan(d: dict) -> None:
     """:func:`plan_dict` as tables for a terminal (cells, rejected cells, instance argv,
     schedule); whole lines when stdout is not a terminal (CI logs)."""
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
     # not a terminal (CI logs): no 80-column cut, whole cell ids and reasons
     con = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 100_000)
     where = f"{len(d['nodes'])} nodes, {d['gpus']} GPUs" if d["nodes"] else f"{d['gpus']} GPUs"
@@ -438,8 +354,8 @@ def print_plan(d: dict) -> None:
         print(f"warning: {w}", file=sys.stderr)
 
 
-def _print_measured_as(con, d: dict) -> None:
-    """The ``pairs`` and ``perf`` of :func:`plan_dict` (warnings on stderr)."""
+def _print_measured_as(con: Console, d: dict) -> None:
+    """The ``pairs`` and ``perf`` of :func:`plan_dict` (its warnings logged)."""
     if pr := d.get("pairs"):
         con.file.write(
             f"\nbench.pair_builds: {len(pr['pairs'])} pairs, load repeats interleaved (ABBA)\n"
@@ -449,7 +365,7 @@ def _print_measured_as(con, d: dict) -> None:
     if perf := d.get("perf"):
         con.file.write(perf["line"] + "\n")
         for w in perf["warnings"]:
-            print(f"warning: {w}", file=sys.stderr)
+            log.warning("%s", w)
 
 
 REJECTED_EXAMPLES = 3  # cell ids shown per distinct reason (all of them: --format json)
@@ -472,10 +388,8 @@ def rejected_text(rejected: list[dict]) -> list[str]:
     return out
 
 
-def _print_reuse(con, reuse: dict) -> None:
+def _print_reuse(con: Console, reuse: dict) -> None:
     """The instances ``run`` shares across cells (started once, reset between cells)."""
-    from rich.table import Table
-
     shared = [r for r in reuse["instances"] if len(r["cells"]) > 1]
     t = Table(
         title=f"instance reuse: {reuse['distinct']} distinct instances for {reuse['per_cell']} uses "

@@ -23,7 +23,6 @@ from pdsweep.plan.dispatch import Inputs, Placed, Prestart, Release, Stop, ended
 from pdsweep.plan.expand import Cell
 from pdsweep.plan.instance import InstanceSpec, Slot, instances, model_path
 from pdsweep.plan.schedule import GpuPool
-from pdsweep.plan.startup import estimator
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +52,19 @@ def plan_order(
 
 
 def run_dispatch(
-    ctx: Any, todo: list[Cell], pool: GpuPool, specs: dict[str, list[InstanceSpec]], run_cell: Callable
+    ctx: Any,
+    planned: tuple[list[Cell], Inputs],
+    pool: GpuPool,
+    specs: dict[str, list[InstanceSpec]],
+    run_cell: Callable,
 ) -> None:
-    """Run ``todo`` as the :class:`pdsweep.plan.dispatch.Dispatcher` decides, each cell in a
-    worker thread with a lane of ports and its instances' GPUs. ``specs``: cell id -> its
-    planned instances (identity only); ``run_cell(ctx, cell, slot)`` runs one cell;
-    ``ctx.opts.prestart`` turns rule 3 (prestart) on or off, in the plan as here. Instances
-    a failed cell leaves stopped (or dead) are taken as gone; every instance is stopped at the end."""
-    order, _, inp = plan_order(todo, specs, pool.num_gpus, estimator(ctx.ls), ctx.opts.prestart)
+    """Run the cells of ``planned`` (the priority order and inputs of :func:`plan_order`, as the
+    run's :class:`pdsweep.run.runplan.RunPlan` holds them) as the
+    :class:`pdsweep.plan.dispatch.Dispatcher` decides, each cell in a worker thread with a lane
+    of ports and its instances' GPUs. ``specs``: cell id -> its planned instances (identity
+    only); ``run_cell(ctx, cell, slot)`` runs one cell. Instances a failed cell leaves stopped
+    (or dead) are taken as gone; every instance is stopped at the end."""
+    order, inp = planned
     keys = inp.keys
     provider: InstancePool = ctx.provider
     d = inp.dispatcher(order)
@@ -158,19 +162,11 @@ def prestart(
     ctx.provider.prestart([r for r in real if instance_key(r) in keys], cell.id)
 
 
-def dispatch_schedule(
-    todo: list[Cell], specs: dict[str, list[InstanceSpec]], num_gpus: int, estimate: Callable, prestart: bool = True
-) -> dict[str, Any]:
-    """plan.json ``reuse.schedule`` (and ``pdsweep plan``'s): the cells of ``todo`` as
-    :func:`run_dispatch` runs them on ``num_gpus`` GPUs, simulated on the duration model
-    (:func:`pdsweep.plan.dispatch.simulate`): per cell (start order) when it starts, when its
-    instances are up, when it ends, its GPUs and the instances started for it (``prestarted``:
-    while it waited); the makespan against running every cell alone, one after the other."""
-    return record(plan_order(todo, specs, num_gpus, estimate, prestart)[1], estimate)
-
-
 def record(placed: list[Placed], estimate: Callable[[Cell], float]) -> dict[str, Any]:
-    """The ``reuse.schedule`` dict of simulated ``placed`` cells."""
+    """plan.json ``reuse.schedule`` (and ``pdsweep plan``'s) of ``placed``, the simulation of
+    :func:`plan_order` (:func:`pdsweep.plan.dispatch.simulate`): per cell (start order) when it
+    starts, when its instances are up, when it ends, its GPUs and the instances started for it
+    (``prestarted``: while it waited); the makespan against running every cell alone, one after the other."""
     return {
         "cells": [
             {

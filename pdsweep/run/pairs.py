@@ -119,13 +119,16 @@ def _unfit(pool: Any, pair: Pair, slots: tuple[Slot, Slot] | None, busy: bool) -
     return None
 
 
-def run_pairs(ctx: RunContext, todo: list[Cell], runnable: list[Cell], pool: Any) -> list[Cell]:
-    """With ``bench.pair_builds``: run every pair of ``todo`` (concurrently while GPUs allow, one
-    pair at a time on CPU) and return the cells left to the plain path: singles and the cells of
-    pairs that do not fit (their reason in ``ctx.unpaired``). Without it: ``todo``."""
-    if not ctx.ls.sweep.bench.pair_builds:
+def run_pairs(
+    ctx: RunContext, todo: list[Cell], pool: Any, planned: tuple[list[Pair], dict[str, str]] | None
+) -> list[Cell]:
+    """With ``bench.pair_builds``: run every pair ``planned`` (:func:`plan_pairs` of the run's
+    plan: pairs, why each other PD cell runs alone) concurrently while GPUs allow, one pair at a
+    time on CPU, and return the cells of ``todo`` left to the plain path: singles and the cells
+    of pairs that do not fit (their reason in ``ctx.unpaired``). Without it (None): ``todo``."""
+    if planned is None:
         return todo
-    pairs, why = plan_pairs(list(ctx.ls.sweep.builds), todo, runnable)
+    pairs, why = planned
     ctx.unpaired.update(why)
     ran: set[str] = set()
     pending = list(pairs)

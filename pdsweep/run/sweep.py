@@ -18,6 +18,7 @@ import hashlib
 import logging
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,19 +26,28 @@ from pdsweep import __version__
 from pdsweep.builds import attnprobe
 from pdsweep.core.errors import UserError
 from pdsweep.core.paths import REPO
-from pdsweep.deploy.instances import Fresh, InstancePool, instance_key, reuse_record
+from pdsweep.deploy import launchers
+from pdsweep.deploy.instances import Fresh, InstancePool
+from pdsweep.deploy.launchers import Launcher
+from pdsweep.measure.evaltasks import check_eval_tasks
+from pdsweep.measure.verdicts import judge_run
 from pdsweep.plan.builds import build_info
-from pdsweep.plan.expand import Cell, expand, reference_of, select_cells
-from pdsweep.plan.instance import PORTS_PER_SLOT, InstanceSpec, Slot, instances, model_path
-from pdsweep.plan.schedule import GpuPool, detect_gpus, not_runnable, order, pack, reuse_order
+from pdsweep.plan.crossnode import loopback_node_addrs
+from pdsweep.plan.expand import Cell, expand, select_cells
+from pdsweep.plan.instance import PORTS_PER_SLOT, Slot
+from pdsweep.plan.placement import Cluster
+from pdsweep.plan.schedule import GpuPool
 from pdsweep.results import layout
 from pdsweep.run.cell import run_cell
 from pdsweep.run.context import RunContext, RunOptions
+from pdsweep.run.feasible import feasibility_warnings
+from pdsweep.run.gpureuse import run_dispatch
 from pdsweep.run.jobs import job_cells
 from pdsweep.run.pairs import lanes, run_pairs
 from pdsweep.run.prebuild import prebuild_checkpoints
 from pdsweep.run.progress import Progress
 from pdsweep.run.provenance import git_sha, host_facts, now
+from pdsweep.run.runplan import RunPlan, place, plan_cells
 from pdsweep.sweepfile.sweep import LoadedSweep, load_sweep
 
 log = logging.getLogger(__name__)
@@ -93,38 +103,27 @@ def write_index(
 
 
 def run_sweep(path: str | Path, opts: RunOptions) -> Path:
-    """Run every selected cell of the sweep at ``path``; returns the run directory.
-    Raises ``UserError`` for a sweep or run directory that cannot be run (before any
-    write), ``KeyboardInterrupt`` after SIGINT/SIGTERM (every process stopped)."""
+    """Run every selected cell of the sweep at ``path`` as its :class:`pdsweep.run.runplan.RunPlan`
+    says; returns the run directory. Raises ``UserError`` for a sweep or run directory that
+    cannot be run (before any write), ``KeyboardInterrupt`` after SIGINT/SIGTERM (every process
+    stopped)."""
     t_run = time.monotonic()
-    ctx, cells, pool, too_big = _open_run(path, opts)
-    skip = {c.id for c in too_big}
-    runnable = [c for c in order(cells) if c.id not in skip]
-    todo = [c for c in runnable if not (opts.resume and layout.cell_status(ctx.run_dir, c.id) in layout.FINAL_STATUSES)]
+    ctx, rp = _open_run(path, opts)
+    pool, too_big = rp.pool, [c for c in rp.cells if c.id in rp.why]  # a reference only they need, too
     prev = layout.read_json_or_none(ctx.run_dir / layout.RUN_FILE) if opts.resume else None
     started = (prev or {}).get("started") or now()  # a resumed run keeps when it began: its history key
-    write_index(ctx, cells, started, None, pool.num_gpus, too_big)
-    ctx.builds = {b: build_info(ctx.ls, b) for b in sorted({c.build for c in todo})}
+    write_index(ctx, rp.cells, started, None, pool.num_gpus, too_big)
+    ctx.builds = {b: build_info(ctx.ls, b) for b in sorted({c.build for c in rp.todo})}
     t = time.monotonic()
-    _, unbuilt = prebuild_checkpoints(ctx.ls, todo)  # before any instance (prestart) needs one
+    _, unbuilt = prebuild_checkpoints(ctx.ls, rp.todo)  # before any instance (prestart) needs one
     ctx.timings["checkpoints_s"] = round(time.monotonic() - t, 3)
-    # reuse on the local launcher; on GPUs dispatched per instance, each keeping its GPUs (pdsweep.run.gpureuse)
-    reuse = opts.reuse and opts.launcher == "local"
-    keys = {c.id: [] if c.model in unbuilt else planned_specs(ctx, c, pool) for c in todo} if reuse else {}
-    if reuse:
-        todo = reuse_order(todo, {cid: {instance_key(s) for s in sp} for cid, sp in keys.items()})
-    _write_plan(ctx, cells, pool, todo, keys)
+    pythons = {b: None if info.get("error") else info.get("python") for b, info in ctx.builds.items()}
+    rp = rp.with_instances(pythons, set(unbuilt))
+    _write_plan(ctx, rp)
     attnprobe.close_probes()  # planning is done: no vLLM-importing probe lives through the cells
-    ctx.provider = (
-        InstancePool(
-            ctx.launcher,
-            ctx.run_dir / "instances",
-            ctx.ls.sweep.defaults.port_base + PORTS_PER_SLOT * lanes(ctx.ls, pool.num_gpus),
-        )
-        if reuse
-        else Fresh(ctx.launcher)
-    )
-    ctx.progress = Progress(len(todo), quiet=opts.quiet, skipped=len(runnable) - len(todo))
+    above = ctx.ls.sweep.defaults.port_base + PORTS_PER_SLOT * lanes(ctx.ls, pool.num_gpus)  # the lanes' ports
+    ctx.provider = InstancePool(ctx.launcher, ctx.run_dir / "instances", above) if rp.reuse_on else Fresh(ctx.launcher)
+    ctx.progress = Progress(len(rp.todo), quiet=opts.quiet, skipped=len(rp.runnable) - len(rp.todo))
 
     def on_signal(signum, frame):
         for s in old:  # teardown runs to its end: a second Ctrl-C cannot cut it short (it is SIGKILL, bounded)
@@ -135,17 +134,12 @@ def run_sweep(path: str | Path, opts: RunOptions) -> Path:
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        todo = run_pairs(ctx, todo, runnable, pool)  # bench.pair_builds: the pairs first, both cells at once
-        if reuse and pool.num_gpus:
-            from pdsweep.run.gpureuse import run_dispatch
-
-            run_dispatch(ctx, todo, pool, keys, run_cell)
-        else:
-            (_sequential if reuse else _dispatch)(ctx, todo, pool, keys)
+        todo = run_pairs(ctx, rp.todo, pool, rp.pairs)  # bench.pair_builds: the pairs first, both cells at once
+        EXECUTORS[rp.executor](ctx, rp, todo)
     except KeyboardInterrupt:
         ctx.stop.set()
         ctx.launcher.kill_all()
-        write_index(ctx, cells, started, None, pool.num_gpus, too_big)
+        write_index(ctx, rp.cells, started, None, pool.num_gpus, too_big)
         raise
     finally:
         if isinstance(ctx.provider, InstancePool) and not ctx.stop.is_set():
@@ -158,32 +152,25 @@ def run_sweep(path: str | Path, opts: RunOptions) -> Path:
         ctx.progress.close()
         for s, h in old.items():
             signal.signal(s, h)
-    from pdsweep.measure.verdicts import judge_run
-
     t = time.monotonic()
     judge_run(ctx.run_dir, ctx.ls)
     ctx.timings.update(judge_s=round(time.monotonic() - t, 3), cells_s=round(t - t_run, 3))
     ctx.timings["wall_s"] = round(time.monotonic() - t_run, 3)
-    write_index(ctx, cells, started, now(), pool.num_gpus, too_big)
+    write_index(ctx, rp.cells, started, now(), pool.num_gpus, too_big)
     return ctx.run_dir
 
 
-def _open_run(path: str | Path, opts: RunOptions) -> tuple[RunContext, list[Cell], Any, list[Cell]]:
-    """Load, check and open the run: (context, selected cells, resource pool, cells too
-    big for it). Raises ``UserError`` before anything is written."""
-    from pdsweep.run.feasible import feasibility_warnings
-
+def _open_run(path: str | Path, opts: RunOptions) -> tuple[RunContext, RunPlan]:
+    """Load, check and open the run: (context, the run's plan before its instances). Raises
+    ``UserError`` before anything is written."""
     ls = load_sweep(path)
     plan = expand(ls)
     for warning in feasibility_warnings(plan, tasks=not opts.skip_eval):
         log.warning("%s", warning)
-    num_gpus = opts.gpus if opts.gpus is not None else (detect_gpus() if ls.sweep.platform == "cuda" else 0)
     cells = select_cells(plan, opts.cells)
     if not plan.pd_cells:
         raise UserError(f"{ls.path}: no PD cell to run ({len(plan.rejected)} rejected; see `pdsweep plan`)")
     if not opts.skip_eval:
-        from pdsweep.measure.evaltasks import check_eval_tasks
-
         check_eval_tasks(ls)
     if not cells:
         raise UserError(f"no cell of {ls.path} matches --cells {opts.cells!r}")
@@ -199,25 +186,21 @@ def _open_run(path: str | Path, opts: RunOptions) -> tuple[RunContext, list[Cell
             f"{run_dir}: {ls.path} changed since this run started (sweep_sha256 differs); "
             "results would mix two sweeps: start a new run"
         )
-    gpu_ids, unfit = None, None
-    if opts.preflight and opts.launcher == "local":  # weights, memory, driver, busy GPUs: before anything starts
-        from pdsweep.run.preflight import preflight as gpu_preflight
-
-        checked = gpu_preflight(ls, cells, opts.gpus)
-        if checked.unfetched:  # an instance would download inside its startup budget (issue 56)
-            raise UserError(f"{ls.path}: preflight: nothing started:\n" + "\n".join(checked.unfetched))
-        for warning in checked.warnings:
-            log.warning("%s", warning)
-        if ls.sweep.platform == "cuda" and checked.gpu_ids:
-            gpu_ids, num_gpus, unfit = checked.gpu_ids, len(checked.gpu_ids), checked.unfit
-            log.info("cells fitted to %s", checked.shape)
+    local = opts.launcher == "local"  # weights, memory, driver, busy GPUs: before anything starts
+    launcher, cluster = launcher_cluster(ls, opts)  # outside an allocation: refused before any write
+    pool, fitted, warnings = place(
+        ls, cells, opts.gpus, cluster, check=opts.preflight and local, fit=False, refuse_unfetched=True
+    )
+    for warning in warnings:
+        log.warning("%s", warning)
+    if fitted:
+        log.info("cells fitted to %s", fitted)
     current = git_sha()
     git_shas = [x for x in dict.fromkeys([*(old or {}).get("git_shas", []), current]) if x]
-    launcher, pool = launcher_and_pool(
-        ls, opts, num_gpus, gpu_ids, unfit
-    )  # outside an allocation: refused before any write
     run_dir.mkdir(parents=True, exist_ok=True)
-    why = not_runnable(cells, pool, (lambda c: reference_of(c, ls).id) if ls.sweep.eval.reference else None)
+    done = (lambda c: layout.cell_status(run_dir, c.id) in layout.FINAL_STATUSES) if opts.resume else lambda c: False
+    rp = plan_cells(ls, plan, cells, pool, opts.reuse, opts.prestart, done)
+    why = rp.why
     ctx = RunContext(
         ls,
         plan,
@@ -230,99 +213,45 @@ def _open_run(path: str | Path, opts: RunOptions) -> tuple[RunContext, list[Cell
         git_sha=current,
         job=job,
     )
-    return ctx, cells, pool, [c for c in cells if c.id in why]  # a reference only they need, too
+    return ctx, rp
 
 
-def planned_specs(ctx: RunContext, cell: Cell, pool: Any) -> list[InstanceSpec]:
-    """The instances ``cell`` will run (on the slot an empty ``pool`` gives it; the tiny
-    checkpoint path without building it), or none when its build is unusable."""
-    build = ctx.builds.get(cell.build) or {}
-    if not build.get("python") or build.get("error"):
-        return []
-    slot = fresh_pool(pool).try_acquire(cell)
-    model = ctx.ls.catalogue.models[cell.model]
-    try:
-        mpath = model_path(model, cell.model, create=False)
-    except UserError:
-        return []
-    return instances(cell, slot, ctx.ls, mpath, build["python"]) if slot else []
-
-
-def _write_plan(
-    ctx: RunContext, cells: list[Cell], pool: Any, todo: list[Cell], keys: dict[str, list[InstanceSpec]]
-) -> None:
+def _write_plan(ctx: RunContext, rp: RunPlan) -> None:
     """plan.json: cells, rejected cells, the schedule and, with reuse, the run order and
     which instance each cell uses, when each starts and stops (:func:`pdsweep.plan.schedule.lifecycle`)."""
-    from pdsweep.plan.startup import estimator
-
-    ls, plan = ctx.ls, ctx.plan
-    est = estimator(ls)
     body: dict[str, Any] = {
-        "cells": [c.to_dict() for c in cells],
-        "rejected": [{"cell": r.cell.to_dict(), "rule": r.rule, "reason": r.reason} for r in plan.rejected],
-        "schedule": pack(
-            cells,
-            pool.num_gpus,
-            ls.sweep.defaults.port_base,
-            pool=fresh_pool(pool),
-            estimate=est,
-            ref_of=(lambda c: reference_of(c, ls).id) if ls.sweep.eval.reference else None,
-        ).to_dict(),
+        "cells": [c.to_dict() for c in rp.cells],
+        "rejected": [{"cell": r.cell.to_dict(), "rule": r.rule, "reason": r.reason} for r in rp.expanded.rejected],
+        "schedule": rp.schedule.to_dict(),
     }
-    if keys:
-        body["reuse"] = reuse_record(todo, keys, ctx.opts.prestart)
-        if pool.num_gpus:
-            from pdsweep.run.gpureuse import dispatch_schedule
-
-            body["reuse"]["schedule"] = dispatch_schedule(todo, keys, pool.num_gpus, est, ctx.opts.prestart)
+    if rp.reuse is not None and rp.todo:
+        body["reuse"] = rp.reuse
     layout.write_json(ctx.run_dir / layout.PLAN_FILE, body)
 
 
-def launcher_and_pool(
-    ls: LoadedSweep,
-    opts: RunOptions,
-    num_gpus: int,
-    gpu_ids: tuple[int, ...] | None = None,
-    unfit: dict[str, str] | None = None,
-):
-    """The launcher and resource pool of ``opts.launcher``: local -> :class:`LocalLauncher`
-    over this host's GPUs; slurm -> steps of the allocation we run in, placed over its
-    nodes x GPUs (``SLURM_JOB_NODELIST``, ``SLURM_GPUS_ON_NODE`` or ``--gpus-per-node``;
-    0 on CPU). Raises ``UserError`` (unknown launcher, no allocation)."""
-    from pdsweep.deploy.launchers import make_launcher
-
-    launcher = make_launcher(opts.launcher)
+def launcher_cluster(ls: LoadedSweep, opts: RunOptions) -> tuple[Launcher, Cluster | None]:
+    """The launcher of ``opts.launcher`` and the cluster it places over: local -> this host
+    (None); slurm -> the nodes x GPUs of the allocation we run in (``SLURM_JOB_NODELIST``,
+    ``SLURM_GPUS_ON_NODE`` or ``--gpus-per-node``; 0 on CPU). Raises ``UserError`` (unknown
+    launcher, no allocation, a node of a multi-host allocation at a loopback address)."""
+    launcher = launchers.make_launcher(opts.launcher)
     if opts.launcher != "slurm":
-        return launcher, GpuPool(num_gpus, ls.sweep.defaults.port_base, ids=gpu_ids, unfit=unfit)
-    from pdsweep.plan.placement import Cluster, ClusterPool
-
-    gpn = opts.gpus_per_node if opts.gpus_per_node is not None else launcher.gpus_per_node  # type: ignore[attr-defined]
-    gpn = gpn if ls.sweep.platform == "cuda" else 0
-    nodes = tuple(launcher.nodes)  # type: ignore[attr-defined]
-    addrs = tuple(launcher.addrs[n] for n in nodes)  # type: ignore[attr-defined]
-    from pdsweep.plan.crossnode import loopback_node_addrs
-
+        return launcher, None
+    gpn = opts.gpus_per_node if opts.gpus_per_node is not None else launcher.gpus_per_node
+    nodes = tuple(launcher.nodes)
+    addrs = tuple(launcher.addrs[n] for n in nodes)
     if bad := loopback_node_addrs(nodes, addrs):  # refused before any write (pdsweep.plan.crossnode)
         raise UserError(
             f"--launcher slurm: a node of a multi-host allocation has a loopback address: {'; '.join(bad)} "
             f"(scontrol show node; all addresses: {', '.join(addrs)}); prefill and decode on different "
             "nodes reach each other at NodeAddr, which must be the node's reachable address"
         )
-    return launcher, ClusterPool(Cluster(nodes, gpn, addrs), ls.sweep.defaults.port_base)
+    return launcher, Cluster(nodes, gpn if ls.sweep.platform == "cuda" else 0, addrs)
 
 
-def fresh_pool(pool):
-    """An empty pool like ``pool`` (the dry-run schedule must not take the run's GPUs)."""
-    from pdsweep.plan.placement import ClusterPool
-
-    if isinstance(pool, ClusterPool):
-        return ClusterPool(pool.cluster, pool.port_base, pool.cpus)
-    return GpuPool(pool.num_gpus, pool.port_base, pool.cpus, ids=pool.ids, unfit=pool.unfit)
-
-
-def _dispatch(ctx: RunContext, todo: list[Cell], pool: GpuPool, keys: Any = None) -> None:
+def _dispatch(ctx: RunContext, rp: RunPlan, todo: list[Cell]) -> None:
     """Start cells in order whenever their GPUs are free; wait for one to finish otherwise."""
-    pending = list(todo)
+    pending, pool = list(todo), rp.pool
     workers = max(1, pool.num_gpus)
     with cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cell") as ex:
         running: dict[cf.Future, Slot] = {}
@@ -343,11 +272,12 @@ def _dispatch(ctx: RunContext, todo: list[Cell], pool: GpuPool, keys: Any = None
                 fut.result()
 
 
-def _sequential(ctx: RunContext, todo: list[Cell], pool: GpuPool, keys: dict[str, list[InstanceSpec]]) -> None:
+def _sequential(ctx: RunContext, rp: RunPlan, todo: list[Cell]) -> None:
     """One cell at a time on the shared instance pool (``ctx.provider``): once a cell is
     ready, the next cell's new instances start (``prestart``: their startup overlaps this
     cell's measurement); after it, every instance the next cell does not need stops."""
     provider: InstancePool = ctx.provider
+    pool, keys = rp.pool, rp.specs
     for i, cell in enumerate(todo):
         if ctx.stop.is_set():
             break
@@ -363,3 +293,20 @@ def _sequential(ctx: RunContext, todo: list[Cell], pool: GpuPool, keys: dict[str
         finally:
             pool.release(slot)
         provider.keep_only(keys.get(nxt.id, []) if nxt else [], cell.id)
+
+
+def _reuse_dispatch(ctx: RunContext, rp: RunPlan, todo: list[Cell]) -> None:
+    """The plan's GPU dispatch (:func:`pdsweep.run.gpureuse.run_dispatch`) of the cells of ``todo``
+    (those ``bench.pair_builds`` left), in the plan's priority order."""
+    assert rp.dispatch is not None and isinstance(rp.pool, GpuPool), "reuse dispatch planned without GPUs"
+    left = {c.id for c in todo}
+    order, _, inp = rp.dispatch
+    run_dispatch(ctx, ([c for c in order if c.id in left], inp), rp.pool, rp.specs, run_cell)
+
+
+# the executor of each RunPlan.executor (pdsweep.run.runplan.EXECUTORS)
+EXECUTORS: dict[str, Callable[[RunContext, RunPlan, list[Cell]], None]] = {
+    "cells": _dispatch,
+    "reuse": _sequential,
+    "reuse dispatch": _reuse_dispatch,
+}

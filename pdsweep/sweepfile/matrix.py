@@ -4,56 +4,22 @@ one include/exclude entry, with ``expect: fail`` and ``kind: ref``."""
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, create_model, field_validator, model_validator
 
-from pdsweep.sweepfile.axes import (
-    AXES,
-    BOUND_WHY,
-    EXPECT_KEYS,
-    MATCH_ANY,
-    MAX_TP,
-    REF_ENTRY_KEYS,
-    TP_PAIR,
-    Block,
-    Dp,
-    Fault,
-    Instances,
-    KvLayout,
-    Pp,
-    Router,
-    Tp,
-)
-from pdsweep.sweepfile.catalogue import KvBufferDevice, validate_nested
+from pdsweep.builds.fixprobes import FIXES
+from pdsweep.sweepfile.axes import AXES, AXIS_TYPES, DEFAULTS, EXPECT_KEYS, MATCH_ANY, REF_ENTRY_KEYS, SHORTHANDS
 from pdsweep.sweepfile.catalogue import Strict as _Strict
+from pdsweep.sweepfile.catalogue import validate_nested
 
 
-class MatrixEntry(_Strict):
-    """One ``include``/``exclude`` entry: scalar axis values (typed like the axes) plus,
-    for include, ``expect: fail`` with ``reason`` and ``ref``, and ``kind: ref`` for an
-    entry that sets the expectation of matching reference cells (:data:`REF_ENTRY_KEYS`)."""
+class _EntryKeys(_Strict):
+    """An ``include``/``exclude`` entry besides its axis values (one of each, :data:`AXIS_TYPES`):
+    for include, ``expect: fail`` with ``reason`` and ``ref``, and ``kind: ref`` for an entry that
+    sets the expectation of matching reference cells (:data:`REF_ENTRY_KEYS`)."""
 
     kind: Literal["ref"] | None = None
-
-    model: str | None = None
-    tp: str | None = Field(default=None, pattern=TP_PAIR.pattern)
-    prefill_tp: Tp | None = None
-    decode_tp: Tp | None = None
-    block_size: Block | None = None
-    prefill_block_size: Block | None = None
-    decode_block_size: Block | None = None
-    num_prefill: Instances | None = None
-    num_decode: Instances | None = None
-    decode_dp: Dp | None = None
-    prefill_pp: Pp | None = None
-    kv_cache_layout: KvLayout | None = None
-    kv_buffer_device: KvBufferDevice | None = None
-    build: str | None = None
-    serve_args: str | None = None
-    env: str | None = None
-    router: Router | None = None
-    fault: Fault | None = None
     expect: Literal["fail"] | None = None
     reason: str | None = None
     ref: str | None = None
@@ -80,17 +46,10 @@ class MatrixEntry(_Strict):
     @field_validator("without")
     @classmethod
     def _known_fixes(cls, v: list[str] | None) -> list[str] | None:
-        from pdsweep.builds.fixprobes import FIXES
-
         bad = [f for f in v or [] if f not in FIXES]
         if bad:
             raise ValueError(f"unknown fix probe(s) {bad} (allowed: {', '.join(FIXES)})")
         return v
-
-    @field_validator("tp")
-    @classmethod
-    def _tp_bounds(cls, v: str | None) -> str | None:
-        return v if v is None else _tp_pair_in_bounds(v)
 
     @field_validator("match")
     @classmethod
@@ -112,53 +71,21 @@ class MatrixEntry(_Strict):
 # texts no failure signature matches: a `match:` that finds one of them explains every failure (a silent `match: any`)
 TRIVIAL_TEXTS = ("", "\x00", " ", "\n")
 
-
-def _tp_pair_in_bounds(pair: str) -> str:
-    p, d = map(int, TP_PAIR.fullmatch(pair).groups())  # type: ignore[union-attr]
-    if max(p, d) > MAX_TP:
-        raise ValueError(f"'{pair}': TP {max(p, d)} is more than {MAX_TP} ({BOUND_WHY['tp']})")
-    return pair
+_one_each: dict[str, Any] = {k: (t | None, None) for k, (t, _) in AXIS_TYPES.items()}
+MatrixEntry = create_model("MatrixEntry", __base__=_EntryKeys, **_one_each)
 
 
-class Matrix(_Strict):
-    model: list[str] = Field(min_length=1)
-    tp: list[str] | None = Field(default=None, min_length=1)
-    prefill_tp: list[Tp] | None = Field(default=None, min_length=1)
-    decode_tp: list[Tp] | None = Field(default=None, min_length=1)
-    block_size: list[Block] | None = Field(default=None, min_length=1)
-    prefill_block_size: list[Block] | None = Field(default=None, min_length=1)
-    decode_block_size: list[Block] | None = Field(default=None, min_length=1)
-    num_prefill: list[Instances] | None = Field(default=None, min_length=1)
-    num_decode: list[Instances] | None = Field(default=None, min_length=1)
-    decode_dp: list[Dp] | None = Field(default=None, min_length=1)
-    prefill_pp: list[Pp] | None = Field(default=None, min_length=1)
-    kv_cache_layout: list[KvLayout] | None = Field(default=None, min_length=1)
-    kv_buffer_device: list[KvBufferDevice] | None = Field(default=None, min_length=1)
-    build: list[str] | None = Field(default=None, min_length=1)
-    serve_args: list[str] | None = Field(default=None, min_length=1)
-    env: list[str] | None = Field(default=None, min_length=1)
-    router: list[Router] | None = Field(default=None, min_length=1)
-    fault: list[Fault] | None = Field(default=None, min_length=1)
+class _MatrixLists(_Strict):
+    """The matrix besides its axes (a non-empty list of each, :data:`AXIS_TYPES`): ``include`` and ``exclude``."""
+
     include: list[dict[str, Any]] = []
     exclude: list[dict[str, Any]] = []
 
-    @field_validator("tp")
-    @classmethod
-    def _tp_pairs(cls, v: list[str] | None) -> list[str] | None:
-        for item in v or []:
-            if not TP_PAIR.fullmatch(str(item)):
-                raise ValueError(
-                    f"'{item}' is not a TP pair; write pPdD with P, D >= 1, e.g. p2d1 (prefill TP 2, decode TP 1)"
-                )
-            _tp_pair_in_bounds(item)
-        return v
-
     @model_validator(mode="after")
-    def _no_double_axes(self) -> Matrix:
-        if self.tp and (self.prefill_tp or self.decode_tp):
-            raise ValueError("give 'tp' pairs or 'prefill_tp'/'decode_tp' axes, not both")
-        if self.block_size and (self.prefill_block_size or self.decode_block_size):
-            raise ValueError("give 'block_size' or 'prefill_block_size'/'decode_block_size', not both")
+    def _no_double_axes(self) -> _MatrixLists:
+        for short, (a, b) in SHORTHANDS.items():
+            if getattr(self, short) and (getattr(self, a) or getattr(self, b)):
+                raise ValueError(f"give '{short}' or '{a}'/'{b}' axes, not both")
         for kind, entries in (("include", self.include), ("exclude", self.exclude)):
             allowed = AXES + (EXPECT_KEYS + ("kind",) if kind == "include" else ())
             for i, e in enumerate(entries):
@@ -180,12 +107,9 @@ class Matrix(_Strict):
                     )
                     raise ValueError(f"{kind}[{i}]: unknown key(s) {bad}{what}; allowed: {', '.join(allowed_here)}")
                 validate_nested(MatrixEntry, e, f"{kind}[{i}]")
-                if "tp" in e and ("prefill_tp" in e or "decode_tp" in e):
-                    raise ValueError(f"{kind}[{i}]: give 'tp' or 'prefill_tp'/'decode_tp', not both")
-                if "block_size" in e and ("prefill_block_size" in e or "decode_block_size" in e):
-                    raise ValueError(
-                        f"{kind}[{i}]: give 'block_size' or 'prefill_block_size'/'decode_block_size', not both"
-                    )
+                for short, (a, b) in SHORTHANDS.items():
+                    if short in e and (a in e or b in e):
+                        raise ValueError(f"{kind}[{i}]: give '{short}' or '{a}'/'{b}', not both")
                 stray = [k for k in ("reason", "ref") if k in e and "expect" not in e]
                 if kind == "include" and stray:
                     raise ValueError(
@@ -210,3 +134,24 @@ class Matrix(_Strict):
                             "it needs 'expect: fail'"
                         )
         return self
+
+
+if TYPE_CHECKING:
+
+    class Matrix(_MatrixLists):
+        """The matrix as mypy sees it: its axes are :data:`AXIS_TYPES`'s."""
+
+        def __getattr__(self, name: str) -> Any: ...
+
+else:
+    # an axis without a default that is no shorthand (the model) is required
+    Matrix = create_model(
+        "Matrix",
+        __base__=_MatrixLists,
+        **{
+            k: (list[t], Field(min_length=1))
+            if k not in DEFAULTS and k not in SHORTHANDS
+            else (list[t] | None, Field(default=None, min_length=1))
+            for k, (t, _) in AXIS_TYPES.items()
+        },  # fmt: skip
+    )

@@ -3,13 +3,13 @@ defaults (``defaults:``): the settings of a cell's deployment."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, create_model, field_validator, model_validator
 
-from pdsweep.sweepfile.axes import Block, Dp, Fault, Instances, KvLayout, Pp, Router, Tp
-from pdsweep.sweepfile.catalogue import KvBufferDevice, validate_nested
+from pdsweep.sweepfile.axes import AXIS_TYPES, DEFAULTS
 from pdsweep.sweepfile.catalogue import Strict as _Strict
+from pdsweep.sweepfile.catalogue import validate_nested
 from pdsweep.sweepfile.connector import KV_TRANSFER_EXTRA_KEYS, NIXL_EXTRA_KEYS, KvTransferExtra
 
 
@@ -82,22 +82,9 @@ class ServeArgsVariant(_Strict):
         return v
 
 
-class Defaults(_Strict):
-    prefill_tp: Tp = 1
-    decode_tp: Tp = 1
-    prefill_block_size: Block = 16
-    decode_block_size: Block = 16
-    num_prefill: Instances = 1
-    num_decode: Instances = 1
-    decode_dp: Dp = 1  # decode as data parallel (+ expert parallel for MoE models), upstream DP_EP
-    prefill_pp: Pp = 1  # prefill pipeline stages (--pipeline-parallel-size), upstream PREFILLER_PP_SIZE
-    kv_cache_layout: KvLayout = "HND"  # decode's VLLM_KV_CACHE_LAYOUT, upstream DECODER_KV_LAYOUT
-    kv_buffer_device: KvBufferDevice | None = None  # None: cuda on GPU, cpu on CPU
-    build: str = "fixed"
-    serve_args: str = "base"
-    env: str = "base"
-    router: Router = "pdsweep"  # the PD router: pdsweep's proxy, or vllm-router (pdsweep.deploy.router)
-    fault: Fault = "none"  # a fault drill (pdsweep.run.drills)
+class _Settings(_Strict):
+    """``defaults:`` besides each axis's default (:data:`pdsweep.sweepfile.axes.DEFAULTS`)."""
+
     gpu_memory_utilization: float = Field(default=0.8, gt=0, le=1)
     enforce_eager: bool = True
     max_model_len: int | None = Field(default=None, gt=0)
@@ -114,3 +101,14 @@ class Defaults(_Strict):
     # --num-gpu-blocks-override; None: 256 on CPU (see pdsweep.plan.instance.CPU_NUM_BLOCKS), vLLM's own on GPU
     num_blocks: int | None = Field(default=None, ge=1, le=10_000_000)
     port_base: int = Field(default=20000, ge=1024, le=60000)
+
+
+if TYPE_CHECKING:
+
+    class Defaults(_Settings):
+        """``defaults:`` as mypy sees it: its axes are :data:`pdsweep.sweepfile.axes.DEFAULTS`."""
+
+        def __getattr__(self, name: str) -> Any: ...
+
+else:
+    Defaults = create_model("Defaults", __base__=_Settings, **{k: (AXIS_TYPES[k][0], d) for k, d in DEFAULTS.items()})

@@ -119,7 +119,17 @@ def popen_logged(
 
 class Launcher(Protocol):
     """Start/stop instances (:class:`LaunchRequest`: ``host`` is the address the instance
-    serves on, ``node`` the Slurm node it must run on)."""
+    serves on, ``node`` the Slurm node it must run on) on ``nodes`` (none: this host only),
+    reached at ``addrs`` (node -> address), ``gpus_per_node`` GPUs each (0: not known)."""
+
+    @property
+    def nodes(self) -> Sequence[str]: ...
+
+    @property
+    def addrs(self) -> Mapping[str, str]: ...
+
+    @property
+    def gpus_per_node(self) -> int: ...
 
     def start(self, req: LaunchRequest) -> Handle: ...
 

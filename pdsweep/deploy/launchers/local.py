@@ -34,6 +34,9 @@ class LocalLauncher:
     """Instances as local child processes, each leading its own process group."""
 
     def __init__(self) -> None:
+        self.nodes: tuple[str, ...] = ()  # this host only
+        self.addrs: dict[str, str] = {}
+        self.gpus_per_node = 0
         self._groups: set[int] = set()
         self._lock = threading.Lock()
 

@@ -1,0 +1,71 @@
+"""One plan of a run (pdsweep.run.runplan): the schedule ``pdsweep run`` follows is the one
+``pdsweep plan`` prints. Each test bends the plan (a run order no derivation of its own would
+give) and runs the sweep with a ``run_cell`` that records instead of deploying (no instance
+starts): a run that took its order anywhere but from the RunPlan would not follow the bend."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pdsweep.plan.dispatch import simulate
+from pdsweep.run import runplan
+from pdsweep.run import sweep as run_sweep_mod
+from pdsweep.run.context import RunOptions
+from pdsweep.run.dryrun import plan_dict
+from pdsweep.run.gpureuse import record
+from pdsweep.run.runplan import EXECUTORS
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE, MISSION = REPO / "sweeps" / "cpu-smoke.yaml", REPO / "sweeps" / "hybrid-mla-mamba.yaml"
+
+
+@pytest.fixture
+def no_side_effects(monkeypatch):
+    """No checkpoint built, no judge pass: the run plans and executes only."""
+    monkeypatch.setattr(run_sweep_mod, "prebuild_checkpoints", lambda ls, cells: ({}, {}))
+    monkeypatch.setattr(run_sweep_mod, "judge_run", lambda *a: None)
+
+
+def test_run_follows_the_reuse_order_plan_printed_on_cpu(tmp_path, monkeypatch, no_side_effects):
+    real, unbent = runplan.reuse_order, []
+
+    def bent(cells, keys):  # references first, then the PD cells backwards
+        got = real(cells, keys)
+        unbent.append([c.id for c in got])
+        return [c for c in got if c.kind == "ref"] + [c for c in reversed(got) if c.kind != "ref"]
+
+    monkeypatch.setattr(runplan, "reuse_order", bent)
+    printed = plan_dict(str(SMOKE), 0)
+    ran: list[str] = []
+    monkeypatch.setattr(run_sweep_mod, "run_cell", lambda ctx, cell, slot, on_ready=None: ran.append(cell.id))
+    run = run_sweep_mod.run_sweep(SMOKE, RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True))
+    plan_json = json.loads((run / "plan.json").read_text())
+    assert unbent[0] != printed["reuse"]["order"] and sorted(unbent[0]) == sorted(ran)  # the bend shows
+    assert ran == printed["reuse"]["order"] == plan_json["reuse"]["order"] and len(ran) > 20
+    assert plan_json["reuse"] == printed["reuse"] and plan_json["schedule"] == printed["schedule"]
+
+
+def test_run_dispatches_in_the_order_plan_printed_on_gpus(tmp_path, monkeypatch, no_side_effects):
+    """The mission on 8 GPUs: the reuse dispatch ``run`` hands the dispatcher simulates to the
+    schedule ``plan`` printed (the run's own cells run in real time: they are not started here)."""
+    real = runplan.plan_order
+
+    def bent(todo, specs, num_gpus, estimate, prestart=True):  # the planned priority order, backwards
+        order, _, inp = real(todo, specs, num_gpus, estimate, prestart)
+        order = order[::-1]
+        return order, simulate(order, inp)[0], inp
+
+    monkeypatch.setattr(runplan, "plan_order", bent)
+    printed = plan_dict(str(MISSION), 8)
+    seen: list[tuple] = []
+    monkeypatch.setattr(run_sweep_mod, "run_dispatch", lambda ctx, planned, pool, specs, run_cell: seen.append(planned))
+    opts = RunOptions(out=tmp_path / "run", gpus=8, quiet=True, skip_eval=True, preflight=False)
+    run = run_sweep_mod.run_sweep(MISSION, opts)
+    ((order, inp),) = seen
+    est = inp.estimate
+    assert record(simulate(order, inp)[0], est) == printed["reuse"]["schedule"]
+    assert printed["makespan"]["follows"] == "reuse dispatch" and EXECUTORS[(True, True)] == "reuse dispatch"
+    assert json.loads((run / "plan.json").read_text())["reuse"] == printed["reuse"]
