@@ -136,7 +136,10 @@ def make_hub_snapshot(cache: Path, repo_id: str, files: dict[str, str], incomple
 @pytest.fixture
 def hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty fake HF hub cache, set as ``HF_HUB_CACHE`` (fill it with :func:`make_hub_snapshot`)."""
+    from huggingface_hub import constants  # imported before the env is set: it reads HF_HUB_CACHE once, at import
+
     cache = tmp_path / "hub"
     cache.mkdir()
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))  # restored after the test, like the env
     return cache
