@@ -45,7 +45,8 @@ class BestArgs:
         pts = points(self.run_dir, gate_run(self.run_dir))
         models = sorted({p.model for p in pts})
         none_met = []
-        for model in [self.model] if self.model else models or [None]:
+        chosen: list[str | None] = [self.model] if self.model else [*models] or [None]
+        for model in chosen:
             b = best(pts, parse_slo(self.slo), model)
             print(f"{model}:" if model else "all models:")
             print("".join(f"  {line}\n" for line in describe(b)), end="")

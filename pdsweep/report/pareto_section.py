@@ -77,7 +77,7 @@ def pareto_points(run_dir: Path, result: GateResult) -> list[Point]:
 
 def front_rows(pts: list[Point]) -> list[tuple[str, ...]]:
     """Rows in :data:`FRONT_COLUMNS` order: each model's and build's front, best throughput first."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for (model, build), group in sorted(_groups(pts).items()):
         for p in sorted(front(group), key=lambda p: -p.tok_s_per_gpu.mean):
             t = p.tok_s_per_gpu
@@ -109,23 +109,25 @@ def plot_fronts(pts: list[Point], pdir: Path) -> dict[str, Path]:
         fig = Figure(figsize=(8, 5.5), layout="constrained")
         ax = fig.subplots()
         for i, cfg in enumerate(configs):
-            for p in (p for p in mine if p.config == cfg and p.tok_s_per_user is not None):
-                t = p.tok_s_per_gpu
-                err = None if t.lo is None else [[t.mean - t.lo], [t.hi - t.mean]]
+            for p in (p for p in mine if p.config == cfg):
+                t, x = p.tok_s_per_gpu, p.tok_s_per_user
+                if x is None:  # no TPOT: no interactivity to draw it at
+                    continue
+                err = None if t.lo is None or t.hi is None else [[t.mean - t.lo], [t.hi - t.mean]]
                 ax.errorbar(
-                    p.tok_s_per_user, t.mean, yerr=err, fmt="x" if p.failed else MARKERS[i % len(MARKERS)],
+                    x, t.mean, yerr=err, fmt="x" if p.failed else MARKERS[i % len(MARKERS)],
                     color=f"C{i}", ms=8 if p.failed else 6, capsize=2, mew=2 if p.failed else 1,
                 )  # fmt: skip
                 ax.annotate(
                     f"c{p.concurrency}",
-                    (p.tok_s_per_user, t.mean),
+                    (x, t.mean),
                     xytext=(4, 4),
                     textcoords="offset points",
                     fontsize=7,
                 )
         for j, (_build, group) in enumerate(sorted(_by_build(mine).items())):
             f = front(group)
-            ax.plot([p.tok_s_per_user for p in f], [p.tok_s_per_gpu.mean for p in f], ls="-" if j == 0 else "--",
+            ax.plot([p.tok_s_per_user or 0.0 for p in f], [p.tok_s_per_gpu.mean for p in f], ls="-" if j == 0 else "--",
                     color="black", lw=1, alpha=0.7)  # fmt: skip
         handles = [
             Line2D([], [], ls="none", marker=MARKERS[i % len(MARKERS)], color=f"C{i}", label=c)
