@@ -39,6 +39,7 @@ from pdsweep.deploy.launchers import Handle, Launcher, port_free
 from pdsweep.deploy.launchers.base import LaunchRequest
 from pdsweep.deploy.portlocks import HostClaims
 from pdsweep.plan.instance import BLOCK_PORTS, PORTS_PER_SLOT, InstanceSpec, Slot, on_slot, place_block, ports_fit
+from pdsweep.plan.schedule import lifecycle
 
 log = logging.getLogger(__name__)
 
@@ -522,7 +523,6 @@ def reuse_record(cells: list, specs_of: dict[str, list[InstanceSpec]], prestart:
     instance each uses, each start and stop (:func:`pdsweep.plan.schedule.lifecycle`), and
     distinct instances vs uses. ``specs_of``: cell id -> its instance specs (ports do not
     define an instance, so any slot gives the same identities)."""
-    from pdsweep.plan.schedule import lifecycle
 
     keys = {cid: [instance_key(s) for s in sp] for cid, sp in specs_of.items()}
     ids = {instance_key(s): instance_id(s) for sp in specs_of.values() for s in sp}

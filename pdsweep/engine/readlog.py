@@ -46,6 +46,7 @@ import time
 from typing import Any, Callable
 
 from pdsweep.core.logscan import NIXL_READ_TAG, NIXL_WRITE_TAG
+from pdsweep.engine.readdelay import wait
 
 logger = logging.getLogger("vllm.pdsweep.engine.readlog")
 
@@ -58,7 +59,6 @@ def wrap_read_blocks(
     seconds when vLLM was asked to read and when its ``_read_blocks`` returned, the READ posted.
     ``delay`` (test-only, :mod:`pdsweep.engine.readdelay`): seconds to wait between ``t0`` and
     vLLM's ``_read_blocks``, so the READ is posted that much later, inside its timed interval."""
-    from pdsweep.engine.readdelay import wait
 
     def _read_blocks(self: Any, *args: Any, **kw: Any) -> Any:
         spec = kw.get("read_spec", args[0] if args else None)

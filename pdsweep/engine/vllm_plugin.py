@@ -41,6 +41,11 @@ from pdsweep.core.faults import (
     READ_DELAY_ENV_VAR,  # pdsweep.engine.readdelay: test-only, READs posted late
     READ_FAULT_ENV_VAR,  # pdsweep.engine.readfault: fail-read-1-in-K (decode)
 )
+from pdsweep.engine.cpu_models import ARCHITECTURES
+from pdsweep.engine.readdelay import read_delay
+from pdsweep.engine.readfault import install_read_fault
+from pdsweep.engine.readlog import install_nixl_read_log, install_nixl_write_log
+from pdsweep.engine.vllm_debug import install_mla_kv_digest, install_mq_dump
 
 ENV_VAR = "PDSWEEP_NIXL_PROGRESS_DELAY_US"
 AMX_ENV_VAR = "PDSWEEP_CPU_AMX_PERMISSION"
@@ -408,8 +413,6 @@ def patch_cpu_mla_logical_blocks() -> bool:
 def _install_nixl_read_log() -> bool:
     """The READ log, with the test-only READ delay when :data:`READ_DELAY_ENV_VAR` is set (a bad
     value: a warning, the log without it)."""
-    from pdsweep.engine.readdelay import read_delay
-    from pdsweep.engine.readlog import install_nixl_read_log
 
     raw = os.environ.get(READ_DELAY_ENV_VAR, "").strip()
     delay = None
@@ -423,13 +426,11 @@ def _install_nixl_read_log() -> bool:
 
 
 def _install_nixl_write_log() -> bool:
-    from pdsweep.engine.readlog import install_nixl_write_log
 
     return install_nixl_write_log()
 
 
 def _install_read_fault(every: int) -> None:
-    from pdsweep.engine.readfault import install_read_fault
 
     if not install_read_fault(every):
         logger.warning("pdsweep: %s set but vLLM's NixlWrapper.check_xfer_state was not found", READ_FAULT_ENV_VAR)
@@ -438,13 +439,11 @@ def _install_read_fault(every: int) -> None:
 
 
 def _install_debug_mla_kv() -> bool:
-    from pdsweep.engine.vllm_debug import install_mla_kv_digest
 
     return install_mla_kv_digest()
 
 
 def _install_debug_mq_dump() -> bool:
-    from pdsweep.engine.vllm_debug import install_mq_dump
 
     return install_mq_dump()
 
@@ -454,8 +453,6 @@ def register_architectures() -> list[str]:
     ``ModelRegistry`` by import path (lazy: nothing is imported until a model uses one).
     Names vLLM already knows are left alone. Returns the names registered now."""
     from vllm import ModelRegistry
-
-    from pdsweep.engine.cpu_models import ARCHITECTURES
 
     known = set(ModelRegistry.get_supported_archs())
     new = [a for a in ARCHITECTURES if a not in known]

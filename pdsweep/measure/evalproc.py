@@ -20,6 +20,7 @@ from typing import Any
 
 from pdsweep.deploy.deployment import CellFailed
 from pdsweep.deploy.launchers.base import own_group
+from pdsweep.measure.accuracy import run_lm_eval
 from pdsweep.results import layout
 from pdsweep.sweepfile.phases import EvalSpec
 
@@ -90,7 +91,6 @@ def run_lm_eval_bounded(
 
 
 def _child(request: Path) -> int:
-    from pdsweep.measure.accuracy import run_lm_eval
 
     r = json.loads(Path(request).read_text())
     out = run_lm_eval(

@@ -22,7 +22,10 @@ from typing import Any
 
 import httpx
 
+from pdsweep.measure.consistency import _judge_prompt, compare, complete, thresholds_for
+from pdsweep.measure.prompts import Prompt
 from pdsweep.measure.workloads import LoadRequest
+from pdsweep.results import layout
 
 log = logging.getLogger(__name__)
 PERCENTILES = (50, 90, 99)
@@ -38,8 +41,6 @@ def _pct(values: list[float]) -> dict[str, float | None]:
 
 
 async def _drive(url: str, model: str, reqs: list[LoadRequest], concurrency: int, timeout_s: float) -> list[dict]:
-    from pdsweep.measure.consistency import complete
-    from pdsweep.measure.prompts import Prompt
 
     sem = asyncio.Semaphore(concurrency)
     done = {r.id: asyncio.Event() for r in reqs}
@@ -255,7 +256,6 @@ def _check_answers(
 ) -> dict[str, Any]:
     """One workload's answers at one concurrency against the reference's (``ref_rows`` by
     request key): the counts and first examples :func:`judge_load` documents."""
-    from pdsweep.measure.consistency import _judge_prompt, compare
 
     conc = w.get("concurrency")
     s: dict[str, Any] = {"workload": w.get("workload"), "concurrency": conc, "checked": 0, "wrong": 0, "stale": 0}
@@ -363,8 +363,6 @@ def judge_cell_load(run_dir: Path, cell_id: str, meta: dict[str, Any], ls: Any) 
     """Judge one PD cell's ``load.json`` answers against its reference cell's and write
     ``load_check.json``; None (nothing written) when the cell has no checked load or the sweep
     turned ``bench.check`` off."""
-    from pdsweep.measure.consistency import thresholds_for
-    from pdsweep.results import layout
 
     if not ls.sweep.bench.check:
         return None

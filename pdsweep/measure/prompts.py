@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pdsweep.core.errors import UserError
+from pdsweep.tiny.arith import _question
 
 BLOCKS_FACTOR = 3.5  # "blocks" prompt: several full blocks plus a partial one
 
@@ -79,7 +80,6 @@ def _task_text(name: str, min_pairs: int) -> str:
     """``pdsweep_arith`` Q/A pairs in lm-eval's prompt format (``pdsweep.tiny.arith``), seeded
     by ``name``, ending in an open question (``...\nA:``): the next tokens are an answer,
     which a checkpoint trained on the task computes from the whole KV it holds."""
-    from pdsweep.tiny.arith import _question
 
     rng = random.Random(f"pdsweep-consistency-task:{name}")
     pairs = []

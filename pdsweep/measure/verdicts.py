@@ -14,6 +14,7 @@ from typing import Any
 
 from pdsweep.measure.accuracy import judge, load_expected
 from pdsweep.measure.consistency import compare, judge_consistency, thresholds_for
+from pdsweep.measure.loadcheck import judge_cell_load
 from pdsweep.results import layout
 from pdsweep.sweepfile.sweep import LoadedSweep
 
@@ -80,6 +81,4 @@ def judge_run(run_dir: Path, ls: LoadedSweep) -> None:
             body = judge_consistency(cid, ref_id if ref_probe else None, merged, th)
             layout.write_json(cdir.file(layout.CONSISTENCY_FILE), body)
         if not is_ref:  # every load answer vs the reference's (load_check.json)
-            from pdsweep.measure.loadcheck import judge_cell_load
-
             judge_cell_load(run_dir, cid, meta, ls)

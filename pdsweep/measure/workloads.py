@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from pdsweep.core.errors import UserError
+from pdsweep.measure.prompts import _load_tokenizer, _task_text, _text
 from pdsweep.sweepfile.phases import BenchSpec, WorkloadSpec
 
 SHIPPED_TRACE = Path(__file__).resolve().parent / "traces" / "mini_mooncake.jsonl"
@@ -65,7 +66,6 @@ class _Tokens:
     """Seeded token runs of exact lengths from the probe's text kind (``prose``/``task``)."""
 
     def __init__(self, tokenizer_path: str | Path, text: str, trust_remote_code: bool = False) -> None:
-        from pdsweep.measure.prompts import _load_tokenizer, _task_text, _text
 
         self.encode, _ = _load_tokenizer(tokenizer_path, trust_remote_code)
         self.special = self.encode("")

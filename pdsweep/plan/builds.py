@@ -10,6 +10,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pdsweep.builds.fixprobes import FAILED_TRANSFER_ACCOUNTING, accounting_label, probe_python
+from pdsweep.builds.make import PROVENANCE_FIELDS, provenance, read_marker
+from pdsweep.builds.vllmsite import patched_files_sha256
 from pdsweep.core.errors import UserError
 
 if TYPE_CHECKING:
@@ -84,8 +87,6 @@ def build_info(ls: LoadedSweep, name: str) -> dict[str, Any]:
         info.update(vllm_version=v["vllm"], nixl_version=v["nixl"])
     except (subprocess.SubprocessError, OSError, ValueError, IndexError) as e:
         info["error"] = f"build {name}: cannot query {py}: {e}"
-    from pdsweep.builds.fixprobes import FAILED_TRANSFER_ACCOUNTING, accounting_label, probe_python
-    from pdsweep.builds.make import PROVENANCE_FIELDS, provenance, read_marker
 
     try:  # vLLM commit, torch, the nixl_cuXX actually imported, UCX (pdsweep.builds.make)
         prov = provenance(py)
@@ -103,8 +104,6 @@ def build_info(ls: LoadedSweep, name: str) -> dict[str, Any]:
     # what vllm:nixl_num_failed_transfers counts in this build (the gate's reasons name it)
     info["failed_transfer_accounting"] = accounting_label(info["fixes"].get(FAILED_TRANSFER_ACCOUNTING))
     try:
-        from pdsweep.builds.vllmsite import patched_files_sha256
-
         info["patched_files_sha256"] = patched_files_sha256(py)
     except Exception as e:  # noqa: BLE001 -- recorded, not fatal: the cell itself will fail if vLLM is broken
         info["patched_files_error"] = str(e)

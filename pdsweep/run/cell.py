@@ -17,7 +17,8 @@ from pdsweep.core.logscan import first_exception
 from pdsweep.deploy.deployment import CellFailed, Deployment, DeployRequest, ReadyHang, Timeouts, blame, deploy
 from pdsweep.deploy.instances import InstancePool, instance_id
 from pdsweep.deploy.launchers import tail
-from pdsweep.measure.phases import CellMeasure, failed_cell_integrity, measure_cell
+from pdsweep.measure.paired import Unpaired
+from pdsweep.measure.phases import CellMeasure, failed_cell_integrity, measure_cell, read_back_blocks
 from pdsweep.plan.derived import is_derived, note
 from pdsweep.plan.expand import Cell, reference_of
 from pdsweep.plan.instance import InstanceSpec, Slot, instances, model_path, planned_blocks
@@ -25,6 +26,7 @@ from pdsweep.results import layout
 from pdsweep.run.context import RunContext
 from pdsweep.run.drills import armed, lease_drill_faults
 from pdsweep.run.provenance import config_hash, host_facts, now
+from pdsweep.sweepfile.expectations import resolve
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +40,6 @@ def run_cell(
     ``pair``: its side of a pair (:class:`pdsweep.measure.paired.PairSide`, :mod:`pdsweep.run.pairs`);
     None: alone, saying why when ``bench.pair_builds`` meant to pair it (``ctx.unpaired``).
     status.json gets the load.json's ``pairing`` / ``unpaired``; the side leaves the pair when the cell ends."""
-    from pdsweep.measure.paired import Unpaired
-    from pdsweep.sweepfile.expectations import resolve
 
     if pair is None and cell.id in ctx.unpaired:
         pair = Unpaired(ctx.unpaired[cell.id])
@@ -239,7 +239,6 @@ def record_blocks(
 ) -> dict[str, Any]:
     """Read the effective blocks back from the running instances into cell.json
     (``blocks``); a plan/run mismatch goes to status.json (``block_mismatch``) and the log."""
-    from pdsweep.measure.phases import read_back_blocks
 
     blocks = read_back_blocks(dep, planned)
     layout.write_json(cdir / layout.CELL_FILE, {**cell_json, "blocks": blocks})

@@ -14,8 +14,14 @@ import os
 from pathlib import Path
 
 from pdsweep.core.errors import UserError
-from pdsweep.plan.expand import Plan
+from pdsweep.measure.accuracy import load_expected
+from pdsweep.measure.prompts import resolve_lengths
+from pdsweep.plan.builds import venv_python
+from pdsweep.plan.expand import Plan, _to_cell
 from pdsweep.run.drillcheck import drill_problems
+from pdsweep.sweepfile.axes import AXES
+from pdsweep.tiny import arith
+from pdsweep.tiny.config import config_params
 
 
 def cannot_pass(plan: Plan) -> list[str]:
@@ -52,8 +58,6 @@ def cannot_pass(plan: Plan) -> list[str]:
         if not s.eval.tasks:
             out.append(f"{path}: gate.require_accuracy is true but eval.tasks is empty: no cell can pass")
         elif not s.eval.reference:
-            from pdsweep.measure.accuracy import load_expected
-
             expected = load_expected()
             for model in dict.fromkeys(c.model for c in pd):
                 missing = [t for t in s.eval.tasks if t not in expected.get(model, {})]
@@ -82,7 +86,6 @@ def unknown_tasks(plan: Plan) -> list[str]:
     """``eval.tasks`` that neither pdsweep (``pdsweep_arith``) nor lm-eval's
     ``TaskManager().all_tasks`` knows (the check :func:`pdsweep.measure.accuracy.run_lm_eval`
     repeats per cell). The lm-eval index is read only for non-``pdsweep_`` names."""
-    from pdsweep.tiny import arith
 
     s, path = plan.loaded.sweep, plan.loaded.path
     if not plan.cells or not s.eval.tasks:
@@ -110,7 +113,6 @@ def build_problems(plan: Plan) -> tuple[list[str], list[str]]:
     """(errors, warnings) for the builds cells use: a ``python`` that is not an executable
     file is an error; a ``venv`` not built yet is a warning (``make baseline-env`` makes
     ``.venv-unfixed`` before ``make sweep`` runs; without it only that build's cells fail)."""
-    from pdsweep.plan.builds import venv_python
 
     s, path = plan.loaded.sweep, plan.loaded.path
     errors, warnings = [], []
@@ -131,8 +133,6 @@ def model_problems(plan: Plan) -> list[str]:
     """Tiny-model geometry (:func:`pdsweep.tiny.config.config_params`, named with the real
     catalogue file) and consistency probe lengths per cell
     (:func:`pdsweep.measure.prompts.resolve_lengths`), as the run would compute them."""
-    from pdsweep.measure.prompts import resolve_lengths
-    from pdsweep.tiny.config import config_params
 
     ls = plan.loaded
     out: list[str] = []
@@ -162,8 +162,6 @@ def matrix_problems(plan: Plan) -> tuple[list[str], list[str]]:
     an ``include`` that merges into product combinations and sets a cell-defining key
     that is not an axis replaces those cells (their id changes) instead of adding one: an
     error (make the key an axis); an ``exclude`` that matches no combination: a warning."""
-    from pdsweep.plan.expand import _to_cell
-    from pdsweep.sweepfile.axes import AXES
 
     m, path = plan.loaded.sweep.matrix, plan.loaded.path
     axes = [k for k in AXES if getattr(m, k)]

@@ -40,6 +40,7 @@ from typing import Any, Protocol
 
 from pdsweep.core.dtypes import DTYPE_BYTES
 from pdsweep.core.errors import UserError
+from pdsweep.plan.geometry import kv_geometry
 from pdsweep.plan.gpus import (
     CUDA_IPC_GET_ENV,
     CUDA_IPC_GET_OFF,
@@ -49,6 +50,7 @@ from pdsweep.plan.gpus import (
     nvlink_status,
     visible,
 )
+from pdsweep.plan.instance import Slot, instances, model_path
 from pdsweep.run import hubcache
 
 GIB = 1024**3
@@ -256,7 +258,6 @@ def kv_one_request(name: str, model: Any, tp: int, block: int, max_len: int) -> 
     """Bytes per TP rank of the KV cache one ``max_len``-token request needs (attention
     blocks + SSM state, :func:`pdsweep.plan.geometry.kv_geometry`); None when the catalogue
     lacks the geometry."""
-    from pdsweep.plan.geometry import kv_geometry
 
     try:
         per = kv_geometry(name, model, block, tps=(tp,)).rank_bytes(tp)
@@ -294,7 +295,6 @@ def memory_fit(ls: Any, cells: list[Any], weights: dict[str, Weights], gpus: Ite
     instance that does not fit is *unfit* (NOT-RUNNABLE with the arithmetic; the rest run),
     never an error. Errors: ``free < total x gpu_memory_utilization`` (vLLM
     ``Worker.init_device`` refuses every start) and weights of unknown size (fail closed)."""
-    from pdsweep.plan.instance import Slot, instances, model_path
 
     gpus = list(gpus)
     out = MemoryFit([], [], {}, node_shape(gpus))
