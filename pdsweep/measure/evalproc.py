@@ -3,7 +3,7 @@
 cell or leaving a thread behind.
 
 Parent: :func:`run_lm_eval_bounded`. Child: ``python -m pdsweep.measure.evalproc REQUEST.json``
-runs :func:`pdsweep.measure.accuracy.run_lm_eval` and writes its return value to the request's
+runs :func:`pdsweep.measure.lmeval.run_lm_eval` and writes its return value to the request's
 ``out`` file.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 
 from pdsweep.deploy.deployment import CellFailed
 from pdsweep.deploy.launchers.base import own_group
-from pdsweep.measure.accuracy import run_lm_eval
+from pdsweep.measure.lmeval import run_lm_eval
 from pdsweep.results import layout
 from pdsweep.sweepfile.phases import EvalSpec
 
@@ -43,7 +43,7 @@ class EvalTarget:
 def run_lm_eval_bounded(
     target: EvalTarget, eval_spec: EvalSpec, out_dir: Path, budget_s: float
 ) -> dict[str, dict[str, Any]]:
-    """:func:`pdsweep.measure.accuracy.run_lm_eval` against ``target`` in a child process (same
+    """:func:`pdsweep.measure.lmeval.run_lm_eval` against ``target`` in a child process (same
     interpreter); returns its result. Raises ``CellFailed('eval')`` when it runs past
     ``budget_s`` seconds (the child's process group is killed), RuntimeError (its last output
     line) when it fails."""

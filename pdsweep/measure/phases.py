@@ -18,12 +18,11 @@ from pdsweep.core.kvintegrity import integrity, integrity_reasons
 from pdsweep.core.logscan import nixl_reads_by_rank, nixl_writes_by_rank, read_fault_counts, transfer_topologies
 from pdsweep.deploy.deployment import CellFailed, Deployment, stop_if_ended
 from pdsweep.measure import benchserve
-from pdsweep.measure.accuracy import completions_url
-from pdsweep.measure.consistency import complete, path_check
 from pdsweep.measure.endpoints import completions_url
 from pdsweep.measure.evalproc import EvalTarget, run_lm_eval_bounded
-from pdsweep.measure.loadcheck import WorkloadTarget, budget_s, run_workload
+from pdsweep.measure.loadrun import WorkloadTarget, budget_s, run_workload
 from pdsweep.measure.metrics import NIXL_BYTES, cell_transfer, parse, scrape_sync, ucx_transports_from_logs
+from pdsweep.measure.probe import complete, path_check
 from pdsweep.measure.prompts import build_prompts, probe_text
 from pdsweep.measure.repeats import Probes, engine_cpu_s, run_repeats
 from pdsweep.measure.workloads import build
@@ -247,8 +246,8 @@ def collect_probe(
 ) -> dict[str, Any]:
     """Send the consistency prompts (exact token counts: short, several blocks, long)
     greedy with top-1 logprobs, one at a time; the raw outputs are judged later against
-    the reference cell's (:mod:`pdsweep.measure.verdicts`). A reference cell also runs
-    :func:`pdsweep.measure.consistency.path_check` per prompt (``eval.consistency.triage``).
+    the reference cell's (:mod:`pdsweep.judge.verdicts`). A reference cell also runs
+    :func:`pdsweep.measure.probe.path_check` per prompt (``eval.consistency.triage``).
     A failed request is recorded in the prompt's ``error`` (the judge fails it), never raised."""
     import asyncio
 
@@ -362,7 +361,7 @@ def run_checked(
     ls: LoadedSweep, cell: Cell, dep: Deployment, mpath: str, blocks: dict[str, Any] | None = None
 ) -> list[dict[str, Any]]:
     """Every ``bench.workloads`` entry (:mod:`pdsweep.measure.workloads`) through pdsweep's
-    client (:func:`pdsweep.measure.loadcheck.run_workload`): on a PD cell at each
+    client (:func:`pdsweep.measure.loadrun.run_workload`): on a PD cell at each
     ``bench.concurrencies`` point, on the reference cell once at concurrency 1 (its answers
     are the reference). Raises ``CellFailed('bench')`` past a run's budget."""
 

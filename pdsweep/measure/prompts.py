@@ -1,4 +1,4 @@
-"""The consistency probe's prompts (:mod:`pdsweep.measure.consistency` sends them): lengths
+"""The consistency probe's prompts (:mod:`pdsweep.measure.probe` sends them): lengths
 that exercise the KV blocks the way upstream ``test_edge_cases.py`` does (shorter than one
 block, several full blocks plus a partial one, near the maximum length), in text the tiny
 models were trained on or the eval task's own Q/A format (:func:`probe_text`), tokenized with

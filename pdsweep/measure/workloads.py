@@ -1,6 +1,6 @@
 """Load workloads as data: each ``bench.workloads`` entry becomes a list of greedy requests
 (exact token ids), the same list on the PD cell and on its single-instance reference, so
-every answer under load has a reference answer (:mod:`pdsweep.measure.loadcheck`).
+every answer under load has a reference answer (:mod:`pdsweep.judge.load`).
 
 Workloads (``WorkloadSpec.name``):
 

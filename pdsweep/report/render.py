@@ -128,7 +128,7 @@ def pass_note(c: CellResult) -> str:
     fault drill injected (:func:`read_fault_note`), or accuracy no expected score bounded, from
     what accuracy.json recorded: a reference task without an expected score passes with reason
     ``reference`` (nothing to judge it by; its PD cells are tested against it), a PD task
-    without one is judged against its reference cell only (:func:`pdsweep.measure.accuracy.judge`)."""
+    without one is judged against its reference cell only (:func:`pdsweep.judge.accuracy.judge`)."""
     if c.verdict != PASS:
         return ""
     notes = []

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from pdsweep.core.errors import UserError
-from pdsweep.measure.accuracy import load_expected
+from pdsweep.judge.accuracy import load_expected
 from pdsweep.measure.prompts import resolve_lengths
 from pdsweep.plan.builds import venv_python
 from pdsweep.plan.expand import Plan, _to_cell
@@ -30,12 +30,12 @@ def cannot_pass(plan: Plan) -> list[str]:
 
     - ``gate.require_consistency`` needs ``eval.consistency.enabled`` and
       ``eval.reference`` (consistency compares P->D with the single-instance reference;
-      :func:`pdsweep.measure.verdicts.judge_run` fails a probe without one);
+      :func:`pdsweep.judge.verdicts.judge_run` fails a probe without one);
     - ``gate.require_accuracy`` needs ``eval.tasks`` and, per task, an expected score in
       ``accuracy/expected.yaml`` for the model or ``eval.reference`` (otherwise
-      :func:`pdsweep.measure.accuracy.judge` says "nothing to gate against");
+      :func:`pdsweep.judge.accuracy.judge` says "nothing to gate against");
     - ``bench.check`` (with ``bench.enabled``) needs ``eval.reference`` (the load answers'
-      reference, :func:`pdsweep.measure.loadcheck.judge_load`).
+      reference, :func:`pdsweep.judge.load.judge_load`).
 
     Returns one message per contradiction, naming the sweep file and the fields."""
     s, path = plan.loaded.sweep, plan.loaded.path
@@ -84,7 +84,7 @@ def _lm_eval_tasks(need_defaults: bool) -> frozenset[str]:
 
 def unknown_tasks(plan: Plan) -> list[str]:
     """``eval.tasks`` that neither pdsweep (``pdsweep_arith``) nor lm-eval's
-    ``TaskManager().all_tasks`` knows (the check :func:`pdsweep.measure.accuracy.run_lm_eval`
+    ``TaskManager().all_tasks`` knows (the check :func:`pdsweep.measure.lmeval.run_lm_eval`
     repeats per cell). The lm-eval index is read only for non-``pdsweep_`` names."""
 
     s, path = plan.loaded.sweep, plan.loaded.path
