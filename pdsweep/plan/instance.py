@@ -388,9 +388,9 @@ def override_flags(base: list[str], extra: list[str]) -> list[str]:
     return out + extra
 
 
-def model_path(model: ModelSpec, name: str, cache_dir: Path | None = None, create: bool = True) -> str:
-    """Where vLLM loads ``model`` from: HF id, local path, or the generated tiny checkpoint
-    (built on first use unless ``create=False``, as for dry runs)."""
+def model_path(model: ModelSpec, name: str, cache_dir: Path | None = None) -> str:
+    """Where vLLM loads ``model`` from: HF id, local path, or the tiny checkpoint's directory
+    (named only: planning never builds one; the run does, :func:`pdsweep.run.prebuild.checkpoint_path`)."""
     if model.tiny is not None:
-        return str(checkpoint_dir(name, model, cache_dir, create=create))
+        return str(checkpoint_dir(name, model, cache_dir, create=False))
     return model.path or model.hf_id  # type: ignore[return-value]

@@ -21,10 +21,11 @@ from pdsweep.measure.paired import Unpaired
 from pdsweep.measure.phases import CellMeasure, failed_cell_integrity, measure_cell, read_back_blocks
 from pdsweep.plan.derived import is_derived, note
 from pdsweep.plan.expand import Cell, reference_of
-from pdsweep.plan.instance import InstanceSpec, Slot, instances, model_path, planned_blocks
+from pdsweep.plan.instance import InstanceSpec, Slot, instances, planned_blocks
 from pdsweep.results import layout
 from pdsweep.run.context import RunContext
 from pdsweep.run.drills import armed, lease_drill_faults
+from pdsweep.run.prebuild import checkpoint_path
 from pdsweep.run.provenance import config_hash, host_facts, now
 from pdsweep.sweepfile.expectations import resolve
 
@@ -172,7 +173,7 @@ def _deploy_and_measure(cr: CellRun) -> Slot:
     ctx, cell, slot, cdir, status, on_phase = cr.ctx, cr.cell, cr.slot, cr.cdir, cr.status, cr.on_phase
     ls = ctx.ls
     model = ls.catalogue.models[cell.model]
-    mpath = model_path(model, cell.model)
+    mpath = checkpoint_path(model, cell.model)
     build = ctx.builds[cell.build]
     if build.get("error"):
         raise CellFailed("prepare", build["error"])

@@ -40,6 +40,7 @@ from typing import Any, Protocol
 
 from pdsweep.core.dtypes import DTYPE_BYTES
 from pdsweep.core.errors import UserError
+from pdsweep.plan.blocks import flag
 from pdsweep.plan.geometry import kv_geometry
 from pdsweep.plan.gpus import (
     CUDA_IPC_GET_ENV,
@@ -243,17 +244,6 @@ def driver_problems(driver: str | None, cuda: str | None) -> list[str]:
 
 
 # ---------------------------------------------------------------- memory
-def _flag(argv: tuple[str, ...], name: str, default: str | None = None) -> str | None:
-    """Last value of ``--name X`` / ``--name=X`` in ``argv`` (vLLM: the last one wins)."""
-    val = default
-    for i, a in enumerate(argv):
-        if a == name and i + 1 < len(argv):
-            val = argv[i + 1]
-        elif a.startswith(name + "="):
-            val = a.split("=", 1)[1]
-    return val
-
-
 def kv_one_request(name: str, model: Any, tp: int, block: int, max_len: int) -> int | None:
     """Bytes per TP rank of the KV cache one ``max_len``-token request needs (attention
     blocks + SSM state, :func:`pdsweep.plan.geometry.kv_geometry`); None when the catalogue
@@ -314,10 +304,10 @@ def memory_fit(ls: Any, cells: list[Any], weights: dict[str, Weights], gpus: Ite
         if m.tiny is not None or w is None or w.error:
             continue
         slot = Slot(0, tuple(range(c.num_gpus)), ls.sweep.defaults.port_base)
-        for spec in instances(c, slot, ls, model_path(m, c.model, create=False), "python"):
-            util = float(_flag(spec.argv, "--gpu-memory-utilization", "0.9") or "0.9")
-            block = int(_flag(spec.argv, "--block-size", "16") or "16")
-            max_len = int(_flag(spec.argv, "--max-model-len", str(m.max_model_len)) or m.max_model_len)
+        for spec in instances(c, slot, ls, model_path(m, c.model), "python"):
+            util = float(flag(spec.argv, "--gpu-memory-utilization") or "0.9")
+            block = int(flag(spec.argv, "--block-size") or "16")
+            max_len = int(flag(spec.argv, "--max-model-len") or m.max_model_len)
             budget = total * util
             what = f"model {c.model} {spec.role} TP {spec.tp} (block {block}, max_model_len {max_len})"
             if free < budget:
