@@ -43,7 +43,9 @@ def test_planning_names_a_tiny_checkpoint_and_never_builds_it(monkeypatch, tmp_p
 
     asked = []
     real = instance.checkpoint_dir
-    monkeypatch.setattr(instance, "checkpoint_dir", lambda *a, **k: asked.append(k.get("create", True)) or real(*a, **k))
+    monkeypatch.setattr(
+        instance, "checkpoint_dir", lambda *a, **k: asked.append(k.get("create", True)) or real(*a, **k)
+    )
     model = SMOKE.catalogue.models["tiny-llama"]
     path = Path(instance.model_path(model, "tiny-llama", tmp_path))
     assert asked == [False], f"model_path asked checkpoint_dir for create={asked}"
