@@ -89,7 +89,6 @@ def submit_instances(
     message"`` per argv vLLM refuses. Each distinct :func:`normal_args` is asked once, of the
     answer store of that vLLM (:mod:`pdsweep.builds.answers`) first: the probe is asked (all at
     once) only for args never asked. The function raises ``UserError`` as :func:`ask_vllm`'s."""
-
     python = python or sys.executable
     st = answers.store("argv", python, attnprobe.SCRIPT)
     asked = [(cell_id, name, normal_args(argv)) for cell_id, name, argv in items]

@@ -339,7 +339,6 @@ atexit.register(close_probes)
 def _ask(python: str, key: str) -> dict[str, Any]:
     """The probe's answer to ``key``, from the install's answer store
     (:mod:`pdsweep.builds.answers`) when asked before: no vLLM is imported then."""
-
     st = answers.store("attn", python, SCRIPT)
     if (out := st.get(key)) is None:
         out = _probe(python).ask(json.loads(key))
@@ -355,7 +354,6 @@ def vllm_version(python: str | None = None) -> str:
 
 @lru_cache(maxsize=16)
 def _version(python: str) -> str:
-
     st = answers.store("attn", python, SCRIPT)
     if (v := st.get("version")) is None:
         v = _probe(python).version()

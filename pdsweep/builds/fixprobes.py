@@ -160,7 +160,6 @@ def probe_site(site: Path) -> dict[str, bool | None]:
 def probe_python(python: str) -> tuple[str | None, dict[str, bool | None]]:
     """(vLLM version, :func:`probe_site`) of the vLLM that interpreter ``python`` imports;
     ``(None, {fix: None})`` when it cannot be found."""
-
     try:
         site, version = vllm_site(python)
     except UserError:

@@ -137,7 +137,6 @@ def write_and_show(write: Callable[[], Path], verdict: str) -> None:
 
 def default_history() -> Path:
     """``$PDSWEEP_HISTORY``, else ``results/history.sqlite`` in the checkout."""
-
     env = os.environ.get("PDSWEEP_HISTORY")
     return Path(env) if env else REPO / "results" / "history.sqlite"
 
@@ -145,7 +144,6 @@ def default_history() -> Path:
 def append_history(db: Path, run_dir: Path) -> None:
     """Append a finished run to the history; a store that cannot take it is a warning
     (the run's own results are complete either way)."""
-
     try:
         add_run(db, run_dir)
     except (UserError, OSError) as e:

@@ -33,7 +33,6 @@ class BisectArgs:
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> BisectArgs:
-
         if not ns.sweep.is_file():
             raise UserError(f"{ns.sweep}: no such sweep file")
         between = [b for b in ns.builds.split(",") if b]
@@ -41,7 +40,6 @@ class BisectArgs:
         return cls(ns.sweep, ns.cells, (ns.good, *between, ns.bad), out, ns.run_all, ns.resume)
 
     def main(self) -> int:
-
         args = (self.sweep, self.cell, list(self.builds), self.out, run_cell_for_real, self.run_all, self.resume)
         result = bisect(*args)
         print("\n".join(result.lines()))

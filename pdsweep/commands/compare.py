@@ -76,7 +76,6 @@ class CompareArgs:
         return front_changes(side(self.a, self.a_build), side(self.b, self.b_build))
 
     def main(self) -> int:
-
         res = compare_runs(
             self.a,
             self.b,

@@ -58,7 +58,6 @@ class GateArgs:
         return args
 
     def main(self) -> int:
-
         result = gate_run(self.run_dir, require_all_cells=self.require_all_cells, nightly=self.nightly)
 
         def write() -> Path:

@@ -32,7 +32,6 @@ class HistoryAddArgs:
         return cls(tuple(ns.runs), ns.db or default_history())
 
     def main(self) -> int:
-
         for r in self.runs:
             key = add_run(self.db, r)
             news = run_news(self.db, r)
@@ -64,11 +63,9 @@ class HistoryShowArgs:
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> HistoryShowArgs:
-
         return cls(ns.db or default_history(), ns.cell, tuple(ns.metric or DEFAULT_METRICS), ns.sweep)
 
     def main(self) -> int:
-
         print("\n".join(show_lines(self.db, self.cell, self.metrics, self.sweep)))
         return 0
 
@@ -93,6 +90,5 @@ class DashboardArgs:
         return cls(db, out, ns.sweep)
 
     def main(self) -> int:
-
         print(render(self.db, self.out, self.sweep))
         return 0

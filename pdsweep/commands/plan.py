@@ -56,7 +56,6 @@ class PlanArgs:
     def from_cli_args(cls, ns: argparse.Namespace) -> PlanArgs:
         """Raises ``UserError`` for ``--nodes`` without ``--gpus-per-node`` (and the
         like) or ``--launcher slurm`` outside an allocation."""
-
         return cls(
             ns.sweep,
             ns.gpus,
@@ -69,7 +68,6 @@ class PlanArgs:
         )
 
     def main(self) -> int:
-
         d = plan_dict(
             self.sweep,
             self.gpus,

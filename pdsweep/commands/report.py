@@ -33,7 +33,6 @@ class ReportArgs:
         return cls(run_dir, one_run(ns.compare_with) if ns.compare_with else None, ns.out)
 
     def main(self) -> int:
-
         for kind, path in write_report(self.run_dir, self.out, self.compare_with).items():
             print(f"{kind}: {path}")
         return 0

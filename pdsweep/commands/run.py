@@ -70,7 +70,6 @@ class RunArgs:
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> RunArgs:
-
         given = {f.name: getattr(ns, f.name) for f in dataclasses.fields(RunOptions) if hasattr(ns, f.name)}
         opts = RunOptions(**given)
         try:
@@ -80,7 +79,6 @@ class RunArgs:
         return cls(ns.sweep, opts, None if ns.no_history else (ns.history or default_history()))
 
     def main(self) -> int:
-
         try:
             run_dir = run_sweep(self.sweep, self.opts)
         except KeyboardInterrupt:

@@ -48,7 +48,6 @@ class ValidateArgs:
         return cls(ns.sweep, not ns.no_check_argv, ns.preflight, job_args(ns), ns.gpus)
 
     def main(self) -> int:
-
         ls = load_sweep(self.sweep)
         plan = expand(ls)
         for w in feasibility_warnings(plan):
@@ -89,7 +88,6 @@ def print_perf_lines(sweep: Any) -> None:
     """With the load phase on: which percentiles the perf verdict judges at ``bench.num_prompts``
     (:func:`pdsweep.measure.percentiles.percentile_plan`) on stdout, and a ``warning:`` on stderr per
     ``gate.perf`` family it cannot judge; nothing without a load phase."""
-
     if not sweep.bench.enabled:
         return
     line, warns = percentile_plan(sweep.bench.num_prompts, sweep.gate.perf)

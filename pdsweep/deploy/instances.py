@@ -442,7 +442,6 @@ def reuse_record(cells: list, specs_of: dict[str, list[InstanceSpec]], prestart:
     instance each uses, each start and stop (:func:`pdsweep.plan.schedule.lifecycle`), and
     distinct instances vs uses. ``specs_of``: cell id -> its instance specs (ports do not
     define an instance, so any slot gives the same identities)."""
-
     keys = {cid: [instance_key(s) for s in sp] for cid, sp in specs_of.items()}
     ids = {instance_key(s): instance_id(s) for sp in specs_of.values() for s in sp}
     return {

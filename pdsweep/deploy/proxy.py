@@ -477,7 +477,6 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def main(args: argparse.Namespace) -> int:
     """Run the proxy in the foreground until SIGINT/SIGTERM; returns the exit code (0).
     Raises UserError for bad URLs, a bad timeout or a port that cannot be bound."""
-
     try:
         app = create_app(args.prefill, args.decode, args.timeout)
         sock = bind_socket(args.host, args.port)

@@ -189,7 +189,6 @@ def parse_delay(raw: str | None) -> int | None:
 def _install_nixl_read_log() -> bool:
     """The READ log, with the test-only READ delay when :data:`READ_DELAY_ENV_VAR` is set (a bad
     value: a warning, the log without it)."""
-
     raw = os.environ.get(READ_DELAY_ENV_VAR, "").strip()
     delay = None
     if raw:
@@ -202,12 +201,10 @@ def _install_nixl_read_log() -> bool:
 
 
 def _install_nixl_write_log() -> bool:
-
     return install_nixl_write_log()
 
 
 def _install_read_fault(every: int) -> None:
-
     if not install_read_fault(every):
         logger.warning("pdsweep: %s set but vLLM's NixlWrapper.check_xfer_state was not found", READ_FAULT_ENV_VAR)
         return
@@ -215,12 +212,10 @@ def _install_read_fault(every: int) -> None:
 
 
 def _install_debug_mla_kv() -> bool:
-
     return install_mla_kv_digest()
 
 
 def _install_debug_mq_dump() -> bool:
-
     return install_mq_dump()
 
 

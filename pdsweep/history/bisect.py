@@ -188,7 +188,6 @@ def bisect(
 def run_cell_for_real(sweep: Path, cell_id: str, run_dir: Path, resume: bool = False) -> tuple[str, str]:
     """Run ``cell_id`` (and its reference) with ``pdsweep run`` (``--resume``: a final
     cell is kept) and gate it."""
-
     run_sweep(str(sweep), RunOptions(out=run_dir, cells=cell_id, quiet=True, resume=resume and run_dir.exists()))
     c = gate_run(run_dir).cell(cell_id)
     return c.verdict, (c.reasons[0] if c.reasons else "")

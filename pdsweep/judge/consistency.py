@@ -50,9 +50,6 @@ def engine_path_ok(check: dict[str, Any] | None) -> bool | None:
     return d < ENGINE_PATH_MAX_DLOGPROB
 
 
-TRIAGE_VERDICTS = ("none", "transfer", "engine", "both", "unknown")
-
-
 def triage(rows: list[dict[str, Any]], tp_equal: bool = True) -> dict[str, Any]:
     """Where a P->D divergence lives, from the judged prompt rows (``verdict`` of PD vs
     reference, ``engine_path_ok`` of the reference's :func:`path_check`).

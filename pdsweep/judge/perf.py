@@ -225,7 +225,6 @@ def perf_deltas(
     load phase; nothing to judge when A has none). Confidence: B's ``repeat_plan``, else 0.95.
     Paired (:func:`paired_with`) when both carry one ``pairing.id``. ``same_run``: A and B are
     two builds of one run (:func:`judge_metric`'s ``unpaired_builds``)."""
-
     if not load_a:
         return []
     sa, sb = repeat_series(load_a), repeat_series(load_b or {})

@@ -91,7 +91,6 @@ def run_lm_eval_bounded(
 
 
 def _child(request: Path) -> int:
-
     r = json.loads(Path(request).read_text())
     out = run_lm_eval(
         r["base_url"],

@@ -307,7 +307,6 @@ def gated(sweep: Path = REPO / "sweeps" / "cpu-smoke.yaml") -> dict[str, dict[st
     accuracy, consistency or an expectation's triage; a weight copy, ``weights_from``, counts as
     the entry it copies): the inputs its gated answers come from: the plan's effective decode
     (or single-instance) blocks, which size the probe, and the probe's and eval's settings."""
-
     ls = load_sweep(sweep)
     ev = ls.sweep.eval
     out: dict[str, dict[str, Any]] = {}

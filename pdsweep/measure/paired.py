@@ -62,7 +62,6 @@ class PairTurns:
         return PairSide(self, side)
 
     def _wait(self, ready: Callable[[], bool], what: str) -> None:
-
         with self.cond:
             while not ready():
                 if self.stop():

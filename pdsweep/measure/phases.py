@@ -49,7 +49,6 @@ def scrape_phase(
     metrics read as missing (the gate fails closed). A shared instance's counters are
     cumulative over every cell that used it: only these before/after deltas belong to
     this cell. Seconds spent scraping are added to ``spent['scrape_s']``."""
-
     out_dir = out_dir or (dep.log_dir or dep.handles[0].log_path.parent).parent / "metrics"
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -208,7 +207,6 @@ def read_back_blocks(dep: Deployment, planned: dict[str, dict[str, Any]]) -> dic
     """Per instance ``{"planned", "runtime", "mismatch"}`` (:func:`pdsweep.plan.runtimeblocks.runtime_blocks`
     from its ``/metrics`` and log; ``planned`` by instance name). A scrape that fails leaves
     the runtime values to the log; nothing here raises."""
-
     out: dict[str, Any] = {}
     for h in dep.handles:
         try:
@@ -303,7 +301,6 @@ def run_load(ls: LoadedSweep, cell: Cell, dep: Deployment, mpath: str, cdir: Pat
     (:func:`run_checked`) run once after the repeats. Returns ``{"runs": [...]}``, each run with
     ``driver_s`` (its wall seconds, start-up included). Raises ``CellFailed('bench')`` past a
     budget, RuntimeError on a non-zero exit."""
-
     b = ls.sweep.bench
     python = json.loads((cdir / "cell.json").read_text())["build"]["python"]
     model = ls.catalogue.models[cell.model]
@@ -344,7 +341,6 @@ def decode_kv_bytes(dep: Deployment) -> float | None:
     """Cumulative ``vllm:nixl_bytes_transferred`` sum (bytes) over the decode instances'
     /metrics; None when one cannot be scraped or has no such histogram (the byte check then
     has no number: fails closed)."""
-
     total = 0.0
     for h in dep.decode_handles:
         try:
@@ -364,7 +360,6 @@ def run_checked(
     client (:func:`pdsweep.measure.loadrun.run_workload`): on a PD cell at each
     ``bench.concurrencies`` point, on the reference cell once at concurrency 1 (its answers
     are the reference). Raises ``CellFailed('bench')`` past a run's budget."""
-
     b, d = ls.sweep.bench, ls.sweep.defaults
     model = ls.catalogue.models[cell.model]
     max_len = d.max_model_len or model.max_model_len

@@ -80,7 +80,6 @@ def _task_text(name: str, min_pairs: int) -> str:
     """``pdsweep_arith`` Q/A pairs in lm-eval's prompt format (``pdsweep.tiny.arith``), seeded
     by ``name``, ending in an open question (``...\nA:``): the next tokens are an answer,
     which a checkpoint trained on the task computes from the whole KV it holds."""
-
     rng = random.Random(f"pdsweep-consistency-task:{name}")
     pairs = []
     for _ in range(min_pairs):

@@ -227,7 +227,6 @@ def one_repeat(
     """Repeat ``i`` (``call``: one load, ``{"runs": [...]}``): its load runs appended to ``runs``
     (vLLM's result files kept as ``.r<i>``); returns ``{"repeat", "wall_s", "started", "ended",
     "kv", "cpu"}`` (``started``/``ended``: wall-clock epoch seconds, ``time.time``)."""
-
     offsets = {p: _size(p) for p in probes.decode_logs}
     cpu0, t, started = probes.cpu_s(), probes.clock(), time.time()
     one = call()

@@ -66,7 +66,6 @@ class _Tokens:
     """Seeded token runs of exact lengths from the probe's text kind (``prose``/``task``)."""
 
     def __init__(self, tokenizer_path: str | Path, text: str, trust_remote_code: bool = False) -> None:
-
         self.encode, _ = _load_tokenizer(tokenizer_path, trust_remote_code)
         self.special = self.encode("")
         self.task = text == "task"

@@ -244,7 +244,6 @@ def cuda_backend(model: ModelSpec, tp: int, arch: str, serve: Serve) -> Choice |
     with ``use_sparse``, so only the ``*_MLA_SPARSE`` backends pass). None where vLLM cannot
     be asked (no head geometry, vLLM not importable). Raises :class:`BackendError` with
     vLLM's message when it refuses ``selected`` or finds no valid backend."""
-
     head = _head_size(model)
     if head is None:
         return None

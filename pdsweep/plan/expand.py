@@ -106,7 +106,6 @@ def resolve_for_plan(cell: Cell, ls: LoadedSweep) -> Cell:
     """``cell`` with a build-conditional expectation resolved against its build's vLLM
     (:mod:`pdsweep.sweepfile.expectations`), or kept as declared when that build is not there yet
     (a derived one, :mod:`pdsweep.plan.derived`, is then not applied yet: ``run`` resolves it)."""
-
     if not conditional(cell):
         return cell
 
@@ -124,7 +123,6 @@ def expand(ls: LoadedSweep) -> Plan:
     (model, decode TP, decode block, build, variants) when ``eval.reference``) and
     rejected cells with rule id and reason. Raises ``UserError`` on duplicate ids and on a
     budget above its ceiling (:func:`pdsweep.plan.budgets.ceiling_errors`)."""
-
     if over := ceiling_errors(ls.sweep, ls.path):
         raise UserError("\n".join(over))
     plan = Plan(loaded=ls)

@@ -356,7 +356,6 @@ def cpu_bind(role: str, ranks: int, first: int, cores: tuple[int, ...]) -> str:
 def planned_blocks(model: ModelSpec, platform: str, spec: InstanceSpec) -> dict[str, Any]:
     """The effective blocks of one instance from its real argv (:mod:`pdsweep.plan.blocks`); an
     ``error`` entry with vLLM's message where no kernel block fits."""
-
     try:
         return effective_blocks(model, platform, spec.tp, spec.argv).to_dict()
     except ValueError as e:

@@ -31,7 +31,6 @@ def per_engine_listener(python: str) -> bool:
     """True when the vLLM that ``python`` imports binds one side-channel port per DP rank
     (the 0.32 layout, read from its ``base_scheduler.py``); False when it binds one per
     DP x TP rank or cannot be read."""
-
     try:
         site, _ = vllm_site(python)
         text = (site / BASE_SCHEDULER).read_text()
@@ -50,7 +49,6 @@ def plan_python(ls: Any, build: str) -> str:
     """The interpreter whose vLLM the plan reads for ``build``: the build's own, or this
     one when the build's venv is not made yet (the unfixed baseline is this vLLM with two
     NIXL worker files changed, ``pdsweep.builds.unfix``)."""
-
     try:
         return build_python(ls, build)
     except UserError:
@@ -61,7 +59,6 @@ def overlap(cell: Any, ls: Any) -> str | None:
     """Reason an instance of the cell binds more NIXL side-channel ports than its port block
     reserves (:data:`pdsweep.plan.instance.SIDE_CHANNEL_PORTS`: its range would overlap the
     next block), or None."""
-
     python = plan_python(ls, cell.build)
     roles = [("prefill", 1, cell.prefill_tp)] * cell.num_prefill + [
         ("decode", cell.decode_dp, cell.decode_tp)

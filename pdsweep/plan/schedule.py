@@ -203,7 +203,6 @@ class Schedule:
 def instance_placement(p: Placement) -> list[dict]:
     """Node and GPU ids of each instance of a placement (``prefill-0``, ``decode-0``, ...),
     in the order :func:`pdsweep.plan.instance.instances` hands out ``slot.gpus``."""
-
     c, slot, out, i = p.cell, p.slot, [], 0
     names = (
         ["single-0"]

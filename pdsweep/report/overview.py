@@ -133,7 +133,6 @@ def pair_perf(result: GateResult, by_build: dict[str, CellResult], builds: list[
     largest smallest-detectable slowdown over the metrics. Both builds are of this one run: unpaired
     repeats claim no regression or improvement (:mod:`pdsweep.judge.perf`). '' unless exactly two
     builds have load figures."""
-
     have = [b for b in builds if b in by_build and by_build[b].facts.load]
     if len(have) != 2:
         return ""

@@ -41,7 +41,6 @@ def run_cell(
     ``pair``: its side of a pair (:class:`pdsweep.measure.paired.PairSide`, :mod:`pdsweep.run.pairs`);
     None: alone, saying why when ``bench.pair_builds`` meant to pair it (``ctx.unpaired``).
     status.json gets the load.json's ``pairing`` / ``unpaired``; the side leaves the pair when the cell ends."""
-
     if pair is None and cell.id in ctx.unpaired:
         pair = Unpaired(ctx.unpaired[cell.id])
 
@@ -240,7 +239,6 @@ def record_blocks(
 ) -> dict[str, Any]:
     """Read the effective blocks back from the running instances into cell.json
     (``blocks``); a plan/run mismatch goes to status.json (``block_mismatch``) and the log."""
-
     blocks = read_back_blocks(dep, planned)
     layout.write_json(cdir / layout.CELL_FILE, {**cell_json, "blocks": blocks})
     bad = [f"{name}: {m}" for name, b in blocks.items() for m in b["mismatch"]]

@@ -86,7 +86,6 @@ def unknown_tasks(plan: Plan) -> list[str]:
     """``eval.tasks`` that neither pdsweep (``pdsweep_arith``) nor lm-eval's
     ``TaskManager().all_tasks`` knows (the check :func:`pdsweep.measure.lmeval.run_lm_eval`
     repeats per cell). The lm-eval index is read only for non-``pdsweep_`` names."""
-
     s, path = plan.loaded.sweep, plan.loaded.path
     if not plan.cells or not s.eval.tasks:
         return []
@@ -113,7 +112,6 @@ def build_problems(plan: Plan) -> tuple[list[str], list[str]]:
     """(errors, warnings) for the builds cells use: a ``python`` that is not an executable
     file is an error; a ``venv`` not built yet is a warning (``make baseline-env`` makes
     ``.venv-unfixed`` before ``make sweep`` runs; without it only that build's cells fail)."""
-
     s, path = plan.loaded.sweep, plan.loaded.path
     errors, warnings = [], []
     for name in dict.fromkeys(c.build for c in plan.cells):
@@ -133,7 +131,6 @@ def model_problems(plan: Plan) -> list[str]:
     """Tiny-model geometry (:func:`pdsweep.tiny.config.config_params`, named with the real
     catalogue file) and consistency probe lengths per cell
     (:func:`pdsweep.measure.prompts.resolve_lengths`), as the run would compute them."""
-
     ls = plan.loaded
     out: list[str] = []
     for name in dict.fromkeys(c.model for c in plan.cells):
@@ -162,7 +159,6 @@ def matrix_problems(plan: Plan) -> tuple[list[str], list[str]]:
     an ``include`` that merges into product combinations and sets a cell-defining key
     that is not an axis replaces those cells (their id changes) instead of adding one: an
     error (make the key an axis); an ``exclude`` that matches no combination: a warning."""
-
     m, path = plan.loaded.sweep.matrix, plan.loaded.path
     axes = [k for k in AXES if getattr(m, k)]
     combos = [dict(zip(axes, vals)) for vals in itertools.product(*(getattr(m, k) for k in axes))]

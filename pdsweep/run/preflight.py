@@ -248,7 +248,6 @@ def kv_one_request(name: str, model: Any, tp: int, block: int, max_len: int) -> 
     """Bytes per TP rank of the KV cache one ``max_len``-token request needs (attention
     blocks + SSM state, :func:`pdsweep.plan.geometry.kv_geometry`); None when the catalogue
     lacks the geometry."""
-
     try:
         per = kv_geometry(name, model, block, tps=(tp,)).rank_bytes(tp)
     except ValueError:
@@ -285,7 +284,6 @@ def memory_fit(ls: Any, cells: list[Any], weights: dict[str, Weights], gpus: Ite
     instance that does not fit is *unfit* (NOT-RUNNABLE with the arithmetic; the rest run),
     never an error. Errors: ``free < total x gpu_memory_utilization`` (vLLM
     ``Worker.init_device`` refuses every start) and weights of unknown size (fail closed)."""
-
     gpus = list(gpus)
     out = MemoryFit([], [], {}, node_shape(gpus))
     if not gpus:

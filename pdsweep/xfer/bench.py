@@ -97,7 +97,6 @@ class BenchConfig:
     def from_cli_args(cls, args: argparse.Namespace) -> BenchConfig:
         """The config of :func:`add_cli_args`' flags; raises ``UserError`` for an unknown
         model or a bad value."""
-
         model = _find_model(args.models, args.model)
         try:
             return cls(
@@ -322,7 +321,6 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 def _find_model(path: Path | None, name: str) -> ModelSpec:
     """The catalogue entry ``name``: validated by the pydantic schema where pydantic is installed,
     else its geometry alone (:mod:`pdsweep.xfer.light`: the lent device has no pydantic)."""
-
     if path is None:
         path = Path("sweeps/models.yaml")
         if not path.exists():
@@ -358,7 +356,6 @@ def main(args: argparse.Namespace) -> int:
     off). Raises ``GateFailed`` when it fails or the unfixed plan refuses (exit 1),
     ``UserError`` on bad input (exit 2); a rank process that fails raises
     ``RuntimeError`` (exit 3, with its traceback). Codes: :func:`pdsweep.core.errors.run_main`."""
-
     cfg = BenchConfig.from_cli_args(args)
     check_device(cfg.device)
     try:
@@ -441,7 +438,6 @@ def print_verification_failures(v: dict[str, Any]) -> None:
 
 
 def _cli(argv: list[str] | None = None) -> int:
-
     parser = argparse.ArgumentParser(prog="python -m pdsweep.xfer.bench", description=__doc__.splitlines()[0])
     add_cli_args(parser)
     args = parser.parse_args(argv)

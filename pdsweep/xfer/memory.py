@@ -139,7 +139,6 @@ class Buffer:
 def check_device(device: str) -> None:
     """Raise ``UserError`` when ``device`` cannot be used here (``cuda`` needs torch with
     CUDA and a visible GPU)."""
-
     if device == "cpu":
         return
     if device != "cuda":

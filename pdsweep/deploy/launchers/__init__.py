@@ -25,7 +25,6 @@ LAUNCHERS = ("local", "slurm")
 def make_launcher(name: str) -> Launcher:
     """A launcher by name. Raises ``UserError`` for an unknown name, or (slurm) outside
     an allocation."""
-
     if name == "local":
         return LocalLauncher()
     if name == "slurm":
