@@ -58,6 +58,7 @@ TEST_FOLDER_NAMES = ("spec", "specs", "test", "tests")
 BASENAME_TOPICS = {
     "cell": "plan/cell.py: what a cell is (Cell, its id); run/cell.py: running one cell",
     "phases": "sweepfile/phases.py: the phases' YAML schema; measure/phases.py: measuring them",
+    "shards": "plan/shards.py: cutting a sweep into n jobs; results/shards.py: their n run directories read as one",
     "sweep": "sweepfile/sweep.py: loading a sweep file; run/sweep.py: the sweep loop",
 }
 WINDOW = 6
