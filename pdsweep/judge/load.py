@@ -422,7 +422,7 @@ class LoadAnswersCheck:
 def answers_against_plan(body: dict[str, Any], planned: tuple[tuple[str, int], ...], w: str) -> list[str]:
     """A passing load_check.json, recomputed from its counts against the plan: every planned
     (workload, concurrency) checked at least one answer, with no wrong, errored or unmatched one
-    (:func:`pdsweep.measure.loadcheck.judge_load`'s rule)."""
+    (:func:`judge_load`'s rule)."""
     rows = {(e.get("workload"), e.get("concurrency")): e for e in body.get("workloads") or [] if isinstance(e, dict)}
     out = []
     for name, conc in planned:

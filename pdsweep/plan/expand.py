@@ -14,7 +14,7 @@ import itertools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pdsweep.builds.fixprobes import probe_python
+from pdsweep.builds import fixprobes
 from pdsweep.core.errors import UserError
 from pdsweep.plan import rules
 from pdsweep.plan.budgets import ceiling_errors
@@ -114,7 +114,7 @@ def resolve_for_plan(cell: Cell, ls: LoadedSweep) -> Cell:
     except UserError:
         out = replace(cell, expect_note=f"expected to fail as declared: build {cell.build} not made yet")
     else:
-        out = resolve(cell, *probe_python(python))
+        out = resolve(cell, *fixprobes.probe_python(python))
     return note(out) if is_derived(cell) else out
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pdsweep.builds.fixprobes import PUSH_WRITE_LOG, probe_python
+from pdsweep.builds import fixprobes
+from pdsweep.builds.fixprobes import PUSH_WRITE_LOG
 from pdsweep.core.errors import UserError
 from pdsweep.plan.builds import build_python
 
@@ -46,7 +47,7 @@ def push_evidence(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
         return None
 
     try:
-        found = probe_python(build_python(ls, c.build))[1].get(PUSH_WRITE_LOG)
+        found = fixprobes.probe_python(build_python(ls, c.build))[1].get(PUSH_WRITE_LOG)
     except UserError as e:
         return f"push mode (NixlPushConnector): cannot probe build '{c.build}' for pdsweep's WRITE log: {e}"
     if found:
