@@ -50,6 +50,7 @@ from pdsweep.engine.cpupatches import (
     patch_shm_busy_loop,
     request_amx_permission,
 )
+from pdsweep.engine.kvdigest import install_from_env
 from pdsweep.engine.readdelay import read_delay
 from pdsweep.engine.readfault import install_read_fault
 from pdsweep.engine.readlog import install_nixl_read_log, install_nixl_write_log
@@ -283,8 +284,6 @@ def register() -> None:
         except Exception as e:  # noqa: BLE001
             logger.warning("pdsweep: ignoring %s=%r: %s", READ_FAULT_ENV_VAR, raw, e)
     if env_on(KV_DIGEST_ENV_VAR):  # after the READ-failure drill: its check_xfer_state wraps the drill's
-        from pdsweep.engine.kvdigest import install_from_env
-
         install_from_env(os.environ)
     if env_on(AMX_ENV_VAR):
         try:
