@@ -5,7 +5,7 @@ A subcommand is an Args dataclass in its own module of :mod:`pdsweep.commands` (
 the parsed namespace into the dataclass and does all validation (bad input: ``UserError``),
 ``main`` runs it. Heavy modules (the PD
 proxy, the baseline builder, the transfer bench) keep their own ``add_cli_args`` /
-``main`` and are imported only when their command is chosen. Errors are caught once, by
+``main``. Every subcommand's module is imported only when its command is chosen. Errors are caught once, by
 :func:`pdsweep.core.errors.run_main`: ``UserError`` -> message, exit 2; ``GateFailed`` ->
 message, exit 1; anything else (an ``OSError`` included) is a pdsweep bug or an
 environment fault: traceback, exit 3 (docs/gate.md "Exit codes").
@@ -21,16 +21,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from pdsweep.commands.best import BestArgs
-from pdsweep.commands.bisect import BisectArgs
-from pdsweep.commands.compare import CompareArgs
-from pdsweep.commands.fetch import FetchArgs
-from pdsweep.commands.gate import GateArgs
-from pdsweep.commands.history import DashboardArgs, HistoryAddArgs, HistoryShowArgs
-from pdsweep.commands.plan import PlanArgs
-from pdsweep.commands.report import ReportArgs
-from pdsweep.commands.run import RunArgs
-from pdsweep.commands.validate import ValidateArgs
+from pdsweep.core.env import ARCH_ENV
 from pdsweep.core.errors import run_main
 
 __all__ = ["SUBCOMMANDS", "Command", "build_parser", "chosen_path", "entry", "exit_now", "main"]
@@ -38,58 +29,94 @@ __all__ = ["SUBCOMMANDS", "Command", "build_parser", "chosen_path", "entry", "ex
 
 @dataclass(frozen=True)
 class Command:
-    """One row of :data:`SUBCOMMANDS`. Its flags and entry point come from ``args`` (an
-    Args dataclass of pdsweep.commands) or, for a heavy module imported only when the command is
-    chosen, from ``module``'s ``add_cli_args(parser)`` / ``main(namespace)``;
-    ``children``: nested subcommands (``bench transfer``)."""
+    """One row of :data:`SUBCOMMANDS`. A leaf's ``module`` (relative to the package) is imported
+    only when the command is chosen (start-up stays light: ``pdsweep --help`` imports no
+    subcommand); its flags and entry point come from the Args dataclass ``args`` of that module
+    (``add_cli_args``, ``from_cli_args(ns).main()``) or, without ``args``, from the module's own
+    ``add_cli_args(parser)`` / ``main(namespace)``; ``children``: nested subcommands (``bench transfer``)."""
 
     name: str
     help: str
-    args: type | None = None
     module: str | None = None
+    args: str | None = None
     children: tuple[Command, ...] = ()
 
-    @classmethod
-    def of(cls, args: type) -> Command:
-        return cls(args.parser_name, args.parser_help, args=args)  # type: ignore[attr-defined]
-
     def add_cli_args(self, p: argparse.ArgumentParser, load: bool) -> None:
-        """Declare the flags (a lazy module's only when ``load``) and the entry point."""
-        if self.args is not None:
-            self.args.add_cli_args(p)  # type: ignore[attr-defined]
-            p.set_defaults(func=lambda ns, a=self.args: a.from_cli_args(ns).main())
-        elif self.module is not None:
-            if load:
-                self._load().add_cli_args(p)
-            p.set_defaults(func=lambda ns: self._load().main(ns))
+        """Declare the flags (only when ``load``: the chosen command) and the entry point."""
+        if load:
+            self._entry().add_cli_args(p)
+        p.set_defaults(func=self._main)
+
+    def _main(self, ns: argparse.Namespace) -> Any:
+        entry = self._entry()
+        return entry.from_cli_args(ns).main() if self.args else entry.main(ns)
+
+    def _entry(self) -> Any:
+        """The Args class, or the module itself for a row without one."""
+        mod = self._load()
+        return getattr(mod, self.args) if self.args else mod
 
     def _load(self) -> Any:
         return __import__(f"pdsweep.{self.module}", fromlist=["main"])
 
 
 SUBCOMMANDS: tuple[Command, ...] = (
-    Command.of(ValidateArgs),
-    Command.of(PlanArgs),
-    Command.of(FetchArgs),
-    Command.of(RunArgs),
-    Command.of(GateArgs),
-    Command.of(CompareArgs),
-    Command.of(ReportArgs),
-    Command("history", "the history store", children=(Command.of(HistoryAddArgs), Command.of(HistoryShowArgs))),
-    Command.of(DashboardArgs),
-    Command.of(BisectArgs),
-    Command.of(BestArgs),
-    Command("proxy", "run the PD proxy", module="deploy.proxy"),
-    Command("baseline-env", "build the unfixed vLLM venv (PR #49297 undone)", module="builds.baseline"),
+    Command("validate", "check a sweep file", "commands.validate", "ValidateArgs"),
+    Command("plan", "cells, rejected cells, instance argv/env (dry run) and schedule", "commands.plan", "PlanArgs"),
+    Command(
+        "fetch",
+        "download a sweep's missing weights and eval datasets (disk checked first)",
+        "commands.fetch",
+        "FetchArgs",
+    ),
+    Command("run", "deploy and measure every cell", "commands.run", "RunArgs"),
+    Command("gate", "pass/fail a run (exit 1 on failure), JUnit + summary", "commands.gate", "GateArgs"),
+    Command("compare", "compare two runs cell by cell (exit 1 on regression)", "commands.compare", "CompareArgs"),
+    Command("report", "markdown + HTML report with plots", "commands.report", "ReportArgs"),
+    Command(
+        "history",
+        "the history store",
+        children=(
+            Command(
+                "add",
+                "append run directories to the history store (a run added twice is one entry)",
+                "commands.history",
+                "HistoryAddArgs",
+            ),
+            Command(
+                "show",
+                "series per cell and metric, with the first run of each sustained change",
+                "commands.history",
+                "HistoryShowArgs",
+            ),
+        ),
+    ),
+    Command(
+        "dashboard",
+        "one static HTML page of the history (per cell: verdicts and figures over time)",
+        "commands.history",
+        "DashboardArgs",
+    ),
+    Command(
+        "bisect",
+        "run one cell on builds between a good and a bad one; name the first bad build",
+        "commands.bisect",
+        "BisectArgs",
+    ),
+    Command(
+        "best", "which P/D configuration to deploy under an SLO (exit 1: none meets it)", "commands.best", "BestArgs"
+    ),
+    Command("proxy", "run the PD proxy", "deploy.proxy"),
+    Command("baseline-env", "build the unfixed vLLM venv (PR #49297 undone)", "builds.baseline"),
     Command(
         "builds",
         "sweep builds",
         children=(
-            Command("make", "make a build venv: vLLM version, wheel file/URL or source tree", module="builds.make"),
+            Command("make", "make a build venv: vLLM version, wheel file/URL or source tree", "builds.make"),
             Command(
                 "tonight",
                 "make VLLM's build and its unfixed twin; write the sweep pointed at both (make nightly VLLM=...)",
-                module="commands.tonight",
+                "commands.tonight",
             ),
         ),
     ),
@@ -97,9 +124,7 @@ SUBCOMMANDS: tuple[Command, ...] = (
         "bench",
         "benchmarks",
         children=(
-            Command(
-                "transfer", "KV-transfer micro-benchmark on real NIXL (fixed/unfixed read plan)", module="xfer.bench"
-            ),
+            Command("transfer", "KV-transfer micro-benchmark on real NIXL (fixed/unfixed read plan)", "xfer.bench"),
         ),
     ),
 )
@@ -153,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(argv).parse_args(argv)
     if getattr(args, "gpu_arch", None):
-        os.environ["PDSWEEP_GPU_ARCH"] = args.gpu_arch  # pdsweep.plan.blocks.ARCH_ENV (plan, run, children)
+        os.environ[ARCH_ENV] = args.gpu_arch  # read by pdsweep.plan.blocks.target_arch (plan, run, children)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -20,15 +20,10 @@ from _fakes import block_non_loopback, completion, serve
 from fastapi import FastAPI, Request
 
 from pdsweep.core.errors import UserError
-from pdsweep.measure.accuracy import (
-    api_extra_missing,
-    completions_url,
-    judge,
-    load_expected,
-    run_lm_eval,
-    task_result,
-    two_proportion_p,
-)
+from pdsweep.core.stats import two_proportion_p
+from pdsweep.judge.accuracy import judge, load_expected
+from pdsweep.measure.endpoints import completions_url
+from pdsweep.measure.lmeval import api_extra_missing, run_lm_eval, task_result
 from pdsweep.measure.tolerance import tolerance_at
 from pdsweep.results.layout import read_json, write_json
 from pdsweep.sweepfile.phases import EvalSpec

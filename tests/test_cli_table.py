@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,24 +35,24 @@ def test_command_names_are_unique_and_every_leaf_has_an_entry_point() -> None:
         "bench",
     ]
     leaves = [c for c in SUBCOMMANDS if not c.children] + [k for c in SUBCOMMANDS for k in c.children]
-    assert all((c.args is None) != (c.module is None) for c in leaves)
+    assert all(c.module is not None for c in leaves)
     assert [k.name for k in SUBCOMMANDS[-1].children] == ["transfer"]
 
 
-def test_every_lazy_command_module_imports_with_its_entry_points() -> None:
-    """A lazy row names its module relative to the package; a moved module breaks its command."""
+def test_every_command_module_imports_with_its_entry_points() -> None:
+    """A row names its module relative to the package; a moved module or Args class breaks its command."""
     leaves = [c for c in SUBCOMMANDS if not c.children] + [k for c in SUBCOMMANDS for k in c.children]
-    lazy = [c for c in leaves if c.module is not None]
-    assert [c.module for c in lazy] == [
+    assert [c.module for c in leaves if c.args is None] == [
         "deploy.proxy",
         "builds.baseline",
         "builds.make",
         "commands.tonight",
         "xfer.bench",
     ]
-    for c in lazy:
-        mod = c._load()
-        assert callable(mod.add_cli_args) and callable(mod.main), c.module
+    for c in leaves:
+        entry = c._entry()
+        assert callable(entry.add_cli_args), c.module
+        assert callable(entry.from_cli_args if c.args else entry.main), c.module
     for argv in (
         ["proxy", "--help"],
         ["baseline-env", "--help"],
@@ -61,6 +63,18 @@ def test_every_lazy_command_module_imports_with_its_entry_points() -> None:
         with pytest.raises(SystemExit) as e:
             build_parser(argv).parse_args(argv)
         assert e.value.code == 0, argv
+
+
+def test_start_up_imports_no_subcommand_module() -> None:
+    """``pdsweep --help`` (and any command's parse) imports only the chosen command's module: a
+    subcommand module imports its pdsweep modules at the top (docs/contributing.md), pydantic and
+    the rest come with them."""
+    code = (
+        "import sys; from pdsweep.cli import build_parser; build_parser([])\n"
+        "print(sorted(m for m in sys.modules if m.startswith('pdsweep.commands.') or m in ('pydantic', 'yaml')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 @pytest.mark.parametrize(

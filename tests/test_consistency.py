@@ -12,8 +12,9 @@ from _fakes import block_non_loopback, completion, serve
 from fastapi import FastAPI, HTTPException, Request
 
 from pdsweep.core.errors import UserError
-from pdsweep.measure.consistency import MAX_ABS_DLOGPROB as MAX_ABS_DLOGPROB_PD
-from pdsweep.measure.consistency import compare, judge_consistency, probe, thresholds_for
+from pdsweep.judge.consistency import MAX_ABS_DLOGPROB as MAX_ABS_DLOGPROB_PD
+from pdsweep.judge.consistency import judge_consistency, thresholds_for
+from pdsweep.measure.probe import compare, probe
 from pdsweep.measure.prompts import Prompt, build_prompts, probe_text, resolve_lengths
 from pdsweep.results.layout import read_json, write_json
 
@@ -250,12 +251,12 @@ def autoregressive(broken_decode: bool = False) -> Behaviour:
 
 def _triage_run(pd: Behaviour, ref: Behaviour, prompts: list[Prompt]) -> dict:
     """The PD cell's probe, the reference cell's probe + path check, merged as the judge does."""
-    from pdsweep.measure.verdicts import merge_probes
+    from pdsweep.judge.verdicts import merge_probes
 
     async def ref_probe(url: str) -> dict:
         import httpx
 
-        from pdsweep.measure.consistency import complete, path_check
+        from pdsweep.measure.probe import complete, path_check
 
         rows = []
         async with httpx.AsyncClient(timeout=30) as client:
@@ -325,7 +326,7 @@ def test_broken_engine_path_is_triaged_engine(prompts):
 
 
 def test_mixed_is_triaged_both_and_missing_check_unknown():
-    from pdsweep.measure.consistency import triage
+    from pdsweep.judge.consistency import triage
 
     tok = {"pd_tokens": [1], "ref_tokens": [2], "error": None}
     rows = [
@@ -353,7 +354,7 @@ def test_mixed_is_triaged_both_and_missing_check_unknown():
 
 
 def test_engine_path_check_is_tighter_than_pd_and_fails_closed():
-    from pdsweep.measure.consistency import ENGINE_PATH_MAX_DLOGPROB, engine_path_ok
+    from pdsweep.judge.consistency import ENGINE_PATH_MAX_DLOGPROB, engine_path_ok
 
     ok = {"plain_tokens": [5, 6], "mismatched_positions": [], "missing_logprob_at": None}
     assert engine_path_ok({**ok, "max_abs_dlogprob": 1e-5}) is True
@@ -369,7 +370,7 @@ def test_plain_path_requests_bypass_the_prefix_cache(prompts):
     prompt + tokens[:k] would otherwise reuse the first request's blocks (decode path again)."""
     import httpx
 
-    from pdsweep.measure.consistency import complete, path_check
+    from pdsweep.measure.probe import complete, path_check
 
     seen: list[dict] = []
 

@@ -56,12 +56,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_internal_error_is_exit_3_with_a_traceback(monkeypatch, capsys) -> None:
-    import pdsweep.plan.expand
+    import pdsweep.commands.validate
 
     def boom(*a, **k):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(pdsweep.plan.expand, "expand", boom)
+    monkeypatch.setattr(pdsweep.commands.validate, "expand", boom)  # where validate looks it up
     assert main(["validate", str(REPO / "sweeps" / "cpu-smoke.yaml")]) == 3
     err = capsys.readouterr().err
     assert "Traceback" in err and "RuntimeError: a bug" in err and "internal error in pdsweep (exit 3)" in err

@@ -12,8 +12,8 @@ import pytest
 from test_run_fake import PORT_BASE, make_sweep, status
 
 from pdsweep.core.errors import UserError
-from pdsweep.measure.consistency import thresholds_for
-from pdsweep.measure.loadcheck import judge_load
+from pdsweep.judge.consistency import thresholds_for
+from pdsweep.judge.load import judge_load
 from pdsweep.measure.workloads import SHIPPED_TRACE, build, make_trace, read_trace
 from pdsweep.results import layout
 from pdsweep.sweepfile.phases import BenchSpec, WorkloadSpec
@@ -317,7 +317,7 @@ def _tops(*pos):
 def test_a_near_tie_flip_is_counted_and_shown_not_wrong():
     """Measured on tiny-qwen3-next p1d1 (random weights, GDN hybrid): 5 of 48 answers flipped between
     tokens whose top-1 logprobs were -2.0 to -2.8 nats, after matching positions within 0.04 nats."""
-    from pdsweep.measure.loadcheck import TIE_NATS
+    from pdsweep.judge.load import TIE_NATS
 
     th = thresholds_for("gqa", "gdn", True)
     ref_row = {**_row("random/0", "k", [1, 2, 3]), "top_logprobs": _tops({1: -1.0}, {2: -2.79, 7: -2.82}, {3: -1.0})}
@@ -346,7 +346,7 @@ def test_complete_collects_top_logprobs_when_asked():
 
     import httpx
 
-    from pdsweep.measure.consistency import TOP_K, complete
+    from pdsweep.measure.probe import TOP_K, complete
     from pdsweep.measure.prompts import Prompt
 
     seen = {}

@@ -12,7 +12,7 @@ import pytest
 from _fakerun import PORT_BASE, make_sweep, status
 from _fakerun import tok as tok
 
-from pdsweep.deploy.instances import AltBlocks, PortBlocks
+from pdsweep.deploy.portblocks import AltBlocks, PortBlocks
 from pdsweep.deploy.portlocks import LOCK_DIR_ENV, HostClaims
 from pdsweep.plan.instance import PORTS_PER_SLOT, Slot
 

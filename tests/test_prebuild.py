@@ -19,13 +19,13 @@ def test_each_tiny_model_is_built_once_in_cell_order(monkeypatch, capsys):
     cells = expand(SMOKE).cells
     calls = []
 
-    def fake_model_path(model, name, cache_dir=None, create=True):
+    def fake_checkpoint_dir(name, model, cache_dir=None, create=True):
         calls.append((name, create))
         if name == "tiny-mla":
             raise UserError("models.yaml: tiny-mla: cannot train")
         return f"/cache/{name}"
 
-    monkeypatch.setattr(prebuild, "model_path", fake_model_path)
+    monkeypatch.setattr(prebuild, "checkpoint_dir", fake_checkpoint_dir)
     built, failed = prebuild.prebuild_checkpoints(SMOKE, cells)
     tiny = [m for m in dict.fromkeys(c.model for c in cells) if SMOKE.catalogue.models[m].tiny is not None]
     assert calls == [(m, True) for m in tiny] and len(tiny) >= 3  # built (create=True), each once
@@ -34,6 +34,22 @@ def test_each_tiny_model_is_built_once_in_cell_order(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "checkpoint tiny-mla: cannot be built: models.yaml: tiny-mla: cannot train" in err
     assert f"checkpoint {tiny[0]}: /cache/{tiny[0]} (" in err
+
+
+def test_planning_names_a_tiny_checkpoint_and_never_builds_it(monkeypatch, tmp_path):
+    """plan.instance.model_path (dry run, plan, preflight) only names the directory; building it
+    (minutes of training for a trained kind) is the run's, prebuild.checkpoint_path."""
+    from pdsweep.plan import instance
+
+    asked = []
+    real = instance.checkpoint_dir
+    monkeypatch.setattr(
+        instance, "checkpoint_dir", lambda *a, **k: asked.append(k.get("create", True)) or real(*a, **k)
+    )
+    model = SMOKE.catalogue.models["tiny-llama"]
+    path = Path(instance.model_path(model, "tiny-llama", tmp_path))
+    assert asked == [False], f"model_path asked checkpoint_dir for create={asked}"
+    assert path.parent == tmp_path and path.name.startswith("tiny-llama-") and not path.exists()
 
 
 def test_run_sweep_builds_checkpoints_before_any_instance(monkeypatch):

@@ -96,11 +96,10 @@ def test_read_delay_values_and_their_errors(tmp_path: Path, caplog) -> None:
 
 
 def test_the_plugin_installs_the_read_log_with_the_delay(monkeypatch, tmp_path: Path, caplog) -> None:
-    import pdsweep.engine.readlog as readlog
     from pdsweep.engine import vllm_plugin
 
     got = []
-    monkeypatch.setattr(readlog, "install_nixl_read_log", lambda delay=None: got.append(delay) or True)
+    monkeypatch.setattr(vllm_plugin, "install_nixl_read_log", lambda delay=None: got.append(delay) or True)
     monkeypatch.setenv(READ_DELAY_ENV_VAR, "7")
     assert vllm_plugin._install_nixl_read_log() and got[-1]() == 0.007
     monkeypatch.setenv(READ_DELAY_ENV_VAR, "-7")

@@ -152,7 +152,7 @@ def test_cpu_smoke_cell_passes_trust_remote_code_to_vllm():
 def test_lm_eval_gets_trust_remote_code(monkeypatch, tmp_path, tokenizers):
     import lm_eval
 
-    from pdsweep.measure.accuracy import run_lm_eval
+    from pdsweep.measure.lmeval import run_lm_eval
     from pdsweep.sweepfile.phases import EvalSpec
 
     seen: list[dict] = []

@@ -75,7 +75,7 @@ def mission():
     for c in todo:
         m = ls.catalogue.models[c.model]
         slot = Slot(0, tuple(range(c.num_gpus)), 20000)
-        specs[c.id] = instances(c, slot, ls, model_path(m, c.model, create=False), "python")
+        specs[c.id] = instances(c, slot, ls, model_path(m, c.model), "python")
     return ls, todo, specs
 
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from pdsweep.cli import main
 from pdsweep.core.errors import UserError
-from pdsweep.measure.accuracy import load_expected
+from pdsweep.judge.accuracy import load_expected
 from pdsweep.plan.expand import expand, reference_of
 from pdsweep.run.feasible import cannot_pass, feasibility_warnings
 from pdsweep.sweepfile.sweep import load_sweep

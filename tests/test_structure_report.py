@@ -1,8 +1,10 @@
-"""scripts/structure_report.py counts what issue 34's goals are about, on planted code."""
+"""scripts/structure_report.py counts what the goals of issues 34 and 55 are about, on planted code."""
 
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,6 +49,51 @@ def test_the_report_of_this_tree_has_every_figure(capsys) -> None:
     out = capsys.readouterr().out
     for name in ("files over 500 lines", "functions over 80 lines", "duplicate pairs", "import cycles: 0 ok"):
         assert name in out
+
+
+def test_test_folders_dtype_tables_and_basename_pairs_are_counted(tmp_path: Path, monkeypatch) -> None:
+    sr = _script()
+    monkeypatch.setattr(sr, "ROOT", tmp_path)
+    pkg = tmp_path / "pdsweep"
+    for d in ("spec", "tests", "measure", "judge", "commands", "plan", "run"):
+        (pkg / d).mkdir(parents=True)
+    for rel in (
+        "measure/accuracy.py",
+        "judge/accuracy.py",
+        "commands/gate.py",
+        "judge/gate.py",
+        "plan/cell.py",
+        "run/cell.py",
+    ):
+        (pkg / rel).write_text("")
+    (pkg / "measure" / "accuracy.py").write_text("DTYPE_BYTES = {'fp8': 1}\n")
+    (pkg / "judge" / "accuracy.py").write_text("def f():\n    DTYPE_BYTES: dict = {}\n")
+    paths = sorted(pkg.rglob("*.py"))
+    assert sr.test_folders(pkg) == ["pdsweep/spec", "pdsweep/tests"]
+    assert sr.definitions(paths, "DTYPE_BYTES") == ["pdsweep/judge/accuracy.py:2", "pdsweep/measure/accuracy.py:1"]
+    # commands/gate.py is the front of `pdsweep gate`: not a pair; plan/cell ~ run/cell is one (BASENAME_TOPICS
+    # tells their topics apart, measure/accuracy ~ judge/accuracy has no entry: it shares a topic)
+    assert sr.basename_pairs(paths, pkg) == [
+        ("accuracy", "judge/accuracy.py", "measure/accuracy.py"),
+        ("cell", "plan/cell.py", "run/cell.py"),
+    ]
+    assert "accuracy" not in sr.BASENAME_TOPICS and "cell" in sr.BASENAME_TOPICS
+
+
+def test_the_check_passes_on_this_tree() -> None:
+    """``--check``: every figure meets its goal (step three's and step four's, issue 55)."""
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "structure_report.py"), "--check"], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    for figure in (
+        "in-function pdsweep imports",
+        "package folders named like test folders: 0 ok",
+        "DTYPE_BYTES definitions: 1 ok",
+        "module pairs sharing a basename and a topic: 0 ok",
+        "files over 500 lines: 0 ok",
+    ):
+        assert figure in r.stdout, figure
 
 
 def test_the_call_graph_follows_resolvable_calls_only(tmp_path: Path) -> None:

@@ -117,7 +117,7 @@ def uncovered(sweep_path: Path) -> list[str]:
     for c in plan.pd_cells:
         m = ls.catalogue.models[c.model]
         slot = Slot(0, tuple(range(c.num_gpus)), ls.sweep.defaults.port_base)
-        cells.append((c, instances(c, slot, ls, model_path(m, c.model, create=False), "python")))
+        cells.append((c, instances(c, slot, ls, model_path(m, c.model), "python")))
     missing = []
     for req in requirements(fixture):
         if req["sweep"] != sweep_path.name:

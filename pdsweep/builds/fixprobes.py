@@ -20,6 +20,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from pdsweep.builds.vllmsite import vllm_site
+from pdsweep.core.errors import UserError
+
 NIXL = "vllm/distributed/kv_transfer/kv_connector/v1/nixl"
 NOTIFS_AFTER_EXPIRY = "vllm:nixl_num_notifications_after_expiry"  # a metric probe (see FIXES)
 FAILED_TRANSFER_ACCOUNTING = "vllm#55854"  # what vllm:nixl_num_failed_transfers counts (see FIXES)
@@ -157,9 +160,6 @@ def probe_site(site: Path) -> dict[str, bool | None]:
 def probe_python(python: str) -> tuple[str | None, dict[str, bool | None]]:
     """(vLLM version, :func:`probe_site`) of the vLLM that interpreter ``python`` imports;
     ``(None, {fix: None})`` when it cannot be found."""
-    from pdsweep.builds.vllmsite import vllm_site
-    from pdsweep.core.errors import UserError
-
     try:
         site, version = vllm_site(python)
     except UserError:

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pdsweep.core.errors import UserError
+from pdsweep.core.paths import REPO
+from pdsweep.history.store import add_run
 from pdsweep.plan.shards import JobArgs, Shard, parse_shard
 from pdsweep.results import layout
 from pdsweep.results.shards import merged_view
@@ -135,9 +137,6 @@ def write_and_show(write: Callable[[], Path], verdict: str) -> None:
 
 def default_history() -> Path:
     """``$PDSWEEP_HISTORY``, else ``results/history.sqlite`` in the checkout."""
-
-    from pdsweep.core.paths import REPO
-
     env = os.environ.get("PDSWEEP_HISTORY")
     return Path(env) if env else REPO / "results" / "history.sqlite"
 
@@ -145,8 +144,6 @@ def default_history() -> Path:
 def append_history(db: Path, run_dir: Path) -> None:
     """Append a finished run to the history; a store that cannot take it is a warning
     (the run's own results are complete either way)."""
-    from pdsweep.history.store import add_run
-
     try:
         add_run(db, run_dir)
     except (UserError, OSError) as e:

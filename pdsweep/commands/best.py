@@ -6,16 +6,15 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 from pdsweep.core.errors import GateFailed
+from pdsweep.judge.gate import gate_run
+from pdsweep.judge.pareto import best, describe, points
+from pdsweep.sweepfile.slo import parse_slo
 
 
 @dataclass(frozen=True)
 class BestArgs:
-    parser_name: ClassVar[str] = "best"
-    parser_help: ClassVar[str] = "which P/D configuration to deploy under an SLO (exit 1: none meets it)"
-
     run_dir: Path
     slo: str
     model: str | None = None
@@ -32,16 +31,10 @@ class BestArgs:
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> BestArgs:
-        from pdsweep.sweepfile.slo import parse_slo
-
         parse_slo(ns.slo)  # refused before the run is read
         return cls(ns.run_dir, ns.slo, ns.model)
 
     def main(self) -> int:
-        from pdsweep.judge.gate import gate_run
-        from pdsweep.judge.pareto import best, describe, points
-        from pdsweep.sweepfile.slo import parse_slo
-
         pts = points(self.run_dir, gate_run(self.run_dir))
         models = sorted({p.model for p in pts})
         none_met = []

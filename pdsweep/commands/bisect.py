@@ -5,16 +5,14 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 from pdsweep.core.errors import UserError
+from pdsweep.core.paths import REPO
+from pdsweep.history.bisect import bisect, run_cell_for_real
 
 
 @dataclass(frozen=True)
 class BisectArgs:
-    parser_name: ClassVar[str] = "bisect"
-    parser_help: ClassVar[str] = "run one cell on builds between a good and a bad one; name the first bad build"
-
     sweep: Path
     cell: str
     builds: tuple[str, ...]
@@ -35,8 +33,6 @@ class BisectArgs:
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> BisectArgs:
-        from pdsweep.core.paths import REPO
-
         if not ns.sweep.is_file():
             raise UserError(f"{ns.sweep}: no such sweep file")
         between = [b for b in ns.builds.split(",") if b]
@@ -44,8 +40,6 @@ class BisectArgs:
         return cls(ns.sweep, ns.cells, (ns.good, *between, ns.bad), out, ns.run_all, ns.resume)
 
     def main(self) -> int:
-        from pdsweep.history.bisect import bisect, run_cell_for_real
-
         args = (self.sweep, self.cell, list(self.builds), self.out, run_cell_for_real, self.run_all, self.resume)
         result = bisect(*args)
         print("\n".join(result.lines()))

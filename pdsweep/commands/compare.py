@@ -5,18 +5,19 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 from pdsweep.commands.args import check_outputs, one_run, run_dirs, write_and_show
+from pdsweep.judge.compare import compare_runs
+from pdsweep.judge.gate import gate_run
+from pdsweep.judge.pareto import front_changes, points
+from pdsweep.report.perf_compare import COMPARE_JUNIT, perf_headline, perf_teeth, write_compare_junit
+from pdsweep.report.render import write_compare_json, write_compare_markdown
 from pdsweep.results import layout
 from pdsweep.results.outputs import refuse_results_path
 
 
 @dataclass(frozen=True)
 class CompareArgs:
-    parser_name: ClassVar[str] = "compare"
-    parser_help: ClassVar[str] = "compare two runs cell by cell (exit 1 on regression)"
-
     a: Path
     b: Path
     out: Path
@@ -68,8 +69,6 @@ class CompareArgs:
     def front_changes(self) -> list[str]:
         """Where each model's Pareto front moved from A to B (pdsweep.judge.pareto.front_changes),
         each side's points of its build when --a-build/--b-build pick one."""
-        from pdsweep.judge.gate import gate_run
-        from pdsweep.judge.pareto import front_changes, points
 
         def side(run: Path, build: str | None) -> list:
             return [p for p in points(run, gate_run(run)) if build is None or p.build == build]
@@ -77,9 +76,6 @@ class CompareArgs:
         return front_changes(side(self.a, self.a_build), side(self.b, self.b_build))
 
     def main(self) -> int:
-        from pdsweep.judge.compare import compare_runs
-        from pdsweep.report.render import write_compare_json, write_compare_markdown
-
         res = compare_runs(
             self.a,
             self.b,
@@ -88,7 +84,6 @@ class CompareArgs:
             a_build=self.a_build,
             b_build=self.b_build,
         )
-        from pdsweep.report.perf_compare import COMPARE_JUNIT, perf_headline, perf_teeth, write_compare_junit
 
         verdict = f"compare: {'REGRESSED' if res.regressed else 'NO REGRESSION'} of {self.b} against {self.a}"
         verdict += "".join(f"\nnote: {n}" for n in res.notes) + f"\n{perf_headline(res)}\n{perf_teeth(res)}"

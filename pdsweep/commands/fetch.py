@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import ClassVar
+
+from pdsweep.plan.expand import expand
+from pdsweep.run.fetch import fetch, missing_datasets, sweep_models
+from pdsweep.sweepfile.sweep import load_sweep
 
 
 @dataclass(frozen=True)
 class FetchArgs:
-    parser_name: ClassVar[str] = "fetch"
-    parser_help: ClassVar[str] = "download a sweep's missing weights and eval datasets (disk checked first)"
-
     sweep: str
     cells: str | None = None
 
@@ -27,10 +27,6 @@ class FetchArgs:
 
     def main(self) -> int:
         from fnmatch import fnmatch
-
-        from pdsweep.plan.expand import expand
-        from pdsweep.run.fetch import fetch, missing_datasets, sweep_models
-        from pdsweep.sweepfile.sweep import load_sweep
 
         plan = expand(load_sweep(self.sweep))
         cells = [c for c in plan.cells if self.cells is None or fnmatch(c.id, self.cells)]

@@ -5,19 +5,17 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 from pdsweep.commands.args import check_outputs, one_run, write_and_show
 from pdsweep.core.errors import GateFailed
+from pdsweep.judge.gate import gate_run
+from pdsweep.report.render import write_junit, write_summary
 from pdsweep.results import layout
 from pdsweep.results.outputs import refuse_results_path
 
 
 @dataclass(frozen=True)
 class GateArgs:
-    parser_name: ClassVar[str] = "gate"
-    parser_help: ClassVar[str] = "pass/fail a run (exit 1 on failure), JUnit + summary"
-
     run_dir: Path
     junit: Path
     summary: Path
@@ -60,9 +58,6 @@ class GateArgs:
         return args
 
     def main(self) -> int:
-        from pdsweep.judge.gate import gate_run
-        from pdsweep.report.render import write_junit, write_summary
-
         result = gate_run(self.run_dir, require_all_cells=self.require_all_cells, nightly=self.nightly)
 
         def write() -> Path:

@@ -5,18 +5,17 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 from pdsweep.commands.args import check_outputs, default_history
 from pdsweep.core.errors import UserError
+from pdsweep.history.dashboard import render
+from pdsweep.history.store import add_run
+from pdsweep.history.text import DEFAULT_METRICS, append_to_summary, run_news, show_lines
 from pdsweep.results import layout
 
 
 @dataclass(frozen=True)
 class HistoryAddArgs:
-    parser_name: ClassVar[str] = "add"
-    parser_help: ClassVar[str] = "append run directories to the history store (a run added twice is one entry)"
-
     runs: tuple[Path, ...]
     db: Path
 
@@ -33,9 +32,6 @@ class HistoryAddArgs:
         return cls(tuple(ns.runs), ns.db or default_history())
 
     def main(self) -> int:
-        from pdsweep.history.store import add_run
-        from pdsweep.history.text import append_to_summary, run_news
-
         for r in self.runs:
             key = add_run(self.db, r)
             news = run_news(self.db, r)
@@ -47,9 +43,6 @@ class HistoryAddArgs:
 
 @dataclass(frozen=True)
 class HistoryShowArgs:
-    parser_name: ClassVar[str] = "show"
-    parser_help: ClassVar[str] = "series per cell and metric, with the first run of each sustained change"
-
     db: Path
     cell: str
     metrics: tuple[str, ...]
@@ -70,22 +63,15 @@ class HistoryShowArgs:
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> HistoryShowArgs:
-        from pdsweep.history.text import DEFAULT_METRICS
-
         return cls(ns.db or default_history(), ns.cell, tuple(ns.metric or DEFAULT_METRICS), ns.sweep)
 
     def main(self) -> int:
-        from pdsweep.history.text import show_lines
-
         print("\n".join(show_lines(self.db, self.cell, self.metrics, self.sweep)))
         return 0
 
 
 @dataclass(frozen=True)
 class DashboardArgs:
-    parser_name: ClassVar[str] = "dashboard"
-    parser_help: ClassVar[str] = "one static HTML page of the history (per cell: verdicts and figures over time)"
-
     db: Path
     out: Path
     sweep: str | None
@@ -104,7 +90,5 @@ class DashboardArgs:
         return cls(db, out, ns.sweep)
 
     def main(self) -> int:
-        from pdsweep.history.dashboard import render
-
         print(render(self.db, self.out, self.sweep))
         return 0

@@ -6,17 +6,15 @@ import argparse
 import json
 import sys
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from pdsweep.commands.args import budget_arg, gpu_arch_arg, gpu_count, job_args, no_check_argv_arg, shard_arg
 from pdsweep.core.errors import UserError
+from pdsweep.run.dryrun import plan_cluster, plan_dict, print_plan
 
 
 @dataclass(frozen=True)
 class PlanArgs:
-    parser_name: ClassVar[str] = "plan"
-    parser_help: ClassVar[str] = "cells, rejected cells, instance argv/env (dry run) and schedule"
-
     sweep: str
     gpus: int | None = None
     format: str = "table"
@@ -58,8 +56,6 @@ class PlanArgs:
     def from_cli_args(cls, ns: argparse.Namespace) -> PlanArgs:
         """Raises ``UserError`` for ``--nodes`` without ``--gpus-per-node`` (and the
         like) or ``--launcher slurm`` outside an allocation."""
-        from pdsweep.run.dryrun import plan_cluster
-
         return cls(
             ns.sweep,
             ns.gpus,
@@ -72,8 +68,6 @@ class PlanArgs:
         )
 
     def main(self) -> int:
-        from pdsweep.run.dryrun import plan_dict, print_plan
-
         d = plan_dict(
             self.sweep,
             self.gpus,

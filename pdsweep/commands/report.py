@@ -5,17 +5,14 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 from pdsweep.commands.args import one_run, run_dirs
+from pdsweep.report.html import write_report
 from pdsweep.results.outputs import refuse_results_path
 
 
 @dataclass(frozen=True)
 class ReportArgs:
-    parser_name: ClassVar[str] = "report"
-    parser_help: ClassVar[str] = "markdown + HTML report with plots"
-
     run_dir: Path
     compare_with: Path | None = None
     out: Path | None = None
@@ -36,8 +33,6 @@ class ReportArgs:
         return cls(run_dir, one_run(ns.compare_with) if ns.compare_with else None, ns.out)
 
     def main(self) -> int:
-        from pdsweep.report.html import write_report
-
         for kind, path in write_report(self.run_dir, self.out, self.compare_with).items():
             print(f"{kind}: {path}")
         return 0

@@ -7,10 +7,11 @@ import dataclasses
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
 
 from pdsweep.commands.args import append_history, default_history, gpu_arch_arg, gpu_count, shard_arg
 from pdsweep.core.errors import EXIT_INTERRUPTED, UserError, ignore_stop_signals
+from pdsweep.run.context import RunOptions
+from pdsweep.run.sweep import run_sweep
 
 
 @dataclass(frozen=True)
@@ -18,11 +19,8 @@ class RunArgs:
     """``pdsweep run``. Every flag whose dest names a :class:`pdsweep.run.context.RunOptions`
     field is passed on as that field: a new option is a field there plus a flag here."""
 
-    parser_name: ClassVar[str] = "run"
-    parser_help: ClassVar[str] = "deploy and measure every cell"
-
     sweep: str
-    opts: Any  # pdsweep.run.context.RunOptions (imported with the run command only)
+    opts: RunOptions
     history: Path | None = None  # None: not appended
 
     @classmethod
@@ -72,8 +70,6 @@ class RunArgs:
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> RunArgs:
-        from pdsweep.run.context import RunOptions
-
         given = {f.name: getattr(ns, f.name) for f in dataclasses.fields(RunOptions) if hasattr(ns, f.name)}
         opts = RunOptions(**given)
         try:
@@ -83,8 +79,6 @@ class RunArgs:
         return cls(ns.sweep, opts, None if ns.no_history else (ns.history or default_history()))
 
     def main(self) -> int:
-        from pdsweep.run.sweep import run_sweep
-
         try:
             run_dir = run_sweep(self.sweep, self.opts)
         except KeyboardInterrupt:

@@ -5,18 +5,22 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from pdsweep.commands.args import budget_arg, gpu_arch_arg, gpu_count, job_args, no_check_argv_arg, shard_arg
 from pdsweep.core.errors import UserError
+from pdsweep.measure.evaltasks import check_eval_tasks
+from pdsweep.measure.percentiles import percentile_plan
+from pdsweep.plan.expand import expand
 from pdsweep.plan.shards import JobArgs
+from pdsweep.run.dryrun import check_cells_argv, plan_dict
+from pdsweep.run.feasible import feasibility_warnings
+from pdsweep.run.preflight import preflight as gpu_preflight
+from pdsweep.sweepfile.sweep import load_sweep
 
 
 @dataclass(frozen=True)
 class ValidateArgs:
-    parser_name: ClassVar[str] = "validate"
-    parser_help: ClassVar[str] = "check a sweep file"
-
     sweep: str
     check_argv: bool = True
     preflight: bool = False
@@ -44,12 +48,6 @@ class ValidateArgs:
         return cls(ns.sweep, not ns.no_check_argv, ns.preflight, job_args(ns), ns.gpus)
 
     def main(self) -> int:
-        from pdsweep.measure.evaltasks import check_eval_tasks
-        from pdsweep.plan.expand import expand
-        from pdsweep.run.dryrun import check_cells_argv
-        from pdsweep.run.feasible import feasibility_warnings
-        from pdsweep.sweepfile.sweep import load_sweep
-
         ls = load_sweep(self.sweep)
         plan = expand(ls)
         for w in feasibility_warnings(plan):
@@ -61,8 +59,6 @@ class ValidateArgs:
         if self.check_argv:
             check_cells_argv(plan.loaded, plan.cells)
         if self.preflight:
-            from pdsweep.run.preflight import preflight as gpu_preflight
-
             for w in gpu_preflight(ls, plan.cells).warnings:
                 print(f"warning: {w}", file=sys.stderr)
         print_perf_lines(ls.sweep)
@@ -81,7 +77,6 @@ def check_budget(sweep: str, gpus: int | None, job: Any) -> None:
     """The CI clock (:mod:`pdsweep.plan.clock`): the planned makespan of the sweep (or its
     ``--shard``) against ``--budget`` or the sweep's ``budget``; prints the comparison, raises
     ``UserError`` naming both figures when it cannot fit."""
-    from pdsweep.run.dryrun import plan_dict
 
     b = plan_dict(sweep, gpus, check=False, job_args=job)["budget"]
     if not b["fits"]:
@@ -93,8 +88,6 @@ def print_perf_lines(sweep: Any) -> None:
     """With the load phase on: which percentiles the perf verdict judges at ``bench.num_prompts``
     (:func:`pdsweep.measure.percentiles.percentile_plan`) on stdout, and a ``warning:`` on stderr per
     ``gate.perf`` family it cannot judge; nothing without a load phase."""
-    from pdsweep.measure.percentiles import percentile_plan
-
     if not sweep.bench.enabled:
         return
     line, warns = percentile_plan(sweep.bench.num_prompts, sweep.gate.perf)

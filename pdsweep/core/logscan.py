@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pdsweep.core.logtags import NIXL_READ_TAG, NIXL_WRITE_TAG, READ_FAULT_TAG
+
 _PREFIX = re.compile(r"^\((?P<proc>[^)]*)\)\s+(?:ERROR|WARNING|INFO|CRITICAL)\s+\S+\s+\S+\s+\[[^\]]*\]\s?")
 _FILE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 # the exception line of a traceback: a dotted name, optionally ": message", not indented
@@ -102,7 +104,6 @@ def first_exception(log_path: Path, start: int = 0) -> LoggedException | None:
 # ------------------------------------------------------------------ NIXL READs per prefill rank
 # One line per completed READ on a decode worker, logged by pdsweep.engine.readlog (the vLLM plugin,
 # PDSWEEP_NIXL_READ_LOG=1): the prefill rank it read from and NIXL's own telemetry of it.
-NIXL_READ_TAG = "PDSWEEP_NIXL_READ"
 _READ = re.compile(
     NIXL_READ_TAG + r" remote_engine=(?P<engine>\S+) remote_rank=(?P<rank>\d+) "
     r"bytes=(?P<bytes>\d+) descs=(?P<descs>\d+)"
@@ -110,13 +111,11 @@ _READ = re.compile(
 )
 # One line per completed WRITE on a prefill worker in push mode (PDSWEEP_NIXL_WRITE_LOG=1): the
 # prefill rank that wrote (local_rank), the decode rank written to, NIXL's telemetry of it
-NIXL_WRITE_TAG = "PDSWEEP_NIXL_WRITE"
 _WRITE = re.compile(
     NIXL_WRITE_TAG + r" local_rank=(?P<local>\d+) remote_engine=(?P<engine>\S+) remote_rank=(?P<rank>\d+) "
     r"bytes=(?P<bytes>\d+) descs=(?P<descs>\d+)"
 )
 # The READ-failure drill (pdsweep.engine.readfault): one line per READ reported failed
-READ_FAULT_TAG = "PDSWEEP_INJECTED_READ_FAILURE"
 _READ_FAULT = re.compile(READ_FAULT_TAG + r" read=\d+ every=\d+")
 # vLLM's scheduler after a KV load failure (v1/core/sched/scheduler.py _handle_invalid_blocks)
 _KV_LOAD_RECOVERED = re.compile(r"Recovered from KV load failure: (\d+) request\(s\) rescheduled")

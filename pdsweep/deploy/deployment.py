@@ -378,7 +378,7 @@ def taken_ports(specs: list[InstanceSpec], slot: Slot) -> list[int]:
 def _vllm_router(cell: Cell, dep: Deployment, slot: Slot, timeouts: Timeouts, faults: ProxyFaults) -> Iterator[Any]:
     """:class:`pdsweep.deploy.router.VllmRouterServer` for ``router: vllm-router``; raises
     ``CellFailed('ready')`` when it cannot start, or a fault switch is on (pdsweep's proxy only)."""
-    from pdsweep.deploy.router import VllmRouterServer
+    from pdsweep.deploy.router import VllmRouterServer  # lazy: fastapi, httpx (CellFailed's importers stay light)
 
     if faults.active:
         raise CellFailed("ready", f"router vllm-router: the test-only faults {faults} exist only in pdsweep's proxy")
@@ -457,7 +457,7 @@ def deploy(
             dep.proxy_log = log_dir / "router.log"
             dep.proxy = stack.enter_context(_vllm_router(cell, dep, slot, timeouts, faults))
         elif cell.kind == "pd":
-            from pdsweep.deploy.proxy import ProxyServer
+            from pdsweep.deploy.proxy import ProxyServer  # lazy: fastapi, uvicorn, aiohttp
 
             dep.proxy_log = log_dir / "proxy.log"
             dep.proxy = stack.enter_context(

@@ -43,6 +43,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.routing import Route
 
+from pdsweep.core.errors import UserError
 from pdsweep.core.faults import NO_PROXY_FAULTS, ProxyFaults
 from pdsweep.deploy.appserver import (
     SERVER_KEEPALIVE_S,
@@ -476,8 +477,6 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def main(args: argparse.Namespace) -> int:
     """Run the proxy in the foreground until SIGINT/SIGTERM; returns the exit code (0).
     Raises UserError for bad URLs, a bad timeout or a port that cannot be bound."""
-    from pdsweep.core.errors import UserError
-
     try:
         app = create_app(args.prefill, args.decode, args.timeout)
         sock = bind_socket(args.host, args.port)

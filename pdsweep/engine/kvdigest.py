@@ -58,7 +58,9 @@ import threading
 import time
 from typing import Any, Callable
 
+from pdsweep.core.faults import FLIP_BYTE_ENV_VAR, KV_DIGEST_SPLIT_ENV_VAR
 from pdsweep.core.kvintegrity import DIGEST_NAME, FLIP_TAG, LANDED_TAG, OFFER_TAG
+from pdsweep.engine.readlog import nixl_wrapper
 
 logger = logging.getLogger("vllm.pdsweep.engine.kvdigest")
 
@@ -318,7 +320,6 @@ def install_kv_digest(split: int = 1, flip_every: int = 0) -> bool:
     """Install the prefill and decode wrappers (module doc) once; False when vLLM's pull
     connector or NIXL wrapper is not where it was. ``split``: digest each prefill descriptor
     also in that many parts (decode TP / prefill TP); ``flip_every``: the byte-flip drill."""
-    from pdsweep.engine.readlog import nixl_wrapper
 
     try:
         from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import NixlPullConnectorScheduler
@@ -342,7 +343,6 @@ def install_kv_digest(split: int = 1, flip_every: int = 0) -> bool:
 def install_from_env(env: Any) -> None:
     """The plugin's entry: install with ``PDSWEEP_KV_DIGEST_SPLIT`` and ``PDSWEEP_FLIP_BYTE_EVERY``
     from ``env`` (a bad value: a warning, never an exception into vLLM)."""
-    from pdsweep.core.faults import FLIP_BYTE_ENV_VAR, KV_DIGEST_SPLIT_ENV_VAR
 
     try:
         split = int(env.get(KV_DIGEST_SPLIT_ENV_VAR) or 1)

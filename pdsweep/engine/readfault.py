@@ -27,7 +27,7 @@ import logging
 import threading
 from typing import Any, Callable
 
-from pdsweep.core.logscan import READ_FAULT_TAG
+from pdsweep.core.logtags import READ_FAULT_TAG
 from pdsweep.engine.readlog import nixl_wrapper, wrap_once
 
 logger = logging.getLogger("vllm.pdsweep.engine.readfault")

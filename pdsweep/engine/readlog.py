@@ -45,7 +45,8 @@ import logging
 import time
 from typing import Any, Callable
 
-from pdsweep.core.logscan import NIXL_READ_TAG, NIXL_WRITE_TAG
+from pdsweep.core.logtags import NIXL_READ_TAG, NIXL_WRITE_TAG
+from pdsweep.engine.readdelay import wait
 
 logger = logging.getLogger("vllm.pdsweep.engine.readlog")
 
@@ -58,7 +59,6 @@ def wrap_read_blocks(
     seconds when vLLM was asked to read and when its ``_read_blocks`` returned, the READ posted.
     ``delay`` (test-only, :mod:`pdsweep.engine.readdelay`): seconds to wait between ``t0`` and
     vLLM's ``_read_blocks``, so the READ is posted that much later, inside its timed interval."""
-    from pdsweep.engine.readdelay import wait
 
     def _read_blocks(self: Any, *args: Any, **kw: Any) -> Any:
         spec = kw.get("read_spec", args[0] if args else None)
@@ -116,8 +116,8 @@ def wrap_xfer_blocks(orig: Callable[..., Any], posted: dict[Any, tuple[Any, ...]
 
 
 def wrap_telemetry(orig: Callable[..., Any], posted: dict[Any, tuple[Any, ...]]) -> Callable[..., Any]:
-    """``get_xfer_telemetry`` that logs one :data:`~pdsweep.core.logscan.NIXL_READ_TAG` (or, for
-    a WRITE, :data:`~pdsweep.core.logscan.NIXL_WRITE_TAG` with ``local_rank``) line for a handle
+    """``get_xfer_telemetry`` that logs one :data:`~pdsweep.core.logtags.NIXL_READ_TAG` (or, for
+    a WRITE, :data:`~pdsweep.core.logtags.NIXL_WRITE_TAG` with ``local_rank``) line for a handle
     ``posted`` names (and forgets it); other handles pass through silently."""
 
     def get_xfer_telemetry(self: Any, handle: Any) -> Any:

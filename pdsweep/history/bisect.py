@@ -26,7 +26,10 @@ from typing import Any
 import yaml
 
 from pdsweep.core.errors import UserError
+from pdsweep.judge.gate import gate_run
 from pdsweep.results import layout
+from pdsweep.run.context import RunOptions
+from pdsweep.run.sweep import run_sweep
 
 GOOD = ("PASS", "XPASS", "FLAKY")  # every check passed (FLAKY: after a redeploy), whatever was expected
 
@@ -185,10 +188,6 @@ def bisect(
 def run_cell_for_real(sweep: Path, cell_id: str, run_dir: Path, resume: bool = False) -> tuple[str, str]:
     """Run ``cell_id`` (and its reference) with ``pdsweep run`` (``--resume``: a final
     cell is kept) and gate it."""
-    from pdsweep.judge.gate import gate_run
-    from pdsweep.run.context import RunOptions
-    from pdsweep.run.sweep import run_sweep
-
     run_sweep(str(sweep), RunOptions(out=run_dir, cells=cell_id, quiet=True, resume=resume and run_dir.exists()))
     c = gate_run(run_dir).cell(cell_id)
     return c.verdict, (c.reasons[0] if c.reasons else "")

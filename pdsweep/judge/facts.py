@@ -100,7 +100,7 @@ class TaskScore:
     """One accuracy task. Numbers are None where the file has none (or null/NaN);
     ``stderr`` may be the string ``"N/A"`` (lm-eval could not compute it); ``reasons`` as
     recorded (a failed check each, or ``reference``: a reference task passed without an
-    expected score, :func:`pdsweep.measure.accuracy.judge`)."""
+    expected score, :func:`pdsweep.judge.accuracy.judge`)."""
 
     task: str
     metric: str | None = None

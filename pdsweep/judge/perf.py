@@ -45,6 +45,7 @@ from typing import Any
 
 from pdsweep.core.stats import detectable_slowdown, mann_whitney_p, paired_ratio_interval, ratio_interval
 from pdsweep.measure.percentiles import requests_for
+from pdsweep.measure.repeats import repeat_series
 from pdsweep.sweepfile.gatespec import PERF_METRICS, GateSpec
 
 REGRESSION, IMPROVEMENT, SAME, NOISY = "regression", "improvement", "same", "noisy"
@@ -224,8 +225,6 @@ def perf_deltas(
     load phase; nothing to judge when A has none). Confidence: B's ``repeat_plan``, else 0.95.
     Paired (:func:`paired_with`) when both carry one ``pairing.id``. ``same_run``: A and B are
     two builds of one run (:func:`judge_metric`'s ``unpaired_builds``)."""
-    from pdsweep.measure.repeats import repeat_series
-
     if not load_a:
         return []
     sa, sb = repeat_series(load_a), repeat_series(load_b or {})

@@ -32,7 +32,7 @@ from typing import Any
 
 from pdsweep.builds.fixprobes import FAILED_TRANSFER_ACCOUNTING, NOTIFS_AFTER_EXPIRY, accounting
 from pdsweep.core.faults import read_fault_every
-from pdsweep.core.logscan import READ_FAULT_TAG
+from pdsweep.core.logtags import READ_FAULT_TAG
 from pdsweep.core.stats import num, obj
 from pdsweep.judge.facts import (
     CellFiles,

@@ -3,7 +3,7 @@
 cell or leaving a thread behind.
 
 Parent: :func:`run_lm_eval_bounded`. Child: ``python -m pdsweep.measure.evalproc REQUEST.json``
-runs :func:`pdsweep.measure.accuracy.run_lm_eval` and writes its return value to the request's
+runs :func:`pdsweep.measure.lmeval.run_lm_eval` and writes its return value to the request's
 ``out`` file.
 """
 
@@ -20,6 +20,7 @@ from typing import Any
 
 from pdsweep.deploy.deployment import CellFailed
 from pdsweep.deploy.launchers.base import own_group
+from pdsweep.measure.lmeval import run_lm_eval
 from pdsweep.results import layout
 from pdsweep.sweepfile.phases import EvalSpec
 
@@ -42,7 +43,7 @@ class EvalTarget:
 def run_lm_eval_bounded(
     target: EvalTarget, eval_spec: EvalSpec, out_dir: Path, budget_s: float
 ) -> dict[str, dict[str, Any]]:
-    """:func:`pdsweep.measure.accuracy.run_lm_eval` against ``target`` in a child process (same
+    """:func:`pdsweep.measure.lmeval.run_lm_eval` against ``target`` in a child process (same
     interpreter); returns its result. Raises ``CellFailed('eval')`` when it runs past
     ``budget_s`` seconds (the child's process group is killed), RuntimeError (its last output
     line) when it fails."""
@@ -90,8 +91,6 @@ def run_lm_eval_bounded(
 
 
 def _child(request: Path) -> int:
-    from pdsweep.measure.accuracy import run_lm_eval
-
     r = json.loads(Path(request).read_text())
     out = run_lm_eval(
         r["base_url"],

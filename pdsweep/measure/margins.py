@@ -29,7 +29,9 @@ from typing import Any
 
 from pdsweep.core.paths import REPO
 from pdsweep.measure.prompts import build_prompts, probe_text
-from pdsweep.sweepfile.sweep import load_catalogue
+from pdsweep.plan import blocks
+from pdsweep.plan.expand import expand
+from pdsweep.sweepfile.sweep import load_catalogue, load_sweep
 from pdsweep.tiny import arith, fixtures
 from pdsweep.tiny import checkpoints as tinymodels
 from pdsweep.tiny import train as tinytrain
@@ -305,10 +307,6 @@ def gated(sweep: Path = REPO / "sweeps" / "cpu-smoke.yaml") -> dict[str, dict[st
     accuracy, consistency or an expectation's triage; a weight copy, ``weights_from``, counts as
     the entry it copies): the inputs its gated answers come from: the plan's effective decode
     (or single-instance) blocks, which size the probe, and the probe's and eval's settings."""
-    from pdsweep.plan import blocks
-    from pdsweep.plan.expand import expand
-    from pdsweep.sweepfile.sweep import load_sweep
-
     ls = load_sweep(sweep)
     ev = ls.sweep.eval
     out: dict[str, dict[str, Any]] = {}

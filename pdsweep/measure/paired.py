@@ -21,6 +21,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from pdsweep.deploy.deployment import CellFailed
+
 SIDES = ("a", "b")
 
 
@@ -60,8 +62,6 @@ class PairTurns:
         return PairSide(self, side)
 
     def _wait(self, ready: Callable[[], bool], what: str) -> None:
-        from pdsweep.deploy.deployment import CellFailed
-
         with self.cond:
             while not ready():
                 if self.stop():

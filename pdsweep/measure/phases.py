@@ -15,8 +15,20 @@ from typing import Any
 import httpx
 
 from pdsweep.core.kvintegrity import integrity, integrity_reasons
+from pdsweep.core.logscan import nixl_reads_by_rank, nixl_writes_by_rank, read_fault_counts, transfer_topologies
 from pdsweep.deploy.deployment import CellFailed, Deployment, stop_if_ended
+from pdsweep.measure import benchserve
+from pdsweep.measure.endpoints import completions_url
+from pdsweep.measure.evalproc import EvalTarget, run_lm_eval_bounded
+from pdsweep.measure.loadrun import WorkloadTarget, budget_s, run_workload
+from pdsweep.measure.metrics import NIXL_BYTES, cell_transfer, parse, scrape_sync, ucx_transports_from_logs
+from pdsweep.measure.probe import complete, path_check
+from pdsweep.measure.prompts import build_prompts, probe_text
+from pdsweep.measure.repeats import Probes, engine_cpu_s, run_repeats
+from pdsweep.measure.workloads import build
+from pdsweep.plan.budgets import bench_budget_s, eval_budget_s
 from pdsweep.plan.expand import Cell
+from pdsweep.plan.runtimeblocks import mismatches, runtime_blocks
 from pdsweep.results import layout
 from pdsweep.sweepfile.sweep import LoadedSweep
 
@@ -37,8 +49,6 @@ def scrape_phase(
     metrics read as missing (the gate fails closed). A shared instance's counters are
     cumulative over every cell that used it: only these before/after deltas belong to
     this cell. Seconds spent scraping are added to ``spent['scrape_s']``."""
-    from pdsweep.measure.metrics import parse, scrape_sync
-
     out_dir = out_dir or (dep.log_dir or dep.handles[0].log_path.parent).parent / "metrics"
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -96,8 +106,6 @@ def measure_cell(ls: LoadedSweep, cell: Cell, dep: Deployment, m: CellMeasure) -
     if not m.skip_eval and ev.tasks:
         on_phase("eval")
         model = ls.catalogue.models[cell.model]
-        from pdsweep.measure.evalproc import EvalTarget, run_lm_eval_bounded
-        from pdsweep.plan.budgets import eval_budget_s
 
         target = EvalTarget(
             f"{dep.url}/v1/completions", cell.model, model.tokenizer or mpath, model.chat, model.trust_remote_code
@@ -112,7 +120,6 @@ def measure_cell(ls: LoadedSweep, cell: Cell, dep: Deployment, m: CellMeasure) -
         layout.write_json(cdir / layout.PROBE_RAW, {"cell_id": cell.id, **probe})
     if ls.sweep.bench.enabled:
         on_phase("bench")
-        from pdsweep.measure.repeats import Probes, engine_cpu_s, run_repeats
 
         logs = tuple(h.log_path for h in dep.decode_handles) if cell.kind == "pd" else ()
         pids = [h.pid for h in dep.handles]
@@ -125,7 +132,6 @@ def measure_cell(ls: LoadedSweep, cell: Cell, dep: Deployment, m: CellMeasure) -
                 r["driver_s"] - (r.get("duration_s") or 0.0) for r in load["runs"] if r.get("driver_s") is not None
             )
         layout.write_json(cdir / layout.LOAD_FILE, {"cell_id": cell.id, **load})
-    from pdsweep.measure.metrics import cell_transfer, ucx_transports_from_logs
 
     t = time.monotonic()
     push = dep.transfer_mode == "push"  # prefill WRITEs: its logs and metrics are the transfer's
@@ -156,7 +162,6 @@ def read_split(dep: Deployment) -> dict[str, Any]:
     plans and ``writes_by_prefill_rank`` (completed WRITEs per prefill TP rank) come from the
     prefill logs instead. See
     :mod:`pdsweep.engine.readlog`, :func:`pdsweep.core.logscan.nixl_reads_by_rank`."""
-    from pdsweep.core.logscan import nixl_reads_by_rank, nixl_writes_by_rank, read_fault_counts, transfer_topologies
 
     def text_of(handles: list[Any]) -> str:
         offsets = {str(u.handle.log_path): u.log_offset for u in dep.uses}
@@ -202,9 +207,6 @@ def read_back_blocks(dep: Deployment, planned: dict[str, dict[str, Any]]) -> dic
     """Per instance ``{"planned", "runtime", "mismatch"}`` (:func:`pdsweep.plan.runtimeblocks.runtime_blocks`
     from its ``/metrics`` and log; ``planned`` by instance name). A scrape that fails leaves
     the runtime values to the log; nothing here raises."""
-    from pdsweep.measure.metrics import scrape_sync
-    from pdsweep.plan.runtimeblocks import mismatches, runtime_blocks
-
     out: dict[str, Any] = {}
     for h in dep.handles:
         try:
@@ -242,14 +244,10 @@ def collect_probe(
 ) -> dict[str, Any]:
     """Send the consistency prompts (exact token counts: short, several blocks, long)
     greedy with top-1 logprobs, one at a time; the raw outputs are judged later against
-    the reference cell's (:mod:`pdsweep.measure.verdicts`). A reference cell also runs
-    :func:`pdsweep.measure.consistency.path_check` per prompt (``eval.consistency.triage``).
+    the reference cell's (:mod:`pdsweep.judge.verdicts`). A reference cell also runs
+    :func:`pdsweep.measure.probe.path_check` per prompt (``eval.consistency.triage``).
     A failed request is recorded in the prompt's ``error`` (the judge fails it), never raised."""
     import asyncio
-
-    from pdsweep.measure.accuracy import completions_url
-    from pdsweep.measure.consistency import complete, path_check
-    from pdsweep.measure.prompts import build_prompts, probe_text
 
     model = ls.catalogue.models[cell.model]
     spec = ls.sweep.eval.consistency
@@ -303,9 +301,6 @@ def run_load(ls: LoadedSweep, cell: Cell, dep: Deployment, mpath: str, cdir: Pat
     (:func:`run_checked`) run once after the repeats. Returns ``{"runs": [...]}``, each run with
     ``driver_s`` (its wall seconds, start-up included). Raises ``CellFailed('bench')`` past a
     budget, RuntimeError on a non-zero exit."""
-    from pdsweep.measure import benchserve
-    from pdsweep.plan.budgets import bench_budget_s
-
     b = ls.sweep.bench
     python = json.loads((cdir / "cell.json").read_text())["build"]["python"]
     model = ls.catalogue.models[cell.model]
@@ -346,8 +341,6 @@ def decode_kv_bytes(dep: Deployment) -> float | None:
     """Cumulative ``vllm:nixl_bytes_transferred`` sum (bytes) over the decode instances'
     /metrics; None when one cannot be scraped or has no such histogram (the byte check then
     has no number: fails closed)."""
-    from pdsweep.measure.metrics import NIXL_BYTES, parse, scrape_sync
-
     total = 0.0
     for h in dep.decode_handles:
         try:
@@ -364,14 +357,9 @@ def run_checked(
     ls: LoadedSweep, cell: Cell, dep: Deployment, mpath: str, blocks: dict[str, Any] | None = None
 ) -> list[dict[str, Any]]:
     """Every ``bench.workloads`` entry (:mod:`pdsweep.measure.workloads`) through pdsweep's
-    client (:func:`pdsweep.measure.loadcheck.run_workload`): on a PD cell at each
+    client (:func:`pdsweep.measure.loadrun.run_workload`): on a PD cell at each
     ``bench.concurrencies`` point, on the reference cell once at concurrency 1 (its answers
     are the reference). Raises ``CellFailed('bench')`` past a run's budget."""
-    from pdsweep.measure.endpoints import completions_url
-    from pdsweep.measure.loadcheck import WorkloadTarget, budget_s, run_workload
-    from pdsweep.measure.prompts import probe_text
-    from pdsweep.measure.workloads import build
-
     b, d = ls.sweep.bench, ls.sweep.defaults
     model = ls.catalogue.models[cell.model]
     max_len = d.max_model_len or model.max_model_len

@@ -1,4 +1,4 @@
-"""The consistency probe's prompts (:mod:`pdsweep.measure.consistency` sends them): lengths
+"""The consistency probe's prompts (:mod:`pdsweep.measure.probe` sends them): lengths
 that exercise the KV blocks the way upstream ``test_edge_cases.py`` does (shorter than one
 block, several full blocks plus a partial one, near the maximum length), in text the tiny
 models were trained on or the eval task's own Q/A format (:func:`probe_text`), tokenized with
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pdsweep.core.errors import UserError
+from pdsweep.tiny.arith import _question
 
 BLOCKS_FACTOR = 3.5  # "blocks" prompt: several full blocks plus a partial one
 
@@ -79,8 +80,6 @@ def _task_text(name: str, min_pairs: int) -> str:
     """``pdsweep_arith`` Q/A pairs in lm-eval's prompt format (``pdsweep.tiny.arith``), seeded
     by ``name``, ending in an open question (``...\nA:``): the next tokens are an answer,
     which a checkpoint trained on the task computes from the whole KV it holds."""
-    from pdsweep.tiny.arith import _question
-
     rng = random.Random(f"pdsweep-consistency-task:{name}")
     pairs = []
     for _ in range(min_pairs):

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pdsweep.core.logscan import nixl_read_records
 from pdsweep.core.stats import num, obj, t_interval
+from pdsweep.measure.kvtiming import read_stats
 
 PCTS = ("p50", "p90", "p99")
 LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
@@ -225,9 +227,6 @@ def one_repeat(
     """Repeat ``i`` (``call``: one load, ``{"runs": [...]}``): its load runs appended to ``runs``
     (vLLM's result files kept as ``.r<i>``); returns ``{"repeat", "wall_s", "started", "ended",
     "kv", "cpu"}`` (``started``/``ended``: wall-clock epoch seconds, ``time.time``)."""
-    from pdsweep.core.logscan import nixl_read_records
-    from pdsweep.measure.kvtiming import read_stats
-
     offsets = {p: _size(p) for p in probes.decode_logs}
     cpu0, t, started = probes.cpu_s(), probes.clock(), time.time()
     one = call()

@@ -1,6 +1,6 @@
 """Load workloads as data: each ``bench.workloads`` entry becomes a list of greedy requests
 (exact token ids), the same list on the PD cell and on its single-instance reference, so
-every answer under load has a reference answer (:mod:`pdsweep.measure.loadcheck`).
+every answer under load has a reference answer (:mod:`pdsweep.judge.load`).
 
 Workloads (``WorkloadSpec.name``):
 
@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from pdsweep.core.errors import UserError
+from pdsweep.measure.prompts import _load_tokenizer, _task_text, _text
 from pdsweep.sweepfile.phases import BenchSpec, WorkloadSpec
 
 SHIPPED_TRACE = Path(__file__).resolve().parent / "traces" / "mini_mooncake.jsonl"
@@ -65,8 +66,6 @@ class _Tokens:
     """Seeded token runs of exact lengths from the probe's text kind (``prose``/``task``)."""
 
     def __init__(self, tokenizer_path: str | Path, text: str, trust_remote_code: bool = False) -> None:
-        from pdsweep.measure.prompts import _load_tokenizer, _task_text, _text
-
         self.encode, _ = _load_tokenizer(tokenizer_path, trust_remote_code)
         self.special = self.encode("")
         self.task = text == "task"

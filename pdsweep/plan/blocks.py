@@ -37,7 +37,9 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from pdsweep.builds import attnprobe
 from pdsweep.core.dtypes import DTYPE_BYTES
+from pdsweep.core.env import ARCH_ENV
 from pdsweep.core.errors import UserError
 from pdsweep.plan.hybridlayers import hybrid_unverified, vllm_kda_blocks
 from pdsweep.sweepfile.sweep import ModelSpec
@@ -147,7 +149,6 @@ def bool_flag(argv: list[str] | tuple[str, ...], name: str, default: bool) -> bo
 
 
 # ---------------------------------------------------------------- target GPU and vLLM's backend choice
-ARCH_ENV = "PDSWEEP_GPU_ARCH"  # set by --gpu-arch on plan / run / validate
 ASSUMED_ARCH = "sm90"  # no --gpu-arch and no GPU here: the suite's main target (Hopper)
 _ARCH = re.compile(r"^sm(\d+)(\d)$")
 
@@ -243,8 +244,6 @@ def cuda_backend(model: ModelSpec, tp: int, arch: str, serve: Serve) -> Choice |
     with ``use_sparse``, so only the ``*_MLA_SPARSE`` backends pass). None where vLLM cannot
     be asked (no head geometry, vLLM not importable). Raises :class:`BackendError` with
     vLLM's message when it refuses ``selected`` or finds no valid backend."""
-    from pdsweep.builds import attnprobe
-
     head = _head_size(model)
     if head is None:
         return None

@@ -10,6 +10,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pdsweep.builds import fixprobes, make  # module attributes: tests replace the probes there
+from pdsweep.builds.fixprobes import FAILED_TRANSFER_ACCOUNTING, accounting_label
+from pdsweep.builds.make import PROVENANCE_FIELDS, read_marker
+from pdsweep.builds.vllmsite import patched_files_sha256
 from pdsweep.core.errors import UserError
 
 if TYPE_CHECKING:
@@ -84,11 +88,9 @@ def build_info(ls: LoadedSweep, name: str) -> dict[str, Any]:
         info.update(vllm_version=v["vllm"], nixl_version=v["nixl"])
     except (subprocess.SubprocessError, OSError, ValueError, IndexError) as e:
         info["error"] = f"build {name}: cannot query {py}: {e}"
-    from pdsweep.builds.fixprobes import FAILED_TRANSFER_ACCOUNTING, accounting_label, probe_python
-    from pdsweep.builds.make import PROVENANCE_FIELDS, provenance, read_marker
 
     try:  # vLLM commit, torch, the nixl_cuXX actually imported, UCX (pdsweep.builds.make)
-        prov = provenance(py)
+        prov = make.provenance(py)
         info.update({k: prov.get(k) for k in PROVENANCE_FIELDS if k not in ("vllm_version", "nixl_version")})
         info["nixl_error"] = prov.get("nixl_error")
         mismatch = nixl_mismatch(prov)
@@ -99,12 +101,10 @@ def build_info(ls: LoadedSweep, name: str) -> dict[str, Any]:
     made = read_marker(Path(py).parent.parent)
     info["made_by"] = made["inputs"] if made else None  # `pdsweep builds make` inputs, or None: a venv as is
     info["own_vllm"] = made.get("own_vllm") if made else None  # its vLLM path, NIXL connector files' sha256
-    info["fixes"] = probe_python(py)[1]  # fix probe -> present (True) / absent (False) / unknown (None)
+    info["fixes"] = fixprobes.probe_python(py)[1]  # fix probe -> present (True) / absent (False) / unknown (None)
     # what vllm:nixl_num_failed_transfers counts in this build (the gate's reasons name it)
     info["failed_transfer_accounting"] = accounting_label(info["fixes"].get(FAILED_TRANSFER_ACCOUNTING))
     try:
-        from pdsweep.builds.vllmsite import patched_files_sha256
-
         info["patched_files_sha256"] = patched_files_sha256(py)
     except Exception as e:  # noqa: BLE001 -- recorded, not fatal: the cell itself will fail if vLLM is broken
         info["patched_files_error"] = str(e)

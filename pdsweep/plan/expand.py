@@ -14,13 +14,18 @@ import itertools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pdsweep.builds import fixprobes
 from pdsweep.core.errors import UserError
 from pdsweep.plan import rules
+from pdsweep.plan.budgets import ceiling_errors
+from pdsweep.plan.builds import build_python
 from pdsweep.plan.cell import Cell, Rejected
 from pdsweep.plan.derived import derive, is_derived, note
 from pdsweep.plan.instance import MAX_INSTANCES
+from pdsweep.plan.ports import overlap
 from pdsweep.sweepfile.axes import AXES, DEFAULTS, EXPECT_KEYS, REF_ENTRY_KEYS
 from pdsweep.sweepfile.catalogue import ModelSpec
+from pdsweep.sweepfile.expectations import conditional, resolve
 from pdsweep.sweepfile.sweep import LoadedSweep
 
 
@@ -101,19 +106,15 @@ def resolve_for_plan(cell: Cell, ls: LoadedSweep) -> Cell:
     """``cell`` with a build-conditional expectation resolved against its build's vLLM
     (:mod:`pdsweep.sweepfile.expectations`), or kept as declared when that build is not there yet
     (a derived one, :mod:`pdsweep.plan.derived`, is then not applied yet: ``run`` resolves it)."""
-    from pdsweep.sweepfile.expectations import conditional, resolve
-
     if not conditional(cell):
         return cell
-    from pdsweep.builds.fixprobes import probe_python
-    from pdsweep.plan.builds import build_python
 
     try:
         python = build_python(ls, cell.build)
     except UserError:
         out = replace(cell, expect_note=f"expected to fail as declared: build {cell.build} not made yet")
     else:
-        out = resolve(cell, *probe_python(python))
+        out = resolve(cell, *fixprobes.probe_python(python))
     return note(out) if is_derived(cell) else out
 
 
@@ -122,8 +123,6 @@ def expand(ls: LoadedSweep) -> Plan:
     (model, decode TP, decode block, build, variants) when ``eval.reference``) and
     rejected cells with rule id and reason. Raises ``UserError`` on duplicate ids and on a
     budget above its ceiling (:func:`pdsweep.plan.budgets.ceiling_errors`)."""
-    from pdsweep.plan.budgets import ceiling_errors
-
     if over := ceiling_errors(ls.sweep, ls.path):
         raise UserError("\n".join(over))
     plan = Plan(loaded=ls)
@@ -142,8 +141,6 @@ def expand(ls: LoadedSweep) -> Plan:
             continue
         bad = rules.check(cell, model, ls)
         if not bad and cell.kind == "pd":
-            from pdsweep.plan.ports import overlap
-
             why = overlap(cell, ls)
             bad = ("side-channel-ports", why) if why else None
         if bad:

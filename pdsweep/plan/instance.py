@@ -30,11 +30,12 @@ from pdsweep.core.faults import (
     flip_byte_every,
     read_fault_every,
 )
-from pdsweep.plan.blocks import arch_serve_args
+from pdsweep.plan.blocks import arch_serve_args, effective_blocks
 from pdsweep.plan.cell import Cell
 from pdsweep.plan.crossnode import loopback_fields
 from pdsweep.sweepfile.catalogue import ModelSpec
 from pdsweep.sweepfile.sweep import LoadedSweep
+from pdsweep.tiny.checkpoints import checkpoint_dir
 
 MAX_PORT = 65535  # the largest TCP port
 PORTS_PER_SLOT = 200  # one lane: a concurrently running cell
@@ -355,8 +356,6 @@ def cpu_bind(role: str, ranks: int, first: int, cores: tuple[int, ...]) -> str:
 def planned_blocks(model: ModelSpec, platform: str, spec: InstanceSpec) -> dict[str, Any]:
     """The effective blocks of one instance from its real argv (:mod:`pdsweep.plan.blocks`); an
     ``error`` entry with vLLM's message where no kernel block fits."""
-    from pdsweep.plan.blocks import effective_blocks
-
     try:
         return effective_blocks(model, platform, spec.tp, spec.argv).to_dict()
     except ValueError as e:
@@ -388,11 +387,9 @@ def override_flags(base: list[str], extra: list[str]) -> list[str]:
     return out + extra
 
 
-def model_path(model: ModelSpec, name: str, cache_dir: Path | None = None, create: bool = True) -> str:
-    """Where vLLM loads ``model`` from: HF id, local path, or the generated tiny checkpoint
-    (built on first use unless ``create=False``, as for dry runs)."""
+def model_path(model: ModelSpec, name: str, cache_dir: Path | None = None) -> str:
+    """Where vLLM loads ``model`` from: HF id, local path, or the tiny checkpoint's directory
+    (named only: planning never builds one; the run does, :func:`pdsweep.run.prebuild.checkpoint_path`)."""
     if model.tiny is not None:
-        from pdsweep.tiny.checkpoints import checkpoint_dir
-
-        return str(checkpoint_dir(name, model, cache_dir, create=create))
+        return str(checkpoint_dir(name, model, cache_dir, create=False))
     return model.path or model.hf_id  # type: ignore[return-value]

@@ -17,6 +17,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pdsweep.builds.vllmsite import vllm_site
+from pdsweep.core.errors import UserError
+from pdsweep.plan.builds import build_python
+from pdsweep.plan.instance import SIDE_CHANNEL_PORTS
+
 BASE_SCHEDULER = "vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_scheduler.py"
 PER_ENGINE_FINGERPRINT = "VLLM_NIXL_SIDE_CHANNEL_PORT\n            + vllm_config.parallel_config.data_parallel_index"
 
@@ -26,9 +31,6 @@ def per_engine_listener(python: str) -> bool:
     """True when the vLLM that ``python`` imports binds one side-channel port per DP rank
     (the 0.32 layout, read from its ``base_scheduler.py``); False when it binds one per
     DP x TP rank or cannot be read."""
-    from pdsweep.builds.vllmsite import vllm_site
-    from pdsweep.core.errors import UserError
-
     try:
         site, _ = vllm_site(python)
         text = (site / BASE_SCHEDULER).read_text()
@@ -47,9 +49,6 @@ def plan_python(ls: Any, build: str) -> str:
     """The interpreter whose vLLM the plan reads for ``build``: the build's own, or this
     one when the build's venv is not made yet (the unfixed baseline is this vLLM with two
     NIXL worker files changed, ``pdsweep.builds.unfix``)."""
-    from pdsweep.core.errors import UserError
-    from pdsweep.plan.builds import build_python
-
     try:
         return build_python(ls, build)
     except UserError:
@@ -60,8 +59,6 @@ def overlap(cell: Any, ls: Any) -> str | None:
     """Reason an instance of the cell binds more NIXL side-channel ports than its port block
     reserves (:data:`pdsweep.plan.instance.SIDE_CHANNEL_PORTS`: its range would overlap the
     next block), or None."""
-    from pdsweep.plan.instance import SIDE_CHANNEL_PORTS
-
     python = plan_python(ls, cell.build)
     roles = [("prefill", 1, cell.prefill_tp)] * cell.num_prefill + [
         ("decode", cell.decode_dp, cell.decode_tp)

@@ -6,6 +6,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pdsweep.builds import fixprobes
+from pdsweep.builds.fixprobes import PUSH_WRITE_LOG
+from pdsweep.core.errors import UserError
+from pdsweep.plan.builds import build_python
+
 if TYPE_CHECKING:
     from pdsweep.plan.cell import Cell
     from pdsweep.sweepfile.sweep import LoadedSweep, ModelSpec
@@ -40,12 +45,9 @@ def push_evidence(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
     vllm:nixl_xfer_time_seconds count = 0" with both instances answering)."""
     if c.kind != "pd" or not uses_push(c, m, ls):
         return None
-    from pdsweep.builds.fixprobes import PUSH_WRITE_LOG, probe_python
-    from pdsweep.core.errors import UserError
-    from pdsweep.plan.builds import build_python
 
     try:
-        found = probe_python(build_python(ls, c.build))[1].get(PUSH_WRITE_LOG)
+        found = fixprobes.probe_python(build_python(ls, c.build))[1].get(PUSH_WRITE_LOG)
     except UserError as e:
         return f"push mode (NixlPushConnector): cannot probe build '{c.build}' for pdsweep's WRITE log: {e}"
     if found:

@@ -11,6 +11,8 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from pdsweep.builds import attnprobe
+from pdsweep.core.errors import UserError
 from pdsweep.plan import blocks
 from pdsweep.plan.pushrules import push_evidence, unfixed_scope, uses_push
 from pdsweep.plan.topology import tp_ratio
@@ -81,9 +83,6 @@ def _block_ratio(c: Cell, m: ModelSpec, ls: LoadedSweep) -> str | None:
         return None
     said = f"'Local block size {d} is not divisible by remote block size {p} or vice versa.'"
     if eff and all(e.backend_source.startswith("vLLM") for e in eff.values()):
-        from pdsweep.builds import attnprobe
-        from pdsweep.core.errors import UserError
-
         try:  # the handshake's own function on the installed vLLM: its message, verbatim
             said = f"'{attnprobe.block_size_ratio(d, p)[1]}' (called here)"
         except (UserError, ValueError):

@@ -18,7 +18,7 @@ from pdsweep.core.errors import UserError
 from pdsweep.plan.expand import Cell
 from pdsweep.plan.gpus import free_gpu_ids, inventory
 from pdsweep.plan.instance import PORTS_PER_SLOT, Slot, check_ports
-from pdsweep.plan.placement import LanePool
+from pdsweep.plan.placement import LanePool, groups
 from pdsweep.plan.readplan import UNFIXED_SIGNATURE
 
 # Rough per-cell durations for the makespan estimate (seconds); real runs log real ones. CPU: the
@@ -203,8 +203,6 @@ class Schedule:
 def instance_placement(p: Placement) -> list[dict]:
     """Node and GPU ids of each instance of a placement (``prefill-0``, ``decode-0``, ...),
     in the order :func:`pdsweep.plan.instance.instances` hands out ``slot.gpus``."""
-    from pdsweep.plan.placement import groups
-
     c, slot, out, i = p.cell, p.slot, [], 0
     names = (
         ["single-0"]

@@ -18,6 +18,7 @@ from collections import Counter
 
 from pdsweep.judge.flaky import FLAKY
 from pdsweep.judge.gate import FAIL, PASS, XPASS, CellResult, GateResult
+from pdsweep.judge.perf import PERF_VERDICTS, perf_deltas
 
 CAUSE_CHARS = 160  # a one-line cause is cut here; the full reasons fold below it
 LONG_TABLE = 30  # rows: a table longer than this goes after the failures (a reader finds them first)
@@ -132,8 +133,6 @@ def pair_perf(result: GateResult, by_build: dict[str, CellResult], builds: list[
     largest smallest-detectable slowdown over the metrics. Both builds are of this one run: unpaired
     repeats claim no regression or improvement (:mod:`pdsweep.judge.perf`). '' unless exactly two
     builds have load figures."""
-    from pdsweep.judge.perf import PERF_VERDICTS, perf_deltas
-
     have = [b for b in builds if b in by_build and by_build[b].facts.load]
     if len(have) != 2:
         return ""

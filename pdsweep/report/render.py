@@ -14,6 +14,7 @@ from pdsweep.judge.compare import IMPROVEMENT, MARKS, REGRESSION, CompareResult,
 from pdsweep.judge.facts import TaskScore
 from pdsweep.judge.flaky import FLAKY, attempt_reason
 from pdsweep.judge.gate import FAIL, NOT_RUNNABLE, PASS, SKIPPED, XFAIL, XPASS, CellResult, GateResult
+from pdsweep.report.perf_compare import PERF_COLUMNS, perf_headline, perf_legend, perf_rows
 from pdsweep.results import layout
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
@@ -127,7 +128,7 @@ def pass_note(c: CellResult) -> str:
     fault drill injected (:func:`read_fault_note`), or accuracy no expected score bounded, from
     what accuracy.json recorded: a reference task without an expected score passes with reason
     ``reference`` (nothing to judge it by; its PD cells are tested against it), a PD task
-    without one is judged against its reference cell only (:func:`pdsweep.measure.accuracy.judge`)."""
+    without one is judged against its reference cell only (:func:`pdsweep.judge.accuracy.judge`)."""
     if c.verdict != PASS:
         return ""
     notes = []
@@ -443,7 +444,6 @@ def compare_markdown(result: CompareResult) -> str:
             lines += [f"## {title}", ""]
             lines += [f"- `{c.label}`: {md_escape('; '.join(c.reasons))}" for c in result.by_verdict(verdict)]
             lines.append("")
-    from pdsweep.report.perf_compare import PERF_COLUMNS, perf_headline, perf_legend, perf_rows  # pdsweep.judge.perf
 
     if rows := perf_rows(result):
         lines += ["## Performance (load repeats)", "", f"**{perf_headline(result)}**", "", perf_legend(result), ""]

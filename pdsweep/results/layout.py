@@ -47,7 +47,7 @@ ACCURACY_FILE = "accuracy.json"
 CONSISTENCY_FILE = "consistency.json"
 TRANSFER_FILE = "transfer.json"
 LOAD_FILE = "load.json"
-LOAD_CHECK_FILE = "load_check.json"  # load answers judged against the reference (measure.loadcheck)
+LOAD_CHECK_FILE = "load_check.json"  # load answers judged against the reference (judge.load)
 EVAL_RAW = "eval.json"  # raw lm-eval figures per task (judged into accuracy.json)
 PROBE_RAW = "probe.json"  # raw greedy tokens + logprobs (judged into consistency.json)
 

@@ -17,14 +17,17 @@ from pdsweep.core.logscan import first_exception
 from pdsweep.deploy.deployment import CellFailed, Deployment, DeployRequest, ReadyHang, Timeouts, blame, deploy
 from pdsweep.deploy.instances import InstancePool, instance_id
 from pdsweep.deploy.launchers import tail
-from pdsweep.measure.phases import CellMeasure, failed_cell_integrity, measure_cell
+from pdsweep.measure.paired import Unpaired
+from pdsweep.measure.phases import CellMeasure, failed_cell_integrity, measure_cell, read_back_blocks
 from pdsweep.plan.derived import is_derived, note
 from pdsweep.plan.expand import Cell, reference_of
-from pdsweep.plan.instance import InstanceSpec, Slot, instances, model_path, planned_blocks
+from pdsweep.plan.instance import InstanceSpec, Slot, instances, planned_blocks
 from pdsweep.results import layout
 from pdsweep.run.context import RunContext
 from pdsweep.run.drills import armed, lease_drill_faults
+from pdsweep.run.prebuild import checkpoint_path
 from pdsweep.run.provenance import config_hash, host_facts, now
+from pdsweep.sweepfile.expectations import resolve
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +41,6 @@ def run_cell(
     ``pair``: its side of a pair (:class:`pdsweep.measure.paired.PairSide`, :mod:`pdsweep.run.pairs`);
     None: alone, saying why when ``bench.pair_builds`` meant to pair it (``ctx.unpaired``).
     status.json gets the load.json's ``pairing`` / ``unpaired``; the side leaves the pair when the cell ends."""
-    from pdsweep.measure.paired import Unpaired
-    from pdsweep.sweepfile.expectations import resolve
-
     if pair is None and cell.id in ctx.unpaired:
         pair = Unpaired(ctx.unpaired[cell.id])
 
@@ -172,7 +172,7 @@ def _deploy_and_measure(cr: CellRun) -> Slot:
     ctx, cell, slot, cdir, status, on_phase = cr.ctx, cr.cell, cr.slot, cr.cdir, cr.status, cr.on_phase
     ls = ctx.ls
     model = ls.catalogue.models[cell.model]
-    mpath = model_path(model, cell.model)
+    mpath = checkpoint_path(model, cell.model)
     build = ctx.builds[cell.build]
     if build.get("error"):
         raise CellFailed("prepare", build["error"])
@@ -239,8 +239,6 @@ def record_blocks(
 ) -> dict[str, Any]:
     """Read the effective blocks back from the running instances into cell.json
     (``blocks``); a plan/run mismatch goes to status.json (``block_mismatch``) and the log."""
-    from pdsweep.measure.phases import read_back_blocks
-
     blocks = read_back_blocks(dep, planned)
     layout.write_json(cdir / layout.CELL_FILE, {**cell_json, "blocks": blocks})
     bad = [f"{name}: {m}" for name, b in blocks.items() for m in b["mismatch"]]

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from pdsweep.core.faults import PROXY_OPTIONS, ProxyFaults
-from pdsweep.deploy.instances import AltBlocks
 from pdsweep.deploy.launchers import Launcher, LocalLauncher
+from pdsweep.deploy.portblocks import AltBlocks
 from pdsweep.plan.expand import Plan
 from pdsweep.run.progress import Progress
 from pdsweep.sweepfile.sweep import LoadedSweep

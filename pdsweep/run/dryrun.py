@@ -50,7 +50,7 @@ def submit_cells_argv(ls: LoadedSweep, cells: list[Any]) -> Any:
     for c in cells:
         m = ls.catalogue.models[c.model]
         slot = Slot(0, tuple(range(c.num_gpus)), ls.sweep.defaults.port_base)
-        specs = instances(c, slot, ls, model_path(m, c.model, create=False), "python")
+        specs = instances(c, slot, ls, model_path(m, c.model), "python")
         items += [(c.id, i.name, i.argv) for i in specs]
     wait = submit_instances(items)
 

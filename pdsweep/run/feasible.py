@@ -14,8 +14,14 @@ import os
 from pathlib import Path
 
 from pdsweep.core.errors import UserError
-from pdsweep.plan.expand import Plan
+from pdsweep.judge.accuracy import load_expected
+from pdsweep.measure.prompts import resolve_lengths
+from pdsweep.plan.builds import venv_python
+from pdsweep.plan.expand import Plan, _to_cell
 from pdsweep.run.drillcheck import drill_problems
+from pdsweep.sweepfile.axes import AXES
+from pdsweep.tiny import arith
+from pdsweep.tiny.config import config_params
 
 
 def cannot_pass(plan: Plan) -> list[str]:
@@ -24,12 +30,12 @@ def cannot_pass(plan: Plan) -> list[str]:
 
     - ``gate.require_consistency`` needs ``eval.consistency.enabled`` and
       ``eval.reference`` (consistency compares P->D with the single-instance reference;
-      :func:`pdsweep.measure.verdicts.judge_run` fails a probe without one);
+      :func:`pdsweep.judge.verdicts.judge_run` fails a probe without one);
     - ``gate.require_accuracy`` needs ``eval.tasks`` and, per task, an expected score in
       ``accuracy/expected.yaml`` for the model or ``eval.reference`` (otherwise
-      :func:`pdsweep.measure.accuracy.judge` says "nothing to gate against");
+      :func:`pdsweep.judge.accuracy.judge` says "nothing to gate against");
     - ``bench.check`` (with ``bench.enabled``) needs ``eval.reference`` (the load answers'
-      reference, :func:`pdsweep.measure.loadcheck.judge_load`).
+      reference, :func:`pdsweep.judge.load.judge_load`).
 
     Returns one message per contradiction, naming the sweep file and the fields."""
     s, path = plan.loaded.sweep, plan.loaded.path
@@ -52,8 +58,6 @@ def cannot_pass(plan: Plan) -> list[str]:
         if not s.eval.tasks:
             out.append(f"{path}: gate.require_accuracy is true but eval.tasks is empty: no cell can pass")
         elif not s.eval.reference:
-            from pdsweep.measure.accuracy import load_expected
-
             expected = load_expected()
             for model in dict.fromkeys(c.model for c in pd):
                 missing = [t for t in s.eval.tasks if t not in expected.get(model, {})]
@@ -80,10 +84,8 @@ def _lm_eval_tasks(need_defaults: bool) -> frozenset[str]:
 
 def unknown_tasks(plan: Plan) -> list[str]:
     """``eval.tasks`` that neither pdsweep (``pdsweep_arith``) nor lm-eval's
-    ``TaskManager().all_tasks`` knows (the check :func:`pdsweep.measure.accuracy.run_lm_eval`
+    ``TaskManager().all_tasks`` knows (the check :func:`pdsweep.measure.lmeval.run_lm_eval`
     repeats per cell). The lm-eval index is read only for non-``pdsweep_`` names."""
-    from pdsweep.tiny import arith
-
     s, path = plan.loaded.sweep, plan.loaded.path
     if not plan.cells or not s.eval.tasks:
         return []
@@ -110,8 +112,6 @@ def build_problems(plan: Plan) -> tuple[list[str], list[str]]:
     """(errors, warnings) for the builds cells use: a ``python`` that is not an executable
     file is an error; a ``venv`` not built yet is a warning (``make baseline-env`` makes
     ``.venv-unfixed`` before ``make sweep`` runs; without it only that build's cells fail)."""
-    from pdsweep.plan.builds import venv_python
-
     s, path = plan.loaded.sweep, plan.loaded.path
     errors, warnings = [], []
     for name in dict.fromkeys(c.build for c in plan.cells):
@@ -131,9 +131,6 @@ def model_problems(plan: Plan) -> list[str]:
     """Tiny-model geometry (:func:`pdsweep.tiny.config.config_params`, named with the real
     catalogue file) and consistency probe lengths per cell
     (:func:`pdsweep.measure.prompts.resolve_lengths`), as the run would compute them."""
-    from pdsweep.measure.prompts import resolve_lengths
-    from pdsweep.tiny.config import config_params
-
     ls = plan.loaded
     out: list[str] = []
     for name in dict.fromkeys(c.model for c in plan.cells):
@@ -162,9 +159,6 @@ def matrix_problems(plan: Plan) -> tuple[list[str], list[str]]:
     an ``include`` that merges into product combinations and sets a cell-defining key
     that is not an axis replaces those cells (their id changes) instead of adding one: an
     error (make the key an axis); an ``exclude`` that matches no combination: a warning."""
-    from pdsweep.plan.expand import _to_cell
-    from pdsweep.sweepfile.axes import AXES
-
     m, path = plan.loaded.sweep.matrix, plan.loaded.path
     axes = [k for k in AXES if getattr(m, k)]
     combos = [dict(zip(axes, vals)) for vals in itertools.product(*(getattr(m, k) for k in axes))]

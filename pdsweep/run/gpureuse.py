@@ -21,8 +21,9 @@ from typing import Any
 from pdsweep.deploy.instances import InstancePool, instance_key
 from pdsweep.plan.dispatch import Inputs, Placed, Prestart, Release, Stop, ended, first_order, makespan, ordered
 from pdsweep.plan.expand import Cell
-from pdsweep.plan.instance import InstanceSpec, Slot, instances, model_path
+from pdsweep.plan.instance import InstanceSpec, Slot, instances
 from pdsweep.plan.schedule import GpuPool
+from pdsweep.run.prebuild import checkpoint_path
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +156,7 @@ def prestart(
     model = ctx.ls.catalogue.models[cell.model]
     slot = Slot(0, tuple(gpus), pool.port_base)  # the instances' ports are their pool blocks'
     try:
-        real = instances(cell, slot, ctx.ls, model_path(model, cell.model), build["python"])
+        real = instances(cell, slot, ctx.ls, checkpoint_path(model, cell.model), build["python"])
     except Exception as e:  # noqa: BLE001 -- the cell itself reports it when it comes
         log.warning("%s: no prestart: %s", cell.id, e)
         return

@@ -54,7 +54,7 @@ def _keys(ls: LoadedSweep, cells: list[Cell]) -> dict[str, set[str]]:
         except UserError:  # a build not made yet: the argv names its interpreter all the same
             python = f"{ls.sweep.builds[c.build].venv}/bin/python"
         slot = Slot(0, tuple(range(c.num_gpus)), ls.sweep.defaults.port_base)
-        out[c.id] = {instance_key(s) for s in instances(c, slot, ls, model_path(m, c.model, create=False), python)}
+        out[c.id] = {instance_key(s) for s in instances(c, slot, ls, model_path(m, c.model), python)}
     return out
 
 

@@ -19,7 +19,14 @@ from collections.abc import Iterable
 from pdsweep.core.errors import UserError
 from pdsweep.plan.cell import Cell
 from pdsweep.plan.instance import model_path
-from pdsweep.sweepfile.sweep import LoadedSweep
+from pdsweep.sweepfile.sweep import LoadedSweep, ModelSpec
+from pdsweep.tiny.checkpoints import checkpoint_dir
+
+
+def checkpoint_path(model: ModelSpec, name: str) -> str:
+    """:func:`pdsweep.plan.instance.model_path`, a tiny checkpoint built (copied from its fixture,
+    generated or trained) when it is not in the cache yet. Raises ``UserError`` when it cannot be built."""
+    return str(checkpoint_dir(name, model)) if model.tiny is not None else model_path(model, name)
 
 
 def prebuild_checkpoints(ls: LoadedSweep, cells: Iterable[Cell]) -> tuple[dict[str, str], dict[str, str]]:
@@ -32,7 +39,7 @@ def prebuild_checkpoints(ls: LoadedSweep, cells: Iterable[Cell]) -> tuple[dict[s
             continue
         t = time.monotonic()
         try:
-            built[name] = model_path(model, name)
+            built[name] = checkpoint_path(model, name)
         except UserError as e:
             failed[name] = str(e)
             print(f"checkpoint {name}: cannot be built: {e}", file=sys.stderr, flush=True)

@@ -40,6 +40,8 @@ from typing import Any, Protocol
 
 from pdsweep.core.dtypes import DTYPE_BYTES
 from pdsweep.core.errors import UserError
+from pdsweep.plan.blocks import flag
+from pdsweep.plan.geometry import kv_geometry
 from pdsweep.plan.gpus import (
     CUDA_IPC_GET_ENV,
     CUDA_IPC_GET_OFF,
@@ -49,6 +51,7 @@ from pdsweep.plan.gpus import (
     nvlink_status,
     visible,
 )
+from pdsweep.plan.instance import Slot, instances, model_path
 from pdsweep.run import hubcache
 
 GIB = 1024**3
@@ -241,23 +244,10 @@ def driver_problems(driver: str | None, cuda: str | None) -> list[str]:
 
 
 # ---------------------------------------------------------------- memory
-def _flag(argv: tuple[str, ...], name: str, default: str | None = None) -> str | None:
-    """Last value of ``--name X`` / ``--name=X`` in ``argv`` (vLLM: the last one wins)."""
-    val = default
-    for i, a in enumerate(argv):
-        if a == name and i + 1 < len(argv):
-            val = argv[i + 1]
-        elif a.startswith(name + "="):
-            val = a.split("=", 1)[1]
-    return val
-
-
 def kv_one_request(name: str, model: Any, tp: int, block: int, max_len: int) -> int | None:
     """Bytes per TP rank of the KV cache one ``max_len``-token request needs (attention
     blocks + SSM state, :func:`pdsweep.plan.geometry.kv_geometry`); None when the catalogue
     lacks the geometry."""
-    from pdsweep.plan.geometry import kv_geometry
-
     try:
         per = kv_geometry(name, model, block, tps=(tp,)).rank_bytes(tp)
     except ValueError:
@@ -294,8 +284,6 @@ def memory_fit(ls: Any, cells: list[Any], weights: dict[str, Weights], gpus: Ite
     instance that does not fit is *unfit* (NOT-RUNNABLE with the arithmetic; the rest run),
     never an error. Errors: ``free < total x gpu_memory_utilization`` (vLLM
     ``Worker.init_device`` refuses every start) and weights of unknown size (fail closed)."""
-    from pdsweep.plan.instance import Slot, instances, model_path
-
     gpus = list(gpus)
     out = MemoryFit([], [], {}, node_shape(gpus))
     if not gpus:
@@ -314,10 +302,10 @@ def memory_fit(ls: Any, cells: list[Any], weights: dict[str, Weights], gpus: Ite
         if m.tiny is not None or w is None or w.error:
             continue
         slot = Slot(0, tuple(range(c.num_gpus)), ls.sweep.defaults.port_base)
-        for spec in instances(c, slot, ls, model_path(m, c.model, create=False), "python"):
-            util = float(_flag(spec.argv, "--gpu-memory-utilization", "0.9") or "0.9")
-            block = int(_flag(spec.argv, "--block-size", "16") or "16")
-            max_len = int(_flag(spec.argv, "--max-model-len", str(m.max_model_len)) or m.max_model_len)
+        for spec in instances(c, slot, ls, model_path(m, c.model), "python"):
+            util = float(flag(spec.argv, "--gpu-memory-utilization") or "0.9")
+            block = int(flag(spec.argv, "--block-size") or "16")
+            max_len = int(flag(spec.argv, "--max-model-len") or m.max_model_len)
             budget = total * util
             what = f"model {c.model} {spec.role} TP {spec.tp} (block {block}, max_model_len {max_len})"
             if free < budget:

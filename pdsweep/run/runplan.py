@@ -138,7 +138,7 @@ def _specs(ls: LoadedSweep, cell: Any, slot: Any, python: str | None, unbuilt: A
     if python is None or cell.model in unbuilt:
         return []
     try:
-        mpath = model_path(ls.catalogue.models[cell.model], cell.model, create=False)
+        mpath = model_path(ls.catalogue.models[cell.model], cell.model)
     except UserError:
         return []
     return instances(cell, slot, ls, mpath, python)

@@ -29,8 +29,8 @@ from pdsweep.core.paths import REPO
 from pdsweep.deploy import launchers
 from pdsweep.deploy.instances import Fresh, InstancePool
 from pdsweep.deploy.launchers import Launcher
+from pdsweep.judge.verdicts import judge_run
 from pdsweep.measure.evaltasks import check_eval_tasks
-from pdsweep.measure.verdicts import judge_run
 from pdsweep.plan.builds import build_info
 from pdsweep.plan.crossnode import loopback_node_addrs
 from pdsweep.plan.expand import Cell, expand, select_cells

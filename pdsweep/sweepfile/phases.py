@@ -19,7 +19,7 @@ class ConsistencySpec(_Strict):
     # prompt lengths in tokens; "block" = one block minus one, "long" = near max_model_len
     lengths: list[Pos | Literal["short", "blocks", "long"]] = Field(default=["short", "blocks", "long"], min_length=1)
     # the reference also answers each position along its plain prefill path, so a
-    # divergence is triaged as transfer / engine / both (pdsweep.measure.consistency.path_check)
+    # divergence is triaged as transfer / engine / both (pdsweep.measure.probe.path_check)
     triage: bool = True
     # probe text (pdsweep.measure.prompts.probe_text): auto = the eval task's own Q/A format for
     # checkpoints trained on it (tiny.train), English-like prose otherwise

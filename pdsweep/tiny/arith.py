@@ -11,7 +11,7 @@ YAML that points lm-eval at them (``dataset_path: json`` with
   after ``python -m pdsweep.tiny.arith``).
 * Per run: :func:`render_task` copies the template into ``<dir>/pdsweep_arith.yaml`` with
   an absolute path to ``<dir>/arith.jsonl`` that it writes beside it;
-  ``pdsweep.measure.accuracy.run_lm_eval`` does this under ``<cell>/lm_eval/tasks/``, so every
+  ``pdsweep.measure.lmeval.run_lm_eval`` does this under ``<cell>/lm_eval/tasks/``, so every
   cell records the exact questions it was scored on.
 
 A record is ``{"id": int, "question": "What is 17 + 25?", "answer": "42"}``; the prompt

@@ -38,8 +38,10 @@ from pdsweep.core.errors import UserError
 from pdsweep.core.paths import REPO
 from pdsweep.sweepfile.catalogue import ModelSpec
 from pdsweep.tiny import arith
+from pdsweep.tiny import fixtures as committed
 from pdsweep.tiny.config import config_params
 from pdsweep.tiny.tokenizer import build_tokenizer, corpus, make_remote_code_tokenizer
+from pdsweep.tiny.train import TRAINER_VERSION, train_checkpoint
 from pdsweep.tiny.weights import save_mla_mamba2, save_weights, write_kimi_config
 
 GENERATOR_VERSION = 2  # bump to regenerate every cached checkpoint
@@ -50,8 +52,6 @@ def _fingerprint(name: str, model: ModelSpec) -> str:
     assert model.tiny is not None
     train = None
     if model.tiny.train is not None:
-        from pdsweep.tiny.train import TRAINER_VERSION
-
         task = hashlib.sha256(arith.TEMPLATE.read_bytes() + inspect.getsource(arith._question).encode())
         train = {"v": TRAINER_VERSION, "recipe": model.tiny.train.model_dump(), "task": task.hexdigest()}
     key = {
@@ -98,8 +98,6 @@ def checkpoint_dir(
     if (final / META_FILE).is_file() or not create:
         return final
     if fixtures and model.tiny.train is not None:
-        from pdsweep.tiny import fixtures as committed
-
         if committed.install(final):
             return final
     base = None
@@ -139,8 +137,6 @@ def _generate(name: str, model: ModelSpec, out: Path) -> None:
         save_weights(kind, params, model, out)
     trained = None
     if model.tiny.train is not None:
-        from pdsweep.tiny.train import train_checkpoint
-
         trained = train_checkpoint(out, kind, params, model.tiny.train)
     (out / META_FILE).write_text(
         json.dumps(

@@ -31,6 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pdsweep.core.errors import GateFailed, UserError, run_main
+from pdsweep.results.layout import write_json
+from pdsweep.xfer.light import load_model
+
 if TYPE_CHECKING:
     from pdsweep.sweepfile.sweep import ModelSpec
 from pdsweep.plan.geometry import KVGeometry, kv_geometry
@@ -93,8 +97,6 @@ class BenchConfig:
     def from_cli_args(cls, args: argparse.Namespace) -> BenchConfig:
         """The config of :func:`add_cli_args`' flags; raises ``UserError`` for an unknown
         model or a bad value."""
-        from pdsweep.core.errors import UserError
-
         model = _find_model(args.models, args.model)
         try:
             return cls(
@@ -319,18 +321,15 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 def _find_model(path: Path | None, name: str) -> ModelSpec:
     """The catalogue entry ``name``: validated by the pydantic schema where pydantic is installed,
     else its geometry alone (:mod:`pdsweep.xfer.light`: the lent device has no pydantic)."""
-    from pdsweep.core.errors import UserError
-
     if path is None:
         path = Path("sweeps/models.yaml")
         if not path.exists():
             path = Path(__file__).resolve().parents[2] / "sweeps" / "models.yaml"
-    try:
+    try:  # pydantic is optional here (the lent device has none): a lazy import, by the policy
         from pdsweep.sweepfile.sweep import load_catalogue, load_sweep
     except ImportError as e:
         if e.name != "pydantic" and not str(e.name).startswith("pydantic"):
             raise
-        from pdsweep.xfer.light import load_model
 
         try:
             return load_model(path, name)  # type: ignore[return-value]  # duck-typed: what kv_geometry reads
@@ -357,9 +356,6 @@ def main(args: argparse.Namespace) -> int:
     off). Raises ``GateFailed`` when it fails or the unfixed plan refuses (exit 1),
     ``UserError`` on bad input (exit 2); a rank process that fails raises
     ``RuntimeError`` (exit 3, with its traceback). Codes: :func:`pdsweep.core.errors.run_main`."""
-    from pdsweep.core.errors import GateFailed, UserError
-    from pdsweep.results.layout import write_json
-
     cfg = BenchConfig.from_cli_args(args)
     check_device(cfg.device)
     try:
@@ -442,8 +438,6 @@ def print_verification_failures(v: dict[str, Any]) -> None:
 
 
 def _cli(argv: list[str] | None = None) -> int:
-    from pdsweep.core.errors import run_main
-
     parser = argparse.ArgumentParser(prog="python -m pdsweep.xfer.bench", description=__doc__.splitlines()[0])
     add_cli_args(parser)
     args = parser.parse_args(argv)

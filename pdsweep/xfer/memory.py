@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pdsweep.core.errors import UserError
 from pdsweep.plan.geometry import KVGeometry
 
 SENTINEL = 0xFF  # decode memory starts as this; pattern bytes are 0..254, so an unread byte shows
@@ -138,8 +139,6 @@ class Buffer:
 def check_device(device: str) -> None:
     """Raise ``UserError`` when ``device`` cannot be used here (``cuda`` needs torch with
     CUDA and a visible GPU)."""
-    from pdsweep.core.errors import UserError
-
     if device == "cpu":
         return
     if device != "cuda":

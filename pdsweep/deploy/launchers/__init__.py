@@ -5,6 +5,7 @@ know which one ran a cell."""
 
 from __future__ import annotations
 
+from pdsweep.core.errors import UserError
 from pdsweep.deploy.launchers.base import (
     LOOPBACK,
     Handle,
@@ -16,6 +17,7 @@ from pdsweep.deploy.launchers.base import (
     wait_gpus_released,
 )
 from pdsweep.deploy.launchers.local import LocalLauncher
+from pdsweep.deploy.launchers.slurm import SlurmLauncher
 
 LAUNCHERS = ("local", "slurm")
 
@@ -23,13 +25,9 @@ LAUNCHERS = ("local", "slurm")
 def make_launcher(name: str) -> Launcher:
     """A launcher by name. Raises ``UserError`` for an unknown name, or (slurm) outside
     an allocation."""
-    from pdsweep.core.errors import UserError
-
     if name == "local":
         return LocalLauncher()
     if name == "slurm":
-        from pdsweep.deploy.launchers.slurm import SlurmLauncher
-
         return SlurmLauncher()
     raise UserError(f"--launcher: unknown launcher {name!r}; allowed: {', '.join(LAUNCHERS)}")
 

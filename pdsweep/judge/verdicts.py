@@ -1,5 +1,6 @@
-"""After the cells ran: judge each cell's raw measurements against its expected score
-and its same-sweep single-instance reference; write accuracy.json and consistency.json.
+"""After the cells ran (the end of :func:`pdsweep.run.sweep.run_sweep`): judge each cell's raw
+measurements against its expected score and its same-sweep single-instance reference; write
+accuracy.json, consistency.json and load_check.json.
 
 Raw inputs (written by ``run``): ``eval.json`` (lm-eval figures per task) and
 ``probe.json`` (greedy tokens + logprobs per prompt). A reference cell runs before the
@@ -12,8 +13,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from pdsweep.measure.accuracy import judge, load_expected
-from pdsweep.measure.consistency import compare, judge_consistency, thresholds_for
+from pdsweep.judge.accuracy import judge, load_expected
+from pdsweep.judge.consistency import judge_consistency, thresholds_for
+from pdsweep.judge.load import judge_cell_load
+from pdsweep.measure.probe import compare
 from pdsweep.results import layout
 from pdsweep.sweepfile.sweep import LoadedSweep
 
@@ -27,7 +30,7 @@ def _raw(run_dir: Path, cell_id: str, name: str) -> dict[str, Any] | None:
 
 def merge_probes(pd: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
     """Line up PD and reference outputs prompt by prompt (by name) and compare them
-    (:func:`pdsweep.measure.consistency.compare`). A prompt missing on either side compares as
+    (:func:`pdsweep.measure.probe.compare`). A prompt missing on either side compares as
     empty, which fails."""
     ref_rows = {r["name"]: r for r in ref.get("prompts", [])}
     rows = []
@@ -80,6 +83,4 @@ def judge_run(run_dir: Path, ls: LoadedSweep) -> None:
             body = judge_consistency(cid, ref_id if ref_probe else None, merged, th)
             layout.write_json(cdir.file(layout.CONSISTENCY_FILE), body)
         if not is_ref:  # every load answer vs the reference's (load_check.json)
-            from pdsweep.measure.loadcheck import judge_cell_load
-
             judge_cell_load(run_dir, cid, meta, ls)

@@ -1,14 +1,10 @@
-"""Accuracy stage: lm-eval against the PD proxy (or a reference instance) and the verdict.
+"""Accuracy stage, the evidence: lm-eval against the PD proxy (or a reference instance).
 
-* :func:`run_lm_eval` drives ``lm_eval.simple_evaluate`` with ``local-completions`` as
+:func:`run_lm_eval` drives ``lm_eval.simple_evaluate`` with ``local-completions`` as
   upstream does (vLLM ``tests/v1/kv_connector/nixl_integration/test_accuracy.py``,
   ``test_accuracy``), saves lm-eval's results and samples under ``<cell>/lm_eval/`` and
-  returns per task ``{metric, value, stderr, n}``.
-* :func:`judge` turns that into the ``accuracy.json`` body (``results/README.md``): a
-  score must lie within the expected value's tolerance (``accuracy/expected.yaml``) and
-  must not be significantly below the same-sweep single-instance reference
-  (:func:`two_proportion_p` < ``alpha``). Gates fail closed: no score, nothing to
-  compare against or an unknown sample count is a failure.
+returns per task ``{metric, value, stderr, n}``; :func:`pdsweep.judge.accuracy.judge` turns
+that into the ``accuracy.json`` verdict.
 
 ``pdsweep_arith`` (:mod:`pdsweep.tiny.arith`) needs no dataset hub; any other lm-eval task
 (gsm8k, ...) is loaded the usual way, so its dataset must be cached for offline use
@@ -23,13 +19,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
-
 from pdsweep.core.errors import UserError
-from pdsweep.core.stats import num, two_proportion_p
+from pdsweep.core.stats import num
 from pdsweep.measure.endpoints import completions_url
-from pdsweep.measure.tolerance import tolerance_at
 from pdsweep.results import layout
 from pdsweep.results.layout import write_text
 from pdsweep.sweepfile.phases import EvalSpec
@@ -37,56 +29,10 @@ from pdsweep.tiny import arith
 
 log = logging.getLogger(__name__)
 
-EXPECTED_FILE = arith.REPO_ROOT / "accuracy" / "expected.yaml"
 # Metric reported per task: lm-eval result key "METRIC,FILTER". Tasks not listed use the
 # first of FALLBACK_METRICS present, else the first numeric non-stderr key.
 PRIMARY_METRIC = {"gsm8k": "exact_match,strict-match", arith.TASK_NAME: "exact_match,strict-match"}
 FALLBACK_METRICS = ("exact_match,strict-match", "acc,none", "exact_match,none", "acc_norm,none")
-
-
-# ---------------------------------------------------------------- expected values
-class Expected(BaseModel):
-    """One expected score; pass when ``|measured - value| < tolerance`` (upstream
-    ``test_accuracy``: ``measured - RTOL < expected < measured + RTOL``)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    value: float = Field(ge=0, le=1)
-    tolerance: float = Field(gt=0, le=1)
-    # the sample size value and tolerance were calibrated on (pdsweep.measure.tolerance scales the
-    # tolerance to a run that scores fewer)
-    n: int = Field(ge=1)
-    source: str = Field(min_length=1)
-
-
-class _ExpectedFile(RootModel[dict[str, dict[str, Expected]]]):
-    pass
-
-
-def load_expected(path: Path = EXPECTED_FILE) -> dict[str, dict[str, dict[str, Any]]]:
-    """Read ``accuracy/expected.yaml``: ``{model: {task: {value, tolerance, n, source}}}``
-    (model = pdsweep catalogue name, task = lm-eval task name; values are fractions).
-
-    Raises ``UserError`` naming the file and the field path (``model.task.field``) on an
-    unreadable file, malformed YAML or an invalid entry. An empty file gives ``{}``.
-    """
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise UserError(f"{path}: cannot read: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise UserError(f"{path}: malformed YAML: {e}") from None
-    if data is None:
-        return {}
-    try:
-        parsed = _ExpectedFile.model_validate(data)
-    except ValidationError as e:
-        lines = []
-        for err in e.errors():
-            loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-            lines.append(f"{path}: {loc}: {err['msg']} (got {err.get('input')!r})")
-        raise UserError("\n".join(lines)) from None
-    return {m: {t: x.model_dump() for t, x in tasks.items()} for m, tasks in parsed.root.items()}
 
 
 # ---------------------------------------------------------------- lm-eval
@@ -253,101 +199,3 @@ def _stop_tqdm_monitors() -> None:
         if mon is not None:
             mon.exit()
             cls.monitor = None
-
-
-# ---------------------------------------------------------------- statistics
-
-
-# ---------------------------------------------------------------- verdict
-def _judge_task(
-    task: str,
-    r: dict[str, Any],
-    expected: dict[str, Any] | None,
-    reference: dict[str, Any] | None,
-    alpha: float,
-    is_reference: bool,
-) -> dict[str, Any]:
-    metric = r.get("metric")
-    value = num(r.get("value"))
-    n = r.get("n")
-    n = int(n) if isinstance(n, (int, float)) and not isinstance(n, bool) and math.isfinite(n) else None
-    exp = expected.get(task) if expected else None
-    ref_cell = reference.get("cell_id") if reference else None
-    ref_task = ((reference or {}).get("tasks") or {}).get(task) if not is_reference else None
-    ref = {"cell_id": ref_cell, "value": num(ref_task.get("value")), "n": ref_task.get("n")} if ref_task else None
-
-    reasons: list[str] = []
-    p_value: float | None = None
-    if value is None:
-        reasons.append(f"{task}: no score ({metric} missing or not a number)")
-    else:
-        if exp is not None:
-            tol, how = tolerance_at(exp, n)
-            exp = {**exp, "tolerance_at_n": round(tol, 4), "tolerance_how": how}
-            lo, hi = exp["value"] - tol, exp["value"] + tol
-            if not (lo < value < hi):
-                reasons.append(
-                    f"{task}: {metric} {value:.4f} outside expected {exp['value']} "
-                    f"+/- {round(tol, 3)} ({exp['source']}{'; ' + how if how else ''})"
-                )
-        if ref is not None:
-            rv, rn = ref["value"], ref["n"]
-            if rv is None:
-                reasons.append(f"{task}: reference {ref_cell} has no score")
-            elif not (isinstance(rn, int) and rn > 0) or not (n and n > 0):
-                reasons.append(
-                    f"{task}: sample count unknown (cell n={n}, reference n={rn}); cannot test against reference"
-                )
-            else:
-                p_value = two_proportion_p(round(value * n), n, round(rv * rn), rn)
-                if p_value < alpha:
-                    reasons.append(
-                        f"{task}: {metric} {value:.4f} (n={n}) significantly below reference "
-                        f"{ref_cell} {rv:.4f} (n={rn}): one-sided p={p_value:.4g} < alpha={alpha}"
-                    )
-        if exp is None and ref is None and not is_reference:
-            reasons.append(f"{task}: nothing to gate against (no expected value, no reference)")
-    note = ["reference"] if is_reference and exp is None and not reasons else []
-    return {
-        "metric": metric,
-        "value": value,
-        "stderr": _stderr(r.get("stderr")),
-        "n": n,
-        "expected": dict(exp) if exp else None,
-        "reference": ref,
-        "p_value": p_value,
-        "verdict": "fail" if reasons else "pass",
-        "reasons": reasons or note,
-    }
-
-
-def judge(
-    cell_id: str,
-    task_results: dict[str, dict[str, Any]],
-    expected: dict[str, Any] | None,
-    reference: dict[str, Any] | None,
-    alpha: float,
-    is_reference: bool = False,
-) -> dict[str, Any]:
-    """The ``accuracy.json`` body for one cell (``results/README.md``).
-
-    ``task_results``: ``{task: {metric, value, stderr, n}}`` from :func:`run_lm_eval`.
-    ``expected``: this model's entry of :func:`load_expected` (``{task: {value,
-    tolerance, source}}``) or None. ``reference``: the reference cell's accuracy.json
-    body (``{cell_id, tasks: {task: {value, n, ...}}}``) or None. ``alpha``: the
-    ``gate.alpha`` significance level.
-
-    A task passes only if it has a finite score, lies strictly within the expected
-    tolerance where one exists (upstream ``test_accuracy``; scaled to the task's ``n`` by
-    :func:`pdsweep.measure.tolerance.tolerance_at`, recorded as ``expected.tolerance_at_n``
-    and ``expected.tolerance_how``), and is not significantly
-    below the reference (:func:`two_proportion_p` >= ``alpha``; correct counts are
-    ``round(value * n)``, valid for 0/1 metrics such as exact_match and acc). A PD task
-    with neither expected value nor reference fails ("nothing to gate against").
-    ``is_reference=True`` (the reference cell itself): only the expected value applies;
-    without one the task passes with reason "reference". ``reasons`` lists every failed
-    check; the cell verdict is pass only if every task passes (no tasks: fail).
-    """
-    tasks = {t: _judge_task(t, r, expected, reference, alpha, is_reference) for t, r in task_results.items()}
-    ok = bool(tasks) and all(t["verdict"] == "pass" for t in tasks.values())
-    return {"cell_id": cell_id, "tasks": tasks, "verdict": "pass" if ok else "fail"}
