@@ -40,7 +40,7 @@ Student-t intervals over repeats are the models.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from pdsweep.core.stats import detectable_slowdown, mann_whitney_p, paired_ratio_interval, ratio_interval
@@ -149,6 +149,14 @@ def verdict_of(ratio: float | None, lo: float | None, hi: float | None, t: float
     return NOISY
 
 
+def unpaired_builds_claim_nothing(d: PerfDelta) -> PerfDelta:
+    """A and B are two builds of one run: an unpaired interval claims no regression or
+    improvement (module doc); ``d`` as ``noisy``, saying why."""
+    if d.verdict in (REGRESSION, IMPROVEMENT) and d.method != "paired":
+        return replace(d, verdict=NOISY, note=f"{d.verdict} {UNPAIRED_BUILDS}")
+    return d
+
+
 def judge_metric(
     series: str,
     metric: str,
@@ -157,12 +165,11 @@ def judge_metric(
     t: float,
     confidence: float = 0.95,
     paired: bool = False,
-    unpaired_builds: bool = False,
 ) -> PerfDelta:
     """Judge one metric from its per-repeat values in A and B (module doc). ``paired``: ``a[i]``
     and ``b[i]`` ran interleaved (equal lengths), judged by their per-pair ratios; unequal
-    lengths fall back to the independent interval. ``unpaired_builds``: A and B are two builds
-    of one run, so an unpaired interval claims no regression or improvement (module doc)."""
+    lengths fall back to the independent interval (two builds of one run:
+    :func:`unpaired_builds_claim_nothing`)."""
     if paired and len(a) == len(b):
         ratio, lo, hi, method = paired_ratio_interval(a, b, confidence)
     else:
@@ -178,8 +185,6 @@ def judge_metric(
         )
     else:
         v, note = _within_teeth(v, ratio, det, lower_is_better(metric))
-    if v in (REGRESSION, IMPROVEMENT) and unpaired_builds and method != "paired":
-        v, note = NOISY, f"{v} {UNPAIRED_BUILDS}"
     mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
     return PerfDelta(
         series,
@@ -256,7 +261,8 @@ def perf_deltas(
                     )
                 )
                 continue
-            out.append(judge_metric(name, metric, xa, xb, t, conf, paired, unpaired_builds=same_run))
+            d = judge_metric(name, metric, xa, xb, t, conf, paired)
+            out.append(unpaired_builds_claim_nothing(d) if same_run else d)
     return out
 
 

@@ -13,9 +13,8 @@ from pydantic import ValidationError
 
 from pdsweep.core.errors import UserError
 from pdsweep.judge.facts import CellFiles, cell_from_dict, show
-from pdsweep.measure.prompts import resolve_lengths
 from pdsweep.results import layout
-from pdsweep.sweepfile.phases import EvalSpec
+from pdsweep.sweepfile.phases import EvalSpec, resolve_lengths
 
 NO_EVAL = " (run.json records no eval: the sweep defaults)"
 
@@ -32,7 +31,7 @@ class PlannedEval:
 
 def planned_eval(index: dict[str, Any]) -> PlannedEval:
     """The :class:`PlannedEval` of run.json ``index``. Prompt names are those
-    :func:`pdsweep.measure.prompts.resolve_lengths` gives (``short``, ``blocks``, ``long``,
+    :func:`pdsweep.sweepfile.phases.resolve_lengths` gives (``short``, ``blocks``, ``long``,
     ``len<N>``). Raises ``UserError`` naming the field for an invalid frozen ``eval``."""
     raw = index.get("eval")
     try:

@@ -15,11 +15,11 @@ from pathlib import Path
 
 from pdsweep.core.errors import UserError
 from pdsweep.judge.accuracy import load_expected
-from pdsweep.measure.prompts import resolve_lengths
 from pdsweep.plan.builds import venv_python
 from pdsweep.plan.expand import Plan, _to_cell
 from pdsweep.run.drillcheck import drill_problems
 from pdsweep.sweepfile.axes import AXES
+from pdsweep.sweepfile.phases import resolve_lengths
 from pdsweep.tiny import arith
 from pdsweep.tiny.config import config_params
 
@@ -130,7 +130,7 @@ def build_problems(plan: Plan) -> tuple[list[str], list[str]]:
 def model_problems(plan: Plan) -> list[str]:
     """Tiny-model geometry (:func:`pdsweep.tiny.config.config_params`, named with the real
     catalogue file) and consistency probe lengths per cell
-    (:func:`pdsweep.measure.prompts.resolve_lengths`), as the run would compute them."""
+    (:func:`pdsweep.sweepfile.phases.resolve_lengths`), as the run would compute them."""
     ls = plan.loaded
     out: list[str] = []
     for name in dict.fromkeys(c.model for c in plan.cells):

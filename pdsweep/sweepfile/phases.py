@@ -3,6 +3,7 @@ and its workloads) sections: the settings of a cell's measured phases."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -133,3 +134,41 @@ class BenchSpec(_Strict):
         if self.repeats == 1:
             raise ValueError("bench.pair_builds needs bench.repeats >= 2 (allowed: 2..99): one pair has no interval")
         return self
+
+
+BLOCKS_FACTOR = 3.5  # "blocks" prompt: several full blocks plus a partial one
+
+
+def resolve_lengths(
+    block_size: int, max_model_len: int, lengths: Sequence[int | str], max_tokens: int = 8
+) -> list[tuple[str, int]]:
+    """``(name, prompt tokens)`` per entry of ``lengths`` (``ConsistencySpec.lengths``):
+    ``short`` = one block minus one (shorter than a block), ``blocks`` =
+    ``int(3.5 * block_size)``, ``long`` = ``max_model_len - max_tokens - 1`` (the cap: the
+    prompt plus ``max_tokens`` generated tokens must fit), an int = that many tokens
+    (named ``len<N>``). ``short``/``blocks`` are clamped to the cap. Duplicate names are
+    dropped. Raises ``UserError`` if the cap is below 1 or an int is outside ``1..cap``."""
+    cap = max_model_len - max_tokens - 1
+    if cap < 1:
+        raise UserError(
+            f"consistency: max_model_len {max_model_len} leaves no room for a prompt and max_tokens {max_tokens}"
+        )
+    out: dict[str, int] = {}
+    for item in lengths:
+        if item == "short":
+            name, n = "short", min(max(1, block_size - 1), cap)
+        elif item == "blocks":
+            name, n = "blocks", min(int(BLOCKS_FACTOR * block_size), cap)
+        elif item == "long":
+            name, n = "long", cap
+        elif isinstance(item, int) and not isinstance(item, bool):
+            if not 1 <= item <= cap:
+                raise UserError(
+                    f"consistency.lengths: {item} tokens is outside 1..{cap} "
+                    f"(max_model_len {max_model_len} - max_tokens {max_tokens} - 1)"
+                )
+            name, n = f"len{item}", item
+        else:
+            raise UserError(f"consistency.lengths: unknown entry {item!r} (allowed: short, blocks, long, an int)")
+        out.setdefault(name, n)
+    return list(out.items())
