@@ -208,7 +208,9 @@ def _run(tmp_path, tok, **faults):
         matrix="  model: [fake-gqa]\n  tp: [p1d1]\n",
         port_base=PORT_BASE + 100,
         extra=f"bench: {{enabled: true, num_prompts: 4, input_len: 40, output_len: 4, concurrencies: [4], "
-        f"workloads: {WORKLOADS}}}\ngate: {{require_accuracy: false}}\n",
+        f"workloads: {WORKLOADS}}}\ngate: {{require_accuracy: false}}\n"
+        # chunk-boundary needs prefill's chunk size (validate refuses a workload with no boundary to hit)
+        'serve_args:\n  base: {prefill: ["--max-num-batched-tokens", "24"]}\n',
     )
     return run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True, **faults))
 
