@@ -255,3 +255,23 @@ def test_push_cells_are_not_digested_yet():
     cell = next(c for c in expand(ls).cells if c.kind == "pd")
     envs = [s.env for s in instances(cell, Slot(0, (), 20000), ls, "/m", "python")]
     assert envs and all("PDSWEEP_KV_DIGEST" not in e for e in envs)
+
+
+def test_decodes_own_prefix_cache_hits_are_counted_apart_not_missing():
+    """Found in the CPU default (2026-12-07): tiny-llama p1d1 reported 149 missing kv blocks, exactly
+    its decode's vllm:prefix_cache_hits_total (4768 tokens / 32). Decode computed a request's leading
+    blocks from its own prefix cache and READ only the rest; those are prefix_cached. A gap that is
+    not a leading run, a whole request, or an SSM group stays missing."""
+    units = [(0, "kv", b, "0", 0x1000 * b, 64, f"k{b}") for b in (5, 6, 7)]
+    tail = landed("p0", "r1", [(0x6000, 64, "k6"), (0x7000, 64, "k7")])
+    got = integrity(offer("p0", 0, "r1", units), tail)
+    assert (got["matched"], got["missing"], got["prefix_cached"]) == (2, 0, 1)
+    head = landed("p0", "r1", [(0x5000, 64, "k5"), (0x6000, 64, "k6")])  # the last block never read
+    got = integrity(offer("p0", 0, "r1", units), head)
+    assert (got["matched"], got["missing"], got["prefix_cached"]) == (2, 1, 0)
+    assert got["first"]["missing"]["block"] == 7
+    none = landed("p0", "r1", [(0x1, 64, "x")])  # read something else: every block missing, none excused
+    assert integrity(offer("p0", 0, "r1", units), none)["prefix_cached"] == 0
+    ssm = [(1, "ssm-conv", 3, "0", 0x9000, 256, "c0"), (1, "ssm-conv", 4, "0", 0x9100, 256, "c1")]
+    got = integrity(offer("p0", 0, "r1", ssm), landed("p0", "r1", [(0x9100, 256, "c1")]))
+    assert (got["missing"], got["prefix_cached"]) == (1, 0)
