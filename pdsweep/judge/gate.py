@@ -343,7 +343,7 @@ def gate_run(
     on = bench.get("enabled") is True
     answers = on and bench.get("check", True) is True and "workloads" in bench
     try:
-        asked = planned_eval(index)
+        asked = planned_eval(index, plan)
     except UserError as e:
         raise UserError(f"{run_dir}/{e}") from None
     checks = checks_for(

@@ -27,9 +27,12 @@ class PlannedEval:
     prompts: tuple[str, ...]  # empty: consistency disabled
     reference: bool = True  # eval.reference: each PD task is compared with its reference cell's
     source: str = ""  # NO_EVAL when the defaults stand in for run.json's eval
+    # plan.json ``references``: PD cell id -> the reference cell the run compared it with
+    # (pdsweep.plan.expand.reference_of: the sweep's default build, the variant's `reference:`)
+    references: tuple[tuple[str, str], ...] = ()
 
 
-def planned_eval(index: dict[str, Any]) -> PlannedEval:
+def planned_eval(index: dict[str, Any], plan: dict[str, Any] | None = None) -> PlannedEval:
     """The :class:`PlannedEval` of run.json ``index``. Prompt names are those
     :func:`pdsweep.sweepfile.phases.resolve_lengths` gives (``short``, ``blocks``, ``long``,
     ``len<N>``). Raises ``UserError`` naming the field for an invalid frozen ``eval``."""
@@ -46,7 +49,9 @@ def planned_eval(index: dict[str, Any]) -> PlannedEval:
     # names only: a cap large enough that no int length is refused (the run refused those already)
     big = max([1 << 20, *(x + c.max_tokens + 2 for x in c.lengths if isinstance(x, int))])
     names = tuple(n for n, _ in resolve_lengths(16, big, c.lengths, c.max_tokens)) if c.enabled else ()
-    return PlannedEval(tuple(spec.tasks), names, spec.reference, NO_EVAL if raw is None else "")
+    refs = (plan or {}).get("references")
+    pairs = tuple((k, v) for k, v in refs.items() if isinstance(v, str)) if isinstance(refs, dict) else ()
+    return PlannedEval(tuple(spec.tasks), names, spec.reference, NO_EVAL if raw is None else "", pairs)
 
 
 @dataclass(frozen=True)
@@ -72,7 +77,8 @@ class PlannedTasksCheck:
         ]
         cell = cell_from_dict((files.get(layout.CELL_FILE) or {}).get("cell"))
         if self.plan.reference and cell is not None and cell.kind == "pd":
-            want = cell.reference().id
+            # a run before plan.json recorded references: the cell's own build and variant
+            want = dict(self.plan.references).get(cell.id) or cell.reference().id
             for t in (t for t in self.plan.tasks if isinstance(tasks.get(t), dict)):
                 got = tasks[t].get("reference")
                 if not isinstance(got, dict):

@@ -33,7 +33,7 @@ from pdsweep.judge.verdicts import judge_run
 from pdsweep.measure.evaltasks import check_eval_tasks
 from pdsweep.plan.builds import build_info
 from pdsweep.plan.crossnode import loopback_node_addrs
-from pdsweep.plan.expand import Cell, expand, select_cells
+from pdsweep.plan.expand import Cell, expand, reference_of, select_cells
 from pdsweep.plan.instance import PORTS_PER_SLOT, Slot
 from pdsweep.plan.placement import Cluster
 from pdsweep.plan.schedule import GpuPool
@@ -223,6 +223,8 @@ def _write_plan(ctx: RunContext, rp: RunPlan) -> None:
         "cells": [c.to_dict() for c in rp.cells],
         "rejected": [{"cell": r.cell.to_dict(), "rule": r.rule, "reason": r.reason} for r in rp.expanded.rejected],
         "schedule": rp.schedule.to_dict(),
+        # what each PD cell's accuracy.json must name as its reference (judge.planned.PlannedTasksCheck)
+        "references": {c.id: reference_of(c, ctx.ls).id for c in rp.cells if c.kind == "pd"},
     }
     if rp.reuse is not None and rp.todo:
         body["reuse"] = rp.reuse
