@@ -330,3 +330,17 @@ def test_cell_json_instances_not_a_list_never_crash_the_gate(tmp_path: Path, ins
     judge.facts.load_failure_policy iterate an int (TypeError, exit 3)."""
     run = write_run(tmp_path, "run", [case(CELL, {layout.CELL_FILE: {"instances": instances}}), case(CELL.reference())])
     assert {c.cell_id: c.verdict for c in gate_run(run).cells}[CELL.id] in (PASS, FAIL)
+
+
+def test_the_planned_reference_comes_from_plan_json(tmp_path: Path) -> None:
+    """An unfixed cell is compared with the reference on the sweep's default build
+    (plan.expand.reference_of); the CPU default's first sweep with the planned-reference check
+    FAILed every such cell because the gate used Cell.reference() (the cell's own build)."""
+    unfixed, fixed_ref = pd("tiny-llama", 1, 1, build="unfixed"), CELL.reference()
+    patch = {layout.ACCURACY_FILE: {"tasks": {"pdsweep_arith": {"reference": {"cell_id": fixed_ref.id}}}}}
+    run = write_run(tmp_path, "run", [case(unfixed, patch), case(CELL), case(fixed_ref)])
+    before = {c.cell_id: c for c in gate_run(run).cells}[unfixed.id]
+    assert before.verdict == FAIL and f"the cell's reference is {unfixed.reference().id}" in " ".join(before.reasons)
+    plan = layout.read_json(run / layout.PLAN_FILE)
+    layout.write_json(run / layout.PLAN_FILE, {**plan, "references": {unfixed.id: fixed_ref.id, CELL.id: fixed_ref.id}})
+    assert {c.cell_id: c.verdict for c in gate_run(run).cells}[unfixed.id] == PASS
