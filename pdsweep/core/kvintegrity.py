@@ -185,14 +185,10 @@ def integrity(prefill_text: str, decode_text: str) -> dict[str, Any]:
             _refused(o, refused[(o["agent"], o["req"])], first)
         statuses = _prefix_cached(_blocks(o, read[(o["agent"], o["req"])], ctx), (o["agent"], o["req"]) in refused)
         for (g, kind, b), status in statuses.items():
-            if status == "prefix_cached":
-                counts[status] += 1
-                continue
             counts[status] += 1
-            counts["compared"] += 1
-            first.setdefault(
-                status, {"request": o["req"], "group": f"{g}:{kind}", "prefill_rank": o["rank"], "block": b}
-            )
+            counts["compared"] += status != "prefix_cached"  # decode's own prefix cache: apart
+            where = {"request": o["req"], "group": f"{g}:{kind}", "prefill_rank": o["rank"], "block": b}
+            first.setdefault(status, where)
             if status == "missing":
                 missing_by_group[f"{g}:{kind}"].add(o["rank"])
     known = {(o["agent"], o["req"]) for o in offers}
