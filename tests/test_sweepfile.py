@@ -154,7 +154,7 @@ def test_typo_inside_a_serve_args_variant_names_the_key(tmp_path, capsys):
         capsys,
     )
     assert (
-        "s.yaml:5: serve_args.x.bothh: unknown key 'bothh' (allowed: both, prefill, decode, enforce_eager, kv_transfer_extra, reference)"
+        "s.yaml:5: serve_args.x.bothh: unknown key 'bothh' (allowed: both, prefill, decode, enforce_eager, kv_transfer_extra, decode_optimize, reference)"
         in msg
     )
     assert "valid list" not in msg

@@ -15,10 +15,13 @@ from pdsweep.results import layout
 from pdsweep.sweepfile.gatespec import GateSpec
 
 CELL = pd("tiny-llama", 1, 1)
+_KV = ["vllm", "serve", "m", "--kv-transfer-config"]  # a PD cell's cell.json records its launched argv
 TWO = [
-    {"name": "prefill-0", "role": "prefill", "node": "pdsweep-n1", "host": "10.231.39.11"},
-    {"name": "decode-0", "role": "decode", "node": "pdsweep-n2", "host": "10.231.39.12"},
-]
+    {"name": "prefill-0", "role": "prefill", "node": "pdsweep-n1", "host": "10.231.39.11",
+     "argv": [*_KV, '{"kv_connector":"NixlConnector","kv_role":"kv_producer"}']},
+    {"name": "decode-0", "role": "decode", "node": "pdsweep-n2", "host": "10.231.39.12",
+     "argv": [*_KV, '{"kv_connector":"NixlConnector","kv_role":"kv_consumer"}']},
+]  # fmt: skip
 # two slurmd on one machine (tests/_slurm.py): two nodes, one address
 ONE = [{**i, "host": "127.0.0.1"} for i in TWO]
 
