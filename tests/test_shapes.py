@@ -73,6 +73,7 @@ matrix:
 def test_mamba2_groups_below_the_larger_tp_in_both_directions(tmp_path):
     body = """name: s
 platform: cpu
+derive_expectations: false  # the rule alone (a derived vllm#55306 expectation would admit p1d2: test_nightly_plan)
 serve_args: {base: []}
 matrix:
   model: [tiny-nemotron-h-g1, tiny-nemotron-h]
