@@ -20,7 +20,9 @@ def main() -> int:
     if len(sys.argv) != 2:
         raise UserError("usage: require-baseline.py SWEEP")
     ls = load_sweep(sys.argv[1])
-    missing = {n: b.venv for n, b in ls.sweep.builds.items() if b.venv and not venv_python(b.venv, ls.path.parent).exists()}
+    missing = {
+        n: b.venv for n, b in ls.sweep.builds.items() if b.venv and not venv_python(b.venv, ls.path.parent).exists()
+    }
     planned = expand(ls).cells
     cells = [c for c in planned if c.build in missing]
     if cells:
