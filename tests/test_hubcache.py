@@ -73,6 +73,7 @@ def test_pdsweep_run_refuses_a_model_not_fetched(tmp_path, hub_cache, capsys):
     bin_dir = fake_nvidia_smi(tmp_path / "bin", driver="580.65.06")
     with pytest.MonkeyPatch.context() as mp, block_non_loopback():
         mp.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+        mp.delenv("HF_HUB_OFFLINE", raising=False)  # a node that reaches the hub (CI exports HF_HUB_OFFLINE=1)
         mp.setattr(pf, "HfHub", lambda: NS(gated=lambda repo, token: False, weights_bytes=lambda repo, token: None))
         mp.setattr(pf, "torch_cuda_version", lambda: "13.0")  # the node's torch (this box's is a CPU build)
         rc = main(
