@@ -215,8 +215,10 @@ def bench(
         bytes_per_iteration=data.get("bytes_per_iteration"),
         transport=data.get("transport"),
         verified_bytes=v.get("checked_bytes"),
-        transport_problem=transport_verdict(device, data.get("transport")),
+        transport_problem=transport_verdict(device, data.get("transport")) if r.returncode == 0 else None,
     )
+    if r.returncode != 0:  # the bench's own error, not a transport guess about a run that never read
+        res["transport_problem"] = f"bench exited {r.returncode}: " + " | ".join(res["stdout_tail"][-2:])
     res["ok"] = r.returncode == 0 and v.get("ok") is True and res["transport_problem"] is None
     return res
 

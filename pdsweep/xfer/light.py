@@ -24,6 +24,7 @@ class LightMla:
     kv_lora_rank: int
     qk_rope_head_dim: int
     sparse: bool = False
+    index_kpool: int | None = None
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,11 @@ def _sub(cls: type, raw: Any, where: str) -> Any:
     if bad:
         raise ValueError(f"{where}: unknown field(s) {', '.join(bad)} (allowed: {', '.join(fields)})")
     for k, v in raw.items():
-        if k != "state_dtype" and k != "sparse" and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+        if k == "sparse" and not isinstance(v, bool):
+            raise ValueError(f"{where}.{k}: expected true or false, got {v!r}")
+        if k in ("state_dtype", "sparse") or (k == "index_kpool" and v is None):
+            continue
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise ValueError(f"{where}.{k}: expected a non-negative integer, got {v!r}")
     if "state_dtype" in raw and raw["state_dtype"] not in DTYPES:
         raise ValueError(f"{where}.state_dtype: {raw['state_dtype']!r} (allowed: {', '.join(DTYPES)})")
