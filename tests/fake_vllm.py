@@ -60,9 +60,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 _REQ_IDS = itertools.count()
 
 
-def _kv_digest_line(side: str, agent: str, req: str, prompt: str) -> None:
+def _kv_digest_line(side: str, agent: str, req: str, prompt: str, order: object = (1, 2)) -> None:
     """pdsweep.engine.kvdigest's lines, when the plan switched the digests on (PDSWEEP_KV_DIGEST=1):
-    prefill offers two blocks of 1 KiB, decode reads them with the same digests."""
+    prefill offers two blocks of 1 KiB, decode reads them with the same digests; ``order``: the
+    ``remote_block_ids`` decode got (the proxy's scramble reverses them: the bytes match, the order not)."""
     if os.environ.get("PDSWEEP_KV_DIGEST") != "1":
         return
     digs = [f"{zlib.crc32(f'{prompt}{b}'.encode()):016x}" for b in (1, 2)]
@@ -73,7 +74,8 @@ def _kv_digest_line(side: str, agent: str, req: str, prompt: str) -> None:
         )
     else:
         d = ";".join(f"{0x1000 * b:x}/1024/{g}" for b, g in zip((1, 2), digs))
-        print(f"PDSWEEP_KV_LANDED agent={agent} req={req} state=DONE us=2 bytes=2048 d={d}", flush=True)
+        ids = ",".join(str(b) for b in order) if isinstance(order, (list, tuple)) else "1,2"
+        print(f"PDSWEEP_KV_LANDED agent={agent} req={req} state=DONE us=2 bytes=2048 tp_ratio=1 order=0:{ids} d={d}", flush=True)
 
 
 def bench(argv: list[str]) -> None:
@@ -317,6 +319,7 @@ def main() -> None:
                 kv.get("remote_engine_id", "fake"),
                 kv.get("remote_request_id", "-"),
                 kv.get("fake_prompt", ""),
+                kv.get("remote_block_ids"),
             )
             for rank, k in split.items():
                 for _ in range(k):

@@ -21,9 +21,9 @@ def offer(agent: str, rank: int, req: str, units: list[tuple], engine: str = "E"
     )
 
 
-def landed(agent: str, req: str, reads: list[tuple], state: str = "DONE") -> str:
+def landed(agent: str, req: str, reads: list[tuple], state: str = "DONE", fields: str = "") -> str:
     d = ";".join(f"{a:x}/{n}/{dig}" for a, n, dig in reads)
-    return f"INFO {LANDED_TAG} agent={agent} req={req} state={state} us=5 bytes=1024 d={d}\n"
+    return f"INFO {LANDED_TAG} agent={agent} req={req} state={state} us=5 bytes=1024{fields} d={d}\n"
 
 
 # an MLA + SSM hybrid at P TP 2: rank 0 and 1 hold the same latent (a replica), their own SSM shards
@@ -174,7 +174,8 @@ def test_plan_switches_digests_on_for_cpu_pd_instances_and_asserts_off_on_decode
 
     pd_env = envs("tiny-llama.p1d2.b32-32.fixed")
     assert {k: v.get("PDSWEEP_KV_DIGEST") for k, v in pd_env.items()} == {"prefill-0": "1", "decode-0": "1"}
-    assert pd_env["prefill-0"]["PDSWEEP_KV_DIGEST_SPLIT"] == "2" and "PDSWEEP_KV_DIGEST_SPLIT" not in pd_env["decode-0"]
+    # prefill's env is the same for p1d1 and p1d2 (one shared instance): its parts are fixed, not per cell
+    assert pd_env["prefill-0"] == envs("tiny-llama.p1d1.b32-32.fixed")["prefill-0"]
     assert "PDSWEEP_KV_DIGEST" not in envs("tiny-llama.ref-tp1.b32.fixed")["single-0"]
     off = envs("tiny-mla-mamba2.p2d1.b128-128.unfixed.asserts-off")
     assert off["decode-0"]["PYTHONOPTIMIZE"] == "1" and "PYTHONOPTIMIZE" not in off["prefill-0"]
@@ -275,3 +276,42 @@ def test_decodes_own_prefix_cache_hits_are_counted_apart_not_missing():
     ssm = [(1, "ssm-conv", 3, "0", 0x9000, 256, "c0"), (1, "ssm-conv", 4, "0", 0x9100, 256, "c1")]
     got = integrity(offer("p0", 0, "r1", ssm), landed("p0", "r1", [(0x9100, 256, "c1")]))
     assert (got["missing"], got["prefix_cached"]) == (1, 0)
+
+
+def test_decode_reading_prefills_blocks_out_of_order_is_mismatched_and_names_the_block():
+    """The scrambled-KV drill: the proxy reverses remote_block_ids, so decode fills position 0 with
+    prefill's block 6 and position 1 with block 5. Every byte equals prefill's at its address (the
+    join by remote address matches); the READ's order (pdsweep.engine.kvdigest, ``order=``) does not."""
+    units = [(0, "kv", b, "0", 0x1000 * b, 64, f"k{b}") for b in (5, 6)]
+    reads = [(0x6000, 64, "k6"), (0x5000, 64, "k5")]
+    assert integrity(offer("p0", 0, "r1", units), landed("p0", "r1", reads, fields=" tp_ratio=1 order=0:5,6"))[
+        "mismatched"
+    ] == 0
+    got = integrity(offer("p0", 0, "r1", units), landed("p0", "r1", reads, fields=" tp_ratio=1 order=0:6,5"))
+    assert (got["compared"], got["matched"], got["mismatched"], got["misplaced"]) == (2, 0, 2, 2)
+    assert got["first"]["mismatched"] == {"request": "r1", "group": "0:kv", "prefill_rank": 0, "block": 5}
+    assert got["first"]["misplaced"] == {
+        "request": "r1", "group": "0:kv", "prefill_rank": 0, "block": 5, "read_instead": 6, "position": 0
+    }  # fmt: skip
+    assert integrity_reasons(got, "t") == [
+        "t: integrity: 2 mismatched block(s) of 2; first: request r1 group 0:kv prefill rank 0 block 5 (decode's "
+        "bytes differ from what prefill offered); 2 misplaced: decode filled request r1 group 0:kv prefill rank 0 "
+        "block 5's position 0 with prefill block 6 (the READ's remote_block_ids out of the order prefill offered them)"
+    ]
+
+
+def test_only_positions_decode_read_count_as_misplaced():
+    """Decode's prefix cache held position 0 (block 5), so it read positions 1-2 only: a scrambled
+    [7, 6, 5] filled position 1 with block 6 (right) and position 2 with block 5 (wrong)."""
+    units = [(0, "kv", b, "0", 0x1000 * b, 64, f"k{b}") for b in (5, 6, 7)]
+    reads = [(0x6000, 64, "k6"), (0x5000, 64, "k5")]
+    got = integrity(offer("p0", 0, "r1", units), landed("p0", "r1", reads, fields=" tp_ratio=1 order=0:7,6,5"))
+    assert (got["misplaced"], got["first"]["misplaced"]["block"], got["first"]["misplaced"]["position"]) == (1, 7, 2)
+
+
+def test_decode_tp_not_dividing_prefills_parts_is_not_measured():
+    units = [(0, "kv", 5, "0", 0x100, 96, "w"), (0, "kv", 5, "0.0", 0x100, 48, "h0"), (0, "kv", 5, "0.1", 0x130, 48, "h1")]
+    ok = integrity(offer("p0", 0, "r1", units, split=2), landed("p0", "r1", [(0x100, 48, "h0")], fields=" tp_ratio=2"))
+    assert ok["missing"] == 1 and "not_measured" not in ok  # its sibling rank's half was never read
+    got = integrity(offer("p0", 0, "r1", units, split=2), landed("p0", "r1", [(0x100, 32, "t0")], fields=" tp_ratio=3"))
+    assert got["not_measured"].startswith("decode TP / prefill TP = 3 does not divide the parts prefill digests")

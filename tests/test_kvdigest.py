@@ -104,7 +104,8 @@ def test_prefill_descriptors_of_an_offered_block_come_from_vllm_compute_desc_ids
     w._logical_to_kernel_block_ids = types.MethodType(NixlBaseConnectorWorker._logical_to_kernel_block_ids, w)
     got = K.offered_descs(w, [[3]])
     assert got == [(0, "kv", 3, 0, base + 96, 32), (0, "kv", 3, 1, base + 416, 32)]
-    (rec,) = parse_offers(K.offer_line(w, "cmpl-9", [[3]], split=2))
+    # parts whatever the cell (KV_DIGEST_PARTS): a p1d2 decode rank's half matches without a per-cell env
+    (rec,) = parse_offers(K.offer_line(w, "cmpl-9", [[3]]))
     assert (rec["agent"], rec["engine"], rec["rank"], rec["req"], rec["bytes"]) == ("agent-p1", "E", 1, "cmpl-9", 64)
     dig = hashlib.sha256(b"k" * 32).hexdigest()[:16]
     half = hashlib.sha256(b"k" * 16).hexdigest()[:16]
@@ -147,3 +148,30 @@ def test_a_read_nixl_refuses_names_the_first_descriptor_whose_lengths_differ(cap
         "REFUSED",
         {(0xA040, 64): "local128"},
     )
+
+
+def test_decode_logs_vllms_tp_ratio_and_the_reads_remote_block_order(caplog):
+    """vLLM's ``_read_blocks`` posts the READ (``make_prepped_xfer``) for ``read_spec.remote_block_ids``; the
+    landed line carries them per non-empty group and vLLM's own ``TransferTopology.tp_ratio`` (decode TP 2,
+    prefill TP 1: 2)."""
+    from vllm.distributed.kv_transfer.kv_connector.utils import TransferTopology
+
+    nixl = wrapped()
+    buf = bytearray(range(128))
+    base = ctypes.addressof((ctypes.c_char * len(buf)).from_buffer(buf))
+    lh = nixl.prep_xfer_dlist("NIXL_INIT_AGENT", nixl.get_xfer_descs(np.array([[base, 64, 0]] * 2, np.uint64), "DRAM"))
+    rh = nixl.prep_xfer_dlist(b"p-agent", nixl.get_xfer_descs(np.array([[0xA000, 64, 0]] * 2, np.uint64), "DRAM"))
+
+    def read_blocks(self, read_spec, dst_engine_id, remote_request_id):  # vLLM's: computes ids, posts the READ
+        return nixl.make_prepped_xfer("READ", lh, [0], rh, [1], notif_msg=f"{remote_request_id}:2".encode())
+
+    topo = types.SimpleNamespace(tp_size=2, get_engine_info=lambda e: types.SimpleNamespace(remote_tp_size=1))
+    topo.tp_ratio = types.MethodType(TransferTopology.tp_ratio, topo)
+    worker = types.SimpleNamespace(transfer_topo=topo)
+    spec = types.SimpleNamespace(remote_block_ids=[[6, 5], []], block_ids_by_region=False)
+    handle = K.wrap_read_blocks(read_blocks)(worker, read_spec=spec, dst_engine_id="E", remote_request_id="cmpl-4")
+    with caplog.at_level(logging.INFO, logger="vllm.pdsweep.engine.kvdigest"):
+        nixl.check_xfer_state(handle)
+    (rec,) = parse_landed("\n".join(r.getMessage() for r in caplog.records))
+    assert (rec["req"], rec["tp_ratio"], rec["order"]) == ("cmpl-4", 2, {0: [6, 5]})
+    assert getattr(K._POSTING, "fields", "") == ""  # cleared once vLLM's _read_blocks returned

@@ -63,26 +63,26 @@ def test_key_ignores_ports_and_dev_mode_but_not_what_defines_the_instance():
     assert instance_id(p).startswith("prefill.tiny-llama.tp1.")
 
 
-def test_cpu_smoke_shares_five_instances_and_starts_each_distinct_one_once():
+def test_cpu_smoke_shares_six_instances_and_starts_each_distinct_one_once():
     cells, specs = smoke_specs()
     keys = {cid: [instance_key(s) for s in sp] for cid, sp in specs.items()}
     uses = sum(len(v) for v in keys.values())
     distinct = {k for v in keys.values() for k in v}
-    assert (len(cells), uses, len(distinct)) == (29, 49, 44)
+    assert (len(cells), uses, len(distinct)) == (29, 49, 43)
     # the decode of P TP1 and P TP2 is one instance (decode binds cores from the last one down)
     d11 = specs["tiny-llama.p1d1.b32-32.fixed"][1]
     assert d11.env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
     assert instance_key(d11) == instance_key(specs["tiny-llama.p2d1.b32-32.fixed"][1])
-    # p1d2's prefill digests sub-blocks for its two decode ranks (PDSWEEP_KV_DIGEST_SPLIT, issue 58): its
-    # own instance, no longer p1d1's (a cost of the KV digests: one more prefill start in the CPU default)
-    assert instance_key(specs["tiny-llama.p1d1.b32-32.fixed"][0]) != instance_key(
+    # p1d2's prefill is p1d1's: prefill digests every descriptor in KV_DIGEST_PARTS parts whatever the
+    # cell (issue 58), so no per-cell env splits them (a per-cell PDSWEEP_KV_DIGEST_SPLIT did: 44 distinct)
+    assert instance_key(specs["tiny-llama.p1d1.b32-32.fixed"][0]) == instance_key(
         specs["tiny-llama.p1d2.b32-32.fixed"][0]
     )
     ordered = reuse_order(cells, {c: set(v) for c, v in keys.items()})
     assert sorted(c.id for c in ordered) == sorted(c.id for c in cells)
     assert all(c.kind == "ref" for c in ordered[:8])
     rows = lifecycle(ordered, keys, {k: k for k in distinct})
-    assert len(rows) == 44 and sorted(r["instance_id"] for r in rows) == sorted(distinct)  # each started once
+    assert len(rows) == 43 and sorted(r["instance_id"] for r in rows) == sorted(distinct)  # each started once
     # a fault drill's instances are its own (PDSWEEP_FAULT_DRILL in their env): two kills, two READ faults
     drills = [c for c in keys if ".fault-" in c]
     assert len(drills) == 4
@@ -93,10 +93,10 @@ def test_cpu_smoke_shares_five_instances_and_starts_each_distinct_one_once():
         for c in ordered
         if c.id.startswith("tiny-llama.p") and c.build == "fixed" and c.fault == "none" and c.env == "base"
     ]
-    # p1d1 and p2d1 share decode; p1d2 shares nothing with them since its prefill digests sub-blocks
-    assert llama == ["tiny-llama.p1d1.b32-32.fixed", "tiny-llama.p2d1.b32-32.fixed", "tiny-llama.p1d2.b32-32.fixed"]
+    # p1d2 and p1d1 share prefill, p1d1 and p2d1 decode: the chain runs p1d2 -> p1d1 -> p2d1
+    assert llama == ["tiny-llama.p1d2.b32-32.fixed", "tiny-llama.p1d1.b32-32.fixed", "tiny-llama.p2d1.b32-32.fixed"]
     shared = [r for r in rows if len(r["cells"]) > 1]
-    assert len(shared) == 5 and all(r["stop_after"] == r["cells"][-1] for r in rows)
+    assert len(shared) == 6 and all(r["stop_after"] == r["cells"][-1] for r in rows)
 
 
 def test_plan_shows_which_instances_run_shares(capsys):
@@ -107,16 +107,16 @@ def test_plan_shows_which_instances_run_shares(capsys):
     cells, specs = smoke_specs()
     r = plan_dict(str(SMOKE), 0)["reuse"]
     keys = {cid: [instance_key(s) for s in sp] for cid, sp in specs.items()}
-    assert (r["distinct"], r["per_cell"]) == (44, 49)
+    assert (r["distinct"], r["per_cell"]) == (43, 49)
     assert r["order"] == [c.id for c in reuse_order(cells, {c: set(v) for c, v in keys.items()})]  # run's order
     shared = {x["instance_id"]: x["cells"] for x in r["instances"] if len(x["cells"]) > 1}
-    assert len(shared) == 5
+    assert len(shared) == 6
     decode = [i for i in shared if i.startswith("decode.tiny-mla-mamba2.tp1.")]  # one decode for both P TPs
     assert [shared[i] for i in decode] == [
         ["tiny-mla-mamba2.p1d1.b128-128.fixed", "tiny-mla-mamba2.p2d1.b128-128.fixed"]
     ]
     assert main(["plan", str(SMOKE), "--no-check-argv"]) == 0
-    assert "instance reuse: 44 distinct instances for 49 uses (5 shared" in capsys.readouterr().out
+    assert "instance reuse: 43 distinct instances for 49 uses (6 shared" in capsys.readouterr().out
 
 
 def test_gpu_makespan_model_with_packing_and_reuse_beats_sequential():
@@ -139,16 +139,13 @@ def _hits(run: Path, cell: str, inst_name: str, phase: str) -> float:
 
 
 SHARED_PREFILL = "  model: [fake-gqa]\n  tp: [p1d1, p1d2]\n"
-# one prefill for both cells: the KV digests' sub-block split (decode TP / prefill TP, prefill's env) is
-# otherwise part of the instance key, so a p1d2 cell's prefill differs from a p1d1 cell's (issue 58)
-SHARED_ENV = "  base: {PDSWEEP_KV_DIGEST_SPLIT: '2'}"
 
 
 @pytest.mark.parametrize("reset", [True, False])
 def test_cell_reusing_a_prefill_sees_no_prefix_cache_hits_from_the_previous_cell(tmp_path, tok, monkeypatch, reset):
     if not reset:  # the control: without the reset the same eval prompts hit the shared prefill's cache
         monkeypatch.setattr(inst, "reset_prefix_cache", lambda url, timeout_s=5.0: True)
-    sweep = make_sweep(tmp_path, tok, matrix=SHARED_PREFILL, env=SHARED_ENV, extra="  reference: false\n")
+    sweep = make_sweep(tmp_path, tok, matrix=SHARED_PREFILL, extra="  reference: false\n")
     run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True))
     first, second = layout.read_json(run / "plan.json")["reuse"]["order"]
     assert {first, second} == {"fake-gqa.p1d1.b16-16.fixed", "fake-gqa.p1d2.b16-16.fixed"}
@@ -175,7 +172,7 @@ def test_cell_reusing_a_prefill_sees_no_prefix_cache_hits_from_the_previous_cell
 
 
 def test_no_reuse_starts_one_deployment_per_cell(tmp_path, tok):
-    sweep = make_sweep(tmp_path, tok, matrix=SHARED_PREFILL, env=SHARED_ENV, extra="  reference: false\n")
+    sweep = make_sweep(tmp_path, tok, matrix=SHARED_PREFILL, extra="  reference: false\n")
     run = run_sweep(sweep, RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True, reuse=False))
     idx = layout.read_json(run / "run.json")
     assert idx["reuse"] is False and "reuse" not in layout.read_json(run / "plan.json")

@@ -58,7 +58,6 @@ READ_FAULT_MAX = 999_999
 FLIP_BYTE_PATTERN = r"^flip-byte-1-in-([1-9][0-9]{0,5})$"
 FLIP_BYTE_ENV_VAR = "PDSWEEP_FLIP_BYTE_EVERY"  # set on decode instances; read by pdsweep.engine.kvdigest
 KV_DIGEST_ENV_VAR = "PDSWEEP_KV_DIGEST"  # PD instances on CPU: pdsweep.engine.kvdigest, transfer.json integrity
-KV_DIGEST_SPLIT_ENV_VAR = "PDSWEEP_KV_DIGEST_SPLIT"  # prefill: decode TP / prefill TP when decode reads sub-blocks
 # test-only: decode posts each NIXL READ this many ms late, inside its timed interval (pdsweep.engine.readdelay)
 READ_DELAY_ENV_VAR = "PDSWEEP_READ_DELAY_MS"
 
@@ -97,15 +96,24 @@ SWEEP_FAULTS: dict[str, FaultKind] = {
         "engine",
         f"{FLIP_BYTE_ENV_VAR}=N on decode: every N-th NIXL READ done has one byte of its first block "
         "inverted in decode's KV cache after the READ (pdsweep.engine.kvdigest)",
-        r"integrity: \d+ mismatched block\(s\); first: request \S+ group \S+ prefill rank \d+ block \d+",
+        r"integrity: \d+ mismatched block\(s\) of \d+; first: request \S+ group \S+ prefill rank \d+ block \d+",
     ),
 }
+
+# the scrambled-KV drill (``scramble_kv_block_ids``: every decode leg's remote_block_ids reversed) fails on
+# answers (the consistency probe) and on integrity: decode's READs carry prefill's bytes in another order,
+# so the digests name the first block whose position decode filled from another (pdsweep.core.kvintegrity)
+SCRAMBLE_KV_MATCH = (
+    r"(?s)^(?=.*consistency\.json)(?=.*integrity: \d+ mismatched block\(s\) of \d+; first: request \S+ "
+    r"group \d+:\S+ prefill rank \d+ block \d+ .*; \d+ misplaced: decode filled request \S+ group \d+:\S+ "
+    r"prefill rank \d+ block \d+'s position \d+ with prefill block \d+)"
+)
 
 PROXY_OPTIONS: dict[str, FaultKind] = {
     k.name: k
     for k in (
         FaultKind("drop_kv_transfer_params", "proxy", "decode leg without the prefill's handle", "transfer gate"),
-        FaultKind("scramble_kv_block_ids", "proxy", "every handle's block ids reversed", "consistency probe"),
+        FaultKind("scramble_kv_block_ids", "proxy", "every handle's block ids reversed", SCRAMBLE_KV_MATCH),
         FaultKind("scramble_every", "proxy", "1 in k requests under concurrency scrambled", "load check"),
         FaultKind("stale_kv_transfer_params", "proxy", "the previous request's handle, if it covers", "load: stale"),
         FaultKind("decode_delay_s", "proxy", "sleep before 1 in decode_delay_every decode legs", "perf verdict"),

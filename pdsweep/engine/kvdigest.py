@@ -18,9 +18,11 @@ time, rows of ``src_blocks_data`` (address, length, device). One line per reques
     us=<digest us> bytes=<n> split=<k> d=<group>/<kind>/<block>/<i>/<addr hex>/<len>/<digest>;...
 
 ``kind``: ``kv`` (attention K/V), ``mla`` (latent), ``ssm-conv``, ``ssm-temporal``; ``i``: the
-descriptor's index within its (group, block) (layer, region). With ``PDSWEEP_KV_DIGEST_SPLIT=k``
-(pdsweep sets it when decode TP = k x prefill TP: each decode rank reads 1/k of a block) each
-descriptor is also digested in k equal parts, ``i`` then ``<i>.<part>``.
+descriptor's index within its (group, block) (layer, region). Each descriptor is also digested in
+:data:`~pdsweep.core.kvintegrity.KV_DIGEST_PARTS` equal parts, ``i`` then ``<i>.<part>``: at decode
+TP = k x prefill TP each decode rank reads 1/k of a block, and with k dividing the parts its bytes
+are a part prefill digested. Fixed, not per cell, so the prefill instance of a p1d1 and a p1d2 cell
+is one instance (the plan's instance key includes the env).
 
 **Decode** (the blocks landed): ``NixlWrapper.get_xfer_descs``/``prep_xfer_dlist`` (NIXL
 ``nixl_agent``; vLLM ``distributed/nixl_utils.py``) are wrapped to remember each prepared
@@ -29,10 +31,14 @@ local and remote rows and the prefill request id (its ``notif_msg``, ``<remote r
 id>:<consumers>``, ``pull_worker.py`` ``_read_blocks``); ``check_xfer_state`` (polled by
 ``base_worker.py`` ``_pop_done_transfers``, after pdsweep's READ-failure drill when both are on)
 digests the local rows of a READ it reports ``DONE``, before vLLM releases the handle and
-before the scheduler learns the request's KV arrived (so before any decode step writes)::
+before the scheduler learns the request's KV arrived (so before any decode step writes).
+``NixlPullConnectorWorker._read_blocks`` (``pull_worker.py``), which posts the READ, is wrapped
+to add vLLM's ``tp_ratio`` to that prefill engine (``TransferTopology.tp_ratio``) and the READ's
+``read_spec.remote_block_ids`` per group (the request's blocks in its order, before prefix-cache
+trimming: decode fills its blocks position by position from them)::
 
     PDSWEEP_KV_LANDED agent=<prefill agent> req=<prefill request id> state=DONE us=<us>
-    bytes=<n> d=<remote addr hex>/<len>/<digest>;...
+    bytes=<n> tp_ratio=<k> order=<group>:<block>,<block>|... d=<remote addr hex>/<len>/<digest>;...
 
 A READ reported otherwise (``ERR``: a failed READ, the drill's included) logs ``state=ERR`` and
 no digests; a READ NIXL refused to prepare (``make_prepped_xfer`` raised: vLLM's
@@ -58,8 +64,8 @@ import threading
 import time
 from typing import Any, Callable
 
-from pdsweep.core.faults import FLIP_BYTE_ENV_VAR, KV_DIGEST_SPLIT_ENV_VAR
-from pdsweep.core.kvintegrity import DIGEST_NAME, FLIP_TAG, LANDED_TAG, OFFER_TAG
+from pdsweep.core.faults import FLIP_BYTE_ENV_VAR
+from pdsweep.core.kvintegrity import DIGEST_NAME, FLIP_TAG, KV_DIGEST_PARTS, LANDED_TAG, OFFER_TAG
 from pdsweep.engine.readlog import nixl_wrapper
 
 logger = logging.getLogger("vllm.pdsweep.engine.kvdigest")
@@ -71,9 +77,10 @@ _PENDING: dict[str, Any] = {}
 # worker process: prepared descriptor list handle -> (agent name, Nx3 rows); descs object id -> rows
 _DLISTS: dict[Any, tuple[str, Any]] = {}
 _DESCS: dict[int, tuple[Any, Any]] = {}
-# READ handle -> (local rows, remote rows, remote agent, prefill request id)
-_READS: dict[Any, tuple[Any, Any, str, str]] = {}
+# READ handle -> (local rows, remote rows, remote agent, prefill request id, " tp_ratio=.. order=.." or "")
+_READS: dict[Any, tuple[Any, Any, str, str, str]] = {}
 _LOCK = threading.Lock()
+_POSTING = threading.local()  # decode worker: the READ vLLM's _read_blocks is posting now (its extra fields)
 
 
 def digest(addr: int, length: int) -> str:
@@ -135,7 +142,7 @@ def offered_descs(worker: Any, block_ids: Any) -> list[tuple[int, str, int, int,
     return out
 
 
-def offer_line(worker: Any, req: str, block_ids: Any, split: int) -> str:
+def offer_line(worker: Any, req: str, block_ids: Any, split: int = KV_DIGEST_PARTS) -> str:
     """The :data:`OFFER_TAG` line of one request (module doc)."""
     t = time.perf_counter()
     parts, nbytes = [], 0
@@ -178,7 +185,7 @@ def wrap_build_meta(orig: Callable[..., Any]) -> Callable[..., Any]:
     return build_connector_meta
 
 
-def wrap_start_load_kv(orig: Callable[..., Any], split: int) -> Callable[..., Any]:
+def wrap_start_load_kv(orig: Callable[..., Any], split: int = KV_DIGEST_PARTS) -> Callable[..., Any]:
     """Worker: digest the offered blocks, then run vLLM's ``start_load_kv``."""
 
     def start_load_kv(self: Any, metadata: Any) -> Any:
@@ -199,6 +206,37 @@ def wrap_start_load_kv(orig: Callable[..., Any], split: int) -> Callable[..., An
 
 
 # ---------------------------------------------------------------- decode: the blocks landed
+
+
+def read_fields(worker: Any, read_spec: Any, dst_engine_id: str) -> str:
+    """`` tp_ratio=<k> order=<g>:<b>,..|..`` of the READ ``_read_blocks`` posts: vLLM's tp_ratio to the
+    prefill engine (``transfer_topo.tp_ratio``, as ``_read_blocks_for_req`` computes it) and the
+    non-empty groups of ``read_spec.remote_block_ids`` (no order for region-mapped reads)."""
+    topo = worker.transfer_topo
+    k = int(topo.tp_ratio(topo.get_engine_info(dst_engine_id).remote_tp_size))
+    order = ""
+    if not getattr(read_spec, "block_ids_by_region", False):
+        groups = [(g, list(ids)) for g, ids in enumerate(read_spec.remote_block_ids)]
+        order = "|".join(f"{g}:{','.join(str(int(b)) for b in ids)}" for g, ids in groups if len(ids))
+    return f" tp_ratio={k}" + (f" order={order}" if order else "")
+
+
+def wrap_read_blocks(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """Worker (decode): :func:`read_fields` of the READ vLLM's ``_read_blocks`` posts, for the
+    ``make_prepped_xfer`` it calls (vLLM calls ``_read_blocks`` with keywords)."""
+
+    def _read_blocks(self: Any, *a: Any, **kw: Any) -> Any:
+        try:
+            spec = kw.get("read_spec", a[0] if a else None)
+            _POSTING.fields = read_fields(self, spec, kw.get("dst_engine_id", a[1] if len(a) > 1 else ""))
+        except Exception:  # noqa: BLE001 - another vLLM layout: the lines go without these fields
+            _POSTING.fields = ""
+        try:
+            return orig(self, *a, **kw)
+        finally:
+            _POSTING.fields = ""
+
+    return _read_blocks
 
 
 def desc_rows(descs: Any) -> Any:
@@ -243,7 +281,8 @@ def wrap_make_prepped_xfer(orig: Callable[..., Any]) -> Callable[..., Any]:
         where = None
         if op == "READ" and local in _DLISTS and remote in _DLISTS and notif:
             req = bytes(notif).decode(errors="replace").rsplit(":", 1)[0]
-            where = (_DLISTS[local][1][list(lids)], _DLISTS[remote][1][list(rids)], _DLISTS[remote][0], req)
+            rows = (_DLISTS[local][1][list(lids)], _DLISTS[remote][1][list(rids)])
+            where = (*rows, _DLISTS[remote][0], req, getattr(_POSTING, "fields", ""))
         try:
             handle = orig(self, op, local, lids, remote, rids, *a, **kw)
         except Exception:
@@ -257,19 +296,19 @@ def wrap_make_prepped_xfer(orig: Callable[..., Any]) -> Callable[..., Any]:
     return make_prepped_xfer
 
 
-def refused_line(where: tuple[Any, Any, str, str]) -> str:
+def refused_line(where: tuple[Any, Any, str, str, str]) -> str:
     """The :data:`LANDED_TAG` line of a READ NIXL refused to prepare (``state=REFUSED``): ``d`` names
     the first descriptor whose local and remote lengths differ as ``<remote addr>/<len>/local<len>``
     (NIXL ``makeXferReq``: "length mismatch"), empty when they all agree."""
-    local, remote, agent, req = where
+    local, remote, agent, req, _ = where
     bad = [(r, ll) for (_, ll, _), r in zip(local.tolist(), remote.tolist()) if int(ll) != int(r[1])]
     d = f"{int(bad[0][0][0]):x}/{int(bad[0][0][1])}/local{int(bad[0][1])}" if bad else ""
     return f"{LANDED_TAG} agent={agent} req={req.replace(' ', '_')} state=REFUSED us=0 bytes=0 d={d}"
 
 
-def landed_line(where: tuple[Any, Any, str, str], state: str, flip_now: bool) -> str:
+def landed_line(where: tuple[Any, Any, str, str, str], state: str, flip_now: bool) -> str:
     """The :data:`LANDED_TAG` line of one READ (module doc)."""
-    local, remote, agent, req = where
+    local, remote, agent, req, fields = where
     head = f"{LANDED_TAG} agent={agent} req={req.replace(' ', '_')} state={state}"
     if state != "DONE":
         return f"{head} us=0 bytes=0 d="
@@ -282,7 +321,7 @@ def landed_line(where: tuple[Any, Any, str, str], state: str, flip_now: bool) ->
         parts.append(f"{int(raddr):x}/{int(rlen)}/{digest(int(laddr), int(rlen))}")
         nbytes += int(rlen)
     us = (time.perf_counter() - t) * 1e6
-    return f"{head} us={us:.0f} bytes={nbytes} d={';'.join(parts)}"
+    return f"{head} us={us:.0f} bytes={nbytes}{fields} d={';'.join(parts)}"
 
 
 def wrap_check_xfer_state(orig: Callable[..., Any], flip_every: int = 0) -> Callable[..., Any]:
@@ -316,10 +355,9 @@ def _wrap(owner: Any, attr: str, make: Callable[[Callable[..., Any]], Callable[.
     setattr(owner, attr, new)
 
 
-def install_kv_digest(split: int = 1, flip_every: int = 0) -> bool:
+def install_kv_digest(flip_every: int = 0) -> bool:
     """Install the prefill and decode wrappers (module doc) once; False when vLLM's pull
-    connector or NIXL wrapper is not where it was. ``split``: digest each prefill descriptor
-    also in that many parts (decode TP / prefill TP); ``flip_every``: the byte-flip drill."""
+    connector or NIXL wrapper is not where it was. ``flip_every``: the byte-flip drill."""
 
     try:
         from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import NixlPullConnectorScheduler
@@ -332,7 +370,9 @@ def install_kv_digest(split: int = 1, flip_every: int = 0) -> bool:
         return False
     _wrap(NixlPullConnectorScheduler, "request_finished", wrap_request_finished)
     _wrap(NixlPullConnectorScheduler, "build_connector_meta", wrap_build_meta)
-    _wrap(NixlPullConnectorWorker, "start_load_kv", lambda o: wrap_start_load_kv(o, split))
+    _wrap(NixlPullConnectorWorker, "start_load_kv", wrap_start_load_kv)
+    if hasattr(NixlPullConnectorWorker, "_read_blocks"):  # the order and tp_ratio fields (module doc)
+        _wrap(NixlPullConnectorWorker, "_read_blocks", wrap_read_blocks)
     _wrap(wrapper, "get_xfer_descs", wrap_get_xfer_descs)
     _wrap(wrapper, "prep_xfer_dlist", wrap_prep_xfer_dlist)
     _wrap(wrapper, "make_prepped_xfer", wrap_make_prepped_xfer)
@@ -341,18 +381,17 @@ def install_kv_digest(split: int = 1, flip_every: int = 0) -> bool:
 
 
 def install_from_env(env: Any) -> None:
-    """The plugin's entry: install with ``PDSWEEP_KV_DIGEST_SPLIT`` and ``PDSWEEP_FLIP_BYTE_EVERY``
-    from ``env`` (a bad value: a warning, never an exception into vLLM)."""
+    """The plugin's entry: install with ``PDSWEEP_FLIP_BYTE_EVERY`` from ``env`` (a bad value: a
+    warning, never an exception into vLLM)."""
 
     try:
-        split = int(env.get(KV_DIGEST_SPLIT_ENV_VAR) or 1)
         flip = int(env.get(FLIP_BYTE_ENV_VAR) or 0)
-        if split < 1 or flip < 0:
-            raise ValueError(f"{KV_DIGEST_SPLIT_ENV_VAR} >= 1 and {FLIP_BYTE_ENV_VAR} >= 0")
-        if not install_kv_digest(split, flip):
+        if flip < 0:
+            raise ValueError(f"{FLIP_BYTE_ENV_VAR} >= 0")
+        if not install_kv_digest(flip):
             logger.warning("pdsweep: KV digest: vLLM's NIXL pull connector or NixlWrapper not found; not measured")
             return
-        logger.info("pdsweep: KV integrity digests on (%s, split %d)", DIGEST_NAME, split)
+        logger.info("pdsweep: KV integrity digests on (%s, prefill parts %d)", DIGEST_NAME, KV_DIGEST_PARTS)
         if flip:
             logger.info("pdsweep: fault drill: every %d-th completed NIXL READ gets one byte flipped", flip)
     except Exception as e:  # noqa: BLE001

@@ -25,7 +25,6 @@ from pdsweep.core.errors import UserError
 from pdsweep.core.faults import (
     FLIP_BYTE_ENV_VAR,
     KV_DIGEST_ENV_VAR,
-    KV_DIGEST_SPLIT_ENV_VAR,
     READ_FAULT_ENV_VAR,
     flip_byte_every,
     read_fault_every,
@@ -292,9 +291,7 @@ def serve_env(cell: Cell, role: str, ls: LoadedSweep, host: str | None) -> dict[
         env["PYTHONOPTIMIZE"] = str(level)  # asserts compiled out in decode's vLLM (serve_args decode_optimize)
     push = role != "single" and kv_transfer_config(cell, role, ls).get("kv_connector") == PUSH_CONNECTOR
     if role != "single" and s.platform == "cpu" and not push:  # KV digests: pull cells on CPU (docs/integrity.md)
-        env.setdefault(KV_DIGEST_ENV_VAR, "1")
-        if role == "prefill" and cell.decode_tp > cell.prefill_tp and cell.decode_tp % cell.prefill_tp == 0:
-            env.setdefault(KV_DIGEST_SPLIT_ENV_VAR, str(cell.decode_tp // cell.prefill_tp))
+        env.setdefault(KV_DIGEST_ENV_VAR, "1")  # the same for every cell: prefill instances stay shared
     if role == "prefill" and kv_transfer_config(cell, role, ls).get("kv_connector") == PUSH_CONNECTOR:
         env.setdefault("UCX_PROTO_INFO", "y")  # push: prefill WRITEs, so it logs them
         env.setdefault("PDSWEEP_NIXL_WRITE_LOG", "1")  # pdsweep.engine.readlog's WRITE log
