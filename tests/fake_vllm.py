@@ -75,7 +75,10 @@ def _kv_digest_line(side: str, agent: str, req: str, prompt: str, order: object 
     else:
         d = ";".join(f"{0x1000 * b:x}/1024/{g}" for b, g in zip((1, 2), digs))
         ids = ",".join(str(b) for b in order) if isinstance(order, (list, tuple)) else "1,2"
-        print(f"PDSWEEP_KV_LANDED agent={agent} req={req} state=DONE us=2 bytes=2048 tp_ratio=1 order=0:{ids} d={d}", flush=True)
+        print(
+            f"PDSWEEP_KV_LANDED agent={agent} req={req} state=DONE us=2 bytes=2048 tp_ratio=1 order=0:{ids} d={d}",
+            flush=True,
+        )
 
 
 def bench(argv: list[str]) -> None:

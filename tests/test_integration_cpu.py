@@ -12,6 +12,7 @@ Mamba2 at prefill TP 2 -> decode TP 1 on the fixed and the unfixed build."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import psutil
 import pytest
 
 from pdsweep.cli import main
+from pdsweep.core.faults import PROXY_OPTIONS
 from pdsweep.judge.gate import XFAIL, gate_run
 from pdsweep.results import layout
 from pdsweep.run.context import RunOptions
@@ -101,6 +103,11 @@ def test_scrambled_kv_fails_the_accuracy_gate(run_dir, tmp_path):
     gated = {c.cell_id: c for c in gate_run(run).cells}
     assert any("accuracy.json" in r and "outside expected" in r for r in gated[PD].reasons), gated[PD].reasons
     assert any("consistency.json" in r for r in gated[PD].reasons), gated[PD].reasons
+    # ... and on integrity, not only on answers: decode's bytes match prefill's address by address, but the
+    # READ's remote_block_ids are reversed, so the digests name the block whose position got another block
+    integ = layout.read_json(run / PD / "transfer.json")["integrity"]
+    assert integ["misplaced"] > 0 and integ["mismatched"] >= integ["misplaced"], integ
+    assert re.search(PROXY_OPTIONS["scramble_kv_block_ids"].expects, "; ".join(gated[PD].reasons)), gated[PD].reasons
 
 
 @pytest.fixture(scope="module")

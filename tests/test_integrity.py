@@ -284,9 +284,12 @@ def test_decode_reading_prefills_blocks_out_of_order_is_mismatched_and_names_the
     join by remote address matches); the READ's order (pdsweep.engine.kvdigest, ``order=``) does not."""
     units = [(0, "kv", b, "0", 0x1000 * b, 64, f"k{b}") for b in (5, 6)]
     reads = [(0x6000, 64, "k6"), (0x5000, 64, "k5")]
-    assert integrity(offer("p0", 0, "r1", units), landed("p0", "r1", reads, fields=" tp_ratio=1 order=0:5,6"))[
-        "mismatched"
-    ] == 0
+    assert (
+        integrity(offer("p0", 0, "r1", units), landed("p0", "r1", reads, fields=" tp_ratio=1 order=0:5,6"))[
+            "mismatched"
+        ]
+        == 0
+    )
     got = integrity(offer("p0", 0, "r1", units), landed("p0", "r1", reads, fields=" tp_ratio=1 order=0:6,5"))
     assert (got["compared"], got["matched"], got["mismatched"], got["misplaced"]) == (2, 0, 2, 2)
     assert got["first"]["mismatched"] == {"request": "r1", "group": "0:kv", "prefill_rank": 0, "block": 5}
@@ -310,7 +313,11 @@ def test_only_positions_decode_read_count_as_misplaced():
 
 
 def test_decode_tp_not_dividing_prefills_parts_is_not_measured():
-    units = [(0, "kv", 5, "0", 0x100, 96, "w"), (0, "kv", 5, "0.0", 0x100, 48, "h0"), (0, "kv", 5, "0.1", 0x130, 48, "h1")]
+    units = [
+        (0, "kv", 5, "0", 0x100, 96, "w"),
+        (0, "kv", 5, "0.0", 0x100, 48, "h0"),
+        (0, "kv", 5, "0.1", 0x130, 48, "h1"),
+    ]
     ok = integrity(offer("p0", 0, "r1", units, split=2), landed("p0", "r1", [(0x100, 48, "h0")], fields=" tp_ratio=2"))
     assert ok["missing"] == 1 and "not_measured" not in ok  # its sibling rank's half was never read
     got = integrity(offer("p0", 0, "r1", units, split=2), landed("p0", "r1", [(0x100, 32, "t0")], fields=" tp_ratio=3"))

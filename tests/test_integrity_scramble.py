@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 import sys
 
-import pytest
 from _fakerun import make_sweep, ours
 from _fakerun import tok as tok
 

