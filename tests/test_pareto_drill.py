@@ -80,3 +80,8 @@ def test_the_planted_cell_is_xfail_and_its_points_are_off_the_front(tmp_path: Pa
         (clean, 1, False), (clean, 4, False), (planted, 1, True), (planted, 4, True),
     ]  # fmt: skip
     assert {p.cell_id for p in front(pts)} == {clean}
+    # each point carries its own answer check: the scramble spares concurrency 1 (one request in flight)
+    mine = {p.concurrency: p.answers for p in pts if p.cell_id == planted}
+    assert mine[1] is not None and mine[1]["checked"] == 4 and mine[1]["wrong"] == 0
+    assert mine[4] is not None and mine[4]["wrong"] > 0
+    assert next(p for p in pts if p.cell_id == planted and p.concurrency == 1).failed.startswith("XFAIL: ")
