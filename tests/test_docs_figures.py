@@ -80,6 +80,22 @@ def test_gpu_reuse_makespan_figures(made_mission_plan: dict) -> None:
     assert m.groups() == (f"{ours / 3600:.2f}", f"{upstream / 3600:.2f}", f"{ours / upstream:.2f}")
 
 
+def test_pareto_mission_load_figures(made_mission_plan: dict) -> None:
+    """docs/pareto.md "On GPU nodes": the mission's load axis and its planned makespan on 8 GPUs."""
+    b = load_sweep(MISSION).sweep.bench
+    s = made_mission_plan["makespan"]["s"]
+    got = quoted(
+        "docs/pareto.md",
+        r"every cell at concurrency (\d+), (\d+) and (\d+) \(`max_num_seqs` \d+\), (\d+) random prompts of (\d+) "
+        r"tokens in and (\d+) out per run",
+    )
+    assert b.enabled and got == (*b.concurrencies, b.num_prompts, b.input_len, b.output_len)
+    text = " ".join((REPO / "docs/pareto.md").read_text().split())
+    m = re.search(r"planned makespan of (\d+) s \(([\d.]+) h\) on 8 GPUs", text)
+    assert m, "docs/pareto.md: the mission makespan sentence (reworded? update this test with it)"
+    assert m.groups() == (f"{s:.0f}", f"{s / 3600:.2f}")
+
+
 def test_p8_cells_are_not_runnable_in_matrix_and_gate_docs(mission_plan: dict, tmp_path: Path) -> None:
     needs = mission_plan["schedule"]["needs_more_gpus"]
     p8 = [n for n in needs if ".p8d" in n["cell"]]

@@ -89,6 +89,35 @@ def test_front_leaves_out_dominated_and_failed_points(tmp_path: Path) -> None:
     assert best(pts2, parse_slo("ttft_p90=100")).choice.config == "p2d1 b16-16"
 
 
+def _pair(conc: int, checked: int, wrong: int) -> dict[str, Any]:
+    return {"workload": "random", "concurrency": conc, "checked": checked, "wrong": wrong, "stale": 0, "errors": 0,
+            "unmatched": 0}  # fmt: skip
+
+
+def test_each_point_carries_its_own_answer_check(tmp_path: Path) -> None:
+    """p1d2 answers right at concurrency 1 and wrong at 4 (load_check.json's pairs): the cell fails
+    the gate, its concurrency-4 point is off the front, its concurrency-1 point leads the front."""
+    wrong_at_4 = "load workload 'random' at concurrency 4: 3 of 8 answers differ from the reference; first: prompt"
+    bad = {
+        **load(run_(1, 200, 60, 9), run_(1, 202, 61, 9), run_(4, 900, 80, 14), run_(4, 905, 81, 14)),
+        layout.LOAD_CHECK_FILE: {"verdict": "fail", "reasons": [wrong_at_4], "workloads": [_pair(1, 8, 0), _pair(4, 8, 3)]},
+    }  # fmt: skip
+    run = pareto_run(tmp_path, bad)
+    g = gate_run(run)
+    assert g.cell(P1D2.id).verdict == "FAIL"
+    pts = {(p.config, p.concurrency): p for p in points(run, g)}
+    one, four = pts[("p1d2 b16-16", 1)], pts[("p1d2 b16-16", 4)]
+    assert four.failed == f"FAIL: {P1D2.id}/load_check.json: {wrong_at_4}" and four.answers["wrong"] == 3
+    assert one.failed is None and one.answers == {"checked": 8, "wrong": 0, "stale": 0, "errors": 0, "unmatched": 0}
+    # p1d2@1 (201 / 3 = 67 tok/s per GPU, 111 tok/s per user) beats p1d1@1 (51, 100) and p2d1@1 (41, 111)
+    assert [(p.config, p.concurrency) for p in front(list(pts.values()))] == [("p2d1 b16-16", 4), ("p1d2 b16-16", 1)]
+    assert best(list(pts.values()), parse_slo("ttft_p90=70")).choice is one  # p1d2@4 (81 ms) would fail it
+    # a reason that names no concurrency (here: a transfer failure) fails every point of the cell
+    tr = {"totals": {"failed_transfers": 2}}
+    run2 = pareto_run(tmp_path / "tr", {**bad, layout.TRANSFER_FILE: tr})
+    assert all(p.failed for p in points(run2, gate_run(run2)) if p.config.startswith("p1d2"))
+
+
 def test_best_meets_the_slo_and_names_a_runner_up(tmp_path: Path) -> None:
     run = pareto_run(tmp_path)
     pts = points(run, gate_run(run))

@@ -56,6 +56,7 @@ READ_FAULT_PATTERN = r"^fail-read-1-in-([1-9][0-9]{0,5})$"
 READ_FAULT_ENV_VAR = "PDSWEEP_FAIL_READ_EVERY"  # set on decode instances; read by the engine plugin
 READ_FAULT_MAX = 999_999
 FLIP_BYTE_PATTERN = r"^flip-byte-1-in-([1-9][0-9]{0,5})$"
+SCRAMBLE_PATTERN = r"^scramble-kv-1-in-([1-9][0-9]{0,5})$"  # the proxy's scramble_every, as a cell's fault
 FLIP_BYTE_ENV_VAR = "PDSWEEP_FLIP_BYTE_EVERY"  # set on decode instances; read by pdsweep.engine.kvdigest
 KV_DIGEST_ENV_VAR = "PDSWEEP_KV_DIGEST"  # PD instances on CPU: pdsweep.engine.kvdigest, transfer.json integrity
 # test-only: decode posts each NIXL READ this many ms late, inside its timed interval (pdsweep.engine.readdelay)
@@ -97,6 +98,13 @@ SWEEP_FAULTS: dict[str, FaultKind] = {
         f"{FLIP_BYTE_ENV_VAR}=N on decode: every N-th NIXL READ done has one byte of its first block "
         "inverted in decode's KV cache after the READ (pdsweep.engine.kvdigest)",
         r"integrity: \d+ mismatched block\(s\) of \d+; first: request \S+ group \S+ prefill rank \d+ block \d+",
+    ),
+    "scramble-kv-1-in-K": FaultKind(
+        SCRAMBLE_PATTERN,
+        "proxy",
+        "ProxyFaults.scramble_every = K: the PD proxy reverses remote_block_ids in 1 in K decode legs that arrive "
+        "while another request is in flight (pdsweep.run.drills.lease_drill_faults); concurrency 1 is spared",
+        r"load_check.json: 'concurrency 2+: \d+ of \d+ answers differ from the reference; first: prompt'",
     ),
 }
 
@@ -171,6 +179,12 @@ def flip_byte_every(fault: str | None) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def scramble_kv_every(fault: str | None) -> int | None:
+    """K of a ``scramble-kv-1-in-K`` fault (1 <= K <= 999999), else None."""
+    m = re.match(SCRAMBLE_PATTERN, fault or "")
+    return int(m.group(1)) if m else None
+
+
 def sweep_fault(name: str) -> FaultKind | None:
     """The :class:`FaultKind` of a sweep's ``fault:`` value; None for ``none``. Raises ValueError
     naming the allowed values for any other name."""
@@ -180,9 +194,11 @@ def sweep_fault(name: str) -> FaultKind | None:
         return SWEEP_FAULTS["fail-read-1-in-K"]
     if flip_byte_every(name):
         return SWEEP_FAULTS["flip-byte-1-in-N"]
+    if scramble_kv_every(name):
+        return SWEEP_FAULTS["scramble-kv-1-in-K"]
     if name in SWEEP_FAULTS:
         return SWEEP_FAULTS[name]
-    patterns = ("fail-read-1-in-K", "flip-byte-1-in-N")
+    patterns = ("fail-read-1-in-K", "flip-byte-1-in-N", "scramble-kv-1-in-K")
     allowed = ", ".join([NONE, *(k for k in SWEEP_FAULTS if k not in patterns), *patterns])
     raise ValueError(f"unknown fault {name!r} (allowed: {allowed}; K, N in 1..{READ_FAULT_MAX})")
 

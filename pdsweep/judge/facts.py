@@ -146,6 +146,7 @@ class CellFacts:
     reads_by_rank: dict[str, Any] = field(default_factory=dict)
     transfer_plans: tuple[dict[str, Any], ...] = ()
     load: dict[str, Any] = field(default_factory=dict)  # load.json (repeats, raw figures: pdsweep.measure.repeats)
+    load_check: dict[str, Any] | None = None  # load_check.json (None: missing or unusable)
     ucx_transports: tuple[str, ...] | None = None  # transfer.json ucx_transports (None: not found)
     fault: str | None = None
     read_faults: dict[str, Any] = field(default_factory=dict)
@@ -283,6 +284,7 @@ def cell_facts(files: CellFiles, fallback: Cell | None = None) -> CellFacts:
         if isinstance(tr.get("transfer_plans"), list)
         else (),
         load=files.get(layout.LOAD_FILE) or {},
+        load_check=files.get(layout.LOAD_CHECK_FILE),
         ucx_transports=tuple(map(str, tr["ucx_transports"])) if isinstance(tr.get("ucx_transports"), list) else None,
         fault=cell.fault if cell else None,
         read_faults=obj(tr.get("read_faults")),

@@ -16,6 +16,7 @@ concurrency, first example and triage).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,7 +121,7 @@ def judge_load(
     out = []
     for w in entries:
         s = _check_answers(w, ref_rows, thresholds, probe_triage)
-        where = f"load workload '{s['workload']}' at concurrency {s['concurrency']}"
+        where = answers_where(s["workload"], s["concurrency"])
         if len(w.get("kv_bytes_by_pass") or []) >= 2:
             longest = max((int(r.get("prompt_tokens") or 0) for r in w.get("requests") or []), default=0)
             pr = _prefix_reuse(w["kv_bytes_by_pass"], prefix_caching, block_tokens, longest)
@@ -137,6 +138,16 @@ def judge_load(
         "verdict": "fail" if reasons else "pass",
         "reasons": reasons,
     }
+
+
+def answers_where(workload: Any, concurrency: Any) -> str:
+    """How a load_check.json reason names its (workload, concurrency) pair; :data:`ANSWERS_WHERE`
+    reads it back (pdsweep.judge.point_answers: each load point's own answer check)."""
+    return f"load workload '{workload}' at concurrency {concurrency}"
+
+
+# a reason of one (workload, concurrency) pair, as :func:`answers_where` wrote it
+ANSWERS_WHERE = re.compile(r"^load workload '(?P<workload>[^']*)' at concurrency (?P<concurrency>\d+)(?=[: ]|$)")
 
 
 def _check_answers(
@@ -428,10 +439,10 @@ def answers_against_plan(body: dict[str, Any], planned: tuple[tuple[str, int], .
     for name, conc in planned:
         e = rows.get((name, conc))
         if e is None:
-            out.append(f"{w}: load workload '{name}' at concurrency {conc} missing (bench in run.json)")
+            out.append(f"{w}: {answers_where(name, conc)} missing (bench in run.json)")
             continue
         counts = {k: num(e.get(k)) for k in ("checked", "wrong", "errors", "unmatched")}
         if counts["checked"] is None or counts["checked"] < 1 or any(counts[k] != 0 for k in counts if k != "checked"):
             shown = ", ".join(f"{k} {show(e.get(k))}" for k in counts)
-            out.append(f"{w}: load workload '{name}' at concurrency {conc}: {shown} with verdict pass")
+            out.append(f"{w}: {answers_where(name, conc)}: {shown} with verdict pass")
     return out

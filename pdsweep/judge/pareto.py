@@ -12,8 +12,11 @@ repeats with a Student-t interval (:func:`pdsweep.core.stats.t_interval`):
   ``vllm bench serve --goodput``) per rank, when the sweep set an SLO;
 * latency percentiles ``ttft_p90`` ... ``e2el_p99`` (ms).
 
-A point is *failed* (drawn, marked, never on the front, never recommended) when its cell did not
-PASS the gate -- wrong or stale answers under load (load_check.json), a transfer failure, a crash.
+A point is *failed* (drawn, marked, never on the front, never recommended) when its own answers
+under load were wrong, stale or missing (load_check.json at its concurrency), or its cell failed
+the gate otherwise -- a transfer failure, a crash, an expected-to-fail drill
+(:func:`pdsweep.judge.point_answers.point_failure`). A cell that answered wrong only at
+concurrency 4 fails the gate, but its concurrency-1 point may be on the front.
 The cell's ranks and identity come from plan.json, never from the results files.
 """
 
@@ -27,6 +30,7 @@ from pdsweep.core.errors import UserError
 from pdsweep.core.stats import num, obj, t_interval
 from pdsweep.judge.facts import cell_from_dict, read_index
 from pdsweep.judge.gate import GateResult
+from pdsweep.judge.point_answers import answers_at, point_failure
 from pdsweep.sweepfile.slo import SLO_KEYS
 
 CONFIDENCE = 0.95
@@ -70,7 +74,8 @@ class Point:
     tok_s_per_user: float | None
     latency_ms: dict[str, float] = field(default_factory=dict)  # "ttft_p90" -> mean over repeats
     goodput_per_gpu: Interval | None = None
-    failed: str | None = None  # why it is off the front (the gate's first reason)
+    failed: str | None = None  # why it is off the front (the gate's first reason for this point)
+    answers: dict[str, int] | None = None  # its own answer check: load_check.json counts at this concurrency
 
     @property
     def label(self) -> str:
@@ -87,7 +92,6 @@ def points(run_dir: Path, result: GateResult) -> list[Point]:
         judged = verdicts.get(cell.id) if cell else None
         if cell is None or cell.kind != "pd" or judged is None:
             continue
-        failed = None if judged.verdict == "PASS" else f"{judged.verdict}: {(judged.reasons or ('',))[0]}"
         config = f"p{cell.prefill_tp}d{cell.decode_tp} b{cell.prefill_block_size}-{cell.decode_block_size}"
         for conc, runs in _runs_by_concurrency(judged.facts.load).items():
             tput = Interval.of([v for r in runs if (v := num(r.get("output_tok_s"))) is not None])
@@ -100,7 +104,8 @@ def points(run_dir: Path, result: GateResult) -> list[Point]:
                 Point(
                     cell.id, cell.model, cell.build, config, conc, cell.num_ranks,
                     tput.scaled(1 / cell.num_ranks), 1000 / tpot if tpot else None, lat,
-                    good.scaled(1 / cell.num_ranks) if good else None, failed,
+                    good.scaled(1 / cell.num_ranks) if good else None, point_failure(judged, conc),
+                    answers_at(judged.facts.load_check, conc),
                 )
             )  # fmt: skip
     return out

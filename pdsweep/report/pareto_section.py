@@ -29,13 +29,15 @@ FRONT_COLUMNS = (
     "tok/s per GPU (95 % CI)",
     "tok/s per user",
     "TTFT p90 ms",
+    "answers right",
     "cell",
 )
 FRONT_NOTE = (
     "One point per PD cell and load concurrency (vllm bench serve, mean over the load repeats): output "
     "tokens/s per GPU (the cell's prefill and decode ranks counted) against tokens/s per user (1000 / TPOT p50). "
-    "The front holds the points no other point beats on both; a point whose cell did not PASS (wrong or "
-    "stale answers under load, a transfer failure, a crash) is drawn as x and is never on it."
+    "The front holds the points no other point beats on both; a point whose own answers under load were wrong "
+    "or stale (load_check.json at its concurrency), or whose cell failed otherwise (a transfer failure, a crash, "
+    "an expected-to-fail drill), is drawn as x and is never on it."
 )
 MARKERS = "os^Dv<>P*h"
 
@@ -84,9 +86,14 @@ def front_rows(pts: list[Point]) -> list[tuple[str, ...]]:
             ci = "" if t.lo is None else f" [{t.lo:.3g}, {t.hi:.3g}]"
             rows.append(
                 (model, build, p.config, str(p.concurrency), f"{t.mean:.3g}{ci}", _g(p.tok_s_per_user),
-                 _g(p.latency_ms.get("ttft_p90")), p.cell_id)
+                 _g(p.latency_ms.get("ttft_p90")), _answers(p.answers), p.cell_id)
             )  # fmt: skip
     return rows
+
+
+def _answers(a: dict[str, int] | None) -> str:
+    """A point's own answer check as the table shows it: right of checked at its concurrency."""
+    return "-" if a is None else f"{a['checked'] - a['wrong']} of {a['checked']}"
 
 
 def recommendations(run_dir: Path, pts: list[Point]) -> list[str]:

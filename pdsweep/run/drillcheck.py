@@ -19,7 +19,7 @@ is refused before the sweep starts instead of passing or failing for another rea
 from __future__ import annotations
 
 from pdsweep.core.errors import UserError
-from pdsweep.core.faults import LEASE_EXPIRY, ProxyFaults, read_fault_every, sweep_fault
+from pdsweep.core.faults import LEASE_EXPIRY, ProxyFaults, read_fault_every, scramble_kv_every, sweep_fault
 from pdsweep.plan.cell import Cell
 from pdsweep.plan.expand import Plan
 from pdsweep.plan.pushrules import uses_push
@@ -72,6 +72,11 @@ def _fault_problems(c: Cell, ls: LoadedSweep) -> list[str]:
                 f"fault {LEASE_EXPIRY} needs load (bench.enabled): the requests it does not hold reuse the "
                 "blocks whose lease ran out"
             )
+    if scramble_kv_every(c.fault) and (not bench or max(ls.sweep.bench.concurrencies, default=1) < 2):
+        out.append(
+            f"fault {c.fault} scrambles only decode legs that arrive while another request is in flight: "
+            "it needs load (bench.enabled) at a bench.concurrencies point of 2 or more"
+        )
     m = ls.catalogue.models[c.model]
     if (read_fault_every(c.fault) or c.fault == LEASE_EXPIRY) and uses_push(c, m, ls):
         out.append(

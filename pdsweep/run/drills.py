@@ -32,6 +32,13 @@ load phase ("killed ... during bench") and failed the drill's signature (a fresh
   whatever the blocks now hold. The gate's transfer check fails the cell naming the counter
   (:func:`pdsweep.judge.gate.stale_reads`); the checked answers name the wrong ones.
 
+- ``scramble-kv-1-in-K``: not a kill: the PD proxy reverses ``remote_block_ids`` in the
+  ``kv_transfer_params`` of 1 in K decode legs that arrive while another request is in flight
+  (:attr:`pdsweep.core.faults.ProxyFaults.scramble_every`, :func:`lease_drill_faults`): decode
+  READs the right number of prefill's blocks in the wrong order, every READ succeeds and the answer
+  comes back wrong with HTTP 200. Concurrency 1 is spared, so the load check's answers at
+  concurrency 2 and up name the damage (the planted point of ``sweeps/cpu-pareto.yaml``).
+
 A kill drill's cell must then fail naming the instance and how it ended (``prefill-0 (pid N) killed by
 signal 9 (SIGKILL) during eval; ...``, :func:`pdsweep.deploy.deployment.blame`), with no hang
 and nothing left running; the sweep declares that with ``expect: fail`` and a ``match:``, so
@@ -48,7 +55,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from pdsweep.core.errors import UserError
-from pdsweep.core.faults import LEASE_EXPIRY, ProxyFaults, sweep_fault
+from pdsweep.core.faults import LEASE_EXPIRY, ProxyFaults, scramble_kv_every, sweep_fault
 from pdsweep.deploy.launchers import Handle
 from pdsweep.plan.cell import Cell
 from pdsweep.plan.instance import kv_transfer_config
@@ -72,9 +79,12 @@ def lease_s(cell: Cell, ls: LoadedSweep) -> int:
 def lease_drill_faults(cell: Cell, ls: LoadedSweep, base: ProxyFaults) -> ProxyFaults:
     """The PD proxy's faults for ``cell``: ``base`` (the run's test-only options), or for the
     ``decode-after-lease-expiry`` drill the decode delay of the module docstring (seconds:
-    lease + :data:`LEASE_MARGIN_S`, 1 in :data:`LEASE_DELAY_EVERY` legs). Raises UserError
+    lease + :data:`LEASE_MARGIN_S`, 1 in :data:`LEASE_DELAY_EVERY` legs), for ``scramble-kv-1-in-K``
+    ``scramble_every`` K (the proxy's KV scramble under load). Raises UserError
     naming the cell and the field when the drill's lease exceeds :data:`MAX_DRILL_LEASE_S`
     (set ``serve_args.<variant>.kv_transfer_extra.kv_connector_extra_config.kv_lease_duration``)."""
+    if every := scramble_kv_every(cell.fault):
+        return replace(base, scramble_every=every)
     if cell.fault != LEASE_EXPIRY:
         return base
     lease = lease_s(cell, ls)
