@@ -20,6 +20,7 @@ from pdsweep.deploy.instances import instance_key, reuse_record
 from pdsweep.plan.dispatch import Inputs, Placed
 from pdsweep.plan.expand import Plan, reference_of
 from pdsweep.plan.instance import InstanceSpec, instances, model_path
+from pdsweep.plan.pairing import pairing
 from pdsweep.plan.placement import Cluster, ClusterPool
 from pdsweep.plan.schedule import GpuPool, Schedule, detect_gpus, order, pack, reuse_order
 from pdsweep.plan.startup import estimator
@@ -129,8 +130,20 @@ class RunPlan:
             if self.pool.num_gpus:
                 dispatch = plan_order(todo, mine, self.pool.num_gpus, est, self.prestart)
                 reuse["schedule"] = record(dispatch[1], est)
-        pairs = plan_pairs(list(ls.sweep.builds), todo, self.runnable) if ls.sweep.bench.pair_builds else None
+        pairs = _pairs(ls, todo, self.runnable)
         return replace(self, specs=specs, todo=todo, reuse=reuse, dispatch=dispatch, pairs=pairs)
+
+
+def _pairs(ls: LoadedSweep, todo: list[Any], runnable: list[Any]) -> tuple[list[Pair], dict[str, str]] | None:
+    """The build pairs ``run`` measures paired and why each other PD cell meant to pair runs
+    alone (:func:`pdsweep.run.pairs.plan_pairs`); None when the sweep does not pair
+    (:func:`pdsweep.plan.pairing.pairing`) or, by default, has nothing to pair."""
+    on, _ = pairing(ls.sweep.bench)
+    if not on:
+        return None
+    explicit = ls.sweep.bench.pair_builds is True
+    pairs = plan_pairs(list(ls.sweep.builds), todo, runnable, explicit)
+    return pairs if explicit or pairs[0] or pairs[1] else None
 
 
 def _specs(ls: LoadedSweep, cell: Any, slot: Any, python: str | None, unbuilt: Any) -> list[InstanceSpec]:
