@@ -221,3 +221,18 @@ def test_one_shard_alone_is_not_a_run_for_the_history(tmp_path: Path) -> None:
     sharded_night(tmp_path, 1)
     with pytest.raises(UserError, match=r"run\.json: shard: 1/2: one shard of a run; add all its shard directories"):
         add_run(tmp_path / "h.sqlite", tmp_path / "results/nightly-1")
+
+
+def test_a_shard_job_does_not_append_itself_to_the_history(tmp_path: Path, monkeypatch, capsys) -> None:
+    """``pdsweep run --shard i/n --history H`` (each job of a sharded night) leaves H to the night's
+    nightly-finish: n shard jobs would otherwise be n entries."""
+    import pdsweep.commands.run as run_cmd
+    from pdsweep.plan.shards import Shard
+    from pdsweep.run.context import RunOptions
+
+    sharded_night(tmp_path, 1)
+    monkeypatch.setattr(run_cmd, "run_sweep", lambda sweep, opts: tmp_path / "results/nightly-1")
+    db = tmp_path / "h.sqlite"
+    assert run_cmd.RunArgs("s.yaml", RunOptions(shard=Shard(1, 2)), db).main() == 0
+    assert "--shard 1/2: not added to the history" in capsys.readouterr().err
+    assert not db.exists()

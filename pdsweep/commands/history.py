@@ -25,7 +25,7 @@ class HistoryAddArgs:
             "runs",
             type=run_dirs,
             nargs="+",
-            help="run directories; the n shards of one run (`run --shard i/n`) as DIR,DIR,... (one entry, their merged view)",
+            help="run directories; the n shards of one run (`run --shard i/n`) as DIR,DIR,...: one entry",
         )
         p.add_argument("--db", type=Path, default=None, help="default $PDSWEEP_HISTORY or results/history.sqlite")
 
