@@ -391,8 +391,8 @@ def _print_reuse(con: Console, reuse: dict) -> None:
     """The instances ``run`` shares across cells (started once, reset between cells)."""
     shared = [r for r in reuse["instances"] if len(r["cells"]) > 1]
     t = Table(
-        title=f"instance reuse: {reuse['distinct']} distinct instances for {reuse['per_cell']} uses "
-        f"({len(shared)} shared; `run --no-reuse` starts one per use)"
+        title=f"instance reuse: {reuse['distinct']} distinct instances for {reuse['per_cell']} uses, "
+        f"{len(reuse['instances'])} starts ({len(shared)} shared; `run --no-reuse` starts one per use)"
     )
     for col in ("instance", "cells (in run order)", "stops after"):
         t.add_column(col, overflow="fold")

@@ -123,14 +123,18 @@ class RunPlan:
         slots = {p.cell.id: p.slot for p in self.schedule.placements}
         specs = {c.id: _specs(ls, c, slots[c.id], python_of.get(c.build), unbuilt) for c in self.cells if c.id in slots}
         todo, reuse, dispatch = self.todo, None, None
+        pairs = _pairs(ls, todo, self.runnable)
         if self.reuse_on:
+            # build pairs run first, their instances stopped after each (pdsweep.run.pairs): no reuse across them
+            paired = [c for p in (pairs[0] if pairs else []) for c in (p.a, p.b)]
+            rest = [c for c in todo if c not in paired]
             mine = {c.id: specs.get(c.id, []) for c in todo}
-            todo = reuse_order(todo, {cid: {instance_key(s) for s in sp} for cid, sp in mine.items()})
+            rest = reuse_order(rest, {c.id: {instance_key(s) for s in mine[c.id]} for c in rest})
+            todo = paired + rest
             reuse = reuse_record(todo, mine, self.prestart)
             if self.pool.num_gpus:
-                dispatch = plan_order(todo, mine, self.pool.num_gpus, est, self.prestart)
+                dispatch = plan_order(rest, {c.id: mine[c.id] for c in rest}, self.pool.num_gpus, est, self.prestart)
                 reuse["schedule"] = record(dispatch[1], est)
-        pairs = _pairs(ls, todo, self.runnable)
         return replace(self, specs=specs, todo=todo, reuse=reuse, dispatch=dispatch, pairs=pairs)
 
 
