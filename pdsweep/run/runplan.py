@@ -133,7 +133,8 @@ class RunPlan:
             todo = paired + rest
             reuse = reuse_record(todo, mine, self.prestart)
             if self.pool.num_gpus:
-                dispatch = plan_order(rest, {c.id: mine[c.id] for c in rest}, self.pool.num_gpus, est, self.prestart)
+                # every cell: a pair that does not fit the GPUs runs its cells in this dispatch (pdsweep.run.pairs)
+                dispatch = plan_order(todo, mine, self.pool.num_gpus, est, self.prestart)
                 reuse["schedule"] = record(dispatch[1], est)
         return replace(self, specs=specs, todo=todo, reuse=reuse, dispatch=dispatch, pairs=pairs)
 
