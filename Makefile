@@ -11,6 +11,10 @@ SWEEP ?= $(if $(HAVE_GPU),sweeps/hybrid-mla-mamba.yaml,sweeps/cpu-smoke.yaml)
 SWEEP_NAME := $(basename $(notdir $(SWEEP)))
 RUN := $(or $(RUN),results/$(SWEEP_NAME)-$(shell date +%Y%m%d-%H%M%S))
 LATEST ?= results/latest
+# nightly-finish: RUN may be the n shard directories of one sweep (`pdsweep run --shard i/n`, one per
+# job) as DIR,DIR,..., shard 1 first: read as one run, their merged view <shard 1 dir>.shards
+comma := ,
+RUN_ONE = $(if $(findstring $(comma),$(RUN)),$(abspath $(firstword $(subst $(comma), ,$(RUN)))).shards,$(abspath $(RUN)))
 # make compare A=<baseline run> B=<candidate run>: no defaults (a default names a run that may not exist)
 A ?=
 B ?=
@@ -101,15 +105,16 @@ nightly: install
 # the nightly after its run: report, gate, history + dashboard, compare, baseline update
 # (tests/test_nightly_state.py runs it on fake runs, two nights on fresh workspaces)
 nightly-finish:
-	ln -sfn $(abspath $(RUN)) $(LATEST)
-	$(PY) -m pdsweep report $(LATEST)
+	$(PY) -m pdsweep report $(subst $(comma), ,$(RUN))
+	@test -f $(RUN_ONE)/run.json || { echo "nightly: RUN=$(RUN): no run at $(RUN_ONE) (shards: list shard 1 first)" >&2; exit 2; }
+	ln -sfn $(RUN_ONE) $(LATEST)
 	status=0; $(PY) -m pdsweep gate $(LATEST) --junit $(LATEST)/junit.xml --summary $(LATEST)/summary.md --nightly $(GATE_ARGS) || status=$$?; \
 	$(PY) -m pdsweep history add $(LATEST) --db $(HISTORY) && $(PY) -m pdsweep dashboard --db $(HISTORY) --out $(LATEST)/dashboard.html || status=1; \
 	if [ -f $(BASELINE)/run.json ]; then echo "nightly: compare against the last green run $(BASELINE) ($$($(PY) -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r.get("name"), r.get("started"))' $(BASELINE)/run.json))"; \
 	  $(PY) -m pdsweep compare $(BASELINE) $(LATEST) --out $(LATEST) || status=1; \
 	else echo "nightly: NO BASELINE at $(BASELINE): compare skipped (first run?)"; fi; \
 	if [ $$status -eq 0 ]; then \
-	  { rm -rf $(BASELINE).new && mkdir -p $(dir $(BASELINE)) && cp -a $(abspath $(RUN))/. $(BASELINE).new && \
+	  { rm -rf $(BASELINE).new && mkdir -p $(dir $(BASELINE)) && cp -a $(RUN_ONE)/. $(BASELINE).new && \
 	    rm -rf $(BASELINE) && mv $(BASELINE).new $(BASELINE) && echo "nightly: $(BASELINE) <- $(RUN)"; } || \
 	  { echo "nightly: FAILED to update the baseline $(BASELINE) from $(RUN): the job fails" >&2; status=1; }; \
 	fi; exit $$status

@@ -176,3 +176,22 @@ def test_matrix_budget_and_shard_figures():
     got = quoted("docs/matrix.md", r"cpu-smoke in two: (\d+) \+ (\d+) cells, (\d+) s and (\d+) s against (\d+) s whole")
     want = (*(len(p["cells"]) for p in parts), *(round(p["makespan"]["s"]) for p in parts), round(s))
     assert got == want
+
+
+def test_pairing_cost_figures():
+    """docs/performance.md "Paired builds": what pairing by default adds to cpu-smoke's planned makespan."""
+    from pdsweep.plan.pairing import PAIR_OVERHEAD_S
+
+    d = plan_dict(str(CPU), 0)
+    s, extra, per = d["makespan"]["s"], d["makespan"]["pairs_s"], PAIR_OVERHEAD_S["cpu"]
+    assert len(d["pairs"]["pairs"]) == 1 and extra == per
+    assert quoted("docs/performance.md", r"\+(\d+) s a pair \(measured below") == (per,)
+    got = quoted(
+        "docs/performance.md",
+        r"Planned makespan (\d+) s unpaired \(`pair_builds: false`\), (\d+) s by default \(\+(\d+)\.(\d) %\); "
+        r"pairing both would be (\d+) s \(\+(\d+)\.(\d) %\)",
+    )
+    unpaired = s - extra
+    pct = [round(100 * x / unpaired, 1) for x in (extra, extra + per)]
+    want = (round(unpaired), round(s), *divmod(round(pct[0] * 10), 10), round(s + per), *divmod(round(pct[1] * 10), 10))
+    assert got == want

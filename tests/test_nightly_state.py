@@ -170,3 +170,69 @@ def test_the_dashboard_does_not_link_a_reused_run_dir(tmp_path: Path) -> None:
     links = re.findall(r"<tr><td>(<a href='([^']*)'>)?nightly", page)
     assert [bool(a) for a, _ in links] == [False, True], links  # night 1: no link; night 2: its report
     assert json.loads((tmp_path / env["BASELINE"] / layout.RUN_FILE).read_text())["started"].startswith("2026-05-02")
+
+
+# ---------------------------------------------------------------- a sharded night
+def sharded_night(ws: Path, night: int) -> str:
+    """Night ``night`` run as two shard jobs (``run --shard 1/2`` and ``2/2``) at
+    ``ws/results/nightly-{1,2}``: the mission's cells cut in two; returns ``RUN`` for nightly-finish."""
+    cases = mission("fixed")
+    parts = [[cases[0], cases[2]], [cases[1]]]  # p1d1 and the reference | p2d1
+    for i, part in enumerate(parts, 1):
+        shutil.rmtree(ws / f"results/nightly-{i}", ignore_errors=True)
+        d = write_run(ws / "results", f"nightly-{i}", part, sweep_name="nightly-fixture")
+        index = layout.read_json(d / layout.RUN_FILE)
+        index.update(
+            started=f"2026-05-0{night}T0{i}:00:00+00:00",
+            finished=f"2026-05-0{night}T0{i + 4}:00:00+00:00",
+            shard={"index": i, "count": 2, "cells": len(part), "of": len(cases)},
+        )
+        layout.write_json(d / layout.RUN_FILE, index)
+    return "results/nightly-1,results/nightly-2"
+
+
+def test_a_sharded_night_is_one_run_in_the_history_the_dashboard_and_compare(tmp_path: Path) -> None:
+    """``make nightly-finish RUN=<shard 1>,<shard 2>``: one history entry a night (the merged view
+    of its shards), one dashboard row, and night 2 compares all its cells against night 1's run."""
+    env = {"BASELINE": "state/last-green", "HISTORY": "state/history.sqlite"}
+    one = finish(tmp_path, {**env, "RUN": sharded_night(tmp_path, 1)})
+    assert one.returncode == 0, one.stdout + one.stderr
+    two = finish(tmp_path, {**env, "RUN": sharded_night(tmp_path, 2)})
+    assert two.returncode == 0, two.stdout + two.stderr
+    assert (
+        "compare against the last green run state/last-green (nightly-1.shards 2026-05-01T01:00:00+00:00)" in two.stdout
+    )
+    runs = history_runs(tmp_path, env["HISTORY"])
+    view = "../results/nightly-1.shards"  # relative to the store
+    assert runs == [("2026-05-01T01:00:00+00:00", view), ("2026-05-02T01:00:00+00:00", view)], runs
+    page = (tmp_path / "results/nightly-1.shards/dashboard.html").read_text()
+    assert len(re.findall(r"<tr><td>(?:<a href='[^']*'>)?nightly-1\.shards", page)) == 2, page
+    compared = json.loads((tmp_path / "results/nightly-1.shards" / layout.COMPARE_JSON).read_text())
+    got = {c["a"]["cell_id"] for c in compared["cells"]}
+    assert got == {c.id for c, _ in mission("fixed")}, got  # every cell of both shards, one run against one
+    base = json.loads((tmp_path / env["BASELINE"] / layout.RUN_FILE).read_text())
+    assert base["shard"]["count"] == 2 and set(base["cells"]) == {c.id for c, _ in mission("fixed")}
+
+
+def test_one_shard_alone_is_not_a_run_for_the_history(tmp_path: Path) -> None:
+    from pdsweep.core.errors import UserError
+    from pdsweep.history.store import add_run
+
+    sharded_night(tmp_path, 1)
+    with pytest.raises(UserError, match=r"run\.json: shard: 1/2: one shard of a run; add all its shard directories"):
+        add_run(tmp_path / "h.sqlite", tmp_path / "results/nightly-1")
+
+
+def test_a_shard_job_does_not_append_itself_to_the_history(tmp_path: Path, monkeypatch, capsys) -> None:
+    """``pdsweep run --shard i/n --history H`` (each job of a sharded night) leaves H to the night's
+    nightly-finish: n shard jobs would otherwise be n entries."""
+    import pdsweep.commands.run as run_cmd
+    from pdsweep.plan.shards import Shard
+    from pdsweep.run.context import RunOptions
+
+    sharded_night(tmp_path, 1)
+    monkeypatch.setattr(run_cmd, "run_sweep", lambda sweep, opts: tmp_path / "results/nightly-1")
+    db = tmp_path / "h.sqlite"
+    assert run_cmd.RunArgs("s.yaml", RunOptions(shard=Shard(1, 2)), db).main() == 0
+    assert "--shard 1/2: not added to the history" in capsys.readouterr().err
+    assert not db.exists()

@@ -28,7 +28,8 @@ from pdsweep.run.sweep import run_sweep
 from pdsweep.sweepfile.sweep import load_sweep
 
 A, B = "fake-gqa.p1d1.b16-16.fixed", "fake-gqa.p1d1.b16-16.unfixed"
-BENCH = "bench: {enabled: true, num_prompts: 2, concurrencies: [1], check: false, repeats: 3, pair_builds: true}\n"
+DEFAULT = "bench: {enabled: true, num_prompts: 2, concurrencies: [1], check: false, repeats: 3}\n"  # pairs by default
+BENCH = DEFAULT.replace("}", ", pair_builds: true}")
 
 
 @pytest.fixture(autouse=True)
@@ -99,7 +100,8 @@ def test_abba_order_and_turns_interleave_two_threads():
 
 
 def test_paired_builds_interleave_and_compare_paired(tmp_path, tok, capsys):
-    run = run_sweep(_sweep(tmp_path, tok), RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True))
+    """With ``bench.pair_builds`` unset (the default) the two builds of one cell run as a pair."""
+    run = run_sweep(_sweep(tmp_path, tok, bench=DEFAULT), RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True))
     sa, sb = status(run, A), status(run, B)
     assert (sa["status"], sb["status"]) == ("ok", "ok"), (sa, sb)
     # both deployments up at once: each cell started before the other finished
@@ -121,7 +123,11 @@ def test_paired_builds_interleave_and_compare_paired(tmp_path, tok, capsys):
     cols, rows = pair_rows(gate_run(run))
     assert cols[-1] == PERF_COL and rows[0][-1].startswith("fixed vs unfixed: same ") and "(paired;" in rows[0][-1]
     assert main(["compare", str(run), str(run), "--a-build", "fixed", "--b-build", "unfixed"]) == 0
-    assert "paired intervals): c1 " in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "paired intervals): c1 " in out
+    assert (
+        "\nmeasured paired (load repeats interleaved, ABBA; paired t interval): 1 of 1 cells with load repeats: " in out
+    )
     assert not ours(tmp_path)  # teardown left nothing
 
 
@@ -167,7 +173,16 @@ def test_a_pair_that_does_not_fit_the_gpus_runs_unpaired_saying_why():
     from pdsweep.run.pairs import plan_pairs, run_pairs
 
     cells = [
-        NS(id=f"m.p1d1.b16-16.{b}", kind="pd", compare_key="m.p1d1.b16-16", build=b, num_gpus=2) for b in ("x", "y")
+        NS(
+            id=f"m.p1d1.b16-16.{b}",
+            kind="pd",
+            compare_key="m.p1d1.b16-16",
+            build=b,
+            num_gpus=2,
+            expect_fail=False,
+            expect_match=None,
+        )
+        for b in ("x", "y")
     ]
     bench = NS(pair_builds=True, repeats=2, target_ci=None)
     ctx = NS(

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from pdsweep.plan.dispatch import simulate
+from pdsweep.run import pairs as pairs_mod
 from pdsweep.run import runplan
 from pdsweep.run import sweep as run_sweep_mod
 from pdsweep.run.context import RunOptions
@@ -41,10 +42,14 @@ def test_run_follows_the_reuse_order_plan_printed_on_cpu(tmp_path, monkeypatch, 
     printed = plan_dict(str(SMOKE), 0)
     ran: list[str] = []
     monkeypatch.setattr(run_sweep_mod, "run_cell", lambda ctx, cell, slot, on_ready=None: ran.append(cell.id))
+    paired: list[str] = []  # the build pair runs first, both cells at once (pdsweep.run.pairs)
+    monkeypatch.setattr(pairs_mod, "run_cell", lambda ctx, cell, slot, on_ready, side: paired.append(cell.id))
     run = run_sweep_mod.run_sweep(SMOKE, RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True))
     plan_json = json.loads((run / "plan.json").read_text())
-    assert unbent[0] != printed["reuse"]["order"] and sorted(unbent[0]) == sorted(ran)  # the bend shows
-    assert ran == printed["reuse"]["order"] == plan_json["reuse"]["order"] and len(ran) > 20
+    order = printed["reuse"]["order"]
+    assert sorted(paired) == sorted(order[:2]) == ["tiny-llama.p1d1.b32-32.fixed", "tiny-llama.p1d1.b32-32.unfixed"]
+    assert unbent[0] != order[2:] and sorted(unbent[0]) == sorted(ran)  # the bend shows
+    assert ran == order[2:] and order == plan_json["reuse"]["order"] and len(ran) > 20
     assert plan_json["reuse"] == printed["reuse"] and plan_json["schedule"] == printed["schedule"]
 
 

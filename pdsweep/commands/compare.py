@@ -10,7 +10,7 @@ from pdsweep.commands.args import check_outputs, one_run, run_dirs, write_and_sh
 from pdsweep.judge.compare import compare_runs
 from pdsweep.judge.gate import gate_run
 from pdsweep.judge.pareto import front_changes, points
-from pdsweep.report.perf_compare import COMPARE_JUNIT, perf_headline, perf_teeth, write_compare_junit
+from pdsweep.report.perf_compare import COMPARE_JUNIT, pairing_line, perf_headline, perf_teeth, write_compare_junit
 from pdsweep.report.render import write_compare_json, write_compare_markdown
 from pdsweep.results import layout
 from pdsweep.results.outputs import refuse_results_path
@@ -87,6 +87,7 @@ class CompareArgs:
 
         verdict = f"compare: {'REGRESSED' if res.regressed else 'NO REGRESSION'} of {self.b} against {self.a}"
         verdict += "".join(f"\nnote: {n}" for n in res.notes) + f"\n{perf_headline(res)}\n{perf_teeth(res)}"
+        verdict += "".join(f"\n{line}" for line in [pairing_line(res)] if line)
 
         def write() -> Path:
             md = write_compare_markdown(res, self.out / layout.COMPARE_MD)

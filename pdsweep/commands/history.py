@@ -6,7 +6,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdsweep.commands.args import check_outputs, default_history
+from pdsweep.commands.args import check_outputs, default_history, one_run, run_dirs
 from pdsweep.core.errors import UserError
 from pdsweep.history.dashboard import render
 from pdsweep.history.store import add_run
@@ -21,15 +21,21 @@ class HistoryAddArgs:
 
     @classmethod
     def add_cli_args(cls, p: argparse.ArgumentParser) -> None:
-        p.add_argument("runs", type=Path, nargs="+")
+        p.add_argument(
+            "runs",
+            type=run_dirs,
+            nargs="+",
+            help="run directories; the n shards of one run (`run --shard i/n`) as DIR,DIR,...: one entry",
+        )
         p.add_argument("--db", type=Path, default=None, help="default $PDSWEEP_HISTORY or results/history.sqlite")
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> HistoryAddArgs:
-        for r in ns.runs:
-            if not (r / layout.RUN_FILE).is_file():
-                raise UserError(f"{r}: not a run directory (no {layout.RUN_FILE})")
-        return cls(tuple(ns.runs), ns.db or default_history())
+        for dirs in ns.runs:
+            for r in dirs:
+                if not (r / layout.RUN_FILE).is_file():
+                    raise UserError(f"{r}: not a run directory (no {layout.RUN_FILE})")
+        return cls(tuple(one_run(dirs) for dirs in ns.runs), ns.db or default_history())
 
     def main(self) -> int:
         for r in self.runs:

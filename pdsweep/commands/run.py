@@ -85,7 +85,14 @@ class RunArgs:
             ignore_stop_signals()  # exit 130, not death by SIGINT (see its docstring)
             print("interrupted: every process this run started was stopped; finish with --resume", file=sys.stderr)
             return EXIT_INTERRUPTED
-        if self.history is not None:
+        if self.history is not None and self.opts.shard is not None:
+            print(
+                f"--shard {self.opts.shard}: not added to the history {self.history}: a shard is part of one run; "
+                "`pdsweep history add DIR,DIR,...` of all its shards (or `make nightly-finish RUN=DIR,DIR,...`) "
+                "adds the night once",
+                file=sys.stderr,
+            )
+        elif self.history is not None:
             append_history(self.history, run_dir)
         print(run_dir)
         return 0

@@ -187,11 +187,19 @@ def resolve_run_path(db: Path, run_path: str | None, started: str | None) -> Pat
 def add_run(db: Path, run_dir: Path, result: GateResult | None = None) -> str:
     """Append (or replace) ``run_dir`` in the store in one transaction; returns its run key.
     The gate is recomputed from the run's files unless ``result`` is given. Raises
-    ``UserError`` for a run directory without a readable run.json."""
+    ``UserError`` for a run directory without a readable run.json, and for one shard of a
+    sharded run (``pdsweep run --shard i/n``): the night is one run, added once from the merged
+    view of all its shards (:func:`pdsweep.results.shards.merged_view`)."""
     run_dir = Path(run_dir)
     index = layout.read_json(run_dir / layout.RUN_FILE)
     if not index.get("sweep_name") or not index.get("started"):
         raise UserError(f"{run_dir / layout.RUN_FILE}: sweep_name and started are required for the history")
+    shard = index.get("shard")
+    if isinstance(shard, dict) and "index" in shard:
+        raise UserError(
+            f"{run_dir / layout.RUN_FILE}: shard: {shard.get('index')}/{shard.get('count')}: one shard of a run; "
+            "add all its shard directories together (`pdsweep history add DIR,DIR,...`): the history keeps the run once"
+        )
     result = result or gate_run(run_dir)
     key = run_key(index)
     rows = []

@@ -207,7 +207,7 @@ def judge_metric(
 
 UNPAIRED_BUILDS = (
     "not claimed: two builds of one run measured unpaired, minutes apart (machine-load drift between them is not "
-    "in the interval; bench.pair_builds interleaves their repeats)"
+    "in the interval; build pairs are measured paired unless bench.pair_builds: false or a side has no load phase)"
 )
 
 

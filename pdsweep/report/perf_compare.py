@@ -79,6 +79,22 @@ def perf_headline(result: CompareResult) -> str:
     )
 
 
+def pairing_line(result: CompareResult) -> str | None:
+    """Which compared cells were measured paired (both load.json with one ``pairing.id``: their
+    load repeats interleaved in ABBA order, :mod:`pdsweep.measure.paired`), e.g. ``measured
+    paired (load repeats interleaved, ABBA; paired t interval): 1 of 2 cells with load repeats:
+    <label>; unpaired: <label>``; None when none was."""
+    judged = [c for c in result.cells if c.perf]
+    paired = [c.label for c in judged if any(d.method == "paired" for d in c.perf)]
+    if not paired:
+        return None
+    alone = [c.label for c in judged if c.label not in paired]
+    return (
+        f"measured paired (load repeats interleaved, ABBA; paired t interval): {len(paired)} of {len(judged)} "
+        f"cells with load repeats: {', '.join(paired)}" + (f"; unpaired: {', '.join(alone)}" if alone else "")
+    )
+
+
 def perf_teeth(result: CompareResult) -> str:
     """Per judged metric, the smallest slowdown this comparison could have called a regression
     (:attr:`pdsweep.judge.perf.PerfDelta.detectable`; the largest over cells: detectable in every

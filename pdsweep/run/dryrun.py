@@ -30,6 +30,7 @@ from pdsweep.plan.placement import Cluster
 from pdsweep.plan.shards import JobArgs
 from pdsweep.run.feasible import feasibility_warnings
 from pdsweep.run.jobs import annotate, job_cells, job_text
+from pdsweep.run.pairplan import pairs_dict, pairs_off, pairs_text
 from pdsweep.run.runplan import RunPlan, place, plan_cells
 from pdsweep.run.unverified import cell_unverified, unverified_text
 from pdsweep.sweepfile.sweep import LoadedSweep, load_sweep
@@ -166,11 +167,14 @@ def _as_dict(rp: RunPlan, fitted: str | None, cluster: Cluster | None) -> dict[s
     """``rp`` as ``pdsweep plan --format json`` prints it."""
     ls, sched = rp.ls, rp.schedule
     chained = rp.reuse["schedule"] if rp.reuse and rp.reuse.get("schedule") else None
+    pairs = pairs_dict(rp)
+    extra = (pairs or {}).get("overhead_s") or 0.0  # build pairs: both deployments at once (pdsweep.run.pairplan)
     return {
         # the one schedule `run` follows: reuse dispatch on this host's GPUs (pdsweep.run.gpureuse), else cells
         "makespan": {
-            "s": chained["makespan_s"] if chained else round(sched.makespan_s, 1),
+            "s": round((chained["makespan_s"] if chained else sched.makespan_s) + extra, 1),
             "follows": "reuse dispatch" if chained else "cells",
+            "pairs_s": extra,
         },
         "sweep": str(ls.path),
         "platform": ls.sweep.platform,
@@ -186,9 +190,8 @@ def _as_dict(rp: RunPlan, fitted: str | None, cluster: Cluster | None) -> dict[s
         "schedule": sched.to_dict(),
         "reuse": rp.reuse,
         "perf": _perf(ls),
-        "pairs": {"pairs": [{"a": p.a.id, "b": p.b.id} for p in rp.pairs[0]], "alone": rp.pairs[1]}
-        if rp.pairs
-        else None,
+        "pairs": pairs,
+        "pairs_off": pairs_off(rp),
     }
 
 
@@ -345,8 +348,9 @@ def print_plan(d: dict) -> None:
         one_by_one = sched["sequential_s"]
     con.file.write("".join(rows))
     con.print(
-        f"estimated makespan {m['s']:.0f} s (the schedule `run` follows: {m['follows']}) "
-        f"vs {one_by_one:.0f} s one cell at a time"
+        f"estimated makespan {m['s']:.0f} s (the schedule `run` follows: {m['follows']}"
+        + (f"; + {m['pairs_s']:.0f} s for the build pairs" if m.get("pairs_s") else "")
+        + f") vs {one_by_one:.0f} s one cell at a time"
     )
     _print_measured_as(con, d)
     con.file.write(job_text(d))
@@ -356,12 +360,7 @@ def print_plan(d: dict) -> None:
 
 def _print_measured_as(con: Console, d: dict) -> None:
     """The ``pairs`` and ``perf`` of :func:`plan_dict` (its warnings logged)."""
-    if pr := d.get("pairs"):
-        con.file.write(
-            f"\nbench.pair_builds: {len(pr['pairs'])} pairs, load repeats interleaved (ABBA)\n"
-            + "".join(f"  pair {p['a']} (a) + {p['b']} (b)\n" for p in pr["pairs"])
-            + "".join(f"  alone {cid}: {why}\n" for cid, why in pr["alone"].items())
-        )
+    con.file.write(pairs_text(d.get("pairs"), d.get("pairs_off")))
     if perf := d.get("perf"):
         con.file.write(perf["line"] + "\n")
         for w in perf["warnings"]:
@@ -392,8 +391,8 @@ def _print_reuse(con: Console, reuse: dict) -> None:
     """The instances ``run`` shares across cells (started once, reset between cells)."""
     shared = [r for r in reuse["instances"] if len(r["cells"]) > 1]
     t = Table(
-        title=f"instance reuse: {reuse['distinct']} distinct instances for {reuse['per_cell']} uses "
-        f"({len(shared)} shared; `run --no-reuse` starts one per use)"
+        title=f"instance reuse: {reuse['distinct']} distinct instances for {reuse['per_cell']} uses, "
+        f"{len(reuse['instances'])} starts ({len(shared)} shared; `run --no-reuse` starts one per use)"
     )
     for col in ("instance", "cells (in run order)", "stops after"):
         t.add_column(col, overflow="fold")

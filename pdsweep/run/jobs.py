@@ -17,6 +17,7 @@ from pdsweep.plan.clock import pick, verdict
 from pdsweep.plan.expand import Plan, reference_of
 from pdsweep.plan.fold import fold
 from pdsweep.plan.instance import Slot, instances, model_path
+from pdsweep.plan.pairing import no_load_phase, pairing
 from pdsweep.plan.shards import JobArgs, Shard, cut
 from pdsweep.plan.startup import estimator
 from pdsweep.sweepfile.sweep import LoadedSweep
@@ -59,13 +60,14 @@ def _keys(ls: LoadedSweep, cells: list[Cell]) -> dict[str, set[str]]:
 
 
 def _links(ls: LoadedSweep, cells: list[Cell]) -> list[tuple[str, str]]:
-    """A PD cell and its reference; with ``bench.pair_builds``, the PD cells of one compare key
-    (the builds of one cell, whose pairs :func:`pdsweep.run.pairs.plan_pairs` measures interleaved)."""
+    """A PD cell and its reference; where build pairs are measured paired (:func:`pdsweep.plan.pairing.pairing`),
+    the PD cells of one compare key that have a load phase (the builds of one cell, whose pairs
+    :func:`pdsweep.run.pairs.plan_pairs` measures interleaved)."""
     pd = [c for c in cells if c.kind == "pd"]
     links = [(c.id, reference_of(c, ls).id) for c in pd] if ls.sweep.eval.reference else []
-    if ls.sweep.bench.pair_builds:
+    if pairing(ls.sweep.bench)[0]:
         first: dict[str, str] = {}
-        links += [(first.setdefault(c.compare_key, c.id), c.id) for c in pd]
+        links += [(first.setdefault(c.compare_key, c.id), c.id) for c in pd if no_load_phase(c) is None]
     return links
 
 

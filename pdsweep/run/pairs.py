@@ -8,9 +8,12 @@ GPUs of both cells free together), each cell runs its phases in a thread of its 
 ``builds:``. Pairs run before the other cells; with instance reuse every instance of a pair
 stops once the pair is done.
 
-Never a refusal: a cell with no partner (one build only, a key with more than two builds, a
-partner that cannot run here, a partner already final under ``--resume``) and a pair that
-does not fit the pool run alone, their load.json and status.json saying why (``unpaired``).
+On by default where a sweep has such cells (:func:`pdsweep.plan.pairing.pairing`; opt-out:
+``bench.pair_builds: false``). Never a refusal: a cell with no partner (one build only, a key
+with more than two builds, a partner that cannot run here or has no load phase, a partner
+already final under ``--resume``) and a pair that does not fit the pool run alone, their
+load.json and status.json saying why (``unpaired``); by default a cell with no other build of
+its key is simply a single cell (nothing said).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pdsweep.measure.paired import PairTurns
 from pdsweep.measure.repeats import planned_repeats
 from pdsweep.plan.expand import Cell
 from pdsweep.plan.instance import PORTS_PER_SLOT, Slot, ports_fit
+from pdsweep.plan.pairing import no_load_phase
 from pdsweep.run.cell import run_cell
 from pdsweep.run.context import RunContext
 
@@ -44,17 +48,22 @@ class Pair:
         return self.a.num_gpus + self.b.num_gpus
 
 
-def lanes(ls: Any, num_gpus: int) -> int:
-    """Port lanes the run's cells may hold at once: one per GPU (at least one); on CPU two with
-    ``bench.pair_builds`` (both cells of a pair). Instance pools take their ports above them."""
-    return max(2 if ls.sweep.bench.pair_builds else 1, num_gpus)
+def lanes(paired: bool, num_gpus: int) -> int:
+    """Port lanes the run's cells may hold at once: one per GPU (at least one); on CPU two when
+    the run has a build pair (``paired``: both cells of a pair). Instance pools take their ports above them."""
+    return max(2 if paired else 1, num_gpus)
 
 
-def plan_pairs(builds: list[str], todo: list[Cell], runnable: list[Cell]) -> tuple[list[Pair], dict[str, str]]:
+def plan_pairs(
+    builds: list[str], todo: list[Cell], runnable: list[Cell], explicit: bool = True
+) -> tuple[list[Pair], dict[str, str]]:
     """The pairs among ``todo`` (in ``todo``'s order) and, per PD cell of ``todo`` left alone,
     why (cell id -> reason). ``builds``: the sweep's ``builds:`` in order (side ``a`` is the
     earlier); ``runnable``: every cell this run can run (with the final ones of a resumed
-    run), to tell "partner already done" from "no partner"."""
+    run), to tell "partner already done" from "no partner"; ``explicit``: ``bench.pair_builds:
+    true`` (a cell with no other build of its key is then said to run alone; by default it is
+    a single cell, nothing said). A cell with no load phase (:func:`pdsweep.plan.pairing.no_load_phase`)
+    and its partner run alone."""
     rank = {b: i for i, b in enumerate(builds)}
     left = {c.id for c in todo}
     groups: dict[str, list[Cell]] = {}
@@ -69,10 +78,14 @@ def plan_pairs(builds: list[str], todo: list[Cell], runnable: list[Cell]) -> tup
         group = sorted(groups.get(c.compare_key, [c]), key=lambda x: rank.get(x.build, len(rank)))
         others = [x for x in group if x.id != c.id]
         if not others:
-            why[c.id] = "no cell of another build with this compare key in the sweep (or it cannot run here)"
+            if explicit:
+                why[c.id] = "no cell of another build with this compare key in the sweep (or it cannot run here)"
         elif len(group) > 2:
             for x in group:
                 why[x.id] = f"{len(group)} builds share compare key {c.compare_key}: pairs take two"
+        elif dead := [(x, w) for x in group if (w := no_load_phase(x))]:
+            for x in group:
+                why[x.id] = dead[0][1] if x is dead[0][0] else f"partner {dead[0][0].id} {dead[0][1]}"
         elif others[0].id not in left:
             why[c.id] = f"partner {others[0].id} is already final (--resume): measured alone"
         else:

@@ -20,6 +20,7 @@ from pdsweep.deploy.instances import instance_key, reuse_record
 from pdsweep.plan.dispatch import Inputs, Placed
 from pdsweep.plan.expand import Plan, reference_of
 from pdsweep.plan.instance import InstanceSpec, instances, model_path
+from pdsweep.plan.pairing import pairing
 from pdsweep.plan.placement import Cluster, ClusterPool
 from pdsweep.plan.schedule import GpuPool, Schedule, detect_gpus, order, pack, reuse_order
 from pdsweep.plan.startup import estimator
@@ -122,15 +123,32 @@ class RunPlan:
         slots = {p.cell.id: p.slot for p in self.schedule.placements}
         specs = {c.id: _specs(ls, c, slots[c.id], python_of.get(c.build), unbuilt) for c in self.cells if c.id in slots}
         todo, reuse, dispatch = self.todo, None, None
+        pairs = _pairs(ls, todo, self.runnable)
         if self.reuse_on:
+            # build pairs run first, their instances stopped after each (pdsweep.run.pairs): no reuse across them
+            paired = [c for p in (pairs[0] if pairs else []) for c in (p.a, p.b)]
+            rest = [c for c in todo if c not in paired]
             mine = {c.id: specs.get(c.id, []) for c in todo}
-            todo = reuse_order(todo, {cid: {instance_key(s) for s in sp} for cid, sp in mine.items()})
+            rest = reuse_order(rest, {c.id: {instance_key(s) for s in mine[c.id]} for c in rest})
+            todo = paired + rest
             reuse = reuse_record(todo, mine, self.prestart)
             if self.pool.num_gpus:
+                # every cell: a pair that does not fit the GPUs runs its cells in this dispatch (pdsweep.run.pairs)
                 dispatch = plan_order(todo, mine, self.pool.num_gpus, est, self.prestart)
                 reuse["schedule"] = record(dispatch[1], est)
-        pairs = plan_pairs(list(ls.sweep.builds), todo, self.runnable) if ls.sweep.bench.pair_builds else None
         return replace(self, specs=specs, todo=todo, reuse=reuse, dispatch=dispatch, pairs=pairs)
+
+
+def _pairs(ls: LoadedSweep, todo: list[Any], runnable: list[Any]) -> tuple[list[Pair], dict[str, str]] | None:
+    """The build pairs ``run`` measures paired and why each other PD cell meant to pair runs
+    alone (:func:`pdsweep.run.pairs.plan_pairs`); None when the sweep does not pair
+    (:func:`pdsweep.plan.pairing.pairing`) or, by default, has nothing to pair."""
+    on, _ = pairing(ls.sweep.bench)
+    if not on:
+        return None
+    explicit = ls.sweep.bench.pair_builds is True
+    pairs = plan_pairs(list(ls.sweep.builds), todo, runnable, explicit)
+    return pairs if explicit or pairs[0] or pairs[1] else None
 
 
 def _specs(ls: LoadedSweep, cell: Any, slot: Any, python: str | None, unbuilt: Any) -> list[InstanceSpec]:

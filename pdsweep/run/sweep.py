@@ -121,7 +121,9 @@ def run_sweep(path: str | Path, opts: RunOptions) -> Path:
     rp = rp.with_instances(pythons, set(unbuilt))
     _write_plan(ctx, rp)
     attnprobe.close_probes()  # planning is done: no vLLM-importing probe lives through the cells
-    above = ctx.ls.sweep.defaults.port_base + PORTS_PER_SLOT * lanes(ctx.ls, pool.num_gpus)  # the lanes' ports
+    above = ctx.ls.sweep.defaults.port_base + PORTS_PER_SLOT * lanes(
+        bool(rp.pairs and rp.pairs[0]), pool.num_gpus
+    )  # the lanes' ports
     ctx.provider = InstancePool(ctx.launcher, ctx.run_dir / "instances", above) if rp.reuse_on else Fresh(ctx.launcher)
     ctx.progress = Progress(len(rp.todo), quiet=opts.quiet, skipped=len(rp.runnable) - len(rp.todo))
 
@@ -134,7 +136,7 @@ def run_sweep(path: str | Path, opts: RunOptions) -> Path:
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        todo = run_pairs(ctx, rp.todo, pool, rp.pairs)  # bench.pair_builds: the pairs first, both cells at once
+        todo = run_pairs(ctx, rp.todo, pool, rp.pairs)  # build pairs (pdsweep.plan.pairing) first, both cells at once
         EXECUTORS[rp.executor](ctx, rp, todo)
     except KeyboardInterrupt:
         ctx.stop.set()

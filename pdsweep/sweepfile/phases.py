@@ -89,8 +89,10 @@ class BenchSpec(_Strict):
     repeats_budget_s: float = Field(default=240, gt=0)  # CPU: wall clock of all repeats of one cell
     # run the two cells that differ only by build (fixed/unfixed, candidate/baseline) as a pair: both
     # deployed at once, their load repeats interleaved in ABBA order, judged by the paired interval
-    # (pdsweep.measure.paired; docs/performance.md). Off: each cell alone, one after the other
-    pair_builds: bool = False
+    # (pdsweep.measure.paired; docs/performance.md). Unset (the default): on wherever the sweep has such
+    # cells and the load phase can pair (pdsweep.plan.pairing); false: the opt-out, each cell alone, one
+    # after the other; true: required (a load phase that cannot pair is refused)
+    pair_builds: bool | None = None
     # per-request SLOs in ms passed to `vllm bench serve --goodput ttft:<ms> tpot:<ms> e2el:<ms>`
     # (vllm/benchmarks/serve.py check_goodput_args): load.json records vLLM's request_goodput
     goodput: dict[Literal["ttft", "tpot", "e2el"], Annotated[float, Field(gt=0)]] | None = None
@@ -121,8 +123,9 @@ class BenchSpec(_Strict):
 
     @model_validator(mode="after")
     def _paired(self) -> BenchSpec:
-        """``pair_builds`` interleaves a fixed count of load repeats (pdsweep.measure.paired)."""
-        if not self.pair_builds:
+        """``pair_builds: true`` interleaves a fixed count of load repeats (pdsweep.measure.paired);
+        unset, a load phase that cannot pair runs unpaired, the plan saying why (pdsweep.plan.pairing)."""
+        if self.pair_builds is not True:
             return self
         if not self.enabled:
             raise ValueError("bench.pair_builds pairs the load phase's repeats: it needs bench.enabled: true")
