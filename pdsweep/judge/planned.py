@@ -1,19 +1,12 @@
-"""What the run's plan says a cell's results must hold, never what the files themselves list
-(issue 59): the plan as frozen in run.json when the run started (``eval``, ``bench``, ``folded``)
-and plan.json (``references``), and the cell's own expectation.
-
-* eval: accuracy.json holds every lm-eval task of ``eval.tasks`` and consistency.json every
-  probe prompt of ``eval.consistency.lengths`` (:func:`planned_eval`, :class:`PlannedTasksCheck`,
-  :class:`PlannedPromptsCheck`). A run.json without ``eval`` (runs before it was frozen) is held
-  to the sweep defaults (:class:`~pdsweep.sweepfile.phases.EvalSpec`), and each reason says so.
-* load: the ``vllm bench serve`` runs and the checked (workload, concurrency) answers of
-  ``bench`` (:func:`load_plan`, :func:`planned_answers`, read by :mod:`pdsweep.judge.load`).
-* expectations: an expected failure explains only what its ``match:`` signature names
-  (:func:`signature_matches`, :func:`unexplained_losses`): a drill whose expectation names the
-  UCX transport does not hide a deleted accuracy.json.
-* folded cells (:mod:`pdsweep.plan.fold`): a cell whose deployment is identical to another's
-  after vLLM's block arithmetic did not run; it gets the verdict of the cell that ran for it,
-  naming both, and fails when that cell has no result (:func:`fold_in`)."""
+"""What the run's plan says a cell's results must hold, never what the files list (issue 59):
+run.json as frozen when the run started (``eval``, ``bench``, ``folded``; a run.json without
+``eval`` is held to the sweep defaults, :class:`~pdsweep.sweepfile.phases.EvalSpec`, and each
+reason says so), plan.json ``references`` and the cell's expectation. Eval: every task of
+``eval.tasks`` and probe prompt of ``eval.consistency.lengths`` (:func:`planned_eval`); load: the
+runs and checked answers of ``bench`` (:func:`load_plan`, :func:`planned_answers`); an expected
+failure explains only what its ``match:`` signature names (:func:`unexplained_losses`: a UCX drill
+does not hide a deleted accuracy.json); a folded cell (:mod:`pdsweep.plan.fold`) gets the verdict
+of the cell that ran for it, or fails when that one has none (:func:`fold_in`)."""
 
 from __future__ import annotations
 
@@ -33,6 +26,7 @@ from pdsweep.sweepfile.phases import EvalSpec
 
 R = TypeVar("R")
 LOST_MARK = "(metric missing"  # TransferCheck, ReadPatternCheck: a value the file should hold
+FOLDED_REASON = "judged as {}, which ran for it (folded: the same deployment after vLLM's block arithmetic)"
 NO_EVAL = " (run.json records no eval: the sweep defaults)"
 
 
@@ -190,9 +184,7 @@ def fold_in(results: list[R], folded: Any, missing: Callable[[str, str], R]) -> 
         out.append(r)
         for alias, runner in folded.items():
             if runner == r.cell_id and alias not in have:  # type: ignore[attr-defined]
-                why = (
-                    f"judged as {runner}, which ran for it (folded: the same deployment after vLLM's block arithmetic)"
-                )
+                why = FOLDED_REASON.format(runner)
                 out.append(dataclasses.replace(r, cell_id=alias, reasons=(why, *r.reasons)))  # type: ignore
     ran = {r.cell_id for r in out}  # type: ignore[attr-defined]
     out += [missing(str(a), str(runner)) for a, runner in folded.items() if a not in ran]

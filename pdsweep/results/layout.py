@@ -64,10 +64,8 @@ NEEDS_GPUS = "needs-gpus"  # run.json rejected-cell rule: a valid cell the host 
 
 
 def probe_prompt_name(entry: Any) -> str:
-    """The name consistency.json's ``prompts[].name`` gives the probe prompt of one
-    ``consistency.lengths`` entry (:class:`pdsweep.sweepfile.phases.ConsistencySpec`): ``short``,
-    ``blocks``, ``long``, or ``len<N>`` for an int N (its token count,
-    :func:`pdsweep.sweepfile.phases.resolve_lengths`). Raises ``UserError`` naming the allowed entries."""
+    """consistency.json's name of the probe prompt of a ``consistency.lengths`` entry: ``short``,
+    ``blocks``, ``long``, or ``len<N>`` for an int N. Raises ``UserError`` naming the allowed entries."""
     if entry in ("short", "blocks", "long"):
         return str(entry)
     if isinstance(entry, int) and not isinstance(entry, bool):

@@ -143,12 +143,12 @@ BLOCKS_FACTOR = 3.5  # "blocks" prompt: several full blocks plus a partial one
 def resolve_lengths(
     block_size: int, max_model_len: int, lengths: Sequence[int | str], max_tokens: int = 8
 ) -> list[tuple[str, int]]:
-    """``(name, prompt tokens)`` per entry of ``lengths`` (``ConsistencySpec.lengths``):
-    ``short`` = one block minus one (shorter than a block), ``blocks`` =
-    ``int(3.5 * block_size)``, ``long`` = ``max_model_len - max_tokens - 1`` (the cap: the
-    prompt plus ``max_tokens`` generated tokens must fit), an int = that many tokens
-    (named ``len<N>``). ``short``/``blocks`` are clamped to the cap. Duplicate names are
-    dropped. Raises ``UserError`` if the cap is below 1 or an int is outside ``1..cap``."""
+    """``(name, prompt tokens)`` per entry of ``lengths`` (``ConsistencySpec.lengths``; names:
+    :func:`pdsweep.results.layout.probe_prompt_name`): ``short`` = one block minus one, ``blocks`` =
+    ``int(3.5 * block_size)``, ``long`` = ``max_model_len - max_tokens - 1`` (the cap: the prompt plus
+    ``max_tokens`` generated tokens must fit), an int = that many tokens. ``short``/``blocks`` are
+    clamped to the cap; duplicate names dropped. Raises ``UserError`` if the cap is below 1 or an int
+    is outside ``1..cap``."""
     cap = max_model_len - max_tokens - 1
     if cap < 1:
         raise UserError(
