@@ -182,10 +182,9 @@ def _open_run(path: str | Path, opts: RunOptions) -> tuple[RunContext, RunPlan]:
             f"{run_dir}: {ls.path} changed since this run started (sweep_sha256 differs); "
             "results would mix two sweeps: start a new run"
         )
-    local = opts.launcher == "local"  # weights, memory, driver, busy GPUs: before anything starts
     launcher, cluster = launcher_cluster(ls, opts)  # outside an allocation: refused before any write
     done = (lambda c: layout.cell_status(run_dir, c.id) in layout.FINAL_STATUSES) if opts.resume else lambda c: False
-    check = opts.preflight and local
+    check = opts.preflight and opts.launcher == "local"  # weights, memory, driver, busy GPUs: before anything starts
     where = functools.partial(place, ls, gpus=opts.gpus, cluster=cluster, check=check, fit=False, refuse_unfetched=True)
     # this job's cells (identical deployments folded, then its shard), placed and scheduled
     rp = plan_cells(plan, cells, opts.shard, where, opts.reuse, opts.prestart, done)
