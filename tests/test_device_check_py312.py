@@ -16,6 +16,7 @@ from _fakes import fake_nvidia_smi
 
 REPO = Path(__file__).resolve().parents[1]
 PY312 = Path(os.environ.get("PDSWEEP_PY312", "/root/.pyenv/versions/3.12.1/bin/python"))
+pytestmark = pytest.mark.skipif(not PY312.exists(), reason=f"no python 3.12 at {PY312}")
 
 PROBE = """
 import importlib.util, json, sys
@@ -36,10 +37,22 @@ print(json.dumps({
 """
 
 
-@pytest.mark.skipif(not PY312.exists(), reason=f"no python 3.12 at {PY312}")
-def test_device_check_gpu_facts_under_python312_without_pydantic(tmp_path):
-    venv = tmp_path / "venv312"
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory) -> Path:
+    """A bare python 3.12 venv (no pip, no system site-packages), made once for the module: the
+    tests below run their interpreter and install nothing into it."""
+    venv = tmp_path_factory.mktemp("py312") / "venv312"
     subprocess.run([str(PY312), "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    return venv
+
+
+def device_check(env: dict[str, str], timeout: int = 60) -> subprocess.CompletedProcess[str]:
+    """scripts/device-check.sh --device cpu under ``env``."""
+    cmd = ["bash", str(REPO / "scripts" / "device-check.sh"), "--device", "cpu"]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def test_device_check_gpu_facts_under_python312_without_pydantic(tmp_path, venv):
     assert "include-system-site-packages = false" in (venv / "pyvenv.cfg").read_text()
     bin_dir = fake_nvidia_smi(
         tmp_path / "bin", 2, name="NVIDIA H200", total_mib=143771, busy={0: (4242, "python3", 256)}
@@ -55,24 +68,15 @@ def test_device_check_gpu_facts_under_python312_without_pydantic(tmp_path):
     assert d["free"] == [1]  # the busy GPU 0 is left out, as detect_gpu_ids() does on the device
 
 
-@pytest.mark.skipif(not PY312.exists(), reason=f"no python 3.12 at {PY312}")
-def test_device_check_refuses_a_wheel_for_another_python(tmp_path):
+def test_device_check_refuses_a_wheel_for_another_python(tmp_path, venv):
     """device-check.sh installs the trimmed nixl_cu13 wheel whose cpXY tag is the interpreter's;
     a cp311 wheel next to python 3.12 is refused by name (it would not install)."""
-    venv = tmp_path / "venv312"
-    subprocess.run([str(PY312), "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     wheels = tmp_path / "device"
     wheels.mkdir()
     (wheels / "nixl_cu13-1.5.1-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"")
     env = {**os.environ, "PYTHON": str(venv / "bin" / "python"), "NIXL_WHEEL_DIR": str(wheels)}
     env.pop("NIXL_WHEEL", None)
-    r = subprocess.run(
-        ["bash", str(REPO / "scripts" / "device-check.sh"), "--device", "cpu"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+    r = device_check(env)
     assert r.returncode == 2
     (line,) = r.stderr.splitlines()  # one line naming every missing module
     assert line.startswith(
@@ -81,23 +85,14 @@ def test_device_check_refuses_a_wheel_for_another_python(tmp_path):
     assert "found: nixl_cu13-1.5.1-cp311-cp311-manylinux_2_28_x86_64.whl" in line and "scripts/device-wheels.sh" in line
 
 
-@pytest.mark.skipif(not PY312.exists(), reason=f"no python 3.12 at {PY312}")
-def test_a_cuda12_torch_gets_nixl_cu12(tmp_path):
+def test_a_cuda12_torch_gets_nixl_cu12(tmp_path, venv):
     """torch.version.cuda 12.x (a stand-in torch module): the check wants nixl_cu12, and names it missing."""
-    venv = tmp_path / "venv312"
-    subprocess.run([str(PY312), "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     (tmp_path / "fake" / "torch").mkdir(parents=True)
     (tmp_path / "fake" / "torch" / "__init__.py").write_text("class version:\n    cuda = '12.8'\n")
     (tmp_path / "wheels").mkdir()
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHON": str(venv / "bin" / "python")}
     env |= {"PYTHONPATH": str(tmp_path / "fake"), "NIXL_WHEEL_DIR": str(tmp_path / "wheels")}
-    r = subprocess.run(
-        ["bash", str(REPO / "scripts" / "device-check.sh"), "--device", "cpu"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+    r = device_check(env)
     assert r.returncode == 2
     assert f"missing module(s) nixl_cu12 numpy yaml for {env['PYTHON']} (cp312, torch CUDA 12)" in r.stderr
 
@@ -108,7 +103,6 @@ FETCH = "bash scripts/device-wheels.sh (pip download of the cp312 wheels, nixl_c
 
 @pytest.mark.nixl
 @pytest.mark.timeout(600)
-@pytest.mark.skipif(not PY312.exists(), reason=f"no python 3.12 at {PY312}")
 def test_device_check_dry_run_under_python312_without_pydantic(tmp_path):
     """The exact script the device runs (scripts/device-check.sh -> device_check.py), on a bare
     python 3.12 venv (no numpy, PyYAML or pydantic), installing the carried cp312 wheels itself
@@ -127,13 +121,7 @@ def test_device_check_dry_run_under_python312_without_pydantic(tmp_path):
         "NIXL_WHEEL_DIR": str(WHEELS),
         "CHECK_TIMEOUT_S": "500",
     }
-    r = subprocess.run(
-        ["bash", str(REPO / "scripts" / "device-check.sh"), "--device", "cpu"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=560,
-    )
+    r = device_check(env, timeout=560)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     # installed from the carried wheels, nothing from a registry
     assert r.stdout.startswith(f"device-check: nixl_cu13 numpy yaml from {WHEELS}/nixl_cu13-1.5.1-cp312-cp312-")

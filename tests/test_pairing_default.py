@@ -37,7 +37,7 @@ def _plan(tmp_path, tok, capsys, opt: str = "") -> tuple[dict, str]:
 def test_the_plan_of_a_two_build_sweep_interleaves_by_default(tmp_path, tok, capsys):
     d, text = _plan(tmp_path, tok, capsys)
     how = "the default (two builds of one cell; opt out with bench.pair_builds: false)"
-    assert d["pairs"] == {"pairs": [{"a": A, "b": B}], "alone": {}, "how": how, "overhead_s": 41.0}
+    assert d["pairs"] == {"pairs": [{"a": A, "b": B}], "alone": {}, "how": how, "overhead_s": 41.0, "first_s": None}
     assert d["pairs_off"] is None
     assert d["makespan"]["pairs_s"] == 41.0
     assert d["makespan"]["s"] == round(d["schedule"]["makespan_s"] + 41.0, 1)

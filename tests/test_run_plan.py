@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from pdsweep.plan.dispatch import simulate
+from pdsweep.plan.shards import Shard
 from pdsweep.run import pairs as pairs_mod
 from pdsweep.run import runplan
 from pdsweep.run import sweep as run_sweep_mod
@@ -74,3 +75,23 @@ def test_run_dispatches_in_the_order_plan_printed_on_gpus(tmp_path, monkeypatch,
     assert record(simulate(order, inp)[0], est) == printed["reuse"]["schedule"]
     assert printed["makespan"]["follows"] == "reuse dispatch" and EXECUTORS[(True, True)] == "reuse dispatch"
     assert json.loads((run / "plan.json").read_text())["reuse"] == printed["reuse"]
+
+
+def test_run_takes_its_job_from_the_plan(tmp_path, monkeypatch, no_side_effects):
+    """Folding and sharding are the RunPlan's (pdsweep.run.runplan.plan_cells): bend the plan's job
+    (shard 1/2, which nobody asked for) and the run runs and records the job ``plan`` printed; a run
+    that folded and sharded the cells itself would run the whole sweep."""
+    real = runplan.job_cells
+    monkeypatch.setattr(runplan, "job_cells", lambda ls, cells, shard: real(ls, cells, Shard(1, 2)))
+    printed = plan_dict(str(SMOKE), 0)
+    ran: list[str] = []
+    monkeypatch.setattr(run_sweep_mod, "run_cell", lambda ctx, cell, slot, on_ready=None: ran.append(cell.id))
+    monkeypatch.setattr(pairs_mod, "run_cell", lambda ctx, cell, slot, on_ready, side: ran.append(cell.id))
+    run = run_sweep_mod.run_sweep(SMOKE, RunOptions(out=tmp_path / "run", quiet=True, skip_eval=True))
+    index = json.loads((run / "run.json").read_text())
+    assert printed["shard"]["index"] == 1 and printed["shard"]["count"] == 2
+    assert 0 < printed["shard"]["cells"] < printed["shard"]["of"]  # the bend shows: half the sweep
+    assert index["shard"] == printed["shard"]
+    assert index["folded"] == {a: f["runs_as"] for a, f in printed["folded"].items()}
+    pair = sorted(ran[:2]) == sorted(printed["reuse"]["order"][:2])  # the build pair runs both cells at once
+    assert pair and ran[2:] == printed["reuse"]["order"][2:] and sorted(ran) == sorted(c["id"] for c in printed["cells"])

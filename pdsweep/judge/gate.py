@@ -42,11 +42,19 @@ from pdsweep.judge.facts import (
     run_gate_spec,
 )
 from pdsweep.judge.flaky import FLAKY, flaky_reasons, retried
-from pdsweep.judge.folded import fold_in
 from pdsweep.judge.integrity import IntegrityCheck
-from pdsweep.judge.load import LoadAnswersCheck, LoadCheck, load_plan, planned_answers
-from pdsweep.judge.planned import PlannedEval, PlannedPromptsCheck, PlannedTasksCheck, planned_eval
-from pdsweep.judge.signature import signature_matches, unexplained_losses
+from pdsweep.judge.load import LoadAnswersCheck, LoadCheck
+from pdsweep.judge.planned import (
+    PlannedEval,
+    PlannedPromptsCheck,
+    PlannedTasksCheck,
+    fold_in,
+    load_plan,
+    planned_answers,
+    planned_eval,
+    signature_matches,
+    unexplained_losses,
+)
 from pdsweep.judge.transfer import ReadPatternCheck, TransferCheck, TransportCheck
 from pdsweep.plan.cell import Cell
 from pdsweep.results import layout
@@ -122,9 +130,9 @@ def checks_for(
     unless disabled; transfer with ``gate.max_failed_transfers``; load, required when
     ``bench`` (the run's ``bench.enabled``); load answers (:mod:`pdsweep.judge.load`),
     required when ``load_answers`` (``bench.enabled`` and ``bench.check``)); ``load_plan``: the load
-    runs the plan asked for (:func:`pdsweep.judge.load.load_plan`); ``planned``: the eval tasks and
+    runs the plan asked for (:func:`pdsweep.judge.planned.load_plan`); ``planned``: the eval tasks and
     probe prompts (:mod:`pdsweep.judge.planned`; default: the sweep defaults); ``answers_plan``: the
-    (workload, concurrency) pairs load_check.json must hold (:func:`pdsweep.judge.load.planned_answers`)."""
+    (workload, concurrency) pairs load_check.json must hold (:func:`pdsweep.judge.planned.planned_answers`)."""
     checks: list[Check] = [StatusCheck(), CellFileCheck(), BuildRecordCheck()]
     planned = planned or planned_eval({})
     if gate.require_accuracy:

@@ -364,33 +364,6 @@ def planned_runs(runs: list[Any], concurrencies: tuple[int, ...], num_prompts: i
     return out
 
 
-def planned_answers(bench: dict[str, Any]) -> tuple[tuple[str, int], ...]:
-    """(workload, concurrency) pairs a PD cell's load_check.json must hold: every ``bench.workloads``
-    entry at every ``bench.concurrencies`` point (:func:`pdsweep.measure.phases.run_checked`)."""
-    works, concs = bench.get("workloads"), bench.get("concurrencies")
-    if not isinstance(works, list) or not isinstance(concs, list):
-        return ()
-    names = [x.get("name") if isinstance(x, dict) else x for x in works]
-    return tuple((str(n), c) for n in names for c in concs if isinstance(c, int))
-
-
-def load_plan(bench: dict[str, Any]) -> dict[str, Any]:
-    """:class:`LoadCheck`'s ``concurrencies`` and ``num_prompts`` from run.json ``bench`` (the
-    sweep's :class:`~pdsweep.sweepfile.phases.BenchSpec`, frozen): ``vllm bench serve`` runs once per
-    concurrency when a ``random`` workload is planned (:func:`pdsweep.measure.phases.run_load`);
-    a run.json without ``bench.workloads`` predates them and planned ``random``."""
-    works = bench.get("workloads")
-    names = [x.get("name") if isinstance(x, dict) else x for x in works] if isinstance(works, list) else ["random"]
-    if bench.get("enabled") is not True or "random" not in names:
-        return {}
-    concs = bench.get("concurrencies")
-    n = bench.get("num_prompts")
-    return {
-        "concurrencies": tuple(c for c in concs if isinstance(c, int)) if isinstance(concs, list) else (),
-        "num_prompts": n if isinstance(n, int) and not isinstance(n, bool) else None,
-    }
-
-
 def _no_output(r: dict[str, Any], w: str, conc: Any) -> list[str]:
     """Why a load run that completed every prompt generated nothing: ``output_tokens`` 0, or
     (no ``output_tokens`` recorded) ``output_tok_s`` 0; both missing fails closed."""

@@ -1,21 +1,32 @@
-"""What the plan asked the eval phase for, checked in the results (issue 59): accuracy.json
-holds every lm-eval task of ``eval.tasks`` and consistency.json every probe prompt of
-``eval.consistency.lengths``, as frozen in run.json ``eval`` when the run started, never as the
-files list them. A run.json without ``eval`` (runs before it was frozen) is held to the sweep
-defaults (:class:`~pdsweep.sweepfile.phases.EvalSpec`), and each reason says so."""
+"""What the run's plan says a cell's results must hold, never what the files list (issue 59):
+run.json as frozen when the run started (``eval``, ``bench``, ``folded``; a run.json without
+``eval`` is held to the sweep defaults, :class:`~pdsweep.sweepfile.phases.EvalSpec`, and each
+reason says so), plan.json ``references`` and the cell's expectation. Eval: every task of
+``eval.tasks`` and probe prompt of ``eval.consistency.lengths`` (:func:`planned_eval`); load: the
+runs and checked answers of ``bench`` (:func:`load_plan`, :func:`planned_answers`); an expected
+failure explains only what its ``match:`` signature names (:func:`unexplained_losses`: a UCX drill
+does not hide a deleted accuracy.json); a folded cell (:mod:`pdsweep.plan.fold`) gets the verdict
+of the cell that ran for it, or fails when that one has none (:func:`fold_in`)."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from pdsweep.core.errors import UserError
 from pdsweep.judge.facts import CellFiles, cell_from_dict, show
 from pdsweep.results import layout
-from pdsweep.sweepfile.phases import EvalSpec, resolve_lengths
+from pdsweep.sweepfile.matrix import TRIVIAL_TEXTS
+from pdsweep.sweepfile.phases import EvalSpec
 
+R = TypeVar("R")
+LOST_MARK = "(metric missing"  # TransferCheck, ReadPatternCheck: a value the file should hold
+FOLDED_REASON = "judged as {}, which ran for it (folded: the same deployment after vLLM's block arithmetic)"
 NO_EVAL = " (run.json records no eval: the sweep defaults)"
 
 
@@ -34,7 +45,7 @@ class PlannedEval:
 
 def planned_eval(index: dict[str, Any], plan: dict[str, Any] | None = None) -> PlannedEval:
     """The :class:`PlannedEval` of run.json ``index``. Prompt names are those
-    :func:`pdsweep.sweepfile.phases.resolve_lengths` gives (``short``, ``blocks``, ``long``,
+    :func:`pdsweep.results.layout.probe_prompt_name` gives (``short``, ``blocks``, ``long``,
     ``len<N>``). Raises ``UserError`` naming the field for an invalid frozen ``eval``."""
     raw = index.get("eval")
     try:
@@ -46,9 +57,7 @@ def planned_eval(index: dict[str, Any], plan: dict[str, Any] | None = None) -> P
             "the frozen eval settings are invalid"
         ) from None
     c = spec.consistency
-    # names only: a cap large enough that no int length is refused (the run refused those already)
-    big = max([1 << 20, *(x + c.max_tokens + 2 for x in c.lengths if isinstance(x, int))])
-    names = tuple(n for n, _ in resolve_lengths(16, big, c.lengths, c.max_tokens)) if c.enabled else ()
+    names = tuple(dict.fromkeys(map(layout.probe_prompt_name, c.lengths))) if c.enabled else ()
     refs = (plan or {}).get("references")
     pairs = tuple((k, v) for k, v in refs.items() if isinstance(v, str)) if isinstance(refs, dict) else ()
     return PlannedEval(tuple(spec.tasks), names, spec.reference, NO_EVAL if raw is None else "", pairs)
@@ -114,3 +123,69 @@ class PlannedPromptsCheck:
             for n in self.plan.prompts
             if n not in seen
         ]
+
+
+def planned_answers(bench: dict[str, Any]) -> tuple[tuple[str, int], ...]:
+    """(workload, concurrency) pairs a PD cell's load_check.json must hold: every ``bench.workloads``
+    entry at every ``bench.concurrencies`` point (:func:`pdsweep.measure.phases.run_checked`)."""
+    works, concs = bench.get("workloads"), bench.get("concurrencies")
+    if not isinstance(works, list) or not isinstance(concs, list):
+        return ()
+    names = [x.get("name") if isinstance(x, dict) else x for x in works]
+    return tuple((str(n), c) for n in names for c in concs if isinstance(c, int))
+
+
+def load_plan(bench: dict[str, Any]) -> dict[str, Any]:
+    """:class:`~pdsweep.judge.load.LoadCheck`'s ``concurrencies`` and ``num_prompts`` from run.json ``bench`` (the
+    sweep's :class:`~pdsweep.sweepfile.phases.BenchSpec`, frozen): ``vllm bench serve`` runs once per
+    concurrency when a ``random`` workload is planned (:func:`pdsweep.measure.phases.run_load`);
+    a run.json without ``bench.workloads`` predates them and planned ``random``."""
+    works = bench.get("workloads")
+    names = [x.get("name") if isinstance(x, dict) else x for x in works] if isinstance(works, list) else ["random"]
+    if bench.get("enabled") is not True or "random" not in names:
+        return {}
+    concs = bench.get("concurrencies")
+    n = bench.get("num_prompts")
+    return {
+        "concurrencies": tuple(c for c in concs if isinstance(c, int)) if isinstance(concs, list) else (),
+        "num_prompts": n if isinstance(n, int) and not isinstance(n, bool) else None,
+    }
+
+
+def signature_matches(pattern: str, reasons: list[str], status: dict[str, Any]) -> bool:
+    """``pattern`` (a ``match:`` regex) found in the reasons, status reason or log tail; an
+    unusable pattern, or one that matches a trivial text such as the empty string
+    (:data:`~pdsweep.sweepfile.matrix.TRIVIAL_TEXTS`, refused by validate), never matches (fail closed)."""
+    text = "\n".join([*reasons, str(status.get("reason") or ""), *map(str, status.get("log_tail") or [])])
+    try:
+        rx = re.compile(pattern)
+    except re.error:
+        return False
+    return not any(rx.search(t) for t in TRIVIAL_TEXTS) and rx.search(text) is not None
+
+
+def unexplained_losses(pattern: str, reasons: list[str], files: CellFiles) -> list[str]:
+    """The reasons that report a lost result (:meth:`CellFiles.problem` of a file, or a
+    missing metric) and that ``pattern`` does not match on their own."""
+    lost = {files.problem(name) for name in files.problems}
+    return [r for r in reasons if (r in lost or LOST_MARK in r) and not signature_matches(pattern, [r], {})]
+
+
+def fold_in(results: list[R], folded: Any, missing: Callable[[str, str], R]) -> list[R]:
+    """``results`` (each with ``cell_id`` and ``reasons``) with one result per folded id of
+    ``folded`` (run.json ``folded``: id -> the id that ran for it) right after its runner's:
+    the runner's verdict, its reasons after ``judged as RUNNER, which ran for it (folded: ...)``; ``missing(id,
+    runner)`` where the runner has none. A folded id that has its own result keeps it."""
+    if not isinstance(folded, dict) or not folded:
+        return results
+    have = {r.cell_id for r in results}  # type: ignore[attr-defined]
+    out: list[R] = []
+    for r in results:
+        out.append(r)
+        for alias, runner in folded.items():
+            if runner == r.cell_id and alias not in have:  # type: ignore[attr-defined]
+                why = FOLDED_REASON.format(runner)
+                out.append(dataclasses.replace(r, cell_id=alias, reasons=(why, *r.reasons)))  # type: ignore
+    ran = {r.cell_id for r in out}  # type: ignore[attr-defined]
+    out += [missing(str(a), str(runner)) for a, runner in folded.items() if a not in ran]
+    return out

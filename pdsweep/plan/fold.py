@@ -7,7 +7,7 @@ both run ``P FLASHMLA 1024/64 D FLASHMLA 1920/64`` at P TP 2 -> D TP 1: the same
 twice. Two PD cells fold when every field but the configured block sizes is equal and each
 role's effective blocks (:func:`pdsweep.plan.blocks.for_cell`: backend, logical and kernel
 block, page bytes, prefix caching) are equal and fully known. The first in plan order runs;
-the others are reported with its verdict under their own ids (:mod:`pdsweep.judge.folded`).
+the others are reported with its verdict under their own ids (:func:`pdsweep.judge.planned.fold_in`).
 A cell whose blocks are unknown or refused never folds; a single-instance reference folds only
 when no PD cell that runs is compared with it.
 """

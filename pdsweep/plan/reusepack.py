@@ -10,6 +10,7 @@ dispatch order search (:func:`pdsweep.plan.dispatch.first_order`).
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from pdsweep.plan.expand import Cell
@@ -31,7 +32,16 @@ def chains(
     instance keys), each ordered and given its stops by :func:`plan_chain` (``sizes``:
     instance key -> GPUs, None: one each; ``max_gpus``: the host's); chains in
     :func:`reuse_order` of their first cell."""
-    sets = {cid: set(v) for cid, v in keys.items()}
+    ordered = reuse_order(cells, {cid: set(v) for cid, v in keys.items()})
+    return [plan_chain(g, keys, sizes or {}, max_gpus) for g in groups(ordered, keys)]
+
+
+def groups(
+    cells: list[Cell], keys: Mapping[str, Iterable[str]], links: Iterable[tuple[str, str]] = ()
+) -> list[list[Cell]]:
+    """``cells`` joined by shared instance ``keys`` (cell id -> instance keys) and ``links``
+    (pairs of cell ids), each group in the cells' order, groups in order of their first cell
+    (union-find; the chains of :func:`chains`, the shards' groups of :func:`pdsweep.plan.shards.cut`)."""
     parent: dict[str, str] = {}
 
     def find(x: str) -> str:
@@ -41,12 +51,17 @@ def chains(
         return x
 
     for c in cells:
-        for k in sets.get(c.id, ()):
+        find("c:" + c.id)
+        for k in keys.get(c.id, ()):
             parent[find("c:" + c.id)] = find("k:" + k)
-    groups: dict[str, list[Cell]] = {}
-    for c in reuse_order(cells, sets):
-        groups.setdefault(find("c:" + c.id), []).append(c)
-    return [plan_chain(g, keys, sizes or {}, max_gpus) for g in groups.values()]
+    ids = {c.id for c in cells}
+    for a, b in links:
+        if a in ids and b in ids:
+            parent[find("c:" + a)] = find("c:" + b)
+    out: dict[str, list[Cell]] = {}
+    for c in cells:
+        out.setdefault(find("c:" + c.id), []).append(c)
+    return list(out.values())
 
 
 def simulate(

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from pdsweep.plan.cell import Cell
+from pdsweep.plan.reusepack import groups
 
 MAX_SHARDS = 256
 
@@ -48,31 +49,6 @@ def parse_shard(text: str) -> Shard:
     if not 1 <= n <= MAX_SHARDS or not 1 <= i <= n:
         raise ValueError(f"--shard {text}: allowed 1 <= i <= n <= {MAX_SHARDS}")
     return Shard(i, n)
-
-
-def groups(cells: list[Cell], keys: Mapping[str, Iterable[str]], links: Iterable[tuple[str, str]]) -> list[list[Cell]]:
-    """``cells`` joined by shared instance ``keys`` (cell id -> instance keys) and ``links``
-    (pairs of cell ids), each group in the cells' order, groups in order of their first cell."""
-    parent: dict[str, str] = {}
-
-    def find(x: str) -> str:
-        while parent.setdefault(x, x) != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for c in cells:
-        find("c:" + c.id)
-        for k in keys.get(c.id, ()):
-            parent[find("c:" + c.id)] = find("k:" + k)
-    ids = {c.id for c in cells}
-    for a, b in links:
-        if a in ids and b in ids:
-            parent[find("c:" + a)] = find("c:" + b)
-    out: dict[str, list[Cell]] = {}
-    for c in cells:
-        out.setdefault(find("c:" + c.id), []).append(c)
-    return list(out.values())
 
 
 def cut(

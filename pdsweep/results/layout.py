@@ -63,6 +63,16 @@ FINAL_STATUSES = ("ok", "failed")  # --resume skips cells with one of these
 NEEDS_GPUS = "needs-gpus"  # run.json rejected-cell rule: a valid cell the host had too few GPUs for (gate: FAIL)
 
 
+def probe_prompt_name(entry: Any) -> str:
+    """consistency.json's name of the probe prompt of a ``consistency.lengths`` entry: ``short``,
+    ``blocks``, ``long``, or ``len<N>`` for an int N. Raises ``UserError`` naming the allowed entries."""
+    if entry in ("short", "blocks", "long"):
+        return str(entry)
+    if isinstance(entry, int) and not isinstance(entry, bool):
+        return f"len{entry}"
+    raise UserError(f"consistency.lengths: unknown entry {entry!r} (allowed: short, blocks, long, an int)")
+
+
 def _clean(obj: Any) -> Any:
     """JSON has no NaN: store NaN/inf as null so a reader fails closed on a missing value."""
     if isinstance(obj, float) and not math.isfinite(obj):

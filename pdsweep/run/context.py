@@ -61,4 +61,3 @@ class RunContext:
     alt: AltBlocks = field(default_factory=AltBlocks)  # alternate port blocks (lane ports taken)
     timings: dict[str, float] = field(default_factory=dict)  # run.json: judge_s, wall_s, ...
     unpaired: dict[str, str] = field(default_factory=dict)  # bench.pair_builds: cell id -> why it runs alone
-    job: Any = None  # pdsweep.run.jobs.Job: folded cells and the shard (run.json ``folded``, ``shard``)

@@ -29,7 +29,7 @@ from pdsweep.plan.instance import PORTS_PER_SLOT, Slot, check_ports, instances, 
 from pdsweep.plan.placement import Cluster
 from pdsweep.plan.shards import JobArgs
 from pdsweep.run.feasible import feasibility_warnings
-from pdsweep.run.jobs import annotate, job_cells, job_text
+from pdsweep.run.jobs import annotate, job_text
 from pdsweep.run.pairplan import pairs_dict, pairs_off, pairs_text
 from pdsweep.run.runplan import RunPlan, place, plan_cells
 from pdsweep.run.unverified import cell_unverified, unverified_text
@@ -133,22 +133,24 @@ def plan_dict(
     if cells_glob and not cells:
         raise UserError(f"--cells {cells_glob!r} selects no cell of {ls.path} ({len(plan.cells)} cells)")
     job_args = job_args or JobArgs()
-    job = job_cells(ls, cells, job_args.shard)  # identical deployments folded, then this job's shard
-    cells = job.cells
-    argv_verdict = submit_cells_argv(ls, cells) if check else None
-    try:  # vLLM parses every argv while the cells are scheduled; its refusals come first
-        pool, fitted, warnings = place(ls, cells, gpus, cluster, check=gpu_check, fit=True)
-        for w in warnings:
-            log.warning("%s", w)
-        rp = plan_cells(ls, plan, cells, pool).with_instances(dry_pythons(ls, cells), frozenset())
+    verdicts = []  # vLLM parses every argv of the job's cells while they are scheduled
+
+    def where(job: list[Any]) -> tuple[Any, str | None, list[str]]:
+        if check:
+            verdicts.append(submit_cells_argv(ls, job))
+        return place(ls, job, gpus, cluster, check=gpu_check, fit=True)
+
+    try:  # vLLM's refusals come first
+        rp = plan_cells(plan, cells, job_args.shard, where)
+        rp = rp.with_instances(dry_pythons(ls, rp.cells), frozenset())
         _check_slot_ports({p.cell.id: p.slot for p in rp.schedule.placements}, ls.sweep.defaults.port_base)
-        if argv_verdict:
-            argv_verdict()
     except UserError:
-        if argv_verdict:
-            argv_verdict()
+        for verdict in verdicts:
+            verdict()
         raise
-    return annotate(_as_dict(rp, fitted, cluster), ls, plan, job, job_args)
+    for verdict in verdicts:
+        verdict()
+    return annotate(_as_dict(rp, rp.fitted, cluster), ls, plan, rp.job, job_args)
 
 
 def dry_pythons(ls: LoadedSweep, cells: list[Any]) -> dict[str, str | None]:
@@ -168,7 +170,8 @@ def _as_dict(rp: RunPlan, fitted: str | None, cluster: Cluster | None) -> dict[s
     ls, sched = rp.ls, rp.schedule
     chained = rp.reuse["schedule"] if rp.reuse and rp.reuse.get("schedule") else None
     pairs = pairs_dict(rp)
-    extra = (pairs or {}).get("overhead_s") or 0.0  # build pairs: both deployments at once (pdsweep.run.pairplan)
+    # build pairs: both deployments at once; on GPUs they run before the dispatch (pdsweep.run.pairplan)
+    extra = ((pairs or {}).get("overhead_s") or 0.0) + ((pairs or {}).get("first_s") or 0.0)
     return {
         # the one schedule `run` follows: reuse dispatch on this host's GPUs (pdsweep.run.gpureuse), else cells
         "makespan": {

@@ -1,7 +1,7 @@
 """What one job of a sweep runs: the selected cells with identical deployments folded
 (:mod:`pdsweep.plan.fold`), then its ``--shard i/n`` (:mod:`pdsweep.plan.shards`), and the
-sweep's core case checked on the node. ``pdsweep plan`` and ``pdsweep run`` both call
-:func:`job_cells`, so a job runs what its plan showed."""
+sweep's core case checked on the node. :func:`job_cells` is called by the one plan ``pdsweep plan``
+prints and ``run`` executes alone (:func:`pdsweep.run.runplan.plan_cells`): a job runs what it showed."""
 
 from __future__ import annotations
 

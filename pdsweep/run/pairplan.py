@@ -11,21 +11,27 @@ from __future__ import annotations
 from typing import Any
 
 from pdsweep.plan.pairing import overhead_s, pairing
+from pdsweep.plan.startup import estimator
 
 
 def pairs_dict(rp: Any) -> dict[str, Any] | None:
     """plan.json ``pairs`` of a :class:`pdsweep.run.runplan.RunPlan`: ``pairs`` (``[{a, b}]``,
     side ``a`` the earlier build in ``builds:``), ``alone`` (cell id -> why it runs unpaired),
     ``how`` (why pairing is on: the default or ``bench.pair_builds: true``), ``overhead_s``
-    (seconds the pairs add to the makespan; None where not measured); None without pairs."""
+    (seconds the pairs add to the makespan; None where not measured), ``first_s`` (on GPUs: the pairs
+    run before the dispatch, their GPU-seconds over the pool's GPUs by :func:`pdsweep.plan.startup.estimator`,
+    a packing estimate; None on CPU, where the schedule holds them); None without pairs."""
     if not rp.pairs:
         return None
     pairs, alone = rp.pairs
+    est, n = estimator(rp.ls), rp.pool.num_gpus
+    first = sum(max(est(p.a), est(p.b)) * p.num_gpus for p in pairs) / n if n and pairs else None
     return {
         "pairs": [{"a": p.a.id, "b": p.b.id} for p in pairs],
         "alone": alone,
         "how": pairing(rp.ls.sweep.bench)[1],
         "overhead_s": overhead_s(rp.ls.sweep.platform, len(pairs)),
+        "first_s": None if first is None else round(first, 1),
     }
 
 
@@ -46,8 +52,10 @@ def pairs_text(pr: dict[str, Any] | None, off: str | None) -> str:
     costs = (
         f"+{cost:.0f} s in the makespan (both deployments start at once; measured, docs/performance.md)"
         if cost is not None
-        else "not in the makespan estimate (the pairs' interleaving is not modelled here)"
+        else "their interleaving cost is not in the makespan estimate (not measured on GPUs)"
     )
+    if pr.get("first_s") is not None:
+        costs += f"; they run before the dispatch: +{pr['first_s']:.0f} s in the makespan (GPU-seconds over the pool)"
     return (
         f"\nbuild pairs: {len(pr['pairs'])} measured paired, load repeats interleaved (ABBA), no extra "
         f"repeats; {pr['how']}; {costs}\n"

@@ -119,11 +119,32 @@ def run_pair(ctx: RunContext, pair: Pair, slots: tuple[Slot, Slot]) -> None:
         ctx.provider.keep_only([], pair.b.id, wait=bool(slots[0].gpus))  # GPUs free before the next cells
 
 
+def too_big(pair: Pair, num_gpus: int) -> str | None:
+    """Why ``pair`` can never run as a pair on ``num_gpus`` GPUs (None: it fits; CPU pairs always do)."""
+    if pair.num_gpus > num_gpus and pair.num_gpus:
+        n = f"{pair.num_gpus} GPUs at once ({pair.a.num_gpus} + {pair.b.num_gpus})"
+        return f"the pair needs {n}, the pool has {num_gpus}"
+    return None
+
+
+def fitting(planned: tuple[list[Pair], dict[str, str]], num_gpus: int) -> tuple[list[Pair], dict[str, str]]:
+    """``planned`` (:func:`plan_pairs`) with the pairs that can never fit ``num_gpus`` GPUs moved to
+    the cells run alone, each with its reason: what the plan dispatches and what :func:`run_pairs` runs."""
+    pairs, why = planned
+    keep = [p for p in pairs if too_big(p, num_gpus) is None]
+    alone = {
+        c.id: f"not paired with {o.id}: {r}"
+        for p in pairs
+        if (r := too_big(p, num_gpus))
+        for c, o in ((p.a, p.b), (p.b, p.a))
+    }
+    return keep, {**why, **alone}
+
+
 def _unfit(pool: Any, pair: Pair, slots: tuple[Slot, Slot] | None, busy: bool) -> str | None:
     """Why ``pair`` cannot run as a pair on ``pool`` (None: it can, or must wait for ``busy`` ones)."""
-    if pair.num_gpus > pool.num_gpus and pair.num_gpus:
-        n = f"{pair.num_gpus} GPUs at once ({pair.a.num_gpus} + {pair.b.num_gpus})"
-        return f"the pair needs {n}, the pool has {pool.num_gpus}"
+    if reason := too_big(pair, pool.num_gpus):
+        return reason
     if slots is None:
         return None if busy else "the pair's two cells do not fit the pool together"
     if not ports_fit(slots[1].port_base, PORTS_PER_SLOT):

@@ -1,8 +1,8 @@
 """The one plan of a run: what ``pdsweep plan`` prints and ``pdsweep run`` executes.
 
-:func:`place` picks the resources (one host's GPUs, fitted by the preflight or ``plan_fit``, or a
-cluster's nodes); :func:`plan_cells` the cells that run there (NOT-RUNNABLE ones with why), the
-estimated schedule (:func:`pdsweep.plan.schedule.pack`) and the cells left to run; then
+:func:`plan_cells` takes the job's cells (folded, sharded: :func:`pdsweep.run.jobs.job_cells`), has them
+placed (:func:`place`: one host's GPUs, fitted by the preflight or ``plan_fit``, or a cluster's nodes), and
+the cells that run there (NOT-RUNNABLE ones with why), the estimated schedule and the cells left to run; then
 :meth:`RunPlan.with_instances` each cell's instances, the run order (with instance reuse:
 :func:`pdsweep.plan.schedule.reuse_order`), the reuse record, the GPU dispatch
 (:func:`pdsweep.run.gpureuse.plan_order`), the ``bench.pair_builds`` pairs and the executor
@@ -11,6 +11,7 @@ the :class:`RunPlan` and no other derivation (tests/test_run_plan.py holds it)."
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -23,13 +24,18 @@ from pdsweep.plan.instance import InstanceSpec, instances, model_path
 from pdsweep.plan.pairing import pairing
 from pdsweep.plan.placement import Cluster, ClusterPool
 from pdsweep.plan.schedule import GpuPool, Schedule, detect_gpus, order, pack, reuse_order
+from pdsweep.plan.shards import Shard
 from pdsweep.plan.startup import estimator
 from pdsweep.run.gpureuse import plan_order, record
-from pdsweep.run.pairs import Pair, plan_pairs
+from pdsweep.run.jobs import Job, job_cells
+from pdsweep.run.pairs import Pair, fitting, plan_pairs
 from pdsweep.run.preflight import plan_fit, preflight
 from pdsweep.sweepfile.sweep import LoadedSweep
 
+log = logging.getLogger(__name__)
 Pool = GpuPool | ClusterPool
+# a job's cells -> :func:`place`'s (pool, fitted shape, warnings: logged), with the caller's resources and checks
+Placer = Callable[[list[Any]], tuple[Pool, str | None, list[str]]]
 
 # How `run` executes a plan, by (instance reuse, GPUs on this host): `cells` dispatches each cell
 # with its own instances on free GPUs (or one at a time on CPU); `reuse` runs one cell at a time
@@ -86,29 +92,34 @@ def fresh_pool(pool: Pool) -> Pool:
 
 @dataclass(frozen=True)
 class RunPlan:
-    """What a run does. ``cells``: the selected cells (with the references they need);
-    ``why``: cell id -> why it is NOT-RUNNABLE here; ``schedule``: the estimated cell
-    schedule; ``runnable``: the others in run order; ``todo``: those left to run (``done``:
-    final under ``--resume``), in the order ``run`` takes them; ``specs``: cell id -> its
-    planned instances (ports of its schedule lane; GPU ids are where, not what); ``reuse``:
-    plan.json ``reuse`` (None without instance reuse); ``dispatch``: (priority order,
-    simulation, inputs) of the reuse dispatch on GPUs; ``pairs``: ``bench.pair_builds``
-    pairs and why each other PD cell runs alone."""
+    """What a run does. ``job``: the job's cells out of the selected ones (folded, sharded), what was
+    folded into what; ``cells``: the job's cells (with the references they need); ``fitted``: the node
+    shape :func:`place` fitted them to (or None); ``why``: cell id -> why it is NOT-RUNNABLE here;
+    ``schedule``: the estimated cell schedule; ``runnable``: the others in run order; ``todo``: those
+    left to run (``done``: final under ``--resume``), in the order ``run`` takes them; ``specs``: cell
+    id -> its planned instances (ports of its schedule lane; GPU ids are where, not what); ``reuse``:
+    plan.json ``reuse`` (None without instance reuse); ``dispatch``: (priority order, simulation,
+    inputs) of the reuse dispatch on GPUs; ``pairs``: ``bench.pair_builds`` pairs, why other PD cells run alone."""
 
     ls: LoadedSweep
     expanded: Plan
-    cells: list[Any]
+    job: Job
     pool: Pool
     why: dict[str, str]
     schedule: Schedule
     runnable: list[Any]
     todo: list[Any]
+    fitted: str | None = None
     reuse_on: bool = True
     prestart: bool = True
     specs: dict[str, list[InstanceSpec]] = field(default_factory=dict)
     reuse: dict[str, Any] | None = None
     dispatch: tuple[list[Any], list[Placed], Inputs] | None = None
     pairs: tuple[list[Pair], dict[str, str]] | None = None
+
+    @property
+    def cells(self) -> list[Any]:
+        return self.job.cells
 
     @property
     def executor(self) -> str:
@@ -124,6 +135,8 @@ class RunPlan:
         specs = {c.id: _specs(ls, c, slots[c.id], python_of.get(c.build), unbuilt) for c in self.cells if c.id in slots}
         todo, reuse, dispatch = self.todo, None, None
         pairs = _pairs(ls, todo, self.runnable)
+        if pairs and self.pool.num_gpus:  # a pair larger than the pool runs its cells alone, in the dispatch
+            pairs = fitting(pairs, self.pool.num_gpus)
         if self.reuse_on:
             # build pairs run first, their instances stopped after each (pdsweep.run.pairs): no reuse across them
             paired = [c for p in (pairs[0] if pairs else []) for c in (p.a, p.b)]
@@ -132,10 +145,10 @@ class RunPlan:
             rest = reuse_order(rest, {c.id: {instance_key(s) for s in mine[c.id]} for c in rest})
             todo = paired + rest
             reuse = reuse_record(todo, mine, self.prestart)
-            if self.pool.num_gpus:
-                # every cell: a pair that does not fit the GPUs runs its cells in this dispatch (pdsweep.run.pairs)
-                dispatch = plan_order(todo, mine, self.pool.num_gpus, est, self.prestart)
+            if self.pool.num_gpus:  # the cells the pairs leave: what run_pairs hands the dispatch
+                dispatch = plan_order(rest, mine, self.pool.num_gpus, est, self.prestart)
                 reuse["schedule"] = record(dispatch[1], est)
+                reuse["schedule"]["instance_starts"] += sum(len(mine[c.id]) for c in paired)  # each pair starts its own
         return replace(self, specs=specs, todo=todo, reuse=reuse, dispatch=dispatch, pairs=pairs)
 
 
@@ -163,16 +176,23 @@ def _specs(ls: LoadedSweep, cell: Any, slot: Any, python: str | None, unbuilt: A
 
 
 def plan_cells(
-    ls: LoadedSweep, expanded: Plan, cells: list[Any], pool: Pool, reuse: bool = True, prestart: bool = True,
-    done: Callable[[Any], bool] = lambda c: False,
+    expanded: Plan, selected: list[Any], shard: Shard | None, where: Placer, reuse: bool = True,
+    prestart: bool = True, done: Callable[[Any], bool] = lambda c: False,
 ) -> RunPlan:  # fmt: skip
-    """The cells of ``cells`` that run on ``pool`` and their estimated schedule (instances:
-    :meth:`RunPlan.with_instances`). ``reuse``: share identical instances (not on a cluster);
-    ``prestart``: start the next cell's instances early; ``done(cell)``: final (``--resume``)."""
+    """The plan of this job (``shard`` of the ``selected`` cells, folded: :func:`job_cells`; ``UserError``
+    for an empty shard) on the pool ``where`` places its cells on (instances: :meth:`RunPlan.with_instances`).
+    ``reuse``: share identical instances (not on a cluster); ``prestart``: start the next cell's instances
+    early; ``done(cell)``: final (``--resume``)."""
+    ls = expanded.loaded
+    job = job_cells(ls, selected, shard)
+    cells = job.cells
+    pool, fitted, warnings = where(cells)
+    for w in warnings:
+        log.warning("%s", w)
     ref_of = (lambda c: reference_of(c, ls).id) if ls.sweep.eval.reference else None
     sched = pack(cells, pool.num_gpus, pool.port_base, pool=fresh_pool(pool), estimate=estimator(ls), ref_of=ref_of)
     why = sched.reasons
     runnable = [c for c in order(cells) if c.id not in why]
     reuse_on = reuse and not isinstance(pool, ClusterPool)
     todo = [c for c in runnable if not done(c)]
-    return RunPlan(ls, expanded, cells, pool, why, sched, runnable, todo, reuse_on, prestart)
+    return RunPlan(ls, expanded, job, pool, why, sched, runnable, todo, fitted, reuse_on, prestart)

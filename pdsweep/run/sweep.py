@@ -42,7 +42,6 @@ from pdsweep.run.cell import run_cell
 from pdsweep.run.context import RunContext, RunOptions
 from pdsweep.run.feasible import feasibility_warnings
 from pdsweep.run.gpureuse import run_dispatch
-from pdsweep.run.jobs import job_cells
 from pdsweep.run.pairs import lanes, run_pairs
 from pdsweep.run.prebuild import prebuild_checkpoints
 from pdsweep.run.progress import Progress
@@ -58,9 +57,8 @@ def default_run_dir(ls: LoadedSweep) -> Path:
     return REPO / "results" / f"{ls.sweep.name}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def write_index(
-    ctx: RunContext, cells: list[Cell], started: str, finished: str | None, num_gpus: int, too_big: list[Cell]
-) -> None:
+def write_index(ctx: RunContext, rp: RunPlan, started: str, finished: str | None) -> None:
+    num_gpus, too_big = rp.pool.num_gpus, [c for c in rp.cells if c.id in rp.why]  # a reference only they need, too
     index = {
         "name": ctx.run_dir.name,
         "sweep": str(ctx.ls.path),
@@ -85,10 +83,10 @@ def write_index(
                 "status": layout.cell_status(ctx.run_dir, c.id) or "pending",
                 "expect_fail": c.expect_fail,
             }
-            for c in cells
+            for c in rp.cells
         },
-        "folded": ctx.job.folded if ctx.job else {},  # folded id -> the id that ran for it (pdsweep.plan.fold)
-        "shard": ctx.job.shard if ctx.job else None,  # job i of n (pdsweep.plan.shards)
+        "folded": rp.job.folded,  # folded id -> the id that ran for it (pdsweep.plan.fold)
+        "shard": rp.job.shard,  # job i of n (pdsweep.plan.shards)
         "rejected": [{"cell_id": r.cell.id, "rule": r.rule, "reason": r.reason} for r in ctx.plan.rejected]
         + [
             {
@@ -109,10 +107,10 @@ def run_sweep(path: str | Path, opts: RunOptions) -> Path:
     stopped)."""
     t_run = time.monotonic()
     ctx, rp = _open_run(path, opts)
-    pool, too_big = rp.pool, [c for c in rp.cells if c.id in rp.why]  # a reference only they need, too
+    pool = rp.pool
     prev = layout.read_json_or_none(ctx.run_dir / layout.RUN_FILE) if opts.resume else None
     started = (prev or {}).get("started") or now()  # a resumed run keeps when it began: its history key
-    write_index(ctx, rp.cells, started, None, pool.num_gpus, too_big)
+    write_index(ctx, rp, started, None)
     ctx.builds = {b: build_info(ctx.ls, b) for b in sorted({c.build for c in rp.todo})}
     t = time.monotonic()
     _, unbuilt = prebuild_checkpoints(ctx.ls, rp.todo)  # before any instance (prestart) needs one
@@ -141,7 +139,7 @@ def run_sweep(path: str | Path, opts: RunOptions) -> Path:
     except KeyboardInterrupt:
         ctx.stop.set()
         ctx.launcher.kill_all()
-        write_index(ctx, rp.cells, started, None, pool.num_gpus, too_big)
+        write_index(ctx, rp, started, None)
         raise
     finally:
         if isinstance(ctx.provider, InstancePool) and not ctx.stop.is_set():
@@ -158,7 +156,7 @@ def run_sweep(path: str | Path, opts: RunOptions) -> Path:
     judge_run(ctx.run_dir, ctx.ls)
     ctx.timings.update(judge_s=round(time.monotonic() - t, 3), cells_s=round(t - t_run, 3))
     ctx.timings["wall_s"] = round(time.monotonic() - t_run, 3)
-    write_index(ctx, rp.cells, started, now(), pool.num_gpus, too_big)
+    write_index(ctx, rp, started, now())
     return ctx.run_dir
 
 
@@ -176,8 +174,6 @@ def _open_run(path: str | Path, opts: RunOptions) -> tuple[RunContext, RunPlan]:
         check_eval_tasks(ls)
     if not cells:
         raise UserError(f"no cell of {ls.path} matches --cells {opts.cells!r}")
-    job = job_cells(ls, cells, opts.shard)  # identical deployments folded, then this job's shard
-    cells = job.cells
     run_dir = (Path(opts.out) if opts.out else default_run_dir(ls)).resolve()  # results/latest -> its run
     old = layout.read_json_or_none(run_dir / layout.RUN_FILE)
     if old and not opts.resume:
@@ -188,21 +184,18 @@ def _open_run(path: str | Path, opts: RunOptions) -> tuple[RunContext, RunPlan]:
             f"{run_dir}: {ls.path} changed since this run started (sweep_sha256 differs); "
             "results would mix two sweeps: start a new run"
         )
-    local = opts.launcher == "local"  # weights, memory, driver, busy GPUs: before anything starts
     launcher, cluster = launcher_cluster(ls, opts)  # outside an allocation: refused before any write
-    pool, fitted, warnings = place(
-        ls, cells, opts.gpus, cluster, check=opts.preflight and local, fit=False, refuse_unfetched=True
-    )
-    for warning in warnings:
-        log.warning("%s", warning)
-    if fitted:
-        log.info("cells fitted to %s", fitted)
+    done = (lambda c: layout.cell_status(run_dir, c.id) in layout.FINAL_STATUSES) if opts.resume else lambda c: False
+    check = opts.preflight and opts.launcher == "local"  # weights, memory, driver, busy GPUs: before anything starts
+    where = functools.partial(place, ls, gpus=opts.gpus, cluster=cluster, check=check, fit=False, refuse_unfetched=True)
+    # this job's cells (identical deployments folded, then its shard), placed and scheduled
+    rp = plan_cells(plan, cells, opts.shard, where, opts.reuse, opts.prestart, done)
+    if rp.fitted:
+        log.info("cells fitted to %s", rp.fitted)
     current = git_sha()
     git_shas = [x for x in dict.fromkeys([*(old or {}).get("git_shas", []), current]) if x]
     run_dir.mkdir(parents=True, exist_ok=True)
-    done = (lambda c: layout.cell_status(run_dir, c.id) in layout.FINAL_STATUSES) if opts.resume else lambda c: False
-    rp = plan_cells(ls, plan, cells, pool, opts.reuse, opts.prestart, done)
-    why = rp.why
+    why, pool = rp.why, rp.pool
     ctx = RunContext(
         ls,
         plan,
@@ -213,7 +206,6 @@ def _open_run(path: str | Path, opts: RunOptions) -> tuple[RunContext, RunPlan]:
         git_shas=git_shas,
         sweep_sha256=sha,
         git_sha=current,
-        job=job,
     )
     return ctx, rp
 

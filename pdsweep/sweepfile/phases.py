@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from pdsweep.core.errors import UserError
+from pdsweep.results.layout import probe_prompt_name
 from pdsweep.sweepfile.axes import Pos
 from pdsweep.sweepfile.catalogue import Strict as _Strict
 from pdsweep.sweepfile.slo import parse_slo
@@ -145,12 +146,12 @@ BLOCKS_FACTOR = 3.5  # "blocks" prompt: several full blocks plus a partial one
 def resolve_lengths(
     block_size: int, max_model_len: int, lengths: Sequence[int | str], max_tokens: int = 8
 ) -> list[tuple[str, int]]:
-    """``(name, prompt tokens)`` per entry of ``lengths`` (``ConsistencySpec.lengths``):
-    ``short`` = one block minus one (shorter than a block), ``blocks`` =
-    ``int(3.5 * block_size)``, ``long`` = ``max_model_len - max_tokens - 1`` (the cap: the
-    prompt plus ``max_tokens`` generated tokens must fit), an int = that many tokens
-    (named ``len<N>``). ``short``/``blocks`` are clamped to the cap. Duplicate names are
-    dropped. Raises ``UserError`` if the cap is below 1 or an int is outside ``1..cap``."""
+    """``(name, prompt tokens)`` per entry of ``lengths`` (``ConsistencySpec.lengths``; names:
+    :func:`pdsweep.results.layout.probe_prompt_name`): ``short`` = one block minus one, ``blocks`` =
+    ``int(3.5 * block_size)``, ``long`` = ``max_model_len - max_tokens - 1`` (the cap: the prompt plus
+    ``max_tokens`` generated tokens must fit), an int = that many tokens. ``short``/``blocks`` are
+    clamped to the cap; duplicate names dropped. Raises ``UserError`` if the cap is below 1 or an int
+    is outside ``1..cap``."""
     cap = max_model_len - max_tokens - 1
     if cap < 1:
         raise UserError(
@@ -158,20 +159,17 @@ def resolve_lengths(
         )
     out: dict[str, int] = {}
     for item in lengths:
-        if item == "short":
-            name, n = "short", min(max(1, block_size - 1), cap)
-        elif item == "blocks":
-            name, n = "blocks", min(int(BLOCKS_FACTOR * block_size), cap)
-        elif item == "long":
-            name, n = "long", cap
-        elif isinstance(item, int) and not isinstance(item, bool):
-            if not 1 <= item <= cap:
-                raise UserError(
-                    f"consistency.lengths: {item} tokens is outside 1..{cap} "
-                    f"(max_model_len {max_model_len} - max_tokens {max_tokens} - 1)"
-                )
-            name, n = f"len{item}", item
-        else:
-            raise UserError(f"consistency.lengths: unknown entry {item!r} (allowed: short, blocks, long, an int)")
+        name = probe_prompt_name(item)  # consistency.json's name of it; an unknown entry raises
+        if name == "short":
+            n = min(max(1, block_size - 1), cap)
+        elif name == "blocks":
+            n = min(int(BLOCKS_FACTOR * block_size), cap)
+        elif name == "long":
+            n = cap
+        elif not 1 <= (n := int(item)) <= cap:  # len<N>: an int
+            raise UserError(
+                f"consistency.lengths: {item} tokens is outside 1..{cap} "
+                f"(max_model_len {max_model_len} - max_tokens {max_tokens} - 1)"
+            )
         out.setdefault(name, n)
     return list(out.items())
