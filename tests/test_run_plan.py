@@ -94,4 +94,6 @@ def test_run_takes_its_job_from_the_plan(tmp_path, monkeypatch, no_side_effects)
     assert index["shard"] == printed["shard"]
     assert index["folded"] == {a: f["runs_as"] for a, f in printed["folded"].items()}
     pair = sorted(ran[:2]) == sorted(printed["reuse"]["order"][:2])  # the build pair runs both cells at once
-    assert pair and ran[2:] == printed["reuse"]["order"][2:] and sorted(ran) == sorted(c["id"] for c in printed["cells"])
+    assert (
+        pair and ran[2:] == printed["reuse"]["order"][2:] and sorted(ran) == sorted(c["id"] for c in printed["cells"])
+    )
