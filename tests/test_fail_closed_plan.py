@@ -12,9 +12,12 @@ from fixtures.make_runs import ACC, CON, HYBRID, LOAD, TASK, case, edit, good_pr
 
 from pdsweep.judge.gate import FAIL, PASS, XFAIL, gate_run
 from pdsweep.results import layout
+from pdsweep.sweepfile.gatespec import GateSpec
+from pdsweep.sweepfile.phases import EvalSpec
 
 BENCH = {"enabled": True, "check": False, "workloads": [{"name": "random"}], "concurrencies": [2, 8], "num_prompts": 16}
-EVAL = {"tasks": [TASK], "consistency": {"lengths": ["short", "blocks", "long"]}}
+EVAL = EvalSpec(tasks=[TASK], consistency={"lengths": ["short", "blocks", "long"]}).model_dump()
+NO_BENCH = {"enabled": False}
 
 
 def load_run(c: int, n: int = 16) -> dict:
@@ -23,7 +26,12 @@ def load_run(c: int, n: int = 16) -> dict:
 
 def judged(tmp_path: Path, *patches, cell=HYBRID, bench=BENCH, eval_=EVAL):
     run = write_run(tmp_path, "run", [case(cell, *patches)])
-    edit(run / layout.RUN_FILE, lambda d: d.update(bench=bench, eval=eval_))
+
+    def freeze(index: dict) -> None:  # None: the section left out of run.json
+        for key, value in (("bench", bench), ("eval", eval_)):
+            index.pop(key) if value is None else index.update({key: value})
+
+    edit(run / layout.RUN_FILE, freeze)
     return gate_run(run).cell(cell.id)
 
 
@@ -49,7 +57,7 @@ def test_load_runs_are_checked_against_the_planned_bench(tmp_path: Path, runs: l
 
 
 def test_a_planned_probe_prompt_missing_from_consistency_json_fails(tmp_path: Path) -> None:
-    r = judged(tmp_path, {CON: {"prompts": good_prompts(("short",))}}, bench=None)
+    r = judged(tmp_path, {CON: {"prompts": good_prompts(("short",))}}, bench=NO_BENCH)
     assert r.verdict == FAIL and list(r.reasons) == [
         f"{HYBRID.id}/{CON}: prompt '{n}' missing (eval.consistency.lengths gives ['short', 'blocks', 'long'] "
         "in run.json)"
@@ -58,12 +66,14 @@ def test_a_planned_probe_prompt_missing_from_consistency_json_fails(tmp_path: Pa
 
 
 def test_a_planned_task_missing_from_accuracy_json_fails(tmp_path: Path) -> None:
-    r = judged(tmp_path, bench=None, eval_={**EVAL, "tasks": [TASK, "gsm8k"]})
+    r = judged(tmp_path, bench=NO_BENCH, eval_={**EVAL, "tasks": [TASK, "gsm8k"]})
     assert r.verdict == FAIL and list(r.reasons) == [
         f"{HYBRID.id}/{ACC}: task gsm8k missing (eval.tasks ['{TASK}', 'gsm8k'] in run.json)"
     ]
-    r = judged(tmp_path / "old", bench=None, eval_=None)  # a run before eval was frozen: the defaults, said so
-    assert r.verdict == PASS
+    r = judged(tmp_path / "old", bench=NO_BENCH, eval_=None)  # no default stands in for the plan (judge.frozen)
+    assert r.verdict == FAIL and r.reasons == (
+        "the plan is damaged: run.json: eval missing (the lm-eval tasks and probe prompts)",
+    )
 
 
 @pytest.mark.parametrize(
@@ -85,7 +95,6 @@ def test_an_expected_failure_does_not_hide_a_lost_result(tmp_path: Path) -> None
     """The CPU default's UCX-TCP drill (sweeps/cpu-smoke.yaml): its signature names the transport;
     with its accuracy.json deleted it is FAIL listing the loss, not XFAIL."""
     from pdsweep.judge.gate import checks_for
-    from pdsweep.sweepfile.gatespec import GateSpec
 
     assert any(c.name == "transport" for c in checks_for(GateSpec(transports=["cma"])))
     cell = pd("tiny-llama", 1, 1, expect_fail=True, expect_reason="ucx-tcp drill", expect_match=UCX)
@@ -93,7 +102,7 @@ def test_an_expected_failure_does_not_hide_a_lost_result(tmp_path: Path) -> None
 
     def gate(name: str, *patches):
         run = write_run(tmp_path / name, "run", [case(cell, tcp, *patches)])
-        edit(run / layout.RUN_FILE, lambda d: d.update(gate={"transports": ["cma"]}))
+        edit(run / layout.RUN_FILE, lambda d: d.update(gate=GateSpec(transports=["cma"]).model_dump()))
         return gate_run(run).cell(cell.id)
 
     assert gate("drill").verdict == XFAIL

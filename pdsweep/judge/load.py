@@ -366,10 +366,10 @@ def planned_answers(bench: dict[str, Any]) -> tuple[tuple[str, int], ...]:
 def load_plan(bench: dict[str, Any]) -> dict[str, Any]:
     """:class:`LoadCheck`'s ``concurrencies`` and ``num_prompts`` from run.json ``bench`` (the
     sweep's :class:`~pdsweep.sweepfile.phases.BenchSpec`, frozen): ``vllm bench serve`` runs once per
-    concurrency when a ``random`` workload is planned (:func:`pdsweep.measure.phases.run_load`);
-    a run.json without ``bench.workloads`` predates them and planned ``random``."""
+    concurrency when a ``random`` workload is planned (:func:`pdsweep.measure.phases.run_load`); a
+    run.json without ``bench.workloads`` fails the gate (:mod:`pdsweep.judge.frozen`)."""
     works = bench.get("workloads")
-    names = [x.get("name") if isinstance(x, dict) else x for x in works] if isinstance(works, list) else ["random"]
+    names = [x.get("name") if isinstance(x, dict) else x for x in works] if isinstance(works, list) else []
     if bench.get("enabled") is not True or "random" not in names:
         return {}
     concs = bench.get("concurrencies")

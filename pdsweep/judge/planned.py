@@ -1,22 +1,22 @@
 """What the plan asked the eval phase for, checked in the results (issue 59): accuracy.json
 holds every lm-eval task of ``eval.tasks`` and consistency.json every probe prompt of
 ``eval.consistency.lengths``, as frozen in run.json ``eval`` when the run started, never as the
-files list them. A run.json without ``eval`` (runs before it was frozen) is held to the sweep
-defaults (:class:`~pdsweep.sweepfile.phases.EvalSpec`), and each reason says so."""
+files list them, and none they do not plan; each task records the expected score run.json ``expected``
+gives its model. A run.json without ``eval`` or ``expected`` fails the gate (:mod:`pdsweep.judge.frozen`);
+its checks here then stand on the sweep defaults (:class:`~pdsweep.sweepfile.phases.EvalSpec`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
 
 from pdsweep.core.errors import UserError
+from pdsweep.core.stats import num
 from pdsweep.judge.facts import CellFiles, cell_from_dict, show
 from pdsweep.results import layout
 from pdsweep.sweepfile.phases import EvalSpec, resolve_lengths
-
-NO_EVAL = " (run.json records no eval: the sweep defaults)"
 
 
 @dataclass(frozen=True)
@@ -26,10 +26,12 @@ class PlannedEval:
     tasks: tuple[str, ...]
     prompts: tuple[str, ...]  # empty: consistency disabled
     reference: bool = True  # eval.reference: each PD task is compared with its reference cell's
-    source: str = ""  # NO_EVAL when the defaults stand in for run.json's eval
     # plan.json ``references``: PD cell id -> the reference cell the run compared it with
     # (pdsweep.plan.expand.reference_of: the sweep's default build, the variant's `reference:`)
     references: tuple[tuple[str, str], ...] = ()
+    # run.json ``expected``: model -> task -> {value, tolerance, n, source} (accuracy/expected.yaml when the
+    # run started, pdsweep.run.sweep.write_index): the expected score each accuracy.json task must record
+    expected: dict[str, Any] = field(default_factory=dict)
 
 
 def planned_eval(index: dict[str, Any], plan: dict[str, Any] | None = None) -> PlannedEval:
@@ -51,7 +53,8 @@ def planned_eval(index: dict[str, Any], plan: dict[str, Any] | None = None) -> P
     names = tuple(n for n, _ in resolve_lengths(16, big, c.lengths, c.max_tokens)) if c.enabled else ()
     refs = (plan or {}).get("references")
     pairs = tuple((k, v) for k, v in refs.items() if isinstance(v, str)) if isinstance(refs, dict) else ()
-    return PlannedEval(tuple(spec.tasks), names, spec.reference, NO_EVAL if raw is None else "", pairs)
+    expected = index.get("expected") if isinstance(index.get("expected"), dict) else {}
+    return PlannedEval(tuple(spec.tasks), names, spec.reference, pairs, expected)
 
 
 @dataclass(frozen=True)
@@ -71,25 +74,58 @@ class PlannedTasksCheck:
             return []  # AccuracyCheck fails the file ("no tasks")
         w = files.where(layout.ACCURACY_FILE)
         out = [
-            f"{w}: task {t} missing (eval.tasks {list(self.plan.tasks)} in run.json{self.plan.source})"
+            f"{w}: task {t} missing (eval.tasks {list(self.plan.tasks)} in run.json)"
             for t in self.plan.tasks
             if t not in tasks
         ]
+        out += [
+            f"{w}: task {t} not planned (eval.tasks {list(self.plan.tasks)} in run.json)"
+            for t in tasks
+            if t not in self.plan.tasks
+        ]
         cell = cell_from_dict((files.get(layout.CELL_FILE) or {}).get("cell"))
+        if cell is not None:
+            out += expected_against_plan(tasks, self.plan, cell.model, w)
         if self.plan.reference and cell is not None and cell.kind == "pd":
             # a run before plan.json recorded references: the cell's own build and variant
             want = dict(self.plan.references).get(cell.id) or cell.reference().id
             for t in (t for t in self.plan.tasks if isinstance(tasks.get(t), dict)):
                 got = tasks[t].get("reference")
                 if not isinstance(got, dict):
-                    out.append(
-                        f"{w}: {t}: no reference score recorded (eval.reference is true in run.json{self.plan.source})"
-                    )
+                    out.append(f"{w}: {t}: no reference score recorded (eval.reference is true in run.json)")
                 elif got.get("cell_id") != want:
                     out.append(
                         f"{w}: {t}: reference.cell_id is {show(got.get('cell_id'))}, the cell's reference is {want}"
                     )
         return out
+
+
+def expected_against_plan(tasks: dict[str, Any], plan: PlannedEval, model: str, w: str) -> list[str]:
+    """Each planned task of accuracy.json ``tasks`` records the expected score run.json ``expected``
+    gives ``model`` (value and tolerance equal), and none the plan does not give: an expected score is
+    what a reference cell's accuracy is judged by (:func:`pdsweep.judge.accuracy.judge`), so one
+    dropped from the file would pass the cell on its reference alone."""
+    want = plan.expected.get(model) if isinstance(plan.expected.get(model), dict) else {}
+    out = []
+    for t in (t for t in plan.tasks if isinstance(tasks.get(t), dict)):
+        got, exp = tasks[t].get("expected"), want.get(t)
+        where = f"run.json expected.{model}.{t}"
+        if not isinstance(exp, dict):
+            if got is not None:
+                out.append(
+                    f"{w}: {t}: expected {show(got)[:60]} recorded, but run.json expected gives {model} no {t} score"
+                )
+        elif not isinstance(got, dict):
+            out.append(
+                f"{w}: {t}: expected missing ({where} is {show(exp.get('value'))} +/- {show(exp.get('tolerance'))})"
+            )
+        else:
+            out += [
+                f"{w}: {t}: expected.{k} is {show(got.get(k))}, {where}.{k} is {show(exp.get(k))}"
+                for k in ("value", "tolerance")
+                if num(got.get(k)) is None or num(got.get(k)) != num(exp.get(k))
+            ]
+    return out
 
 
 @dataclass(frozen=True)
@@ -108,9 +144,8 @@ class PlannedPromptsCheck:
             return []  # ConsistencyCheck fails the file ("no prompts compared")
         seen = {p.get("name") for p in prompts if isinstance(p, dict)}
         w = files.where(layout.CONSISTENCY_FILE)
-        return [
-            f"{w}: prompt '{n}' missing (eval.consistency.lengths gives {list(self.plan.prompts)} in "
-            f"run.json{self.plan.source})"
-            for n in self.plan.prompts
-            if n not in seen
+        lengths = f"eval.consistency.lengths gives {list(self.plan.prompts)} in run.json"
+        out = [f"{w}: prompt '{n}' missing ({lengths})" for n in self.plan.prompts if n not in seen]
+        return out + [
+            f"{w}: prompt {show(n)} not planned ({lengths})" for n in sorted(seen - set(self.plan.prompts), key=str)
         ]
