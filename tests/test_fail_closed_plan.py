@@ -10,6 +10,7 @@ import pytest
 from _sweepfiles import bad
 from fixtures.make_runs import ACC, CON, HYBRID, LOAD, TASK, case, edit, good_prompts, pd, write_run
 
+from pdsweep.judge.accuracy import frozen_expected
 from pdsweep.judge.gate import FAIL, PASS, XFAIL, gate_run
 from pdsweep.results import layout
 from pdsweep.sweepfile.gatespec import GateSpec
@@ -111,3 +112,50 @@ def test_an_expected_failure_does_not_hide_a_lost_result(tmp_path: Path) -> None
         f"expected to fail with a signature matching /{UCX}/ (ucx-tcp drill), which does not name these lost "
         f"results: {cell.id}/{ACC}: missing"
     )
+
+
+def test_a_run_json_without_its_frozen_bench_fails_naming_it(tmp_path: Path) -> None:
+    """Was fail-open: without run.json ``bench`` the load checks were off (load.json and load_check.json not required)."""
+    r = judged(tmp_path, bench=None)
+    assert r.verdict == FAIL and r.reasons == (
+        "the plan is damaged: run.json: bench missing (the load phase load.json and load_check.json must hold)",
+    )
+
+
+def test_a_plan_json_missing_a_cell_run_json_lists_fails_naming_both(tmp_path: Path) -> None:
+    run = write_run(tmp_path, "run", [case(HYBRID)])
+    edit(run / layout.PLAN_FILE, lambda d: d.update(cells=[]))
+    assert gate_run(run).cell(HYBRID.id).reasons == (
+        f"the plan is damaged: plan.json: cells: {HYBRID.id} missing (run.json cells lists it)",
+    )
+
+
+EXPECTED = {"value": 0.8, "tolerance": 0.05, "n": 200, "source": "accuracy/expected.yaml"}
+
+
+@pytest.mark.parametrize(
+    "recorded, why",
+    [
+        (EXPECTED, None),
+        (None, "pdsweep_arith: expected missing (run.json expected.kimi-linear.pdsweep_arith is 0.8 +/- 0.05)"),
+        (
+            {**EXPECTED, "tolerance": 0.5},
+            "pdsweep_arith: expected.tolerance is 0.5, run.json expected.kimi-linear.pdsweep_arith.tolerance is 0.05",
+        ),
+    ],
+    ids=["as-planned", "dropped", "widened"],
+)
+def test_each_task_records_the_expected_score_the_plan_gives(tmp_path: Path, recorded, why) -> None:
+    """Was OPTIONAL in the damage sample: a task whose ``expected`` was dropped passed on its reference alone;
+    the expected score now comes from run.json ``expected`` (accuracy/expected.yaml when the run started)."""
+    run = write_run(tmp_path, "run", [case(HYBRID, {ACC: {"tasks": {TASK: {"expected": recorded}}}})])
+    edit(run / layout.RUN_FILE, lambda d: d.update(expected={HYBRID.model: {TASK: EXPECTED}}))
+    r = gate_run(run).cell(HYBRID.id)
+    assert (r.verdict, r.reasons) == ((PASS, ()) if why is None else (FAIL, (f"{HYBRID.id}/{ACC}: {why}",)))
+
+
+def test_run_json_freezes_the_expected_scores_of_its_models() -> None:
+    table = {"tiny-llama": {TASK: EXPECTED, "gsm8k": EXPECTED}, "tiny-mla": {"gsm8k": EXPECTED}}
+    assert frozen_expected(["tiny-llama", "tiny-mla", "tiny-llama", "x"], [TASK], table) == {
+        "tiny-llama": {TASK: EXPECTED}
+    }
