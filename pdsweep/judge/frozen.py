@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from pdsweep.core.stats import obj
 from pdsweep.judge.facts import cell_from_dict, cell_problem, show
+from pdsweep.plan.cell import Cell
 from pdsweep.results import layout
 from pdsweep.sweepfile.gatespec import GateSpec
 
@@ -72,10 +74,14 @@ def run_problems(index: dict[str, Any]) -> list[str]:
         out += _missing(ev, EVAL_KEYS, f"{RUN}: eval") or _missing(
             ev["consistency"], CONSISTENCY_KEYS, f"{RUN}: eval.consistency"
         )
-    for model, tasks in (index.get("expected") or {}).items() if isinstance(index.get("expected"), dict) else ():
-        for task, e in tasks.items() if isinstance(tasks, dict) else [("", tasks)]:
-            out += _missing(e, EXPECTED_KEYS, f"{RUN}: expected.{model}" + (f".{task}" if task else ""))
-    for cid, entry in (index.get("cells") or {}).items() if isinstance(index.get("cells"), dict) else ():
+    if "expected" in index:
+        out += _missing(index["expected"], (), f"{RUN}: expected")
+    for model, tasks in obj(index.get("expected")).items():
+        out += _missing(tasks, (), f"{RUN}: expected.{model}")
+        out += [
+            p for task, e in obj(tasks).items() for p in _missing(e, EXPECTED_KEYS, f"{RUN}: expected.{model}.{task}")
+        ]
+    for cid, entry in obj(index.get("cells")).items():
         out += _missing(entry, ENTRY_KEYS, f"{RUN}: cells.{cid}")
     return out
 
@@ -86,15 +92,17 @@ def plan_problems(index: dict[str, Any], plan: dict[str, Any]) -> list[str]:
     if not plan:
         return [f"{PLAN}: missing or empty (the planned cells)"]
     out = [f"{PLAN}: {k} missing ({why})" for k, why in PLAN_KEYS.items() if k not in plan]
-    cells = plan.get("cells") if isinstance(plan.get("cells"), list) else []
+    cells: list[Any] = plan["cells"] if isinstance(plan.get("cells"), list) else []
+    planned: dict[str, Cell] = {}
     for i, d in enumerate(cells):
         if (problem := cell_problem(d)) is not None:
             out.append(f"{PLAN}: cells.{i}: {problem}")
-    planned = {c.id: c for c in map(cell_from_dict, cells) if c}
+        elif (c := cell_from_dict(d)) is not None:
+            planned[c.id] = c
     rejected = {r.get("cell_id") for r in index.get("rejected") or [] if isinstance(r, dict)}
-    ran = index.get("cells") if isinstance(index.get("cells"), dict) else {}
+    ran = set(obj(index.get("cells")))
     out += [f"{PLAN}: cells: {c} missing (run.json cells lists it)" for c in ran if c not in planned]
-    out += [f"{RUN}: cells.{c} missing (plan.json cells plans it)" for c in planned if c not in set(ran) | rejected]
+    out += [f"{RUN}: cells.{c} missing (plan.json cells plans it)" for c in planned if c not in ran | rejected]
     refs = plan.get("references")
     if isinstance(refs, dict) and obj_true(index, "eval", "reference"):
         out += [f"{PLAN}: references.{c} missing" for c, cell in planned.items() if cell.kind == "pd" and c not in refs]

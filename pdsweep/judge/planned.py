@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from pdsweep.core.errors import UserError
-from pdsweep.core.stats import num
+from pdsweep.core.stats import num, obj
 from pdsweep.judge.facts import CellFiles, cell_from_dict, show
 from pdsweep.results import layout
 from pdsweep.sweepfile.phases import EvalSpec, resolve_lengths
@@ -53,8 +53,7 @@ def planned_eval(index: dict[str, Any], plan: dict[str, Any] | None = None) -> P
     names = tuple(n for n, _ in resolve_lengths(16, big, c.lengths, c.max_tokens)) if c.enabled else ()
     refs = (plan or {}).get("references")
     pairs = tuple((k, v) for k, v in refs.items() if isinstance(v, str)) if isinstance(refs, dict) else ()
-    expected = index.get("expected") if isinstance(index.get("expected"), dict) else {}
-    return PlannedEval(tuple(spec.tasks), names, spec.reference, pairs, expected)
+    return PlannedEval(tuple(spec.tasks), names, spec.reference, pairs, obj(index.get("expected")))
 
 
 @dataclass(frozen=True)
@@ -105,7 +104,7 @@ def expected_against_plan(tasks: dict[str, Any], plan: PlannedEval, model: str, 
     gives ``model`` (value and tolerance equal), and none the plan does not give: an expected score is
     what a reference cell's accuracy is judged by (:func:`pdsweep.judge.accuracy.judge`), so one
     dropped from the file would pass the cell on its reference alone."""
-    want = plan.expected.get(model) if isinstance(plan.expected.get(model), dict) else {}
+    want = obj(plan.expected.get(model))
     out = []
     for t in (t for t in plan.tasks if isinstance(tasks.get(t), dict)):
         got, exp = tasks[t].get("expected"), want.get(t)
