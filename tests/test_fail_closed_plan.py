@@ -71,7 +71,9 @@ def test_a_planned_task_missing_from_accuracy_json_fails(tmp_path: Path) -> None
     assert r.verdict == FAIL and list(r.reasons) == [
         f"{HYBRID.id}/{ACC}: task gsm8k missing (eval.tasks ['{TASK}', 'gsm8k'] in run.json)"
     ]
-    r = judged(tmp_path / "old", bench=NO_BENCH, eval_=None)  # no default stands in for the plan (judge.frozen)
+    r = judged(
+        tmp_path / "old", bench=NO_BENCH, eval_=None
+    )  # no default stands in for the plan (judge.planned.frozen_problems)
     assert r.verdict == FAIL and r.reasons == (
         "the plan is damaged: run.json: eval missing (the lm-eval tasks and probe prompts)",
     )

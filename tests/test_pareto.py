@@ -36,7 +36,7 @@ def load(*runs: dict[str, Any]) -> dict[str, Any]:
     return {layout.LOAD_FILE: {"runs": list(runs)}}
 
 
-# run.json bench as run freezes it (a whole BenchSpec, pdsweep.judge.frozen): the pareto runs' load phase
+# run.json bench as run freezes it (a whole BenchSpec, pdsweep.judge.planned.frozen_problems): the pareto runs' load phase
 BENCH = BenchSpec(enabled=True, check=False, concurrencies=[1, 4], num_prompts=16).model_dump()
 P1D1, P2D1, P1D2 = pd("tiny-llama", 1, 1), pd("tiny-llama", 2, 1), pd("tiny-llama", 1, 2)
 

@@ -43,10 +43,9 @@ from pdsweep.judge.facts import (
 )
 from pdsweep.judge.flaky import FLAKY, flaky_reasons, retried
 from pdsweep.judge.folded import fold_in
-from pdsweep.judge.frozen import frozen_problems
 from pdsweep.judge.integrity import IntegrityCheck
 from pdsweep.judge.load import LoadAnswersCheck, LoadCheck, load_plan, planned_answers
-from pdsweep.judge.planned import PlannedEval, PlannedPromptsCheck, PlannedTasksCheck, planned_eval
+from pdsweep.judge.planned import PlannedEval, PlannedPromptsCheck, PlannedTasksCheck, frozen_problems, planned_eval
 from pdsweep.judge.signature import signature_matches, unexplained_losses
 from pdsweep.judge.transfer import ReadPatternCheck, TransferCheck, TransportCheck
 from pdsweep.plan.cell import Cell
@@ -388,7 +387,7 @@ def gate_run(
 
 
 def _plan_damaged(r: CellResult, damaged: list[str]) -> CellResult:
-    """``r`` FAILed for the damaged plan (:mod:`pdsweep.judge.frozen`), whatever it was expected to do."""
+    """``r`` FAILed for the damaged plan (:func:`pdsweep.judge.planned.frozen_problems`), whatever was expected."""
     if r.verdict in (SKIPPED, NOT_RUNNABLE):
         return r
     why = tuple(f"the plan is damaged: {p}" for p in damaged)

@@ -367,7 +367,7 @@ def load_plan(bench: dict[str, Any]) -> dict[str, Any]:
     """:class:`LoadCheck`'s ``concurrencies`` and ``num_prompts`` from run.json ``bench`` (the
     sweep's :class:`~pdsweep.sweepfile.phases.BenchSpec`, frozen): ``vllm bench serve`` runs once per
     concurrency when a ``random`` workload is planned (:func:`pdsweep.measure.phases.run_load`); a
-    run.json without ``bench.workloads`` fails the gate (:mod:`pdsweep.judge.frozen`)."""
+    run.json without ``bench.workloads`` fails the gate (:func:`pdsweep.judge.planned.frozen_problems`)."""
     works = bench.get("workloads")
     names = [x.get("name") if isinstance(x, dict) else x for x in works] if isinstance(works, list) else []
     if bench.get("enabled") is not True or "random" not in names:

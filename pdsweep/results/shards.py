@@ -113,7 +113,7 @@ def merged_view(run_dirs: list[Path]) -> Path:
         rejected=_union([r for _, i, _, _ in shards for r in i.get("rejected") or []], "cell_id"),
         folded={a: r for _, i, _, _ in shards for a, r in (i.get("folded") or {}).items()},
         shard={"count": n, "merged": [str(d.resolve()) for d, *_ in shards]},
-        # each shard froze the expected scores of its own cells' models (pdsweep.judge.frozen)
+        # each shard froze the expected scores of its own cells' models (pdsweep.judge.planned.frozen_problems)
         expected={m: t for _, i, _, _ in shards for m, t in (i.get("expected") or {}).items()},
     )
     plan = {
