@@ -51,6 +51,18 @@ def test_a_damaged_run_directory_is_an_error_naming_it(tmp_path: Path, capsys, d
         assert "Traceback" not in err and re.search(why, err), (cmd, err)
 
 
+def test_report_renders_a_cell_directory_that_is_a_symlink_loop_as_failed(tmp_path: Path, capsys) -> None:
+    """The gate fails such a cell naming the loop; the report shows it so and is still written (was exit 2:
+    the load section resolved every cell's directory outside its guard)."""
+    run = write_run(tmp_path, "run", [case(HYBRID), case(HYBRID.reference())])
+    shutil.rmtree(run / HYBRID.id)
+    (run / HYBRID.id).symlink_to(run / HYBRID.id)  # ELOOP on every access
+    assert main(["report", str(run), "--out", str(tmp_path / "rep")]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    row = next(x for x in (tmp_path / "rep" / "report.md").read_text().splitlines() if x.startswith(f"| {HYBRID.id} |"))
+    assert f"| FAIL | status.json: unreadable: {run / HYBRID.id}: cannot resolve: Symlink loop" in row
+
+
 def test_report_on_an_unreadable_cell_directory_names_it_not_the_report(tmp_path: Path, capsys, monkeypatch) -> None:
     """As root a chmod 000 directory stays readable: the OS's refusal is simulated on the cell's logs/."""
     run = write_run(tmp_path, "run", [case(HYBRID)])

@@ -207,7 +207,10 @@ def test_planned_cell_missing_from_run_json_fails(copy_of) -> None:
     index = layout.read_json(run / layout.RUN_FILE)
     del index["cells"][ID["pass"]]
     layout.write_json(run / layout.RUN_FILE, index)
-    assert gate_run(run).cell(ID["pass"]).verdict == PASS  # still found through plan.json
+    r = gate_run(run).cell(ID["pass"])  # found through plan.json, and run.json lacks it: no longer a pass
+    assert r.verdict == FAIL and r.reasons == (
+        f"the plan is damaged: run.json: cells.{ID['pass']} missing (plan.json cells plans it)",
+    )
     shutil.rmtree(run / ID["pass"])
     assert gate_run(run).cell(ID["pass"]).verdict == FAIL
 

@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from fixtures.jsondoc import json_paths
 from fixtures.make_runs import (
     ACC,
     CON,
@@ -46,17 +47,6 @@ FAILING = {
 
 
 FILES = (layout.CELL_FILE, ST, ACC, CON, TR, LOAD, layout.RUN_FILE, layout.PLAN_FILE)
-
-
-def _paths(data, prefix=()):
-    """Every (path, value) in a JSON document."""
-    yield prefix, data
-    if isinstance(data, dict):
-        for k, v in data.items():
-            yield from _paths(v, (*prefix, k))
-    elif isinstance(data, list):
-        for i, v in enumerate(data):
-            yield from _paths(v, (*prefix, i))
 
 
 def _mutate(data, path, op, swap):
@@ -236,7 +226,7 @@ def test_property_no_mutation_turns_a_failing_run_into_passed(tmp_path: Path, na
         if not path.exists():
             continue
         data = json.loads(path.read_text())
-        paths = [p for p, _ in _paths(data) if p]
+        paths = [p for p in json_paths(data) if p]
         if paths:
             path.write_text(json.dumps(_mutate(data, paths[pick % len(paths)], op, swap)))
     try:
@@ -264,16 +254,6 @@ HC = [HealthCheck.function_scoped_fixture]
 
 
 CELL = pd("tiny-llama", 1, 1)
-
-
-def _leaves(obj, path=()):
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from _leaves(v, (*path, k))
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            yield from _leaves(v, (*path, i))
-    yield path
 
 
 JSON_ODD = st.one_of(
@@ -312,7 +292,7 @@ def test_property_odd_results_values_never_crash_gate_or_compare(
     run = write_run(root, "run", [case(CELL), case(CELL.reference())])
     path = run / name if name == "run.json" else run / CELL.id / name
     data = json.loads(path.read_text())
-    leaves = [p for p in _leaves(data) if p and p != ("schema",)]
+    leaves = [p for p in json_paths(data) if p and p != ("schema",)]
     target = leaves[pick % len(leaves)]
     cur = data
     for k in target[:-1]:

@@ -15,6 +15,7 @@ from pdsweep.core.errors import UserError
 from pdsweep.judge.gate import gate_run
 from pdsweep.judge.pareto import best, describe, front, points
 from pdsweep.results import layout
+from pdsweep.sweepfile.phases import BenchSpec
 from pdsweep.sweepfile.slo import parse_slo
 
 
@@ -35,6 +36,8 @@ def load(*runs: dict[str, Any]) -> dict[str, Any]:
     return {layout.LOAD_FILE: {"runs": list(runs)}}
 
 
+# run.json bench as run freezes it (a whole BenchSpec, pdsweep.judge.planned.frozen_problems): the pareto runs' load phase
+BENCH = BenchSpec(enabled=True, check=False, concurrencies=[1, 4], num_prompts=16).model_dump()
 P1D1, P2D1, P1D2 = pd("tiny-llama", 1, 1), pd("tiny-llama", 2, 1), pd("tiny-llama", 1, 2)
 
 
@@ -174,9 +177,7 @@ def test_report_draws_the_front_and_recommends_per_sweep_slo(tmp_path: Path) -> 
 
     run = pareto_run(tmp_path)
     index = layout.read_json(run / layout.RUN_FILE)
-    layout.write_json(
-        run / layout.RUN_FILE, {**index, "bench": {"enabled": True, "slos": ["ttft_p90=100,tpot_p50=12.5"]}}
-    )
+    layout.write_json(run / layout.RUN_FILE, {**index, "bench": {**BENCH, "slos": ["ttft_p90=100,tpot_p50=12.5"]}})
     made = write_report(run)
     assert made["front_tiny-llama"].name == "front_tiny-llama.png" and made["front_tiny-llama"].stat().st_size > 10_000
     md = made["markdown"].read_text()

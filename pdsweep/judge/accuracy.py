@@ -82,6 +82,17 @@ def load_expected(path: Path = EXPECTED_FILE) -> dict[str, dict[str, dict[str, A
     return {m: {t: x.model_dump() for t, x in tasks.items()} for m, tasks in parsed.root.items()}
 
 
+def frozen_expected(
+    models: list[str], tasks: list[str], table: dict[str, dict[str, dict[str, Any]]] | None = None
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """run.json ``expected``: the entries of ``table`` (default :func:`load_expected`) for ``models``
+    x ``tasks``, ``{model: {task: {value, tolerance, n, source}}}``, models without one left out. The
+    gate holds each accuracy.json task to it (:func:`pdsweep.judge.planned.expected_against_plan`)."""
+    table = load_expected() if table is None else table
+    out = {m: {t: table[m][t] for t in tasks if t in table.get(m, {})} for m in dict.fromkeys(models)}
+    return {m: t for m, t in out.items() if t}
+
+
 def _judge_task(
     task: str,
     r: dict[str, Any],

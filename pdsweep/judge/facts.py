@@ -171,7 +171,7 @@ def _cell_or_problem(d: Any) -> tuple[Cell | None, str | None]:
     if not isinstance(d, dict):
         return None, f"not an object (got {show(d)[:40]})"
     try:  # typed as the dataclass says (a corrupt file's true/10**400/"x"/0 TP is no cell)
-        kw = {f.name: d[f.name] for f in dataclasses.fields(Cell) if f.name in d}
+        kw = {name: d[name] for name in _CELL_FIELDS if name in d}
         if isinstance(kw.get("expect_without"), list):  # JSON has no tuples
             kw["expect_without"] = tuple(kw["expect_without"])
         return Cell(**_CELL.model_validate(kw).model_dump(exclude_unset=True)), None
@@ -183,6 +183,7 @@ def _cell_or_problem(d: Any) -> tuple[Cell | None, str | None]:
         return None, str(e)
 
 
+_CELL_FIELDS = tuple(f.name for f in dataclasses.fields(Cell))
 # the counts a Cell divides by or ranges over (tp_ratio, read plans), bounded as the sweep spec
 # bounds them: a 0 or 10**30 TP in a corrupt cell.json is no cell; a reference has num_prefill 0
 _BOUNDED: dict[str, Any] = {

@@ -49,6 +49,7 @@ from pdsweep.judge.planned import (
     PlannedPromptsCheck,
     PlannedTasksCheck,
     fold_in,
+    frozen_problems,
     load_plan,
     planned_answers,
     planned_eval,
@@ -379,6 +380,8 @@ def gate_run(
             res = dataclasses.replace(res, verdict=FAIL, reasons=(*res.reasons, *extra))
         results.append(res)
     results = fold_in(results, index.get("folded"), _runner_missing)  # folded cells: their runner's verdict
+    if damaged := frozen_problems(index, plan):  # no default stands in for the plan: every judged cell fails
+        results = [_plan_damaged(r, damaged) for r in results]
     problems: tuple[str, ...] = (
         ()
         if any(r.verdict not in (SKIPPED, NOT_RUNNABLE) for r in results)
@@ -390,6 +393,14 @@ def gate_run(
     )
     flaky_fails = gate.flaky_fails_nightly if nightly else gate.flaky_fails_sweep
     return GateResult(run_dir, str(index.get("name") or run_dir.name), gate, tuple(results), problems, flaky_fails)
+
+
+def _plan_damaged(r: CellResult, damaged: list[str]) -> CellResult:
+    """``r`` FAILed for the damaged plan (:func:`pdsweep.judge.planned.frozen_problems`), whatever was expected."""
+    if r.verdict in (SKIPPED, NOT_RUNNABLE):
+        return r
+    why = tuple(f"the plan is damaged: {p}" for p in damaged)
+    return dataclasses.replace(r, verdict=FAIL, reasons=(*r.reasons, *why) if r.verdict in (FAIL, XFAIL) else why)
 
 
 def _runner_missing(alias: str, runner: str) -> CellResult:

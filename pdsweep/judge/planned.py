@@ -1,11 +1,23 @@
-"""What the run's plan says a cell's results must hold, never what the files list (issue 59):
-run.json as frozen when the run started (``eval``, ``bench``, ``folded``; a run.json without
-``eval`` is held to the sweep defaults, :class:`~pdsweep.sweepfile.phases.EvalSpec`, and each
-reason says so), plan.json ``references`` and the cell's expectation. Eval: every task of
-``eval.tasks`` and probe prompt of ``eval.consistency.lengths`` (:func:`planned_eval`); load: the
-runs and checked answers of ``bench`` (:func:`load_plan`, :func:`planned_answers`); an expected
-failure explains only what its ``match:`` signature names (:func:`unexplained_losses`: a UCX drill
-does not hide a deleted accuracy.json); a folded cell (:mod:`pdsweep.plan.fold`) gets the verdict
+"""What the plan asked the eval phase for, checked in the results (issue 59): accuracy.json
+holds every lm-eval task of ``eval.tasks`` and consistency.json every probe prompt of
+``eval.consistency.lengths``, as frozen in run.json ``eval`` when the run started, never as the
+files list them, and none they do not plan; each task records the expected score run.json ``expected``
+gives its model. A run.json without ``eval`` or ``expected`` fails the gate (:func:`frozen_problems`);
+its checks here then stand on the sweep defaults (:class:`~pdsweep.sweepfile.phases.EvalSpec`).
+
+The plan itself, :func:`frozen_problems`: run.json's ``cells``, ``rejected``, ``gate``, ``bench``, ``eval``
+and ``expected`` and plan.json's ``cells``, ``rejected`` and ``references`` say what each results
+file must hold; the gate reads them, never a results file's own claims. A default cannot stand in
+for a missing key of them without judging the results by themselves (a run.json without
+``bench`` would turn the load checks off), so every missing or malformed field is named, e.g.
+``run.json: bench.concurrencies missing``, and the gate FAILs every judged cell with it (exit 1).
+Written by :func:`pdsweep.run.sweep.write_index` and ``_write_plan`` (plan.json) of
+:mod:`pdsweep.run.sweep`; a run recorded by an older pdsweep lacks some of them: rerun it, or
+gate it with the pdsweep that ran it.
+
+Also here: the load runs and checked answers of ``bench`` (:func:`load_plan`, :func:`planned_answers`); an
+expected failure explains only what its ``match:`` signature names (:func:`unexplained_losses`: a UCX
+drill does not hide a deleted accuracy.json); a folded cell (:mod:`pdsweep.plan.fold`) gets the verdict
 of the cell that ran for it, or fails when that one has none (:func:`fold_in`)."""
 
 from __future__ import annotations
@@ -13,21 +25,23 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from pdsweep.core.errors import UserError
-from pdsweep.judge.facts import CellFiles, cell_from_dict, show
+from pdsweep.core.stats import num, obj
+from pdsweep.judge.facts import CellFiles, cell_from_dict, cell_problem, show
+from pdsweep.plan.cell import Cell
 from pdsweep.results import layout
+from pdsweep.sweepfile.gatespec import GateSpec
 from pdsweep.sweepfile.matrix import TRIVIAL_TEXTS
 from pdsweep.sweepfile.phases import EvalSpec
 
 R = TypeVar("R")
 LOST_MARK = "(metric missing"  # TransferCheck, ReadPatternCheck: a value the file should hold
 FOLDED_REASON = "judged as {}, which ran for it (folded: the same deployment after vLLM's block arithmetic)"
-NO_EVAL = " (run.json records no eval: the sweep defaults)"
 
 
 @dataclass(frozen=True)
@@ -37,15 +51,17 @@ class PlannedEval:
     tasks: tuple[str, ...]
     prompts: tuple[str, ...]  # empty: consistency disabled
     reference: bool = True  # eval.reference: each PD task is compared with its reference cell's
-    source: str = ""  # NO_EVAL when the defaults stand in for run.json's eval
     # plan.json ``references``: PD cell id -> the reference cell the run compared it with
     # (pdsweep.plan.expand.reference_of: the sweep's default build, the variant's `reference:`)
     references: tuple[tuple[str, str], ...] = ()
+    # run.json ``expected``: model -> task -> {value, tolerance, n, source} (accuracy/expected.yaml when the
+    # run started, pdsweep.run.sweep.write_index): the expected score each accuracy.json task must record
+    expected: dict[str, Any] = field(default_factory=dict)
 
 
 def planned_eval(index: dict[str, Any], plan: dict[str, Any] | None = None) -> PlannedEval:
     """The :class:`PlannedEval` of run.json ``index``. Prompt names are those
-    :func:`pdsweep.results.layout.probe_prompt_name` gives (``short``, ``blocks``, ``long``,
+    :func:`pdsweep.sweepfile.phases.resolve_lengths` gives (``short``, ``blocks``, ``long``,
     ``len<N>``). Raises ``UserError`` naming the field for an invalid frozen ``eval``."""
     raw = index.get("eval")
     try:
@@ -60,7 +76,7 @@ def planned_eval(index: dict[str, Any], plan: dict[str, Any] | None = None) -> P
     names = tuple(dict.fromkeys(map(layout.probe_prompt_name, c.lengths))) if c.enabled else ()
     refs = (plan or {}).get("references")
     pairs = tuple((k, v) for k, v in refs.items() if isinstance(v, str)) if isinstance(refs, dict) else ()
-    return PlannedEval(tuple(spec.tasks), names, spec.reference, NO_EVAL if raw is None else "", pairs)
+    return PlannedEval(tuple(spec.tasks), names, spec.reference, pairs, obj(index.get("expected")))
 
 
 @dataclass(frozen=True)
@@ -80,25 +96,58 @@ class PlannedTasksCheck:
             return []  # AccuracyCheck fails the file ("no tasks")
         w = files.where(layout.ACCURACY_FILE)
         out = [
-            f"{w}: task {t} missing (eval.tasks {list(self.plan.tasks)} in run.json{self.plan.source})"
+            f"{w}: task {t} missing (eval.tasks {list(self.plan.tasks)} in run.json)"
             for t in self.plan.tasks
             if t not in tasks
         ]
+        out += [
+            f"{w}: task {t} not planned (eval.tasks {list(self.plan.tasks)} in run.json)"
+            for t in tasks
+            if t not in self.plan.tasks
+        ]
         cell = cell_from_dict((files.get(layout.CELL_FILE) or {}).get("cell"))
+        if cell is not None:
+            out += expected_against_plan(tasks, self.plan, cell.model, w)
         if self.plan.reference and cell is not None and cell.kind == "pd":
             # a run before plan.json recorded references: the cell's own build and variant
             want = dict(self.plan.references).get(cell.id) or cell.reference().id
             for t in (t for t in self.plan.tasks if isinstance(tasks.get(t), dict)):
                 got = tasks[t].get("reference")
                 if not isinstance(got, dict):
-                    out.append(
-                        f"{w}: {t}: no reference score recorded (eval.reference is true in run.json{self.plan.source})"
-                    )
+                    out.append(f"{w}: {t}: no reference score recorded (eval.reference is true in run.json)")
                 elif got.get("cell_id") != want:
                     out.append(
                         f"{w}: {t}: reference.cell_id is {show(got.get('cell_id'))}, the cell's reference is {want}"
                     )
         return out
+
+
+def expected_against_plan(tasks: dict[str, Any], plan: PlannedEval, model: str, w: str) -> list[str]:
+    """Each planned task of accuracy.json ``tasks`` records the expected score run.json ``expected``
+    gives ``model`` (value and tolerance equal), and none the plan does not give: an expected score is
+    what a reference cell's accuracy is judged by (:func:`pdsweep.judge.accuracy.judge`), so one
+    dropped from the file would pass the cell on its reference alone."""
+    want = obj(plan.expected.get(model))
+    out = []
+    for t in (t for t in plan.tasks if isinstance(tasks.get(t), dict)):
+        got, exp = tasks[t].get("expected"), want.get(t)
+        where = f"run.json expected.{model}.{t}"
+        if not isinstance(exp, dict):
+            if got is not None:
+                out.append(
+                    f"{w}: {t}: expected {show(got)[:60]} recorded, but run.json expected gives {model} no {t} score"
+                )
+        elif not isinstance(got, dict):
+            out.append(
+                f"{w}: {t}: expected missing ({where} is {show(exp.get('value'))} +/- {show(exp.get('tolerance'))})"
+            )
+        else:
+            out += [
+                f"{w}: {t}: expected.{k} is {show(got.get(k))}, {where}.{k} is {show(exp.get(k))}"
+                for k in ("value", "tolerance")
+                if num(got.get(k)) is None or num(got.get(k)) != num(exp.get(k))
+            ]
+    return out
 
 
 @dataclass(frozen=True)
@@ -117,12 +166,113 @@ class PlannedPromptsCheck:
             return []  # ConsistencyCheck fails the file ("no prompts compared")
         seen = {p.get("name") for p in prompts if isinstance(p, dict)}
         w = files.where(layout.CONSISTENCY_FILE)
-        return [
-            f"{w}: prompt '{n}' missing (eval.consistency.lengths gives {list(self.plan.prompts)} in "
-            f"run.json{self.plan.source})"
-            for n in self.plan.prompts
-            if n not in seen
+        lengths = f"eval.consistency.lengths gives {list(self.plan.prompts)} in run.json"
+        out = [f"{w}: prompt '{n}' missing ({lengths})" for n in self.plan.prompts if n not in seen]
+        return out + [
+            f"{w}: prompt {show(n)} not planned ({lengths})" for n in sorted(seen - set(self.plan.prompts), key=str)
         ]
+
+
+# ---------------------------------------------------------------- the plan itself
+RUN, PLAN = layout.RUN_FILE, layout.PLAN_FILE
+RUN_KEYS = {
+    "cells": "the cells the run ran",
+    "rejected": "the cells the plan rejected",
+    "gate": "the frozen gate settings",
+    "bench": "the load phase load.json and load_check.json must hold",
+    "eval": "the lm-eval tasks and probe prompts",
+    "expected": "each model's expected score per task (accuracy/expected.yaml when the run started)",
+}
+PLAN_KEYS = {
+    "cells": "the planned cells",
+    "rejected": "the rejected cells",
+    "references": "each PD cell's reference cell",
+}
+BENCH_KEYS = ("check", "workloads", "concurrencies", "num_prompts")  # needed when bench.enabled
+EVAL_KEYS = ("tasks", "reference", "consistency")
+CONSISTENCY_KEYS = ("enabled", "lengths", "max_tokens")
+ENTRY_KEYS = ("kind", "status", "expect_fail")  # run.json cells.<id>
+EXPECTED_KEYS = ("value", "tolerance")
+
+
+def _missing(data: Any, keys: tuple[str, ...], where: str) -> list[str]:
+    if not isinstance(data, dict):
+        return [f"{where}: not an object (got {show(data)[:40]})"]
+    return [f"{where}.{k} missing" for k in keys if k not in data]
+
+
+def _nonempty(data: dict[str, Any], keys: tuple[str, ...], where: str) -> list[str]:
+    return [f"{where}.{k}: empty (allowed: a non-empty list)" for k in keys if data.get(k) in ([], None)]
+
+
+def _bench_problems(bench: Any) -> list[str]:
+    where = f"{RUN}: bench"
+    if (out := _missing(bench, ("enabled",), where)) or bench["enabled"] is not True:
+        return out
+    if out := _missing(bench, BENCH_KEYS, where) or _nonempty(bench, ("workloads", "concurrencies"), where):
+        return out
+    works = bench["workloads"] if isinstance(bench["workloads"], list) else []
+    return [
+        f"{where}.workloads.{i}.name missing" for i, w in enumerate(works) if not isinstance(w, dict) or "name" not in w
+    ]
+
+
+def run_problems(index: dict[str, Any]) -> list[str]:
+    """What run.json lacks of the frozen plan (the module doc): each ``run.json: FIELD missing``."""
+    out = [f"{RUN}: {k} missing ({why})" for k, why in RUN_KEYS.items() if k not in index]
+    if "gate" in index:
+        out += _missing(index["gate"], tuple(GateSpec.model_fields), f"{RUN}: gate")
+    if "bench" in index:
+        out += _bench_problems(index["bench"])
+    if "eval" in index:
+        ev = index["eval"]
+        out += _missing(ev, EVAL_KEYS, f"{RUN}: eval") or _missing(
+            ev["consistency"], CONSISTENCY_KEYS, f"{RUN}: eval.consistency"
+        )
+    if "expected" in index:
+        out += _missing(index["expected"], (), f"{RUN}: expected")
+    for model, tasks in obj(index.get("expected")).items():
+        out += _missing(tasks, (), f"{RUN}: expected.{model}")
+        out += [
+            p for task, e in obj(tasks).items() for p in _missing(e, EXPECTED_KEYS, f"{RUN}: expected.{model}.{task}")
+        ]
+    for cid, entry in obj(index.get("cells")).items():
+        out += _missing(entry, ENTRY_KEYS, f"{RUN}: cells.{cid}")
+    return out
+
+
+def plan_problems(index: dict[str, Any], plan: dict[str, Any]) -> list[str]:
+    """What plan.json lacks (the module doc), each cell record that is no cell (``plan.json: cells.0:
+    model: Field required``), and where run.json and plan.json disagree on the cells that ran."""
+    if not plan:
+        return [f"{PLAN}: missing or empty (the planned cells)"]
+    out = [f"{PLAN}: {k} missing ({why})" for k, why in PLAN_KEYS.items() if k not in plan]
+    cells: list[Any] = plan["cells"] if isinstance(plan.get("cells"), list) else []
+    planned: dict[str, Cell] = {}
+    for i, d in enumerate(cells):
+        if (problem := cell_problem(d)) is not None:
+            out.append(f"{PLAN}: cells.{i}: {problem}")
+        elif (c := cell_from_dict(d)) is not None:
+            planned[c.id] = c
+    rejected = {r.get("cell_id") for r in index.get("rejected") or [] if isinstance(r, dict)}
+    ran = set(obj(index.get("cells")))
+    out += [f"{PLAN}: cells: {c} missing (run.json cells lists it)" for c in ran if c not in planned]
+    out += [f"{RUN}: cells.{c} missing (plan.json cells plans it)" for c in planned if c not in ran | rejected]
+    refs = plan.get("references")
+    if isinstance(refs, dict) and obj_true(index, "eval", "reference"):
+        out += [f"{PLAN}: references.{c} missing" for c, cell in planned.items() if cell.kind == "pd" and c not in refs]
+    return out
+
+
+def obj_true(index: dict[str, Any], section: str, key: str) -> bool:
+    """``index[section][key]`` is not false (absent counts as true: the stricter)."""
+    sec = index.get(section)
+    return not (isinstance(sec, dict) and sec.get(key) is False)
+
+
+def frozen_problems(index: dict[str, Any], plan: dict[str, Any]) -> list[str]:
+    """Every problem of :func:`run_problems` and :func:`plan_problems`; empty: the plan is whole."""
+    return run_problems(index) + plan_problems(index, plan)
 
 
 def planned_answers(bench: dict[str, Any]) -> tuple[tuple[str, int], ...]:
@@ -138,10 +288,10 @@ def planned_answers(bench: dict[str, Any]) -> tuple[tuple[str, int], ...]:
 def load_plan(bench: dict[str, Any]) -> dict[str, Any]:
     """:class:`~pdsweep.judge.load.LoadCheck`'s ``concurrencies`` and ``num_prompts`` from run.json ``bench`` (the
     sweep's :class:`~pdsweep.sweepfile.phases.BenchSpec`, frozen): ``vllm bench serve`` runs once per
-    concurrency when a ``random`` workload is planned (:func:`pdsweep.measure.phases.run_load`);
-    a run.json without ``bench.workloads`` predates them and planned ``random``."""
+    concurrency when a ``random`` workload is planned (:func:`pdsweep.measure.phases.run_load`); a
+    run.json without ``bench.workloads`` fails the gate (:func:`frozen_problems`)."""
     works = bench.get("workloads")
-    names = [x.get("name") if isinstance(x, dict) else x for x in works] if isinstance(works, list) else ["random"]
+    names = [x.get("name") if isinstance(x, dict) else x for x in works] if isinstance(works, list) else []
     if bench.get("enabled") is not True or "random" not in names:
         return {}
     concs = bench.get("concurrencies")

@@ -54,8 +54,9 @@ def merge_probes(pd: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
 def judge_run(run_dir: Path, ls: LoadedSweep) -> None:
     """Write accuracy.json / consistency.json for every cell whose status is ok.
     Cells without raw results get none: the gate then fails them (fail closed)."""
-    expected = load_expected()
     index = layout.read_json(Path(run_dir) / layout.RUN_FILE)
+    # the scores frozen when the run started (what the gate holds accuracy.json to)
+    expected = index["expected"] if isinstance(index.get("expected"), dict) else load_expected()
     cells = {cid: layout.CellDir.of(run_dir, cid).read(layout.CELL_FILE) for cid in index["cells"]}
     for cid, meta in cells.items():
         if meta is None or layout.cell_status(run_dir, cid) != "ok":

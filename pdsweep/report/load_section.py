@@ -41,10 +41,10 @@ def load_rows(result: GateResult) -> list[tuple[str, ...]]:
     whose files are unreadable is left out (the gate already fails it)."""
     rows: list[tuple[str, ...]] = []
     for c in result.cells:
-        cdir = layout.CellDir.of(result.run_dir, c.cell_id)
         try:
+            cdir = layout.CellDir.of(result.run_dir, c.cell_id)
             check, load = cdir.read(layout.LOAD_CHECK_FILE), cdir.read(layout.LOAD_FILE)
-        except UserError:  # unreadable: the gate already fails the cell; the report goes on
+        except UserError:  # unreadable (a symlink loop too): the gate already fails the cell; the report goes on
             continue
         if not check:
             continue

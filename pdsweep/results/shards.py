@@ -113,10 +113,13 @@ def merged_view(run_dirs: list[Path]) -> Path:
         rejected=_union([r for _, i, _, _ in shards for r in i.get("rejected") or []], "cell_id"),
         folded={a: r for _, i, _, _ in shards for a, r in (i.get("folded") or {}).items()},
         shard={"count": n, "merged": [str(d.resolve()) for d, *_ in shards]},
+        # each shard froze the expected scores of its own cells' models (pdsweep.judge.planned.frozen_problems)
+        expected={m: t for _, i, _, _ in shards for m, t in (i.get("expected") or {}).items()},
     )
     plan = {
         "cells": _union([c for _, _, p, _ in shards for c in p.get("cells") or []], "id"),
         "rejected": _union([r for _, _, p, _ in shards for r in p.get("rejected") or []], "cell_id"),
+        "references": {c: r for _, _, p, _ in shards for c, r in (p.get("references") or {}).items()},
     }
     first = shards[0][0].resolve()  # shard 1's directory, whatever order they were given in
     view = first.with_name(first.name + MERGED_SUFFIX)

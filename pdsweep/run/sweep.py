@@ -29,6 +29,7 @@ from pdsweep.core.paths import REPO
 from pdsweep.deploy import launchers
 from pdsweep.deploy.instances import Fresh, InstancePool
 from pdsweep.deploy.launchers import Launcher
+from pdsweep.judge.accuracy import frozen_expected
 from pdsweep.judge.verdicts import judge_run
 from pdsweep.measure.evaltasks import check_eval_tasks
 from pdsweep.plan.builds import build_info
@@ -74,6 +75,7 @@ def write_index(ctx: RunContext, rp: RunPlan, started: str, finished: str | None
         "gate": ctx.ls.sweep.gate.model_dump(),
         "bench": ctx.ls.sweep.bench.model_dump(),
         "eval": ctx.ls.sweep.eval.model_dump(),  # what accuracy.json and consistency.json must hold
+        "expected": frozen_expected([c.model for c in rp.cells], ctx.ls.sweep.eval.tasks),  # each task's expected score
         "reuse": isinstance(ctx.provider, InstancePool),
         "timings": ctx.timings,
         "instances": ctx.provider.record() if ctx.provider else None,
