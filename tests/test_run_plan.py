@@ -68,13 +68,23 @@ def test_run_dispatches_in_the_order_plan_printed_on_gpus(tmp_path, monkeypatch,
     printed = plan_dict(str(MISSION), 8)
     seen: list[tuple] = []
     monkeypatch.setattr(run_sweep_mod, "run_dispatch", lambda ctx, planned, pool, specs, run_cell: seen.append(planned))
+    paired: list[str] = []  # the build pairs that fit the 8 GPUs run first (pdsweep.run.pairs), not started here
+    monkeypatch.setattr(pairs_mod, "run_cell", lambda ctx, cell, slot, on_ready, side: paired.append(cell.id))
     opts = RunOptions(out=tmp_path / "run", gpus=8, quiet=True, skip_eval=True, preflight=False)
     run = run_sweep_mod.run_sweep(MISSION, opts)
     ((order, inp),) = seen
     est = inp.estimate
-    assert record(simulate(order, inp)[0], est) == printed["reuse"]["schedule"]
+    planned = printed["reuse"]["schedule"]
+    pair_ids = {c for p in printed["pairs"]["pairs"] for c in (p["a"], p["b"])}
+    pair_starts = sum(len(c["instances"]) for c in printed["cells"] if c["id"] in pair_ids)  # each pair starts its own
+    assert record(simulate(order, inp)[0], est) == {
+        **planned,
+        "instance_starts": planned["instance_starts"] - pair_starts,
+    }
     assert printed["makespan"]["follows"] == "reuse dispatch" and EXECUTORS[(True, True)] == "reuse dispatch"
     assert json.loads((run / "plan.json").read_text())["reuse"] == printed["reuse"]
+    assert sorted(paired) == sorted(c for p in printed["pairs"]["pairs"] for c in (p["a"], p["b"]))
+    assert not {c.id for c in order} & set(paired)  # the dispatch holds only the cells the pairs leave
 
 
 def test_run_takes_its_job_from_the_plan(tmp_path, monkeypatch, no_side_effects):
