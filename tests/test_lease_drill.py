@@ -39,14 +39,15 @@ def test_drill_cell_gets_a_short_lease_few_prefill_blocks_and_a_longer_decode_de
     assert kv["kv_connector_extra_config"] == {"kv_lease_duration": 1}
     assert prefill.argv[prefill.argv.index("--num-gpu-blocks-override") + 1] == "8"
     assert decode.argv[decode.argv.index("--num-gpu-blocks-override") + 1] != "8"
-    # the declared failure names both halves: the stale-read counter and the wrong answers
-    sig_ok = (
-        "c/transfer.json: totals.notifications_after_expiry = 3 (allowed: 0): ...\n"
-        "c/load.json: load workload 'random' at concurrency 4: 2 of 16 answers differ from the reference"
-    )
-    assert re.search(cell.expect_match, sig_ok)
-    assert not re.search(cell.expect_match, sig_ok.split("\n")[0])  # the counter alone is not the drill
-    assert not re.search(cell.expect_match, sig_ok.split("\n")[1])  # nor wrong answers alone
+    # the declared failure names all three: the stale-read counter, the stale blocks and the wrong answers
+    parts = [
+        "c/transfer.json: totals.notifications_after_expiry = 3 (allowed: 0): ...",
+        "c/transfer.json: integrity: 12 stale block(s) of 116; first: request cmpl-1 group 0:kv prefill rank 0 block 2",
+        "c/load.json: load workload 'random' at concurrency 4: 2 of 16 answers differ from the reference",
+    ]
+    assert re.search(cell.expect_match, "\n".join(parts))
+    for i in range(3):  # none of them alone, nor any two, is the drill
+        assert not re.search(cell.expect_match, "\n".join(parts[:i] + parts[i + 1 :]))
 
 
 def test_other_cells_keep_the_runs_faults_and_a_long_lease_is_refused():
