@@ -2,8 +2,9 @@
 
 The cell schedule places each cell alone; a pair runs both cells at once, before the others
 (:mod:`pdsweep.run.pairs`), which on CPU costs :data:`pdsweep.plan.pairing.PAIR_OVERHEAD_S` a
-pair (measured). The planned makespan adds it; on GPUs it is not measured and the plan says
-the estimate leaves the pairs' interleaving out.
+pair (measured). The planned makespan adds it. On GPUs the pairs that fit the pool run before
+the dispatch and the makespan adds their GPU-seconds over the pool (``first_s``, an estimate); their
+interleaving cost is not measured there and the plan says so.
 """
 
 from __future__ import annotations
