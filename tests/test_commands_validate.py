@@ -130,7 +130,13 @@ def test_plan_json_carries_pairs_and_percentiles_and_loads_the_sweep_once(monkey
     assert main(["plan", sweep, "--no-check-argv", "--format", "json"]) == 0
     d = json.loads(capsys.readouterr().out)
     pair = {"a": "tiny-llama.p1d1.b32-32.fixed", "b": "tiny-llama.p1d1.b32-32.unfixed"}
-    assert d["pairs"] == {"pairs": [pair], "alone": {}, "how": "bench.pair_builds: true", "overhead_s": 41.0, "first_s": None}
+    assert d["pairs"] == {
+        "pairs": [pair],
+        "alone": {},
+        "how": "bench.pair_builds: true",
+        "overhead_s": 41.0,
+        "first_s": None,
+    }
     assert d["perf"]["line"].startswith("perf verdicts: bench.num_prompts 8 judges no percentile")
     assert main(["plan", sweep, "--no-check-argv"]) == 0
     out = capsys.readouterr().out
