@@ -19,7 +19,13 @@ is refused before the sweep starts instead of passing or failing for another rea
 from __future__ import annotations
 
 from pdsweep.core.errors import UserError
-from pdsweep.core.faults import LEASE_EXPIRY, ProxyFaults, read_fault_every, scramble_kv_every, sweep_fault
+from pdsweep.core.faults import (
+    ProxyFaults,
+    lease_hold_s,
+    read_fault_every,
+    scramble_kv_every,
+    sweep_fault,
+)
 from pdsweep.plan.cell import Cell
 from pdsweep.plan.expand import Plan
 from pdsweep.plan.pushrules import uses_push
@@ -62,14 +68,14 @@ def _fault_problems(c: Cell, ls: LoadedSweep) -> list[str]:
             f"fault {c.fault} kills {kind.target} as the bench phase starts, but bench.enabled is false: "
             "the kill would wait for a phase that never comes"
         )
-    if c.fault == LEASE_EXPIRY:
+    if lease_hold_s(c.fault) is not None:
         try:
             lease_drill_faults(c, ls, ProxyFaults())
         except UserError as e:
             out.append(str(e).removeprefix(f"cell {c.id}: "))
         if not bench:
             out.append(
-                f"fault {LEASE_EXPIRY} needs load (bench.enabled): the requests it does not hold reuse the "
+                f"fault {c.fault} needs load (bench.enabled): the requests it does not hold reuse the "
                 "blocks whose lease ran out"
             )
     if scramble_kv_every(c.fault) and (not bench or max(ls.sweep.bench.concurrencies, default=1) < 2):
@@ -78,7 +84,7 @@ def _fault_problems(c: Cell, ls: LoadedSweep) -> list[str]:
             "it needs load (bench.enabled) at a bench.concurrencies point of 2 or more"
         )
     m = ls.catalogue.models[c.model]
-    if (read_fault_every(c.fault) or c.fault == LEASE_EXPIRY) and uses_push(c, m, ls):
+    if (read_fault_every(c.fault) or lease_hold_s(c.fault)) and uses_push(c, m, ls):
         out.append(
             f"fault {c.fault} acts on decode's NIXL READs (pull mode), but serve_args {c.serve_args} runs "
             "NixlPushConnector: in push mode prefill WRITEs and decode posts no READ"
