@@ -1,7 +1,7 @@
 """The lease-expiry drill (issue 38 shape 1): sweeps/drills.yaml's cell holds 1 in 4 decode legs
 longer than prefill's 1 s KV lease, with 8 prefill KV blocks, and must fail naming
 ``notifications_after_expiry`` and the wrong answers (tests/test_drills_real.py runs it); at 18
-blocks the legs held 15 s past the lease (``-hold-15s``) must fail on stale blocks (issue 58)."""
+blocks with 1 in 8 legs held (``-1-in-8``) it must fail on stale blocks (issue 58)."""
 
 import json
 import re
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pdsweep.core.errors import UserError
-from pdsweep.core.faults import LEASE_EXPIRY, NO_PROXY_FAULTS, ProxyFaults, lease_hold_s, sweep_fault
+from pdsweep.core.faults import LEASE_EXPIRY, NO_PROXY_FAULTS, ProxyFaults, lease_drill_every, sweep_fault
 from pdsweep.deploy.proxy import _Proxy
 from pdsweep.plan.expand import expand
 from pdsweep.plan.instance import Slot, instances
@@ -23,13 +23,11 @@ REPO = Path(__file__).resolve().parent.parent
 
 def _drill():
     ls = load_sweep(REPO / "sweeps" / "drills.yaml")
-    cells = [c for c in expand(ls).cells if lease_hold_s(c.fault)]
-    # the 8-block drill (answers go wrong) and, since issue 58, two at 18 blocks: held 5 s past the lease (late
-    # reads, intact bytes) and 15 s (stale bytes)
+    cells = [c for c in expand(ls).cells if lease_drill_every(c.fault)]
+    # the 8-block drill (answers go wrong) and, since issue 58, 18 blocks with 1 in 8 legs held (stale bytes)
     assert sorted((c.serve_args, c.fault) for c in cells) == [
         ("short-lease", LEASE_EXPIRY),
-        ("short-lease-18", LEASE_EXPIRY),
-        ("short-lease-18", f"{LEASE_EXPIRY}-hold-15s"),
+        ("short-lease-18", f"{LEASE_EXPIRY}-1-in-8"),
     ]
     return ls, next(c for c in cells if c.serve_args == "short-lease")
 
@@ -82,20 +80,18 @@ def test_proxy_holds_one_in_k_decode_legs_from_the_first():
         ProxyFaults(decode_delay_s=1.0, decode_delay_every=0)
 
 
-def test_hold_variant_holds_the_legs_n_seconds_past_the_lease_and_must_name_a_stale_block():
+def test_one_in_k_variant_holds_fewer_legs_and_must_name_a_stale_block():
     ls, short = _drill()
-    assert [lease_hold_s(f) for f in (LEASE_EXPIRY, f"{LEASE_EXPIRY}-hold-15s", "none", f"{LEASE_EXPIRY}-hold-0s")] == [
-        5,
-        15,
-        None,
-        None,
-    ]
-    assert sweep_fault(f"{LEASE_EXPIRY}-hold-99s") is sweep_fault(LEASE_EXPIRY)
-    with pytest.raises(ValueError, match=r"unknown fault 'decode-after-lease-expiry-hold-100s' \(allowed: .*hold-Ns"):
-        sweep_fault(f"{LEASE_EXPIRY}-hold-100s")
-    cell = next(c for c in expand(ls).cells if c.fault.endswith("-hold-15s"))
+    names = (LEASE_EXPIRY, f"{LEASE_EXPIRY}-1-in-8", "none", f"{LEASE_EXPIRY}-1-in-1", f"{LEASE_EXPIRY}-1-in-100")
+    assert [lease_drill_every(f) for f in names] == [4, 8, None, None, None]
+    assert sweep_fault(f"{LEASE_EXPIRY}-1-in-99") is sweep_fault(LEASE_EXPIRY)
+    with pytest.raises(
+        ValueError, match=r"unknown fault 'decode-after-lease-expiry-1-in-1' \(allowed: .*expiry-1-in-K"
+    ):
+        sweep_fault(f"{LEASE_EXPIRY}-1-in-1")
+    cell = next(c for c in expand(ls).cells if c.fault.endswith("-1-in-8"))
     f = lease_drill_faults(cell, ls, NO_PROXY_FAULTS)
-    assert (f.decode_delay_s, f.decode_delay_every) == (16.0, 4)  # lease 1 s + 15 s, 1 in 4 legs
+    assert (f.decode_delay_s, f.decode_delay_every) == (6.0, 8)  # lease 1 s + 5 s, 1 in 8 legs
     stale = (
         "c/transfer.json: integrity: 9 stale block(s) of 116; first: request cmpl-1 group 0:kv prefill rank 0 block 2"
     )

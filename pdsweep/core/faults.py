@@ -52,10 +52,10 @@ NONE = "none"
 KILL_PREFILL_DURING_EVAL = "kill-prefill-during-eval"
 KILL_DECODE_DURING_LOAD = "kill-decode-during-load"
 LEASE_EXPIRY = "decode-after-lease-expiry"
-# the lease drill with the held decode legs waiting N s past the lease (default LEASE_HOLD_S): long enough and
-# prefill's LRU free-block queue hands the expired blocks to another request before the held READ lands
-LEASE_HOLD_PATTERN = r"^decode-after-lease-expiry(?:-hold-([1-9][0-9]?)s)?$"
-LEASE_HOLD_S = 5
+# the lease drill holding 1 in K decode legs (default LEASE_DELAY_EVERY): the fewer held, the more requests keep
+# prefill allocating while one is held (a closed-loop client whose every slot waits on a held leg sends nothing)
+LEASE_EVERY_PATTERN = r"^decode-after-lease-expiry(?:-1-in-([2-9]|[1-9][0-9]))?$"
+LEASE_DELAY_EVERY = 4
 READ_FAULT_PATTERN = r"^fail-read-1-in-([1-9][0-9]{0,5})$"
 READ_FAULT_ENV_VAR = "PDSWEEP_FAIL_READ_EVERY"  # set on decode instances; read by the engine plugin
 READ_FAULT_MAX = 999_999
@@ -86,8 +86,8 @@ SWEEP_FAULTS: dict[str, FaultKind] = {
     LEASE_EXPIRY: FaultKind(
         LEASE_EXPIRY,
         "proxy",
-        "ProxyFaults.decode_delay_s = KV lease + 5 s (or + N s: decode-after-lease-expiry-hold-Ns, N in 1..99) "
-        "on 1 in 4 decode legs (pdsweep.run.drills.lease_drill_faults)",
+        "ProxyFaults.decode_delay_s = KV lease + 5 s on 1 in 4 decode legs (1 in K: decode-after-lease-expiry-1-in-K, "
+        "K in 2..99; pdsweep.run.drills.lease_drill_faults)",
         "transfer.json totals.notifications_after_expiry > 0 and load answers that differ from the reference",
     ),
     "fail-read-1-in-K": FaultKind(
@@ -190,11 +190,11 @@ def scramble_kv_every(fault: str | None) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def lease_hold_s(fault: str | None) -> int | None:
-    """Seconds past prefill's KV lease that the lease drill holds decode legs: :data:`LEASE_HOLD_S` for
-    ``decode-after-lease-expiry``, N for ``decode-after-lease-expiry-hold-Ns`` (1 <= N <= 99), else None."""
-    m = re.match(LEASE_HOLD_PATTERN, fault or "")
-    return None if m is None else int(m.group(1) or LEASE_HOLD_S)
+def lease_drill_every(fault: str | None) -> int | None:
+    """K of the lease drill's 1 in K held decode legs: :data:`LEASE_DELAY_EVERY` for
+    ``decode-after-lease-expiry``, K for ``decode-after-lease-expiry-1-in-K`` (2 <= K <= 99), else None."""
+    m = re.match(LEASE_EVERY_PATTERN, fault or "")
+    return None if m is None else int(m.group(1) or LEASE_DELAY_EVERY)
 
 
 def sweep_fault(name: str) -> FaultKind | None:
@@ -208,13 +208,13 @@ def sweep_fault(name: str) -> FaultKind | None:
         return SWEEP_FAULTS["flip-byte-1-in-N"]
     if scramble_kv_every(name):
         return SWEEP_FAULTS["scramble-kv-1-in-K"]
-    if lease_hold_s(name):
+    if lease_drill_every(name):
         return SWEEP_FAULTS[LEASE_EXPIRY]
     if name in SWEEP_FAULTS:
         return SWEEP_FAULTS[name]
     patterns = ("fail-read-1-in-K", "flip-byte-1-in-N", "scramble-kv-1-in-K")
-    allowed = ", ".join([NONE, *(k for k in SWEEP_FAULTS if k not in patterns), f"{LEASE_EXPIRY}-hold-Ns", *patterns])
-    raise ValueError(f"unknown fault {name!r} (allowed: {allowed}; K, N in 1..{READ_FAULT_MAX}; hold N s in 1..99)")
+    allowed = ", ".join([NONE, *(k for k in SWEEP_FAULTS if k not in patterns), f"{LEASE_EXPIRY}-1-in-K", *patterns])
+    raise ValueError(f"unknown fault {name!r} (allowed: {allowed}; K, N in 1..{READ_FAULT_MAX}; lease K in 2..99)")
 
 
 def check_sweep_fault(name: str) -> str:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from pdsweep.core.errors import UserError
 from pdsweep.core.faults import (
     ProxyFaults,
-    lease_hold_s,
+    lease_drill_every,
     read_fault_every,
     scramble_kv_every,
     sweep_fault,
@@ -68,7 +68,7 @@ def _fault_problems(c: Cell, ls: LoadedSweep) -> list[str]:
             f"fault {c.fault} kills {kind.target} as the bench phase starts, but bench.enabled is false: "
             "the kill would wait for a phase that never comes"
         )
-    if lease_hold_s(c.fault) is not None:
+    if lease_drill_every(c.fault) is not None:
         try:
             lease_drill_faults(c, ls, ProxyFaults())
         except UserError as e:
@@ -84,7 +84,7 @@ def _fault_problems(c: Cell, ls: LoadedSweep) -> list[str]:
             "it needs load (bench.enabled) at a bench.concurrencies point of 2 or more"
         )
     m = ls.catalogue.models[c.model]
-    if (read_fault_every(c.fault) or lease_hold_s(c.fault)) and uses_push(c, m, ls):
+    if (read_fault_every(c.fault) or lease_drill_every(c.fault)) and uses_push(c, m, ls):
         out.append(
             f"fault {c.fault} acts on decode's NIXL READs (pull mode), but serve_args {c.serve_args} runs "
             "NixlPushConnector: in push mode prefill WRITEs and decode posts no READ"

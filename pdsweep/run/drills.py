@@ -21,8 +21,8 @@ load phase ("killed ... during bench") and failed the drill's signature (a fresh
   :func:`pdsweep.plan.instance.instances`), and the gate's transfer check holds vLLM's count to
   the injected one (:class:`pdsweep.judge.gate.TransferCheck`).
 
-- ``decode-after-lease-expiry`` (``-hold-Ns``): not a kill: the PD proxy holds 1 in :data:`LEASE_DELAY_EVERY`
-  decode legs 5 s (:data:`pdsweep.core.faults.LEASE_HOLD_S`; N s) longer than prefill's KV lease
+- ``decode-after-lease-expiry`` (``-1-in-K``): not a kill: the PD proxy holds 1 in 4 (K) decode legs
+  :data:`LEASE_MARGIN_S` seconds longer than prefill's KV lease
   (``kv_lease_duration``, :func:`lease_drill_faults`). Prefill's NIXL worker reclaims the
   unread blocks when the lease runs out (vLLM ``nixl/base_worker.py``
   ``_reap_expired_send_leases``: ``vllm:nixl_num_kv_expired_reqs``), the requests the proxy
@@ -55,7 +55,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from pdsweep.core.errors import UserError
-from pdsweep.core.faults import ProxyFaults, lease_hold_s, scramble_kv_every, sweep_fault
+from pdsweep.core.faults import ProxyFaults, lease_drill_every, scramble_kv_every, sweep_fault
 from pdsweep.deploy.launchers import Handle
 from pdsweep.plan.cell import Cell
 from pdsweep.plan.instance import kv_transfer_config
@@ -64,7 +64,7 @@ from pdsweep.sweepfile.sweep import LoadedSweep
 log = logging.getLogger(__name__)
 KILL_AFTER_S = 1.0  # into the phase: its client (lm-eval, vllm bench serve) has not sent a request yet
 VLLM_DEFAULT_LEASE_S = 30  # nixl/base_worker.py: get_from_extra_config("kv_lease_duration", 30)
-LEASE_DELAY_EVERY = 4  # 1 in 4 decode legs held; the other 3 keep prefill allocating (and reusing) blocks
+LEASE_MARGIN_S = 5.0  # held decode legs wait lease + this: the lease has run out and other requests ran
 MAX_DRILL_LEASE_S = 10  # every held leg waits the lease: longer makes the drill cell minutes slower
 
 
@@ -78,13 +78,13 @@ def lease_s(cell: Cell, ls: LoadedSweep) -> int:
 def lease_drill_faults(cell: Cell, ls: LoadedSweep, base: ProxyFaults) -> ProxyFaults:
     """The PD proxy's faults for ``cell``: ``base`` (the run's test-only options), or for the
     ``decode-after-lease-expiry`` drill the decode delay of the module docstring (seconds:
-    lease + :func:`pdsweep.core.faults.lease_hold_s`, 1 in :data:`LEASE_DELAY_EVERY` legs), for ``scramble-kv-1-in-K``
+    lease + :data:`LEASE_MARGIN_S`, 1 in :func:`pdsweep.core.faults.lease_drill_every` legs), for ``scramble-kv-1-in-K``
     ``scramble_every`` K (the proxy's KV scramble under load). Raises UserError
     naming the cell and the field when the drill's lease exceeds :data:`MAX_DRILL_LEASE_S`
     (set ``serve_args.<variant>.kv_transfer_extra.kv_connector_extra_config.kv_lease_duration``)."""
     if every := scramble_kv_every(cell.fault):
         return replace(base, scramble_every=every)
-    if (hold := lease_hold_s(cell.fault)) is None:
+    if (every := lease_drill_every(cell.fault)) is None:
         return base
     lease = lease_s(cell, ls)
     if lease > MAX_DRILL_LEASE_S:
@@ -93,7 +93,7 @@ def lease_drill_faults(cell: Cell, ls: LoadedSweep, base: ProxyFaults) -> ProxyF
             f"(serve_args.{cell.serve_args}.kv_transfer_extra.kv_connector_extra_config.kv_lease_duration "
             f"or defaults.kv_lease_duration_s; allowed: 1..{MAX_DRILL_LEASE_S})"
         )
-    return replace(base, decode_delay_s=float(lease + hold), decode_delay_every=LEASE_DELAY_EVERY)
+    return replace(base, decode_delay_s=lease + LEASE_MARGIN_S, decode_delay_every=every)
 
 
 def armed(fault: str, handles: list[Handle], on_phase: Callable[[str], None]) -> Callable[[str], None]:
