@@ -226,23 +226,30 @@ def test_compare_prints_where_the_front_moved(tmp_path: Path, capsys: pytest.Cap
 EPOCHS, JITTER = (1.0, 2.6, 1.3), (1.01, 0.99, 1.02)
 
 
+FIXED, UNFIXED = P2D1, pd("tiny-llama", 2, 1, build="unfixed")
+
+
+def two_builds(root: Path, a: list[float], b: list[float], pairing: bool) -> Path:
+    """One run: p2d1 on the fixed build (tok/s ``a`` at concurrency 4) and on the unfixed one (``b``),
+    their repeats interleaved (both load.json carry one ``pairing``) or not."""
+    sides = [(FIXED, a, "a"), (UNFIXED, b, "b")]
+    cases = [
+        case(c, {layout.LOAD_FILE: {"runs": [run_(4, v, 90, 12) for v in vs],
+                                    **({"pairing": {"id": "pair-1", "side": s}} if pairing else {})}})
+        for c, vs, s in sides
+    ]  # fmt: skip
+    return write_run(root, "r", [*cases, case(ref(FIXED))])
+
+
 def test_front_changes_use_the_paired_test_where_the_builds_ran_interleaved(tmp_path: Path) -> None:
     """The unfixed build is 20 % slower at p2d1 concurrency 4 under load epochs that move both
     builds' repeats x1 .. x2.6 together: paired (one load.json ``pairing``), the per-pair ratios
     show it; unpaired, Welch's t on the log values cannot tell it from the epochs."""
-    fixed, unfixed = pd("tiny-llama", 2, 1), pd("tiny-llama", 2, 1, build="unfixed")
     a = [600 * e * j for e, j in zip(EPOCHS, JITTER)]
     b = [480 * e / j for e, j in zip(EPOCHS, JITTER)]
 
     def moved(pairing: bool) -> list[str]:
-        sides = [(fixed, a, "a"), (unfixed, b, "b")]
-        cases = [
-            case(c, {layout.LOAD_FILE: {"runs": [run_(4, v, 90, 12) for v in vs],
-                                        **({"pairing": {"id": "pair-1", "side": s}} if pairing else {})}})
-            for c, vs, s in sides
-        ]  # fmt: skip
-        run = write_run(tmp_path / str(pairing), "r", [*cases, case(ref(fixed))])
-        pts = points(run, gate_run(run))
+        pts = points(run := two_builds(tmp_path / str(pairing), a, b, pairing), gate_run(run))
         return front_changes([p for p in pts if p.build == "fixed"], [p for p in pts if p.build == "unfixed"])
 
     ratio = math.exp(sum(math.log(0.8 / j**2) for j in JITTER) / 3)  # geometric mean of the per-pair ratios
@@ -252,6 +259,28 @@ def test_front_changes_use_the_paired_test_where_the_builds_ran_interleaved(tmp_
     ), lines
     assert lines[0].endswith("], paired t-test on per-pair log ratios (repeats interleaved, ABBA), n=3/3)")
     assert moved(pairing=False) == []  # Welch on logs: the epochs drown a 20 % change in 3 repeats
+
+
+def test_compare_of_one_runs_builds_shows_an_unpaired_front_move_unclaimed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without load epochs Welch sees the 20 % move too; two builds of one run measured unpaired met
+    different machine-load epochs minutes apart, so compare shows the move and claims nothing, as
+    its perf verdicts do (pdsweep.judge.perf.UNPAIRED_BUILDS); paired, the move is claimed."""
+    a, b = [600 * j for j in JITTER], [480 / j for j in JITTER]
+    for pairing in (False, True):
+        run = two_builds(tmp_path / str(pairing), a, b, pairing)
+        main(["compare", str(run), str(run), "--a-build", "fixed", "--b-build", "unfixed", "--out", str(run / "cmp")])
+        out = capsys.readouterr().out
+        line = next(x for x in out.splitlines() if x.startswith("front: tiny-llama: p2d1 b16-16 @ concurrency 4: "))
+        test = "paired t-test on per-pair log ratios" if pairing else "Welch t-test on log values (repeats not paired)"
+        assert f"{test}" in line and line.endswith(
+            "n=3/3)"
+            if pairing
+            else "n=3/3); not claimed: two builds of one run measured unpaired, minutes apart "
+            "(machine-load drift between them is not in the interval; build pairs are measured paired unless "
+            "bench.pair_builds: false or a side has no load phase)"
+        ), line
 
 
 def test_intervals_of_rates_stay_positive_on_the_log_scale(tmp_path: Path) -> None:

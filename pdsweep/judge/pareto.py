@@ -31,7 +31,7 @@ from pdsweep.core.errors import UserError
 from pdsweep.core.stats import b_over_a, num, obj, positive_t_interval
 from pdsweep.judge.facts import cell_from_dict, read_index
 from pdsweep.judge.gate import GateResult
-from pdsweep.judge.perf import same_pair
+from pdsweep.judge.perf import UNPAIRED_BUILDS, same_pair
 from pdsweep.judge.point_answers import answers_at, point_failure
 from pdsweep.sweepfile.slo import SLO_KEYS
 
@@ -234,7 +234,7 @@ TESTS = {
 }
 
 
-def front_changes(a: list[Point], b: list[Point], alpha: float = 0.05) -> list[str]:
+def front_changes(a: list[Point], b: list[Point], alpha: float = 0.05, same_run: bool = False) -> list[str]:
     """Where the front moved from run (or build) A to B, per model: each point on either front,
     matched by model, P/D configuration and concurrency, whose tok/s per GPU differs beyond noise,
     and points that joined or left the front. Empty: no front moved.
@@ -243,7 +243,9 @@ def front_changes(a: list[Point], b: list[Point], alpha: float = 0.05) -> list[s
     (:func:`pdsweep.core.stats.b_over_a`): the paired t-test on per-pair log ratios when the two
     points' repeats ran interleaved (both load.json ``pairing`` one pair, :func:`pdsweep.judge.perf.same_pair`;
     ``bench.pair_builds``), else Welch's t-test on the log values (bootstrap from 8 repeats a side);
-    needs n >= 2 on both sides. Each line names its test (:data:`TESTS`)."""
+    needs n >= 2 on both sides. Each line names its test (:data:`TESTS`). ``same_run``: A and B are two
+    builds of one run; measured unpaired, a move is shown but not claimed, as the perf verdicts say
+    (:data:`pdsweep.judge.perf.UNPAIRED_BUILDS`)."""
     key = lambda p: (p.model, p.config, p.concurrency)  # noqa: E731
     pa, pb = {key(p): p for p in a}, {key(p): p for p in b}
     fa = {key(p) for m in {p.model for p in a} for p in front([q for q in a if q.model == m])}
@@ -265,5 +267,6 @@ def front_changes(a: list[Point], b: list[Point], alpha: float = 0.05) -> list[s
             f"{where}: {x.tok_s_per_gpu.mean:.3g} -> {y.tok_s_per_gpu.mean:.3g} tok/s per GPU "
             f"(B/A {ratio:.2f}x [{lo:.2f}, {hi:.2f}], {TESTS[method]}, n={len(va)}/{len(vb)})"
             + ("" if (k in fa) == (k in fb) else f"; {'left' if k in fa else 'joined'} the front")
+            + (f"; {UNPAIRED_BUILDS}" if same_run and method != "paired" else "")
         )
     return out
