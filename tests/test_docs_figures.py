@@ -17,6 +17,7 @@ from pdsweep.sweepfile.sweep import load_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 MISSION, CPU = REPO / "sweeps" / "hybrid-mla-mamba.yaml", REPO / "sweeps" / "cpu-smoke.yaml"
+CPU_PARETO = REPO / "sweeps" / "cpu-pareto.yaml"
 
 
 def quoted(page: str, pattern: str) -> tuple[int, ...]:
@@ -94,6 +95,15 @@ def test_pareto_mission_load_figures(made_mission_plan: dict) -> None:
     m = re.search(r"planned makespan of (\d+) s \(([\d.]+) h\) on 8 GPUs", text)
     assert m, "docs/pareto.md: the mission makespan sentence (reworded? update this test with it)"
     assert m.groups() == (f"{s:.0f}", f"{s / 3600:.2f}")
+
+
+def test_pareto_cpu_plan_figures() -> None:
+    """docs/pareto.md "On CPU": sweeps/cpu-pareto.yaml's planned makespan, cells and references."""
+    plan = plan_dict(str(CPU_PARETO), 0)
+    cells = plan["cells"]
+    computed = (round(plan["makespan"]["s"]), len(cells), sum(c["kind"] == "ref" for c in cells))
+    page = quoted("docs/pareto.md", r"puts the sweep at (\d+) s on paper \((\d+) cells, (\d+) of them single-instance")
+    assert page == computed, "docs/pareto.md: (makespan s, cells, references) of sweeps/cpu-pareto.yaml"
 
 
 def test_p8_cells_are_not_runnable_in_matrix_and_gate_docs(mission_plan: dict, tmp_path: Path) -> None:

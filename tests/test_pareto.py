@@ -4,6 +4,7 @@ the best point under an SLO with its runner-up, and refusals of a malformed SLO.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,8 @@ from fixtures.make_runs import case, pd, ref, write_run
 from pdsweep.cli import main
 from pdsweep.core.errors import UserError
 from pdsweep.judge.gate import gate_run
-from pdsweep.judge.pareto import best, describe, front, points
+from pdsweep.judge.pareto import Interval, best, describe, front, front_changes, points
+from pdsweep.report.pareto_section import front_rows
 from pdsweep.results import layout
 from pdsweep.sweepfile.phases import BenchSpec
 from pdsweep.sweepfile.slo import parse_slo
@@ -218,3 +220,93 @@ def test_compare_prints_where_the_front_moved(tmp_path: Path, capsys: pytest.Cap
     b = pareto_run(tmp_path / "b", {**bad, layout.LOAD_CHECK_FILE: {"verdict": "fail", "reasons": ["wrong"]}})
     main(["compare", str(a), str(b), "--out", str(tmp_path / "cmp")])
     assert "front: tiny-llama: p1d2 b16-16 @ concurrency 4: left the front (B: failed)" in capsys.readouterr().out
+
+
+# machine-load epochs of a shared host, one per pair of interleaved repeats (ABBA), and each run's jitter
+EPOCHS, JITTER = (1.0, 2.6, 1.3), (1.01, 0.99, 1.02)
+
+
+FIXED, UNFIXED = P2D1, pd("tiny-llama", 2, 1, build="unfixed")
+
+
+def two_builds(root: Path, a: list[float], b: list[float], pairing: bool) -> Path:
+    """One run: p2d1 on the fixed build (tok/s ``a`` at concurrency 4) and on the unfixed one (``b``),
+    their repeats interleaved (both load.json carry one ``pairing``) or not."""
+    sides = [(FIXED, a, "a"), (UNFIXED, b, "b")]
+    cases = [
+        case(c, {layout.LOAD_FILE: {"runs": [run_(4, v, 90, 12) for v in vs],
+                                    **({"pairing": {"id": "pair-1", "side": s}} if pairing else {})}})
+        for c, vs, s in sides
+    ]  # fmt: skip
+    return write_run(root, "r", [*cases, case(ref(FIXED))])
+
+
+def test_front_changes_use_the_paired_test_where_the_builds_ran_interleaved(tmp_path: Path) -> None:
+    """The unfixed build is 20 % slower at p2d1 concurrency 4 under load epochs that move both
+    builds' repeats x1 .. x2.6 together: paired (one load.json ``pairing``), the per-pair ratios
+    show it; unpaired, Welch's t on the log values cannot tell it from the epochs."""
+    a = [600 * e * j for e, j in zip(EPOCHS, JITTER)]
+    b = [480 * e / j for e, j in zip(EPOCHS, JITTER)]
+
+    def moved(pairing: bool) -> list[str]:
+        pts = points(run := two_builds(tmp_path / str(pairing), a, b, pairing), gate_run(run))
+        return front_changes([p for p in pts if p.build == "fixed"], [p for p in pts if p.build == "unfixed"])
+
+    ratio = math.exp(sum(math.log(0.8 / j**2) for j in JITTER) / 3)  # geometric mean of the per-pair ratios
+    lines = moved(pairing=True)
+    assert len(lines) == 1 and lines[0].startswith(
+        f"tiny-llama: p2d1 b16-16 @ concurrency 4: {sum(a) / 9:.3g} -> {sum(b) / 9:.3g} tok/s per GPU (B/A {ratio:.2f}x ["
+    ), lines
+    assert lines[0].endswith("], paired t-test on per-pair log ratios (repeats interleaved, ABBA), n=3/3)")
+    assert moved(pairing=False) == []  # Welch on logs: the epochs drown a 20 % change in 3 repeats
+
+
+def test_compare_of_one_runs_builds_shows_an_unpaired_front_move_unclaimed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without load epochs Welch sees the 20 % move too; two builds of one run measured unpaired met
+    different machine-load epochs minutes apart, so compare shows the move and claims nothing, as
+    its perf verdicts do (pdsweep.judge.perf.UNPAIRED_BUILDS); paired, the move is claimed."""
+    a, b = [600 * j for j in JITTER], [480 / j for j in JITTER]
+    for pairing in (False, True):
+        run = two_builds(tmp_path / str(pairing), a, b, pairing)
+        main(["compare", str(run), str(run), "--a-build", "fixed", "--b-build", "unfixed", "--out", str(run / "cmp")])
+        out = capsys.readouterr().out
+        line = next(x for x in out.splitlines() if x.startswith("front: tiny-llama: p2d1 b16-16 @ concurrency 4: "))
+        test = "paired t-test on per-pair log ratios" if pairing else "Welch t-test on log values (repeats not paired)"
+        assert f"{test}" in line and line.endswith(
+            "n=3/3)"
+            if pairing
+            else "n=3/3); not claimed: two builds of one run measured unpaired, minutes apart "
+            "(machine-load drift between them is not in the interval; build pairs are measured paired unless "
+            "bench.pair_builds: false or a side has no load phase)"
+        ), line
+
+
+def test_intervals_of_rates_stay_positive_on_the_log_scale(tmp_path: Path) -> None:
+    """results/cpu-pareto-final (2026-12-07), tiny-llama p1d1 b32 at concurrency 4, 2 repeats: 242.8 and
+    190.5 output tok/s, goodput 15.17 and 11.91 req/s (2 ranks). The linear t interval of 2 repeats is
+    mean +- 12.7 standard errors: the report printed 108 [-57.8, 274] tok/s per GPU and 6.77 [-3.61, 17.2]
+    req/s per GPU. On the log scale: exp(mean log x +- t(0.975, 1) x sem(log x))."""
+    tok, good = (242.78347321949883, 190.49243520059935), (15.173967076218677, 11.905777200037459)
+    runs = [run_(4, t, 146, 11.8, goodput=g) for t, g in zip(tok, good)]
+    run = write_run(tmp_path, "r", [case(P1D1, load(*runs)), case(ref(P1D1))])
+    (p,) = points(run, gate_run(run))
+
+    def log_t(xs: tuple[float, float]) -> tuple[float, float]:
+        logs = [math.log(x / 2) for x in xs]
+        h = 12.706204736174694 * abs(logs[0] - logs[1]) / 2  # t(0.975, 1) x sem of 2 logs
+        return math.exp(sum(logs) / 2 - h), math.exp(sum(logs) / 2 + h)
+
+    t, g = p.tok_s_per_gpu, p.goodput_per_gpu
+    assert (t.mean, g.mean) == pytest.approx((sum(tok) / 4, sum(good) / 4))  # the mean stays the arithmetic one
+    assert (t.lo, t.hi) == pytest.approx(log_t(tok)) and (g.lo, g.hi) == pytest.approx(log_t(good))
+    assert (round(t.lo, 1), round(t.hi), round(g.lo, 2), round(g.hi, 1)) == (23.0, 502, 1.44, 31.4)
+    assert front_rows([p])[0][4] == "108 [23, 502]"
+    assert "best: p1d1 b16-16 (fixed) @ concurrency 4: 6.77 [1.44, 31.4] req/s per GPU (n=2)" in "\n".join(
+        describe(best([p], parse_slo("ttft_p90=3000")))
+    )
+    # a repeat where no request met the SLO (goodput 0): no log; the linear interval, clipped, says so
+    zero = Interval.of([0.0, 2.0])
+    assert zero is not None and (zero.lo, zero.scale) == (0.0, "clipped")
+    assert zero.show("req/s") == "1 [0, 13.7] (lower bound clipped at 0: a repeat measured 0) req/s (n=2)"

@@ -68,12 +68,14 @@ class CompareArgs:
 
     def front_changes(self) -> list[str]:
         """Where each model's Pareto front moved from A to B (pdsweep.judge.pareto.front_changes),
-        each side's points of its build when --a-build/--b-build pick one."""
+        each side's points of its build when --a-build/--b-build pick one (one run: two builds, whose
+        unpaired moves are shown, not claimed)."""
 
         def side(run: Path, build: str | None) -> list:
             return [p for p in points(run, gate_run(run)) if build is None or p.build == build]
 
-        return front_changes(side(self.a, self.a_build), side(self.b, self.b_build))
+        same_run = self.a.resolve() == self.b.resolve()
+        return front_changes(side(self.a, self.a_build), side(self.b, self.b_build), same_run=same_run)
 
     def main(self) -> int:
         res = compare_runs(

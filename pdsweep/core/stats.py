@@ -71,6 +71,42 @@ def t_interval(xs: list[float], confidence: float = 0.95) -> tuple[float | None,
     return mean, float(lo), float(hi)
 
 
+def positive_t_interval(
+    xs: list[float], confidence: float = 0.95
+) -> tuple[float | None, float | None, float | None, str]:
+    """Mean of a figure that cannot be negative (tokens/s, requests/s, goodput) and a confidence
+    interval that stays >= 0: ``(mean, lo, hi, scale)``. ``mean`` is the arithmetic mean (vLLM's
+    per-run figures averaged, as :func:`t_interval`); the interval by ``scale``:
+
+    * ``log`` -- every value > 0: the Student-t interval of the mean of ``log x``
+      (``scipy.stats.t.interval`` with ``scipy.stats.sem`` of the logs), exponentiated: an interval
+      of the geometric mean, positive and multiplicative, as :func:`ratio_interval` and
+      :func:`paired_ratio_interval` take ratios on the log scale (a linear t interval of 2 repeats
+      is mean +- 12.7 standard errors and goes below 0 once the two differ by a sixth);
+    * ``clipped`` -- a value is 0 (no log: e.g. goodput 0 req/s, no request met the SLO): the
+      linear :func:`t_interval` with ``lo`` raised to 0 (the output must say so);
+    * ``linear`` -- a value is 0 and the linear interval stays >= 0, or a value is negative (not
+      such a figure: a corrupt file), the linear :func:`t_interval` unchanged;
+    * ``""`` -- fewer than 2 values: ``lo``/``hi`` None (all None for none).
+
+    Identical values give a zero-width interval."""
+    vals = [v for v in (num(x) for x in xs) if v is not None]
+    mean, lo, hi = t_interval(vals, confidence)
+    if mean is None or lo is None or hi is None:
+        return mean, lo, hi, ""
+    if min(vals) <= 0:
+        clip = min(vals) == 0 and lo < 0
+        return mean, (0.0 if clip else lo), hi, ("clipped" if clip else "linear")
+    from scipy import stats
+
+    logs = [math.log(v) for v in vals]
+    sem = float(stats.sem(logs))
+    if sem == 0:
+        return mean, mean, mean, "log"
+    llo, lhi = stats.t.interval(confidence, len(logs) - 1, loc=sum(logs) / len(logs), scale=sem)
+    return mean, math.exp(float(llo)), math.exp(float(lhi)), "log"
+
+
 def ratio_interval(
     a: list[float], b: list[float], confidence: float = 0.95, method: str = "auto", seed: int = 0
 ) -> tuple[float | None, float | None, float | None, str]:
@@ -182,6 +218,20 @@ def paired_ratio_interval(
 
     ci = stats.ttest_1samp(d, 0.0).confidence_interval(confidence)
     return ratio, math.exp(float(ci.low)), math.exp(float(ci.high)), "paired"
+
+
+def b_over_a(
+    a: list[float], b: list[float], confidence: float = 0.95, paired: bool = False
+) -> tuple[float | None, float | None, float | None, str]:
+    """B/A and its interval by the one rule the perf verdicts (:func:`pdsweep.judge.perf.judge_metric`)
+    and compare's front lines (:func:`pdsweep.judge.pareto.front_changes`) share: ``(ratio, lo, hi,
+    method)``. ``paired`` (``a[i]`` and ``b[i]`` ran interleaved, ABBA: ``bench.pair_builds``) with
+    equal lengths: :func:`paired_ratio_interval` (``paired``: a paired t-test on the per-pair log
+    ratios); else :func:`ratio_interval` ``auto`` (``welch``: Welch's t on the log values below 8
+    repeats a side; ``bootstrap`` from 8), unequal lengths included."""
+    if paired and len(a) == len(b):
+        return paired_ratio_interval(a, b, confidence)
+    return ratio_interval(a, b, confidence)
 
 
 def detectable_slowdown(lo: float | None, hi: float | None, threshold: float) -> float | None:

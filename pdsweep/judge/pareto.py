@@ -2,7 +2,8 @@
 
 A *point* is one concurrency of one PD cell's load phase (``bench.concurrencies``, every repeat
 of it: load.json ``runs``, :mod:`pdsweep.measure.repeats`). Its figures, each the mean over the
-repeats with a Student-t interval (:func:`pdsweep.core.stats.t_interval`):
+repeats with a Student-t interval that stays >= 0, taken on the log scale
+(:func:`pdsweep.core.stats.positive_t_interval`; clipped at 0 and saying so when a repeat measured 0):
 
 * ``tok_s_per_gpu``: vLLM's ``output_throughput`` (output tokens/s, ``vllm bench serve``) divided
   by the cell's ranks, prefill and decode counted (:attr:`pdsweep.plan.cell.Cell.num_ranks`: one
@@ -27,9 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from pdsweep.core.errors import UserError
-from pdsweep.core.stats import num, obj, t_interval
+from pdsweep.core.stats import b_over_a, num, obj, positive_t_interval
 from pdsweep.judge.facts import cell_from_dict, read_index
 from pdsweep.judge.gate import GateResult
+from pdsweep.judge.perf import UNPAIRED_BUILDS, same_pair
 from pdsweep.judge.point_answers import answers_at, point_failure
 from pdsweep.sweepfile.slo import SLO_KEYS
 
@@ -38,26 +40,37 @@ CONFIDENCE = 0.95
 
 @dataclass(frozen=True)
 class Interval:
-    """Mean over ``n`` repeats and its two-sided 95 % Student-t interval (None below 2 repeats)."""
+    """Mean over ``n`` repeats of a figure that cannot be negative and its two-sided 95 % Student-t
+    interval, >= 0 (None below 2 repeats); ``scale``: how the interval was taken
+    (:func:`pdsweep.core.stats.positive_t_interval`: ``log``, ``clipped`` at 0, ``linear``)."""
 
     mean: float
     lo: float | None
     hi: float | None
     n: int
     values: tuple[float, ...] = ()
+    scale: str = ""
 
     @classmethod
     def of(cls, values: list[float]) -> Interval | None:
-        mean, lo, hi = t_interval(values, CONFIDENCE)
-        return None if mean is None else cls(mean, lo, hi, len(values), tuple(values))
+        mean, lo, hi, scale = positive_t_interval(values, CONFIDENCE)
+        return None if mean is None else cls(mean, lo, hi, len(values), tuple(values), scale)
 
     def scaled(self, k: float) -> Interval:
+        """Every figure times ``k`` > 0 (e.g. per GPU: ``1 / ranks``)."""
         lo, hi = (None, None) if self.lo is None or self.hi is None else (self.lo * k, self.hi * k)
-        return Interval(self.mean * k, lo, hi, self.n, tuple(v * k for v in self.values))
+        return Interval(self.mean * k, lo, hi, self.n, tuple(v * k for v in self.values), self.scale)
+
+    def bracket(self) -> str:
+        """`` [lo, hi]`` as the report and ``best`` print it, saying when ``lo`` was clipped at 0."""
+        if self.lo is None:
+            return ""
+        return f" [{self.lo:.3g}, {self.hi:.3g}]" + (
+            " (lower bound clipped at 0: a repeat measured 0)" if self.scale == "clipped" else ""
+        )
 
     def show(self, unit: str) -> str:
-        ci = "" if self.lo is None else f" [{self.lo:.3g}, {self.hi:.3g}]"
-        return f"{self.mean:.3g}{ci} {unit} (n={self.n})"
+        return f"{self.mean:.3g}{self.bracket()} {unit} (n={self.n})"
 
 
 @dataclass(frozen=True)
@@ -76,6 +89,7 @@ class Point:
     goodput_per_gpu: Interval | None = None
     failed: str | None = None  # why it is off the front (the gate's first reason for this point)
     answers: dict[str, int] | None = None  # its own answer check: load_check.json counts at this concurrency
+    pairing: dict[str, Any] | None = None  # load.json ``pairing``: repeats interleaved with a partner cell's
 
     @property
     def label(self) -> str:
@@ -105,7 +119,7 @@ def points(run_dir: Path, result: GateResult) -> list[Point]:
                     cell.id, cell.model, cell.build, config, conc, cell.num_ranks,
                     tput.scaled(1 / cell.num_ranks), 1000 / tpot if tpot else None, lat,
                     good.scaled(1 / cell.num_ranks) if good else None, point_failure(judged, conc),
-                    answers_at(judged.facts.load_check, conc),
+                    answers_at(judged.facts.load_check, conc), obj(judged.facts.load).get("pairing"),
                 )
             )  # fmt: skip
     return out
@@ -213,13 +227,25 @@ def describe(b: Best) -> list[str]:
     return out
 
 
-def front_changes(a: list[Point], b: list[Point], alpha: float = 0.05) -> list[str]:
-    """Where the front moved from run (or build) A to B, per model: each point on either front,
-    matched by model, P/D configuration and concurrency, whose tok/s per GPU differs beyond noise
-    (Welch's t-test, ``scipy.stats.ttest_ind(equal_var=False)``, p < ``alpha``; needs n >= 2 on both
-    sides), and points that joined or left the front. Empty: no front moved."""
-    from scipy import stats
+TESTS = {
+    "paired": "paired t-test on per-pair log ratios (repeats interleaved, ABBA)",
+    "welch": "Welch t-test on log values (repeats not paired)",
+    "bootstrap": "bootstrap of the ratio of means (repeats not paired)",
+}
 
+
+def front_changes(a: list[Point], b: list[Point], alpha: float = 0.05, same_run: bool = False) -> list[str]:
+    """Where the front moved from run (or build) A to B, per model: each point on either front,
+    matched by model, P/D configuration and concurrency, whose tok/s per GPU differs beyond noise,
+    and points that joined or left the front. Empty: no front moved.
+
+    Beyond noise: the ``1 - alpha`` interval of B/A excludes 1, by the perf verdicts' own rule
+    (:func:`pdsweep.core.stats.b_over_a`): the paired t-test on per-pair log ratios when the two
+    points' repeats ran interleaved (both load.json ``pairing`` one pair, :func:`pdsweep.judge.perf.same_pair`;
+    ``bench.pair_builds``), else Welch's t-test on the log values (bootstrap from 8 repeats a side);
+    needs n >= 2 on both sides. Each line names its test (:data:`TESTS`). ``same_run``: A and B are two
+    builds of one run; measured unpaired, a move is shown but not claimed, as the perf verdicts say
+    (:data:`pdsweep.judge.perf.UNPAIRED_BUILDS`)."""
     key = lambda p: (p.model, p.config, p.concurrency)  # noqa: E731
     pa, pb = {key(p): p for p in a}, {key(p): p for p in b}
     fa = {key(p) for m in {p.model for p in a} for p in front([q for q in a if q.model == m])}
@@ -234,14 +260,13 @@ def front_changes(a: list[Point], b: list[Point], alpha: float = 0.05) -> list[s
             out.append(f"{where}: {'left' if k in fa else 'joined'} the front ({side}: {why})")
             continue
         va, vb = x.tok_s_per_gpu.values, y.tok_s_per_gpu.values
-        if len(va) < 2 or len(vb) < 2:
+        ratio, lo, hi, method = b_over_a(list(va), list(vb), 1 - alpha, same_pair(x.pairing, y.pairing))
+        if ratio is None or lo is None or hi is None or lo <= 1 <= hi:
             continue
-        p = float(stats.ttest_ind(vb, va, equal_var=False).pvalue)
-        if p < alpha:
-            ratio = y.tok_s_per_gpu.mean / x.tok_s_per_gpu.mean if x.tok_s_per_gpu.mean else float("inf")
-            out.append(
-                f"{where}: {x.tok_s_per_gpu.mean:.3g} -> {y.tok_s_per_gpu.mean:.3g} tok/s per GPU "
-                f"(B/A {ratio:.2f}x, Welch p={p:.3g}, n={len(va)}/{len(vb)})"
-                + ("" if (k in fa) == (k in fb) else f"; {'left' if k in fa else 'joined'} the front")
-            )
+        out.append(
+            f"{where}: {x.tok_s_per_gpu.mean:.3g} -> {y.tok_s_per_gpu.mean:.3g} tok/s per GPU "
+            f"(B/A {ratio:.2f}x [{lo:.2f}, {hi:.2f}], {TESTS[method]}, n={len(va)}/{len(vb)})"
+            + ("" if (k in fa) == (k in fb) else f"; {'left' if k in fa else 'joined'} the front")
+            + (f"; {UNPAIRED_BUILDS}" if same_run and method != "paired" else "")
+        )
     return out

@@ -43,7 +43,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from pdsweep.core.stats import detectable_slowdown, mann_whitney_p, paired_ratio_interval, ratio_interval
+from pdsweep.core.stats import b_over_a, detectable_slowdown, mann_whitney_p, obj
 from pdsweep.measure.percentiles import requests_for
 from pdsweep.measure.repeats import repeat_series
 from pdsweep.sweepfile.gatespec import PERF_METRICS, GateSpec
@@ -170,10 +170,7 @@ def judge_metric(
     and ``b[i]`` ran interleaved (equal lengths), judged by their per-pair ratios; unequal
     lengths fall back to the independent interval (two builds of one run:
     :func:`unpaired_builds_claim_nothing`)."""
-    if paired and len(a) == len(b):
-        ratio, lo, hi, method = paired_ratio_interval(a, b, confidence)
-    else:
-        ratio, lo, hi, method = ratio_interval(a, b, confidence)
+    ratio, lo, hi, method = b_over_a(a, b, confidence, paired)
     v = verdict_of(ratio, lo, hi, t, lower_is_better(metric))
     det = detectable_slowdown(lo, hi, t)
     note = ""
@@ -269,7 +266,13 @@ def perf_deltas(
 def paired_with(load_a: dict[str, Any] | None, load_b: dict[str, Any] | None) -> bool:
     """Whether two load.json bodies are the two sides of one interleaved measurement: both carry
     ``pairing.id`` (:mod:`pdsweep.measure.paired`), equal, on opposite sides."""
-    pa, pb = ((x or {}).get("pairing") or {} for x in (load_a, load_b))
+    return same_pair((load_a or {}).get("pairing"), (load_b or {}).get("pairing"))
+
+
+def same_pair(pa: Any, pb: Any) -> bool:
+    """Whether two load.json ``pairing`` objects (``{id, side, ...}``, :mod:`pdsweep.measure.paired`;
+    None or anything else: unpaired) are the two sides of one pair: one ``id``, opposite sides."""
+    pa, pb = obj(pa), obj(pb)
     return bool(pa.get("id")) and pa.get("id") == pb.get("id") and pa.get("side") != pb.get("side")
 
 

@@ -35,6 +35,8 @@ FRONT_COLUMNS = (
 FRONT_NOTE = (
     "One point per PD cell and load concurrency (vllm bench serve, mean over the load repeats): output "
     "tokens/s per GPU (the cell's prefill and decode ranks counted) against tokens/s per user (1000 / TPOT p50). "
+    "The 95 % intervals are Student-t intervals taken on the log scale, so they stay above 0 (clipped at 0, "
+    "and saying so, where a repeat measured 0). "
     "The front holds the points no other point beats on both; a point whose own answers under load were wrong "
     "or stale (load_check.json at its concurrency), or whose cell failed otherwise (a transfer failure, a crash, "
     "an expected-to-fail drill), is drawn as x and is never on it."
@@ -83,9 +85,8 @@ def front_rows(pts: list[Point]) -> list[tuple[str, ...]]:
     for (model, build), group in sorted(_groups(pts).items()):
         for p in sorted(front(group), key=lambda p: -p.tok_s_per_gpu.mean):
             t = p.tok_s_per_gpu
-            ci = "" if t.lo is None else f" [{t.lo:.3g}, {t.hi:.3g}]"
             rows.append(
-                (model, build, p.config, str(p.concurrency), f"{t.mean:.3g}{ci}", _g(p.tok_s_per_user),
+                (model, build, p.config, str(p.concurrency), f"{t.mean:.3g}{t.bracket()}", _g(p.tok_s_per_user),
                  _g(p.latency_ms.get("ttft_p90")), _answers(p.answers), p.cell_id)
             )  # fmt: skip
     return rows
