@@ -1,0 +1,106 @@
+"""The torch KV digest (pdsweep.engine.torchdigest) on CPU tensors (the dry run of the GPU path): a
+one-byte change always changes it, it equals its pure-Python definition, and kvdigest uses it over the
+storages vLLM registered (decode's READ, the byte-flip drill) with the lines naming it."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+from test_kvdigest import wrapped
+
+from pdsweep.core.kvintegrity import TORCH_DIGEST_NAME, parse_landed
+from pdsweep.engine import kvdigest as K
+from pdsweep.engine import torchdigest as T
+
+
+def test_every_one_byte_change_changes_the_digest():
+    """A 1 KiB region, each of its 1024 bytes changed alone, with XOR masks 0x01, 0x80 (an int32 word's
+    sign bit in its top byte) and 0xFF: 3072 changed copies digested in one call, each differs from the
+    original in both 64-bit lanes."""
+    g = torch.Generator().manual_seed(58)
+    base = torch.randint(0, 256, (1024,), dtype=torch.uint8, generator=g)
+    copies = base.repeat(3 * 1024 + 1, 1)  # row 0: the original
+    pos = torch.arange(1024)
+    for k, mask in enumerate((0x01, 0x80, 0xFF)):
+        rows = 1 + k * 1024 + pos
+        copies[rows, pos] ^= mask
+    flat = copies.reshape(-1)
+    got = T.digest_tensor_regions(flat, [r * 1024 for r in range(copies.shape[0])], 1024)
+    orig = got[0]
+    same_lane = [i for i, d in enumerate(got[1:], 1) if d[:16] == orig[:16] or d[16:] == orig[16:]]
+    assert same_lane == [], f"{len(same_lane)} one-byte changes kept a lane, first at copy {same_lane[:1]}"
+    assert len(set(got)) == len(got)
+
+
+def test_the_batched_digest_equals_its_definition_for_words_and_bytes():
+    data = bytes(np.random.default_rng(7).integers(0, 256, 4096, dtype=np.uint8))
+    flat = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    # int32 words: aligned offsets, length a multiple of 4 (rows 256 B apart, one 2.5 KiB-apart outlier)
+    got = T.digest_tensor_regions(flat, [0, 256, 512, 3072], 1024)
+    assert got == [T.reference_digest(data[o : o + 1024]) for o in (0, 256, 512, 3072)]
+    # bytes: odd length and offsets
+    assert T.digest_tensor_regions(flat, [1, 7, 1000], 13) == [
+        T.reference_digest(data[o : o + 13]) for o in (1, 7, 1000)
+    ]
+    assert len(got[0]) == 32 and got[0] != got[1]
+
+
+def test_a_storage_map_digests_regions_of_registered_tensors_and_knows_no_other():
+    """vLLM registers each KV cache tensor's storage (``base_worker.py`` ``register_kv_caches``); a view
+    of a storage maps to the whole storage, and an address outside every storage has no digest."""
+    k = torch.arange(256, dtype=torch.int32)  # 1 KiB
+    v = torch.full((128,), 7, dtype=torch.int64)  # 1 KiB
+    smap = T.StorageMap(T.tensors_of({"layer.0": [k[10:], v]}))
+    ka, va = k.untyped_storage().data_ptr(), v.untyped_storage().data_ptr()
+    got = smap.digest_many([(ka + 64, 128), (va, 1024), (ka + 1020, 8), (1, 4)])
+    assert got[:2] == [T.reference_digest(bytes(k.numpy())[64:192]), T.reference_digest(bytes(v.numpy()))]
+    assert got[2:] == [None, None]  # past k's storage; unregistered
+    assert smap.devices == ["cpu"] and not smap.on_device(ka)
+
+
+def read_tensor(flip_every: int, caplog: pytest.LogCaptureFixture) -> tuple[torch.Tensor, str]:
+    """Decode's READ of block 1 (64 B) of a registered CPU tensor, digested with torch (forced: the dry run)."""
+    buf = torch.arange(128, dtype=torch.uint8)
+    K.use_storages({"layer.0": buf}, force_torch=True)
+    nixl = wrapped(flip_every)
+    base = buf.data_ptr()
+    local = np.array([[base, 64, 0], [base + 64, 64, 0]], dtype=np.uint64)
+    remote = np.array([[0xA000, 64, 0], [0xA040, 64, 0]], dtype=np.uint64)
+    lh = nixl.prep_xfer_dlist("NIXL_INIT_AGENT", nixl.get_xfer_descs(local, "VRAM"))
+    rh = nixl.prep_xfer_dlist(b"prefill-agent", nixl.get_xfer_descs(remote, "VRAM"))
+    x = nixl.make_prepped_xfer("READ", lh, np.array([1]), rh, np.array([1]), notif_msg=b"cmpl-7-0:1")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="vllm.pdsweep.engine.kvdigest"):
+        nixl.check_xfer_state(x)
+    return buf, "\n".join(r.getMessage() for r in caplog.records)
+
+
+@pytest.fixture
+def torch_state(monkeypatch):
+    """The torch path, with no raw host pointer (ctypes) usable: device memory cannot be read that way."""
+    monkeypatch.setattr(K, "ctypes", None)
+    yield
+    K._STATE.update(map=None, torch=False, sample=1.0)
+
+
+def test_decode_digests_vram_reads_with_torch_and_the_line_names_it(caplog, torch_state):
+    buf, text = read_tensor(0, caplog)
+    (rec,) = parse_landed(text)
+    assert rec["impl"] == TORCH_DIGEST_NAME == K.impl_name()
+    assert rec["reads"] == {(0xA040, 64): T.reference_digest(bytes(range(64, 128)))}
+
+
+def test_the_byte_flip_drill_flips_through_the_storage_map(caplog, torch_state):
+    buf, text = read_tensor(1, caplog)
+    assert int(buf[64]) == 64 ^ 0xFF and buf[65:].tolist() == list(range(65, 128))
+    (rec,) = parse_landed(text)
+    assert rec["reads"][(0xA040, 64)] == T.reference_digest(bytes(buf[64:].numpy()))
+
+
+def test_a_region_outside_the_registered_storages_is_never_read_blindly(torch_state):
+    K.use_storages({"layer.0": torch.zeros(64, dtype=torch.uint8)}, force_torch=True)
+    with pytest.raises(ValueError, match="in no KV cache storage vLLM registered"):
+        K.digest_many([(0x1000, 64)])
