@@ -24,7 +24,6 @@ few kernels per (storage, length) group and chunk, one device-to-host copy per c
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from typing import Any, Iterable
 
@@ -95,16 +94,14 @@ def gather_rows(flat: Any, offsets: list[int], length: int) -> Any:
     bytes. One strided view (row stride: the gcd of the offsets' differences) and one ``index_select``."""
     import torch
 
-    step = 4 if length % 4 == 0 and all(o % 4 == 0 for o in offsets) and flat.numel() % 4 == 0 else 1
+    byte_offs = np.asarray(offsets, dtype=np.int64)
+    step = 4 if length % 4 == 0 and not (byte_offs % 4).any() and flat.numel() % 4 == 0 else 1
     words = flat.view(torch.int32) if step == 4 else flat
-    offs = [o // step for o in offsets]
-    lo, m = min(offs), length // step
-    g = 0
-    for o in offs:
-        g = math.gcd(g, o - lo)
-    g = g or 1
-    view = words.as_strided(((max(offs) - lo) // g + 1, m), (g, 1), words.storage_offset() + lo)
-    idx = torch.tensor([(o - lo) // g for o in offs], dtype=torch.int64, device=flat.device)
+    offs = byte_offs // step
+    lo, m = int(offs.min()), length // step
+    g = int(np.gcd.reduce(offs - lo)) or 1
+    view = words.as_strided(((int(offs.max()) - lo) // g + 1, m), (g, 1), words.storage_offset() + lo)
+    idx = torch.from_numpy((offs - lo) // g).to(flat.device)
     return torch.index_select(view, 0, idx)
 
 
