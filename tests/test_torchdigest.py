@@ -12,8 +12,11 @@ import torch
 from test_kvdigest import wrapped
 
 from pdsweep.core.kvintegrity import TORCH_DIGEST_NAME, parse_landed
+from pdsweep.core.kvsample import fraction_for, ttft_share
 from pdsweep.engine import kvdigest as K
 from pdsweep.engine import torchdigest as T
+from pdsweep.xfer import digestcheck
+from pdsweep.xfer.digestcheck import digest_check, summary
 
 
 def test_every_one_byte_change_changes_the_digest():
@@ -104,3 +107,21 @@ def test_a_region_outside_the_registered_storages_is_never_read_blindly(torch_st
     K.use_storages({"layer.0": torch.zeros(64, dtype=torch.uint8)}, force_torch=True)
     with pytest.raises(ValueError, match="in no KV cache storage vLLM registered"):
         K.digest_many([(0x1000, 64)])
+
+
+def test_the_device_checks_digest_step_times_it_and_proves_it_on_the_device():
+    """scripts/device_check.py's step (pdsweep.xfer.digestcheck) on the host: GB/s per descriptor size,
+    the device's digest equal to the host's, one flipped byte seen, the estimate from the measured GB/s."""
+    r = digest_check("cpu", iters=1, size=2**20)
+    assert (r["ok"], r["equals_host_digest"], r["one_byte_changes_it"], r["buffer_mib"]) == (True, True, True, 1)
+    gbps = r["64k"]["gbps"]
+    assert gbps > 0 and r["1024k"]["gbps"] > 0
+    assert r["estimate"]["ttft_share_at_default_0.1"] == round(ttft_share(0.1, gbps), 4)
+    assert r["estimate"]["sample_for_2_percent"] == round(fraction_for(gbps), 3)
+    assert summary(r).startswith(f"kv digest (wsum-128, cpu, 1 MiB): {gbps} GB/s (64 KiB descriptors)")
+
+
+def test_the_device_checks_digest_step_fails_when_device_and_host_digests_differ(monkeypatch):
+    monkeypatch.setattr(digestcheck, "reference_digest", lambda data: "0" * 32)
+    r = digestcheck.digest_check("cpu", iters=1, size=2**20)
+    assert (r["ok"], r["equals_host_digest"]) == (False, False)
