@@ -23,13 +23,15 @@ SAMPLE_ENV_VAR = "PDSWEEP_KV_DIGEST_SAMPLE"  # fraction of requests digested (ab
 IMPL_ENV_VAR = "PDSWEEP_KV_DIGEST_IMPL"  # "torch": the torch digest on host memory too (the CPU dry run)
 SAMPLED_OUT_STATE = "SAMPLED_OUT"  # decode's landed line of a request :func:`sampled` leaves out
 TTFT_SHARE_TARGET = 0.02  # issue 58: the digests may add at most 2 % to TTFT
-# The estimate behind the default (docs/integrity.md, "Cost"): the torch digest at ~65x a copy's time
-# per byte (bench/test_integrity_overhead.py on the 2-core AMD EPYC host, torch on CPU), applied to an
-# H100's ~2 TB/s device copy: ~30 GB/s; prefill writing KV at ~2.5 GB/s (a dense 8B model, 128 KiB of
-# KV per token, at ~20k prompt tokens/s; MLA and hybrid models write far less per token).
-ESTIMATED_DIGEST_GBPS = 30.0
+# The estimate behind the default (docs/integrity.md, "Cost"): the torch digest took 90.6x a copy's time
+# per byte (bench/test_integrity_overhead.py, one run, 2-core AMD EPYC host at load average 5, torch on
+# CPU: 6600 us/MiB against 73); the same ratio against an H100's ~1.5 TB/s device-to-device copy gives
+# ~16 GB/s. Conservative: on a GPU the digest is memory-bound (~84 bytes of traffic per 4-byte word,
+# ~140 GB/s at 3 TB/s). Prefill writing KV at ~2.5 GB/s: a dense 8B model (128 KiB of KV per token)
+# at ~20k prompt tokens/s; MLA and hybrid models write far less per token.
+ESTIMATED_DIGEST_GBPS = 16.0
 ESTIMATED_PREFILL_KV_GBPS = 2.5
-DEFAULT_GPU_SAMPLE = 0.1  # ttft_share(0.1, 30, 2.5) = 1.7 % (an estimate until measured on a GPU)
+DEFAULT_GPU_SAMPLE = 0.05  # ttft_share(0.05, 16, 2.5) = 1.6 % (an estimate until measured on a GPU)
 
 
 def sampled(req: str, fraction: float) -> bool:
