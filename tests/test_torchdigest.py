@@ -5,14 +5,15 @@ storages vLLM registered (decode's READ, the byte-flip drill) with the lines nam
 from __future__ import annotations
 
 import logging
+import types
 
 import numpy as np
 import pytest
 import torch
 from test_kvdigest import wrapped
 
-from pdsweep.core.kvintegrity import TORCH_DIGEST_NAME, parse_landed
-from pdsweep.core.kvsample import fraction_for, ttft_share
+from pdsweep.core.kvintegrity import TORCH_DIGEST_NAME, parse_landed, parse_offers
+from pdsweep.core.kvsample import fraction_for, sampled, ttft_share
 from pdsweep.engine import kvdigest as K
 from pdsweep.engine import torchdigest as T
 from pdsweep.xfer import digestcheck
@@ -125,3 +126,54 @@ def test_the_device_checks_digest_step_fails_when_device_and_host_digests_differ
     monkeypatch.setattr(digestcheck, "reference_digest", lambda data: "0" * 32)
     r = digestcheck.digest_check("cpu", iters=1, size=2**20)
     assert (r["ok"], r["equals_host_digest"]) == (False, False)
+
+
+def test_register_kv_caches_maps_what_vllm_registered_and_leaves_host_kv_to_sha256(torch_state):
+    """After vLLM's ``register_kv_caches``: its ``device_kv_caches`` (or ``host_xfer_buffers`` when it
+    stages KV in host memory) become the storage map; host tensors keep SHA-256 unless torch is forced."""
+    kv, staged = torch.zeros(256, dtype=torch.uint8), torch.ones(128, dtype=torch.uint8)
+    worker = types.SimpleNamespace(device_kv_caches={"l0": kv}, host_xfer_buffers={"l0": staged}, use_host_buffer=False)
+    register = K.wrap_register_kv_caches(lambda self, kv_caches: "registered")
+    assert register(worker, None) == "registered" and K._STATE["map"] is None and K.impl_name() == "sha256-64"
+    K._STATE["torch"] = True
+    register(worker, None)
+    assert K.impl_name() == TORCH_DIGEST_NAME and K._STATE["map"].locate(kv.data_ptr() + 10, 8)[1] == 10
+    worker.use_host_buffer = True
+    register(worker, None)
+    assert K._STATE["map"].locate(kv.data_ptr(), 1) is None and K._STATE["map"].locate(staged.data_ptr(), 1)
+
+
+def offering_worker(mem: torch.Tensor) -> types.SimpleNamespace:
+    """A prefill worker with two regions (K, V) of 10 blocks of 32 B in ``mem`` (as in test_kvdigest)."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import NixlBaseConnectorWorker
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    rows = np.array([[mem.data_ptr() + 32 * i, 32, 0] for i in range(20)], dtype=np.uint64)
+    w = types.SimpleNamespace(
+        _has_mamba=False, _transfer_layer_group_ids=[], num_regions=2, block_len_per_layer=[32, 32],
+        region_group_ids=[0, 0], _uses_region_group_mapping=False, _physical_blocks_per_logical_kv_block=1,
+        dst_num_blocks={"E": 10}, dst_region_num_blocks={}, engine_id="E", src_blocks_data=rows,
+        _group_spec_types=(FullAttentionSpec,), use_mla=False, tp_rank=0, nixl_memory_type="VRAM",
+        nixl_wrapper=types.SimpleNamespace(name="agent-p0"),
+    )  # fmt: skip
+    w._compute_desc_ids = types.MethodType(NixlBaseConnectorWorker._compute_desc_ids, w)
+    w._logical_to_kernel_block_ids = types.MethodType(NixlBaseConnectorWorker._logical_to_kernel_block_ids, w)
+    return w
+
+
+def test_prefill_offers_device_kv_with_torch_and_a_sampled_out_request_without_digests(torch_state):
+    mem = torch.arange(640, dtype=torch.int32).to(torch.uint8)
+    K.use_storages({"l0": mem}, force_torch=True)
+    w = offering_worker(mem)
+    K._STATE["sample"] = 0.5
+    inn = next(r for r in (f"cmpl-{i}" for i in range(50)) if sampled(r, 0.5))
+    out = next(r for r in (f"cmpl-{i}" for i in range(50)) if not sampled(r, 0.5))
+    (rec,) = parse_offers(K.offer_line(w, inn, [[3]]))
+    raw = bytes(mem.numpy())
+    assert (rec["impl"], rec["sample"], rec["sampled_out"], rec["bytes"]) == (TORCH_DIGEST_NAME, 0.5, False, 64)
+    assert rec["units"][:2] == [
+        (0, "kv", 3, "0", mem.data_ptr() + 96, 32, T.reference_digest(raw[96:128])),
+        (0, "kv", 3, "0.0", mem.data_ptr() + 96, 16, T.reference_digest(raw[96:112])),
+    ]
+    (skip,) = parse_offers(K.offer_line(w, out, [[3]]))
+    assert (skip["sampled_out"], skip["units"], skip["req"]) == (True, [], out)
