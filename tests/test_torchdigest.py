@@ -177,3 +177,14 @@ def test_prefill_offers_device_kv_with_torch_and_a_sampled_out_request_without_d
     ]
     (skip,) = parse_offers(K.offer_line(w, out, [[3]]))
     assert (skip["sampled_out"], skip["units"], skip["req"]) == (True, [], out)
+
+
+def test_decode_leaves_a_sampled_out_read_undigested_and_unflipped(torch_state):
+    buf = torch.arange(64, dtype=torch.uint8)
+    K.use_storages({"l0": buf}, force_torch=True)
+    K._STATE["sample"] = 0.5
+    out = next(r for r in (f"cmpl-{i}" for i in range(50)) if not sampled(r, 0.5))
+    rows = np.array([[buf.data_ptr(), 64, 0]], dtype=np.uint64), np.array([[0xA000, 64, 0]], dtype=np.uint64)
+    (rec,) = parse_landed(K.landed_line((*rows, "p0", out, ""), "DONE", flip_now=True))
+    assert (rec["state"], rec["reads"], rec["req"]) == ("SAMPLED_OUT", {}, out)
+    assert buf.tolist() == list(range(64))  # no drill flip on a READ nobody compares
