@@ -28,7 +28,9 @@ cache and so never read (:func:`_prefix_cached`).
 Counted apart, never compared: the blocks of a request with a READ that failed (``state=ERR``:
 the READ-failure drill, a failed READ and so a recomputed or failed request) and requests
 prefill offered that decode never read at all (``unread_requests``: aborted, killed, pulled by
-no decode). Cost: microseconds of digest per MiB and per request, per side.
+no decode), and requests the digests sampled out (``sampled_out``: a GPU sweep's ``integrity.gpu_sample``,
+:mod:`pdsweep.core.kvsample`; ``sample`` and the digests used, ``impl``, are recorded). Cost: microseconds
+of digest per MiB and per request, per side.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """In vLLM's processes: the KV integrity digests (transfer.json ``integrity``, :mod:`pdsweep.core.kvintegrity`).
 
 Installed by pdsweep's vLLM plugin when ``PDSWEEP_KV_DIGEST=1`` (pdsweep sets it on every
-instance of a PD cell on CPU). Model-agnostic: it digests the memory ranges vLLM registered
-with NIXL (one NIXL descriptor = one region of one block: attention K or V, the MLA latent,
-one Mamba conv sub-projection or the SSM temporal state), never model tensors.
+instance of a PD pull cell on CPU, and on GPU where the sweep opts in). Model-agnostic: it digests
+the memory ranges vLLM registered with NIXL (one NIXL descriptor = one region of one block:
+attention K or V, the MLA latent, one Mamba conv sub-projection or the SSM temporal state), never
+model tensors.
 
 **Prefill** (the blocks offered): ``NixlPullConnectorScheduler.request_finished`` (vLLM
 ``kv_connector/v1/nixl/pull_scheduler.py``) returns the block ids a finished request keeps for
