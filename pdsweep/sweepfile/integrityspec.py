@@ -4,7 +4,7 @@
 ```yaml
 integrity:
   gpu: true          # opt-in: PD pull cells of a cuda sweep digest KV on the device (torch, wsum-128)
-  gpu_sample: 0.05   # fraction of requests digested, 0 < f <= 1 (default: pdsweep.core.kvsample.DEFAULT_GPU_SAMPLE)
+  gpu_sample: 0.25   # fraction of requests digested, 0 < f <= 1 (default: pdsweep.core.kvsample.DEFAULT_GPU_SAMPLE)
 ```
 
 The plan sets ``PDSWEEP_KV_DIGEST=1`` and ``PDSWEEP_KV_DIGEST_SAMPLE`` on those instances
