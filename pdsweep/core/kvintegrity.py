@@ -40,7 +40,7 @@ import re
 from collections import defaultdict
 from typing import Any
 
-from pdsweep.core.kvsample import SAMPLED_OUT_STATE
+from pdsweep.core.kvsample import sampled_apart
 from pdsweep.core.stats import obj
 
 # the lines pdsweep.engine.kvdigest logs inside vLLM (here, in core, so every layer may read them)
@@ -294,16 +294,6 @@ def integrity(prefill_text: str, decode_text: str) -> dict[str, Any]:
         "first": {k: first[k] for k in ("refused", "mismatched", "misplaced", "stale", "missing") if k in first},
         "cost": cost(p_us, p_bytes, d_us, d_bytes, n_req),
     }
-
-
-def sampled_apart(offers: list[Any], landed: list[Any]) -> tuple[list[Any], list[Any], dict[str, Any]]:
-    """The offers and READs of the requests the digests sampled (:mod:`pdsweep.core.kvsample`), and
-    ``{"impl": digests named on the lines, "sample": the fraction, "sampled_out": requests left out}``."""
-    out = {o["req"] for o in offers if o["sampled_out"]} | {r["req"] for r in landed if r["state"] == SAMPLED_OUT_STATE}
-    impls = sorted({x["impl"] for x in offers + landed if x["req"] not in out} or {o["impl"] for o in offers})
-    fraction = min((o["sample"] for o in offers), default=1.0)
-    keep_o, keep_l = [o for o in offers if o["req"] not in out], [r for r in landed if r["req"] not in out]
-    return keep_o, keep_l, {"impl": impls, "sample": fraction, "sampled_out": len(out)}
 
 
 def _landed_index(landed: list[dict[str, Any]]) -> tuple[Any, set[str], set[str], dict[Any, Any], Any]:

@@ -18,6 +18,7 @@ the lent device imports it without pydantic or vLLM.
 from __future__ import annotations
 
 import zlib
+from typing import Any
 
 SAMPLE_ENV_VAR = "PDSWEEP_KV_DIGEST_SAMPLE"  # fraction of requests digested (absent: all)
 IMPL_ENV_VAR = "PDSWEEP_KV_DIGEST_IMPL"  # "torch": the torch digest on host memory too (the CPU dry run)
@@ -59,3 +60,13 @@ def ttft_share(fraction: float, digest_gbps: float, prefill_kv_gbps: float = EST
 def fraction_for(digest_gbps: float, prefill_kv_gbps: float = ESTIMATED_PREFILL_KV_GBPS) -> float:
     """The largest fraction (at most 1) whose :func:`ttft_share` stays at :data:`TTFT_SHARE_TARGET`."""
     return min(1.0, TTFT_SHARE_TARGET * digest_gbps / (2 * prefill_kv_gbps))
+
+
+def sampled_apart(offers: list[Any], landed: list[Any]) -> tuple[list[Any], list[Any], dict[str, Any]]:
+    """The parsed offer and landed lines (:mod:`pdsweep.core.kvintegrity`) of the requests the digests sampled, and
+    ``{"impl": digests named on the lines, "sample": the fraction, "sampled_out": requests left out}``."""
+    out = {o["req"] for o in offers if o["sampled_out"]} | {r["req"] for r in landed if r["state"] == SAMPLED_OUT_STATE}
+    impls = sorted({x["impl"] for x in offers + landed if x["req"] not in out} or {o["impl"] for o in offers})
+    fraction = min((o["sample"] for o in offers), default=1.0)
+    keep_o, keep_l = [o for o in offers if o["req"] not in out], [r for r in landed if r["req"] not in out]
+    return keep_o, keep_l, {"impl": impls, "sample": fraction, "sampled_out": len(out)}
