@@ -188,3 +188,15 @@ def test_decode_leaves_a_sampled_out_read_undigested_and_unflipped(torch_state):
     (rec,) = parse_landed(K.landed_line((*rows, "p0", out, ""), "DONE", flip_now=True))
     assert (rec["state"], rec["reads"], rec["req"]) == ("SAMPLED_OUT", {}, out)
     assert buf.tolist() == list(range(64))  # no drill flip on a READ nobody compares
+
+
+def test_the_worker_attributes_the_storage_map_reads_are_vllms():
+    """vLLM 0.32's ``NixlBaseConnectorWorker`` keeps what it registered under these names
+    (``nixl/base_worker.py`` ``register_kv_caches``); the wrapper reads them after it."""
+    import inspect
+
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import NixlBaseConnectorWorker
+
+    src = inspect.getsource(NixlBaseConnectorWorker)
+    for line in ("self.device_kv_caches = kv_caches", "self.use_host_buffer = ", "self.host_xfer_buffers = "):
+        assert line in src, line
