@@ -12,7 +12,7 @@ import pytest
 import torch
 from test_kvdigest import wrapped
 
-from pdsweep.core.kvintegrity import TORCH_DIGEST_NAME, parse_landed, parse_offers
+from pdsweep.core.kvintegrity import TORCH_DIGEST_NAME, integrity, integrity_reasons, parse_landed, parse_offers
 from pdsweep.core.kvsample import fraction_for, sampled, ttft_share
 from pdsweep.engine import kvdigest as K
 from pdsweep.engine import torchdigest as T
@@ -200,3 +200,36 @@ def test_the_worker_attributes_the_storage_map_reads_are_vllms():
     src = inspect.getsource(NixlBaseConnectorWorker)
     for line in ("self.device_kv_caches = kv_caches", "self.use_host_buffer = ", "self.host_xfer_buffers = "):
         assert line in src, line
+
+
+def dry_run_pd(flip_every: int, caplog: pytest.LogCaptureFixture) -> dict:
+    """The torch path end to end in one process: prefill offers block 3 of its KV tensor, the "READ" copies
+    its two descriptors (K, V) into decode's KV tensor, decode digests them, and integrity joins the two."""
+    prefill_kv = torch.arange(640, dtype=torch.int32).to(torch.uint8)
+    decode_kv = torch.zeros(640, dtype=torch.uint8)
+    K.use_storages({"prefill": prefill_kv, "decode": decode_kv}, force_torch=True)
+    with caplog.at_level(logging.INFO, logger="vllm.pdsweep.engine.kvdigest"):
+        prefill_text = K.offer_line(offering_worker(prefill_kv), "cmpl-1", [[3]])
+    decode_kv[96:128], decode_kv[416:448] = prefill_kv[96:128], prefill_kv[416:448]  # NIXL's READ
+    p, d = prefill_kv.data_ptr(), decode_kv.data_ptr()
+    nixl = wrapped(flip_every)
+    local = np.array([[d + 96, 32, 0], [d + 416, 32, 0]], dtype=np.uint64)
+    remote = np.array([[p + 96, 32, 0], [p + 416, 32, 0]], dtype=np.uint64)
+    lh = nixl.prep_xfer_dlist("NIXL_INIT_AGENT", nixl.get_xfer_descs(local, "VRAM"))
+    rh = nixl.prep_xfer_dlist(b"agent-p0", nixl.get_xfer_descs(remote, "VRAM"))
+    x = nixl.make_prepped_xfer("READ", lh, np.array([0, 1]), rh, np.array([0, 1]), notif_msg=b"cmpl-1:1")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="vllm.pdsweep.engine.kvdigest"):
+        nixl.check_xfer_state(x)
+    return integrity(prefill_text, "\n".join(r.getMessage() for r in caplog.records))
+
+
+def test_dry_run_prefill_and_decode_torch_digests_match_and_a_flip_fails_the_block(caplog, torch_state):
+    ok = dry_run_pd(0, caplog)
+    assert (ok["compared"], ok["matched"], ok["mismatched"], ok["impl"]) == (1, 1, 0, [TORCH_DIGEST_NAME])
+    assert integrity_reasons(ok, "c/transfer.json") == []
+    flipped = dry_run_pd(1, caplog)
+    assert (flipped["matched"], flipped["mismatched"], flipped["byte_flips_injected"]) == (0, 1, 1)
+    (reason,) = integrity_reasons(flipped, "c/transfer.json")
+    assert reason.startswith("c/transfer.json: integrity: 1 mismatched block(s) of 1; first: request cmpl-1 group 0:kv")
+    assert "prefill rank 0 block 3" in reason
