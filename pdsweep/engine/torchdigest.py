@@ -25,6 +25,7 @@ call.
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from typing import Any, Iterable
 
@@ -152,13 +153,17 @@ class StorageMap:
         for t in tensors:
             seen.setdefault(int(t.untyped_storage().data_ptr()), t)
         self.spans = sorted((a, a + int(t.untyped_storage().nbytes()), storage_bytes(t)) for a, t in seen.items())
+        self.starts = [s[0] for s in self.spans]
         self.devices = sorted({s[2].device.type for s in self.spans})
 
+    def span_of(self, addr: int, length: int) -> int | None:
+        """The index of the span holding ``[addr, addr + length)`` (bisect over the starts), or None."""
+        s = bisect.bisect_right(self.starts, addr) - 1
+        return s if s >= 0 and addr + length <= self.spans[s][1] else None
+
     def locate(self, addr: int, length: int) -> tuple[Any, int] | None:
-        for lo, hi, flat in self.spans:
-            if lo <= addr and addr + length <= hi:
-                return flat, addr - lo
-        return None
+        s = self.span_of(addr, length)
+        return None if s is None else (self.spans[s][2], addr - self.spans[s][0])
 
     def on_device(self, addr: int) -> bool:
         """True when ``addr`` lies in a registered storage that is not host memory."""
@@ -180,10 +185,8 @@ class StorageMap:
         out: list[str | None] = [None] * len(regions)
         groups: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)  # (span, length) -> (i, offset)
         for i, (addr, length) in enumerate(regions):
-            for s, (lo, hi, _) in enumerate(self.spans):
-                if lo <= addr and addr + length <= hi:
-                    groups[(s, length)].append((i, addr - lo))
-                    break
+            if (s := self.span_of(addr, length)) is not None:
+                groups[(s, length)].append((i, addr - self.starts[s]))
         for (s, length), items in groups.items():
             for (i, _), d in zip(items, digest_tensor_regions(self.spans[s][2], [o for _, o in items], length)):
                 out[i] = d
