@@ -2,7 +2,8 @@
 # The GPU check for the day a GPU is at hand (docs/gpu-preflight.md): nvidia-smi facts,
 # detect_gpus / busy-GPU detection against a torch process it starts, and `pdsweep bench
 # transfer` with Kimi-Linear and GLM-5.3-Flash-4L geometry in GPU memory (p2d1, p4d1, p4d2 byte-verified; the
-# unfixed plan refused) with the UCX transports used; saved as JSON (OUT/device-check.json).
+# unfixed plan refused) with the UCX transports used, and the torch KV digest's GB/s and estimated TTFT
+# share (pdsweep.xfer.digestcheck); saved as JSON (OUT/device-check.json).
 #
 #   scripts/device-check.sh                 # on a GPU machine (one H200 is enough, < 8 min)
 #   scripts/device-check.sh --device cpu    # the dry run: fake nvidia-smi, host memory (CI)

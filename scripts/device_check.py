@@ -1,7 +1,8 @@
 """The GPU check behind scripts/device-check.sh (run that, not this): nvidia-smi facts,
 ``detect_gpus`` and busy-GPU detection against a torch process it starts, and
 ``pdsweep bench transfer`` with Kimi-Linear and GLM-5.3-Flash-4L geometry (p2d1, p4d1, p4d2
-byte-verified; the unfixed plan refused), with the UCX transports used. Imports no pydantic: the
+byte-verified; the unfixed plan refused), with the UCX transports used, and the torch KV digest's
+GB/s and estimated TTFT share (:mod:`pdsweep.xfer.digestcheck`). Imports no pydantic: the
 bench runs as ``python -m pdsweep.xfer.bench`` and reads the catalogue through
 :mod:`pdsweep.xfer.light` where pydantic is missing (the lent device: python 3.12, torch, numpy,
 PyYAML). Writes ``OUT/device-check.json``;
@@ -25,6 +26,7 @@ import time
 from pathlib import Path
 
 from pdsweep.plan.gpus import CUDA_IPC_GET_ENV, CUDA_IPC_GET_OFF
+from pdsweep.xfer.digestcheck import digest_check, summary
 
 REPO = Path(__file__).resolve().parents[1]
 PAIRS = ((2, 1), (4, 1), (4, 2))
@@ -252,8 +254,10 @@ def main() -> int:
             for p, d in PAIRS:
                 res = bench(args.device, args.out, m, p, d, "fixed", args, GET_ZCOPY_ENV)
                 report["bench"][f"{m} p{p}d{d} {tag}"] = res
+    report["kv_digest"] = digest_check(args.device, args.iters)  # the torch KV digest's GB/s and TTFT share
     report["ucx_transports"] = sorted({b["transport"] for b in report["bench"].values() if b.get("transport")})
     checks = {"busy_gpu": report["busy_gpu"]["ok"], **{f"bench {k}": b["ok"] for k, b in report["bench"].items()}}
+    checks["kv_digest"] = report["kv_digest"]["ok"]
     if args.device == "cuda":
         checks["nvidia_smi"] = bool(report["nvidia_smi"]["gpus"]) and not report["nvidia_smi"]["error"]
     report["checks"] = checks
@@ -270,6 +274,7 @@ def main() -> int:
             )
             if b.get("transport_problem"):
                 print(f"       {b['transport_problem']}")
+    print(f"     {summary(report['kv_digest'])}")
     print(f"device-check: {'OK' if report['ok'] else 'FAILED'} in {report['wall_s']} s; wrote {path}")
     return 0 if report["ok"] else 1
 

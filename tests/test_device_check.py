@@ -30,7 +30,8 @@ def test_device_check_cpu_dry_run(tmp_path):
     )
     assert r.returncode == 0, r.stdout + r.stderr
     d = json.loads((tmp_path / "device-check.json").read_text())
-    assert d["ok"] is True and all(d["checks"].values()) and len(d["checks"]) == 8
+    assert d["ok"] is True and all(d["checks"].values()) and len(d["checks"]) == 9
+    assert d["kv_digest"]["equals_host_digest"] and d["kv_digest"]["64k"]["gbps"] > 0  # the torch KV digest step
     busy = d["busy_gpu"]
     assert busy["seen_on_gpu"] == 0 and busy["during"] == [1] and busy["detect_gpus_during"] == 1
     assert f"is in use by pid {busy['holder_pid']} python3" in busy["busy_text"]

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from fixtures.make_runs import pd, write_run
 
+from pdsweep.core import kvsample as ks
 from pdsweep.judge.gate import FAIL, NOT_RUNNABLE, gate_run
 from pdsweep.plan.expand import expand
 from pdsweep.run.dryrun import plan_dict
@@ -205,3 +206,25 @@ def test_pairing_cost_figures():
     pct = [round(100 * x / unpaired, 1) for x in (extra, extra + per)]
     want = (round(unpaired), round(s), *divmod(round(pct[0] * 10), 10), round(s + per), *divmod(round(pct[1] * 10), 10))
     assert got == want
+
+
+def test_integrity_gpu_sample_estimate_figures() -> None:
+    """docs/integrity.md's estimate of the TTFT the GPU digests add (pdsweep.core.kvsample)."""
+    text = " ".join((REPO / "docs/integrity.md").read_text().split())
+    m = re.search(
+        r"is ~(\d+) GB/s .*?prefill writes KV at ~([\d.]+) GB/s .*? With every request digested that is ([\d.]+) % "
+        r"of TTFT; the default `gpu_sample` ([\d.]+) keeps it at an estimated ([\d.]+) %, and 2 % allows ([\d.]+)\.",
+        text,
+    )
+    assert m, "docs/integrity.md: the GPU sample estimate sentence (reworded? update this test with it)"
+    computed = (
+        f"{ks.ESTIMATED_DIGEST_GBPS:g}",
+        f"{ks.ESTIMATED_PREFILL_KV_GBPS:g}",
+        f"{100 * ks.ttft_share(1.0, ks.ESTIMATED_DIGEST_GBPS):.1f}",
+        f"{ks.DEFAULT_GPU_SAMPLE:g}",
+        f"{100 * ks.ttft_share(ks.DEFAULT_GPU_SAMPLE, ks.ESTIMATED_DIGEST_GBPS):.1f}",
+        f"{ks.fraction_for(ks.ESTIMATED_DIGEST_GBPS):.3g}",
+    )
+    assert m.groups() == computed, (
+        "docs/integrity.md: (digest GB/s, prefill KV GB/s, share at 1, default, share, 2 % sample)"
+    )

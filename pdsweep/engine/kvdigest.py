@@ -1,9 +1,10 @@
 """In vLLM's processes: the KV integrity digests (transfer.json ``integrity``, :mod:`pdsweep.core.kvintegrity`).
 
 Installed by pdsweep's vLLM plugin when ``PDSWEEP_KV_DIGEST=1`` (pdsweep sets it on every
-instance of a PD cell on CPU). Model-agnostic: it digests the memory ranges vLLM registered
-with NIXL (one NIXL descriptor = one region of one block: attention K or V, the MLA latent,
-one Mamba conv sub-projection or the SSM temporal state), never model tensors.
+instance of a PD pull cell on CPU, and on GPU where the sweep opts in). Model-agnostic: it digests
+the memory ranges vLLM registered with NIXL (one NIXL descriptor = one region of one block:
+attention K or V, the MLA latent, one Mamba conv sub-projection or the SSM temporal state), never
+model tensors.
 
 **Prefill** (the blocks offered): ``NixlPullConnectorScheduler.request_finished`` (vLLM
 ``kv_connector/v1/nixl/pull_scheduler.py``) returns the block ids a finished request keeps for
@@ -15,7 +16,8 @@ those blocks before vLLM runs the step: descriptor ids from vLLM's own
 time, rows of ``src_blocks_data`` (address, length, device). One line per request and rank::
 
     PDSWEEP_KV_OFFER agent=<nixl agent> engine=<id> rank=<tp rank> req=<prefill request id>
-    us=<digest us> bytes=<n> split=<k> d=<group>/<kind>/<block>/<i>/<addr hex>/<len>/<digest>;...
+    us=<digest us> bytes=<n> split=<k> impl=<digest> sample=<f>
+    d=<group>/<kind>/<block>/<i>/<addr hex>/<len>/<digest>;...
 
 ``kind``: ``kv`` (attention K/V), ``mla`` (latent), ``ssm-conv``, ``ssm-temporal``; ``i``: the
 descriptor's index within its (group, block) (layer, region). Each descriptor is also digested in
@@ -38,7 +40,7 @@ to add vLLM's ``tp_ratio`` to that prefill engine (``TransferTopology.tp_ratio``
 trimming: decode fills its blocks position by position from them)::
 
     PDSWEEP_KV_LANDED agent=<prefill agent> req=<prefill request id> state=DONE us=<us>
-    bytes=<n> tp_ratio=<k> order=<group>:<block>,<block>|... d=<remote addr hex>/<len>/<digest>;...
+    bytes=<n> tp_ratio=<k> order=<group>:<block>,<block>|... impl=<digest> d=<remote addr hex>/<len>/<digest>;...
 
 A READ reported otherwise (``ERR``: a failed READ, the drill's included) logs ``state=ERR`` and
 no digests; a READ NIXL refused to prepare (``make_prepped_xfer`` raised: vLLM's
@@ -49,9 +51,13 @@ before the digest, logged as ``PDSWEEP_INJECTED_BYTE_FLIP``.
 
 Digest: the first 64 bits of SHA-256 (``hashlib``, OpenSSL: SHA-NI where the CPU has it; BLAKE2b
 was 13x slower on the 2-core AMD EPYC host, ``bench/test_integrity_overhead.py``), over the bytes
-in place (ctypes). Host memory only: descriptor lists of another memory type (``VRAM``) are never
-recorded on decode, and a prefill worker whose ``nixl_memory_type`` is not ``DRAM`` logs
-``not measured`` once instead of an offer line.
+in place (ctypes). KV cache on a CUDA device (``nixl_memory_type`` ``VRAM``; or
+``PDSWEEP_KV_DIGEST_IMPL=torch``, the CPU dry run): :mod:`pdsweep.engine.torchdigest` (128 bits, batched
+on the device) over the storages vLLM registered (``register_kv_caches`` is wrapped to find them); each
+line names its digest (``impl=``). A prefill worker with device KV and no storage map logs ``not
+measured`` once instead of an offer line. ``PDSWEEP_KV_DIGEST_SAMPLE=f`` (GPU sweeps,
+:mod:`pdsweep.core.kvsample`): a request :func:`~pdsweep.core.kvsample.sampled` leaves out logs its
+offer line with ``sampled_out=1`` and its landed line with ``state=SAMPLED_OUT``, no digests.
 """
 
 from __future__ import annotations
@@ -65,8 +71,10 @@ import time
 from typing import Any, Callable
 
 from pdsweep.core.faults import FLIP_BYTE_ENV_VAR
-from pdsweep.core.kvintegrity import DIGEST_NAME, FLIP_TAG, KV_DIGEST_PARTS, LANDED_TAG, OFFER_TAG
+from pdsweep.core.kvintegrity import DIGEST_NAME, FLIP_TAG, KV_DIGEST_PARTS, LANDED_TAG, OFFER_TAG, TORCH_DIGEST_NAME
+from pdsweep.core.kvsample import IMPL_ENV_VAR, SAMPLE_ENV_VAR, SAMPLED_OUT_STATE, parse_fraction, sampled
 from pdsweep.engine.readlog import nixl_wrapper
+from pdsweep.engine.torchdigest import StorageMap, tensors_of
 
 logger = logging.getLogger("vllm.pdsweep.engine.kvdigest")
 
@@ -81,6 +89,8 @@ _DESCS: dict[int, tuple[Any, Any]] = {}
 _READS: dict[Any, tuple[Any, Any, str, str, str]] = {}
 _LOCK = threading.Lock()
 _POSTING = threading.local()  # decode worker: the READ vLLM's _read_blocks is posting now (its extra fields)
+# the registered KV storages (set when the torch digest is used), PDSWEEP_KV_DIGEST_IMPL=torch, the sample fraction
+_STATE: dict[str, Any] = {"map": None, "torch": False, "sample": 1.0}
 
 
 def digest(addr: int, length: int) -> str:
@@ -89,8 +99,31 @@ def digest(addr: int, length: int) -> str:
     return hashlib.sha256(memoryview(buf)).hexdigest()[:16]
 
 
+def impl_name() -> str:
+    """The digest this process uses: :data:`TORCH_DIGEST_NAME` once vLLM registered KV storages the torch
+    digest serves (a CUDA device, or ``PDSWEEP_KV_DIGEST_IMPL=torch``), else :data:`DIGEST_NAME`."""
+    return TORCH_DIGEST_NAME if _STATE["map"] is not None else DIGEST_NAME
+
+
+def digest_many(regions: list[tuple[int, int]]) -> list[str]:
+    """The digests of ``(addr, length)`` regions with :func:`impl_name`'s digest (torch: batched on the
+    storage's device, :class:`~pdsweep.engine.torchdigest.StorageMap`). Raises ``ValueError`` for a
+    region outside every registered storage when the torch digest is in use (never read blindly)."""
+    smap = _STATE["map"]
+    if smap is None:
+        return [digest(a, n) for a, n in regions]
+    got = smap.digest_many(regions)
+    if any(d is None for d in got):
+        a, n = regions[got.index(None)]
+        raise ValueError(f"{a:x}/{n} is in no KV cache storage vLLM registered")
+    return [str(d) for d in got]
+
+
 def flip_byte(addr: int) -> None:
-    """Invert the byte at ``addr`` (the byte-flip drill)."""
+    """Invert the byte at ``addr`` (the byte-flip drill): in its registered storage when the torch digest
+    is in use (device memory), else in place."""
+    if _STATE["map"] is not None and _STATE["map"].flip_byte(addr):
+        return
     b = ctypes.c_ubyte.from_address(addr)
     b.value ^= 0xFF
 
@@ -143,21 +176,26 @@ def offered_descs(worker: Any, block_ids: Any) -> list[tuple[int, str, int, int,
 
 
 def offer_line(worker: Any, req: str, block_ids: Any, split: int = KV_DIGEST_PARTS) -> str:
-    """The :data:`OFFER_TAG` line of one request (module doc)."""
+    """The :data:`OFFER_TAG` line of one request (module doc); no digests for a request :func:`sampled`
+    leaves out (``sampled_out=1``)."""
+    req = req.replace(" ", "_")
+    head = f"{OFFER_TAG} agent={worker.nixl_wrapper.name} engine={worker.engine_id} rank={worker.tp_rank} req={req}"
+    tail = f"split={split} impl={impl_name()} sample={_STATE['sample']:g}"
+    if not sampled(req, _STATE["sample"]):
+        return f"{head} us=0 bytes=0 {tail} sampled_out=1 d="
     t = time.perf_counter()
-    parts, nbytes = [], 0
+    units, regions, nbytes = [], [], 0
     for g, kind, b, i, addr, length in offered_descs(worker, block_ids):
-        parts.append(f"{g}/{kind}/{b}/{i}/{addr:x}/{length}/{digest(addr, length)}")
+        units.append(f"{g}/{kind}/{b}/{i}/{addr:x}/{length}")
+        regions.append((addr, length))
         nbytes += length
         if split > 1 and length % split == 0:
             n = length // split
-            for p in range(split):
-                parts.append(f"{g}/{kind}/{b}/{i}.{p}/{addr + p * n:x}/{n}/{digest(addr + p * n, n)}")
+            units += [f"{g}/{kind}/{b}/{i}.{p}/{addr + p * n:x}/{n}" for p in range(split)]
+            regions += [(addr + p * n, n) for p in range(split)]
+    parts = [f"{u}/{d}" for u, d in zip(units, digest_many(regions))]
     us = (time.perf_counter() - t) * 1e6
-    return (
-        f"{OFFER_TAG} agent={worker.nixl_wrapper.name} engine={worker.engine_id} rank={worker.tp_rank} "
-        f"req={req.replace(' ', '_')} us={us:.0f} bytes={nbytes} split={split} d={';'.join(parts)}"
-    )
+    return f"{head} us={us:.0f} bytes={nbytes} {tail} d={';'.join(parts)}"
 
 
 def wrap_request_finished(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -190,10 +228,11 @@ def wrap_start_load_kv(orig: Callable[..., Any], split: int = KV_DIGEST_PARTS) -
 
     def start_load_kv(self: Any, metadata: Any) -> Any:
         offered = getattr(metadata, "_pdsweep_offered", None) or {}
-        if offered and getattr(self, "nixl_memory_type", None) != "DRAM":
+        if offered and getattr(self, "nixl_memory_type", None) != "DRAM" and _STATE["map"] is None:
             if not getattr(self, _MARK, False):
                 setattr(self, _MARK, True)
-                logger.warning("%s not measured: KV cache in %s, not host memory", OFFER_TAG, self.nixl_memory_type)
+                mem = self.nixl_memory_type
+                logger.warning("%s not measured: KV cache in %s, no torch storage map", OFFER_TAG, mem)
             offered = {}
         for req, block_ids in offered.items():
             try:
@@ -256,7 +295,7 @@ def wrap_get_xfer_descs(orig: Callable[..., Any]) -> Callable[..., Any]:
     def get_xfer_descs(self: Any, descs: Any, *args: Any, **kw: Any) -> Any:
         out = orig(self, descs, *args, **kw)
         mem = kw.get("mem_type", args[0] if args else None)
-        if mem == "DRAM" and (rows := desc_rows(descs)) is not None:
+        if mem in ("DRAM", "VRAM") and (rows := desc_rows(descs)) is not None:  # VRAM: the torch digest
             _DESCS[id(out)] = (out, rows)  # keep ``out`` alive: its id stays unique
         return out
 
@@ -309,19 +348,21 @@ def refused_line(where: tuple[Any, Any, str, str, str]) -> str:
 def landed_line(where: tuple[Any, Any, str, str, str], state: str, flip_now: bool) -> str:
     """The :data:`LANDED_TAG` line of one READ (module doc)."""
     local, remote, agent, req, fields = where
-    head = f"{LANDED_TAG} agent={agent} req={req.replace(' ', '_')} state={state}"
+    req = req.replace(" ", "_")
+    if state == "DONE" and not sampled(req, _STATE["sample"]):
+        state = SAMPLED_OUT_STATE
+    head = f"{LANDED_TAG} agent={agent} req={req} state={state}"
     if state != "DONE":
         return f"{head} us=0 bytes=0 d="
     if flip_now and len(local):
         flip_byte(int(local[0][0]))
         logger.warning("%s req=%s remote_addr=%x", FLIP_TAG, req, int(remote[0][0]))
     t = time.perf_counter()
-    parts, nbytes = [], 0
-    for (laddr, _llen, _), (raddr, rlen, _) in zip(local.tolist(), remote.tolist()):
-        parts.append(f"{int(raddr):x}/{int(rlen)}/{digest(int(laddr), int(rlen))}")
-        nbytes += int(rlen)
+    pairs = [(int(la), int(ra), int(rn)) for (la, _, _), (ra, rn, _) in zip(local.tolist(), remote.tolist())]
+    digests = digest_many([(la, rn) for la, _, rn in pairs])
+    parts = [f"{ra:x}/{rn}/{d}" for (_, ra, rn), d in zip(pairs, digests)]
     us = (time.perf_counter() - t) * 1e6
-    return f"{head} us={us:.0f} bytes={nbytes}{fields} d={';'.join(parts)}"
+    return f"{head} us={us:.0f} bytes={sum(p[2] for p in pairs)}{fields} impl={impl_name()} d={';'.join(parts)}"
 
 
 def wrap_check_xfer_state(orig: Callable[..., Any], flip_every: int = 0) -> Callable[..., Any]:
@@ -344,6 +385,32 @@ def wrap_check_xfer_state(orig: Callable[..., Any], flip_every: int = 0) -> Call
         return state
 
     return check_xfer_state
+
+
+def use_storages(kv_caches: Any, force_torch: bool = False) -> None:
+    """Digest with torch (:func:`impl_name`) over the storages of ``kv_caches`` (vLLM's registered
+    tensors) when any is on a device other than the host, or ``force_torch``; else leave SHA-256 on."""
+    tensors = list(tensors_of(kv_caches))
+    if tensors and (force_torch or any(t.device.type != "cpu" for t in tensors)):
+        _STATE["map"] = StorageMap(tensors)
+
+
+def wrap_register_kv_caches(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """Worker: after vLLM's ``register_kv_caches`` (``base_worker.py``), the storages NIXL got:
+    ``host_xfer_buffers`` when vLLM stages KV in host memory, else ``device_kv_caches``."""
+
+    def register_kv_caches(self: Any, kv_caches: Any) -> Any:
+        out = orig(self, kv_caches)
+        try:
+            staged = getattr(self, "use_host_buffer", False)
+            use_storages(self.host_xfer_buffers if staged else self.device_kv_caches, _STATE["torch"])
+            if _STATE["map"] is not None:
+                logger.info("pdsweep: KV digest %s on %s", TORCH_DIGEST_NAME, ",".join(_STATE["map"].devices))
+        except Exception as e:  # noqa: BLE001 - the measurement must never stop vLLM
+            logger.warning("pdsweep: KV digest: no torch storage map (%r): %s on host memory only", e, DIGEST_NAME)
+        return out
+
+    return register_kv_caches
 
 
 def _wrap(owner: Any, attr: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
@@ -371,6 +438,7 @@ def install_kv_digest(flip_every: int = 0) -> bool:
     _wrap(NixlPullConnectorScheduler, "request_finished", wrap_request_finished)
     _wrap(NixlPullConnectorScheduler, "build_connector_meta", wrap_build_meta)
     _wrap(NixlPullConnectorWorker, "start_load_kv", wrap_start_load_kv)
+    _wrap(NixlPullConnectorWorker, "register_kv_caches", wrap_register_kv_caches)
     if hasattr(NixlPullConnectorWorker, "_read_blocks"):  # the order and tp_ratio fields (module doc)
         _wrap(NixlPullConnectorWorker, "_read_blocks", wrap_read_blocks)
     _wrap(wrapper, "get_xfer_descs", wrap_get_xfer_descs)
@@ -381,17 +449,25 @@ def install_kv_digest(flip_every: int = 0) -> bool:
 
 
 def install_from_env(env: Any) -> None:
-    """The plugin's entry: install with ``PDSWEEP_FLIP_BYTE_EVERY`` from ``env`` (a bad value: a
-    warning, never an exception into vLLM)."""
+    """The plugin's entry: install with ``PDSWEEP_FLIP_BYTE_EVERY``, ``PDSWEEP_KV_DIGEST_SAMPLE`` and
+    ``PDSWEEP_KV_DIGEST_IMPL`` from ``env`` (a bad value: a warning, never an exception into vLLM)."""
 
     try:
         flip = int(env.get(FLIP_BYTE_ENV_VAR) or 0)
         if flip < 0:
             raise ValueError(f"{FLIP_BYTE_ENV_VAR} >= 0")
+        _STATE["sample"] = parse_fraction(env.get(SAMPLE_ENV_VAR))
+        _STATE["torch"] = (env.get(IMPL_ENV_VAR) or "").strip() == "torch"
         if not install_kv_digest(flip):
             logger.warning("pdsweep: KV digest: vLLM's NIXL pull connector or NixlWrapper not found; not measured")
             return
-        logger.info("pdsweep: KV integrity digests on (%s, prefill parts %d)", DIGEST_NAME, KV_DIGEST_PARTS)
+        logger.info(
+            "pdsweep: KV integrity digests on (%s; %s on device memory; prefill parts %d; sample %g)",
+            DIGEST_NAME,
+            TORCH_DIGEST_NAME,
+            KV_DIGEST_PARTS,
+            _STATE["sample"],
+        )
         if flip:
             logger.info("pdsweep: fault drill: every %d-th completed NIXL READ gets one byte flipped", flip)
     except Exception as e:  # noqa: BLE001

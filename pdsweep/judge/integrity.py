@@ -2,7 +2,8 @@
 digests of :mod:`pdsweep.engine.kvdigest`).
 
 Applies to a PD cell whose plan switched the digests on (cell.json ``instances[].env``
-``PDSWEEP_KV_DIGEST=1``: every PD instance on CPU, :func:`pdsweep.plan.instance.instances`);
+``PDSWEEP_KV_DIGEST=1``: every PD pull instance on CPU, and on GPU where the sweep opts in,
+:func:`pdsweep.plan.instance.instances`);
 what the file must hold comes from that, never from the file. Fails when
 
 - ``integrity`` is absent or says ``not_measured``: "integrity: not measured (why)" (fail closed);

@@ -71,6 +71,7 @@ RESERVED_ENV = {
     "VLLM_KV_CACHE_LAYOUT": "the kv_cache_layout axis (decode's layout; pdsweep.plan.instance.derived_env)",
     "VLLM_SSM_CONV_STATE_LAYOUT": "nothing: derived for SSM models (pdsweep.plan.instance.derived_env)",
     "CUDA_VISIBLE_DEVICES": "--gpus and the scheduler (pdsweep hands each cell its GPUs)",
+    "PDSWEEP_KV_DIGEST_SAMPLE": "integrity.gpu_sample (the fraction of requests whose KV is digested on GPU)",
 }
 
 

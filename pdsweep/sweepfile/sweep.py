@@ -2,7 +2,7 @@
 catalogue's schema is :mod:`pdsweep.sweepfile.catalogue`; this module loads both). The sections'
 schemas: :mod:`pdsweep.sweepfile.axes` (axes, bounds, faults), :mod:`pdsweep.sweepfile.matrix`,
 :mod:`pdsweep.sweepfile.serve` (builds, serve_args, defaults), :mod:`pdsweep.sweepfile.phases` (eval,
-bench), :mod:`pdsweep.sweepfile.gatespec` (gate).
+bench), :mod:`pdsweep.sweepfile.gatespec` (gate), :mod:`pdsweep.sweepfile.integrityspec` (integrity).
 
 A sweep YAML (``sweeps/*.yaml``) names a model catalogue (``sweeps/models.yaml`` by
 default), vLLM builds, named serve-arg and env variants, a ``matrix`` with
@@ -28,6 +28,7 @@ from pdsweep.sweepfile.axes import BOUND_OF, BOUND_WHY
 from pdsweep.sweepfile.catalogue import Catalogue, ModelSpec, NixlSupport, Platform, PlatformSupport
 from pdsweep.sweepfile.catalogue import Strict as _Strict
 from pdsweep.sweepfile.gatespec import GateSpec
+from pdsweep.sweepfile.integrityspec import IntegritySpec
 from pdsweep.sweepfile.matrix import Matrix
 from pdsweep.sweepfile.phases import BenchSpec, EvalSpec
 from pdsweep.sweepfile.serve import BuildSpec, Defaults, ServeArgsVariant
@@ -52,6 +53,7 @@ class Sweep(_Strict):
     eval: EvalSpec = EvalSpec()
     bench: BenchSpec = BenchSpec()
     gate: GateSpec = GateSpec()
+    integrity: IntegritySpec = IntegritySpec()  # KV digests on GPU: opt-in, sampled (pdsweep.sweepfile.integrityspec)
     # a PD cell in the scope of a fix its build lacks expects that fix's failure unless its include
     # entry declares an expectation (pdsweep.plan.derived); false: only declared expectations
     derive_expectations: bool = True
