@@ -211,6 +211,17 @@ def integrity(prefill_text: str, decode_text: str) -> dict[str, Any]:
         return {"source": SOURCE, "not_measured": why}
     if unsupported := unsupported_ratio(landed):
         return {"source": SOURCE, "not_measured": unsupported}
+    return judge(offers, landed, decode_text.count(FLIP_TAG))
+
+
+def judge(
+    offers: list[dict[str, Any]], landed: list[dict[str, Any]], flips: int, source: str = SOURCE, push: bool = False
+) -> dict[str, Any]:
+    """transfer.json ``integrity`` of parsed offers and landed lines (:func:`parse_offers`,
+    :func:`parse_landed`; push mode: :mod:`pdsweep.core.kvpush` gives both in these shapes, joined on
+    decode's agent and addresses). ``flips``: byte flips the drill injected. ``push``: no replica and no
+    prefix-cache excuse for an unread descriptor (prefill WRITEs each descriptor it names to one decode
+    address, and never the blocks decode had cached)."""
     read, failed, pulled, refused, orders = _landed_index(landed)
     by_addr: dict[tuple[str, int, int], dict[str, str]] = defaultdict(dict)  # (agent, addr, len) -> req -> digest
     # (engine, req, unit id) -> agent -> (digest, addr, len)
@@ -225,6 +236,8 @@ def integrity(prefill_text: str, decode_text: str) -> dict[str, Any]:
         return {d for q, d in by_addr[(offer["agent"], u[4], u[5])].items() if q != offer["req"] and d != u[6]}
 
     def replica(offer: dict[str, Any], u: tuple[Any, ...]) -> bool:
+        if push:
+            return False
         peers = by_unit[(offer["engine"], offer["req"], (u[0], u[1], u[2], u[3]))]
         return any(
             a != offer["agent"] and d == u[6] and d in read[(a, offer["req"])].get((addr, n), set())
@@ -244,7 +257,7 @@ def integrity(prefill_text: str, decode_text: str) -> dict[str, Any]:
             continue
         if (o["agent"], o["req"]) in refused:
             _refused(o, refused[(o["agent"], o["req"])], first)
-        statuses = _prefix_cached(_blocks(o, read[(o["agent"], o["req"])], ctx), (o["agent"], o["req"]) in refused)
+        statuses = _prefix_cached(_blocks(o, read[(o["agent"], o["req"])], ctx), push or (o["agent"], o["req"]) in refused)
         moved = misplaced(o, orders[(o["agent"], o["req"])], statuses)
         for key, how in moved.items():
             statuses[key] = "mismatched"
@@ -261,7 +274,8 @@ def integrity(prefill_text: str, decode_text: str) -> dict[str, Any]:
     p_us, p_bytes = sum(o["us"] for o in offers), sum(o["bytes"] for o in offers)
     d_us, d_bytes = sum(r["us"] for r in landed), sum(r["bytes"] for r in landed)
     return {
-        "source": SOURCE,
+        "source": source,
+        **({"mode": "push"} if push else {}),
         "compared": counts["compared"],
         **{k: counts[k] for k in ("matched", "mismatched", "missing", "stale", "misplaced")},
         "replicated_descs": counts["replicated_descs"],
@@ -272,7 +286,7 @@ def integrity(prefill_text: str, decode_text: str) -> dict[str, Any]:
         "missing_by_group": {g: sorted(r) for g, r in sorted(missing_by_group.items())},
         "unread_requests": len(unread),
         "unmatched_reads": sum(1 for r in landed if (r["agent"], r["req"]) not in known),
-        "byte_flips_injected": decode_text.count(FLIP_TAG),
+        "byte_flips_injected": flips,
         "requests": n_req,
         "first": {k: first[k] for k in ("refused", "mismatched", "misplaced", "stale", "missing") if k in first},
         "cost": cost(p_us, p_bytes, d_us, d_bytes, n_req),
@@ -306,15 +320,16 @@ def _where(offer: dict[str, Any], key: tuple[Any, ...]) -> dict[str, Any]:
     return {"request": offer["req"], "group": f"{key[0]}:{key[1]}", "prefill_rank": offer["rank"], "block": key[2]}
 
 
-def _prefix_cached(statuses: dict[tuple[Any, ...], str], refused: bool) -> dict[tuple[Any, ...], str]:
+def _prefix_cached(statuses: dict[tuple[Any, ...], str], as_is: bool) -> dict[tuple[Any, ...], str]:
     """``statuses`` with decode's own prefix-cache hits apart: in an attention group (``kv``,
     ``mla``), missing blocks that are exactly the request's first k of n blocks (0 < k < n) were
     computed locally by decode's prefix cache, so vLLM's NIXL worker read only the rest (the
     scheduler's ``num_computed_tokens`` from ``get_computed_blocks``; ``nixl/pull_worker.py``
     trims ``remote_block_ids`` to the blocks decode allocated): ``prefix_cached``, not missing.
     Found in the CPU default: tiny-llama p1d1's 149 "missing" blocks x 32 tokens = its decode's
-    4768 ``vllm:prefix_cache_hits_total``; an SSM group or a whole request missing stays missing."""
-    if refused:
+    4768 ``vllm:prefix_cache_hits_total``; an SSM group or a whole request missing stays missing.
+    ``as_is``: no excuse (a READ NIXL refused; push mode, where prefill never WRITEs decode's cached blocks)."""
+    if as_is:
         return statuses
     by_group: dict[tuple[Any, Any], list[tuple[Any, ...]]] = defaultdict(list)
     for key in statuses:  # the request's block order (prefill's block table)

@@ -289,8 +289,7 @@ def serve_env(cell: Cell, role: str, ls: LoadedSweep, host: str | None) -> dict[
             env[FLIP_BYTE_ENV_VAR] = str(every)
     if role == "decode" and (level := s.serve_variant(cell.serve_args).decode_optimize):
         env["PYTHONOPTIMIZE"] = str(level)  # asserts compiled out in decode's vLLM (serve_args decode_optimize)
-    push = role != "single" and kv_transfer_config(cell, role, ls).get("kv_connector") == PUSH_CONNECTOR
-    if role != "single" and s.platform == "cpu" and not push:  # KV digests: pull cells on CPU (docs/integrity.md)
+    if role != "single" and s.platform == "cpu":  # KV digests: pull and push PD cells on CPU (docs/integrity.md)
         env.setdefault(KV_DIGEST_ENV_VAR, "1")  # the same for every cell: prefill instances stay shared
     if role == "prefill" and kv_transfer_config(cell, role, ls).get("kv_connector") == PUSH_CONNECTOR:
         env.setdefault("UCX_PROTO_INFO", "y")  # push: prefill WRITEs, so it logs them
