@@ -253,7 +253,7 @@ def test_a_failed_first_request_carries_what_the_digests_saw(tmp_path):
 
 def test_push_cells_are_digested_and_gated_like_pull_cells(tmp_path):
     """Push mode (NixlPushConnector: prefill WRITEs): the plan switches the digests on for prefill and decode
-    (pdsweep.engine.kvpush), transfer.json integrity comes from the WRITE lines and the gate fails closed."""
+    (pdsweep.engine.kvpushdigest), transfer.json integrity comes from the WRITE lines and the gate fails closed."""
     ls = load_sweep("sweeps/cpu-push.yaml")
     cell = next(c for c in expand(ls).cells if c.kind == "pd")
     envs = {s.name: s.env for s in instances(cell, Slot(0, (), 20000), ls, "/m", "python")}
@@ -278,7 +278,9 @@ def test_a_push_cells_transfer_json_carries_integrity_from_the_write_digests(tmp
     (tmp_path / "p.log").write_text(
         f"{WRITE_TAG} agent=d0 engine=P rank=0 req=p-1 dreq=d-1 us=7 bytes=64 d=0/kv/3/0/e0/32/aa;0/kv/3/1/2e0/32/bb\n"
     )
-    (tmp_path / "d.log").write_text(f"{PUSHED_TAG} agent=d0 req=d-1 state=DONE us=3 bytes=64 split=1 d=e0/32/aa;2e0/32/bb\n")
+    (tmp_path / "d.log").write_text(
+        f"{PUSHED_TAG} agent=d0 req=d-1 state=DONE us=3 bytes=64 split=1 d=e0/32/aa;2e0/32/bb\n"
+    )
     p, d = (types.SimpleNamespace(log_path=tmp_path / n) for n in ("p.log", "d.log"))
     dep = types.SimpleNamespace(
         transfer_mode="push",

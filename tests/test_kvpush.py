@@ -1,5 +1,5 @@
 """Push-mode KV integrity (issue 58, "Push mode: digest the WRITE targets"): prefill digests the source
-rows of each WRITE vLLM's push worker posts (pdsweep.engine.kvpush), decode digests its destination
+rows of each WRITE vLLM's push worker posts (pdsweep.engine.kvpushdigest), decode digests its destination
 blocks once every WRITE was notified, pdsweep.core.kvpush joins them on decode's agent and addresses."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from pdsweep.core.kvintegrity import integrity_reasons
 from pdsweep.core.kvpush import PUSHED_TAG, WRITE_TAG, parse_pushed, parse_writes, push_integrity
 from pdsweep.engine import kvdigest as K
-from pdsweep.engine import kvpush as KP
+from pdsweep.engine import kvpushdigest as KP
 
 
 def sha(b: bytes) -> str:
@@ -84,7 +84,7 @@ def prefill_writes(p_mem: bytearray, d_mem: bytearray, blocks: list[int], d_bloc
 
     spec = types.SimpleNamespace(remote_rank=0, local_block_ids=[blocks], remote_block_ids=[d_blocks])
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="vllm.pdsweep.engine.kvpush"):
+    with caplog.at_level(logging.INFO, logger="vllm.pdsweep.engine.kvpushdigest"):
         KP.wrap_xfer_blocks(xfer_blocks)(
             p, read_spec=spec, dst_engine_id="D", request_id="cmpl-p-1", remote_request_id="cmpl-d-1"
         )
@@ -104,7 +104,7 @@ def decode_lands(d_mem: bytearray, d_blocks: list[int], caplog, prefill_tp: int 
         return set()
 
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="vllm.pdsweep.engine.kvpush"):
+    with caplog.at_level(logging.INFO, logger="vllm.pdsweep.engine.kvpushdigest"):
         assert KP.wrap_get_new_notifs(get_new_notifs, flip_every)(d) == set()
     return "\n".join(r.getMessage() for r in caplog.records)
 
@@ -159,7 +159,7 @@ def test_push_cell_matches_end_to_end_and_a_flipped_byte_names_the_block(caplog)
     copy_block(p_mem, d_mem, 4, 8)
     got = push_integrity(prefill, decode_lands(d_mem, [7, 8], caplog))
     assert (got["mode"], got["compared"], got["matched"], got["mismatched"], got["missing"]) == ("push", 2, 2, 0, 0)
-    assert got["source"].startswith("pdsweep.engine.kvpush (sha256-64 per NIXL WRITE descriptor")
+    assert got["source"].startswith("pdsweep.engine.kvpushdigest (sha256-64 per NIXL WRITE descriptor")
     assert integrity_reasons(got, "t") == []
     flipped = push_integrity(prefill, decode_lands(d_mem, [7, 8], caplog, flip_every=1))
     assert (flipped["mismatched"], flipped["matched"], flipped["byte_flips_injected"]) == (1, 1, 1)

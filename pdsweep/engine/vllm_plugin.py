@@ -51,7 +51,7 @@ from pdsweep.engine.cpupatches import (
     request_amx_permission,
 )
 from pdsweep.engine.kvdigest import install_from_env
-from pdsweep.engine.kvpush import install_push_from_env
+from pdsweep.engine.kvpushdigest import install_push_from_env
 from pdsweep.engine.readdelay import read_delay
 from pdsweep.engine.readfault import install_read_fault
 from pdsweep.engine.readlog import install_nixl_read_log, install_nixl_write_log

@@ -51,7 +51,7 @@ from pdsweep.core.kvpush import PUSHED_TAG, WRITE_TAG
 from pdsweep.engine.kvdigest import _DLISTS, digest, flip_byte, physical_descs
 from pdsweep.engine.readlog import nixl_wrapper
 
-logger = logging.getLogger("vllm.pdsweep.engine.kvpush")
+logger = logging.getLogger("vllm.pdsweep.engine.kvpushdigest")
 
 _MARK = "_pdsweep_kvpush"
 _POSTING = threading.local()  # prefill's writer thread: the WRITE vLLM's _xfer_blocks is posting now
@@ -187,8 +187,10 @@ def install_push_digest(flip_every: int = 0) -> bool:
         return False
     wrapper = nixl_wrapper()
     methods = ("_xfer_blocks", "_get_new_notifs")
-    if wrapper is None or not hasattr(wrapper, "make_prepped_xfer") or not all(
-        hasattr(NixlPushConnectorWorker, m) for m in methods
+    if (
+        wrapper is None
+        or not hasattr(wrapper, "make_prepped_xfer")
+        or not all(hasattr(NixlPushConnectorWorker, m) for m in methods)
     ):
         return False
     _wrap(NixlPushConnectorWorker, "_xfer_blocks", wrap_xfer_blocks)
