@@ -141,6 +141,7 @@ def test_decode_digests_its_destination_blocks_before_vllm_reports_them_received
         (db + 544, 16): sha(bytes(d_mem[544:560])),
         (db + 560, 16): sha(bytes(d_mem[560:576])),
     }
+    assert r["wholes"] == [(0, "kv", 7, db + 224, 32), (0, "kv", 7, db + 544, 32)]
     assert len(parse_pushed(decode_lands(d_mem, [7], caplog, prefill_tp=1))[0]["reads"]) == 2
 
 
@@ -166,7 +167,8 @@ def test_push_cell_matches_end_to_end_and_a_flipped_byte_names_the_block(caplog)
     assert d_mem[224] == p_mem[96] ^ 0xFF  # decode block 7's first byte, flipped in decode's KV cache
     (reason,) = integrity_reasons(flipped, "t")
     assert reason.startswith(
-        "t: integrity: 1 mismatched block(s) of 2; first: request cmpl-p-1 group 0:kv prefill rank 0 block 3"
+        "t: integrity: 1 mismatched block(s) of 2; first: request cmpl-p-1 group 0:kv prefill rank 0 block 3 "
+        "(decode's bytes differ from what prefill wrote there)"
     )
 
 
@@ -209,3 +211,25 @@ def test_a_push_cell_without_write_digests_is_not_measured(text):
     assert got["not_measured"].startswith("no PDSWEEP_KV_WRITE line in the prefill logs")
     (reason,) = integrity_reasons(got, "c/transfer.json")
     assert reason.startswith("c/transfer.json: integrity: not measured (no PDSWEEP_KV_WRITE line")
+
+
+def test_a_decode_block_no_prefill_rank_wrote_is_unwritten():
+    """The push shape of vLLM PR #49297: decode's SSM conv descriptor (256 B) is written as two 128 B shards,
+    one per prefill rank; with rank 1's WRITE lacking it, decode's second half is whatever it held."""
+    lines = pushed("d0", "d-1", [(0x100, 512, "L"), (0x900, 128, "c0"), (0x980, 128, "c1")])
+    whole = lines.replace("d=100/512/L;", "d=0/mla/4/100/512/L;1/ssm-conv/6/900/256/w;")
+    got = push_integrity(P2D1, whole)
+    assert (got["matched"], got["unwritten"], integrity_reasons(got, "t")) == (4, 0, [])
+    rank0_only = P2D1.split("\n")[0] + "\n"
+    got = push_integrity(rank0_only, whole)
+    assert got["unwritten"] == 1
+    assert got["first"]["unwritten"] == {
+        "request": "p-1",
+        "decode_request": "d-1",
+        "group": "1:ssm-conv",
+        "decode_block": 6,
+    }
+    assert integrity_reasons(got, "t") == [
+        "t: integrity: 1 decode block(s) no prefill WRITE covered; first: request p-1 (decode request d-1) group "
+        "1:ssm-conv decode block 6 (decode's KV there is whatever the block held before)"
+    ]

@@ -384,6 +384,11 @@ _WHAT = {
     "stale": "decode read bytes prefill offered for another request (a reused block)",
     "missing": "prefill offered them, decode never read them (nor an equal replica from another prefill rank)",
 }
+_WHAT_PUSH = {  # push mode (pdsweep.core.kvpush): prefill WRITEs into decode's blocks
+    "mismatched": "decode's bytes differ from what prefill wrote there",
+    "stale": "decode holds bytes prefill wrote there for another request",
+    "missing": "prefill wrote them, decode never digested them there",
+}
 
 
 def integrity_reasons(integ: Any, where: str) -> list[str]:
@@ -405,16 +410,24 @@ def integrity_reasons(integ: Any, where: str) -> list[str]:
             f"{f.get('block')} (decode's descriptor {f.get('local_bytes')} B, prefill's {f.get('remote_bytes')} B): "
             "that KV never arrived"
         )
+    what = _WHAT_PUSH if integ.get("mode") == "push" else _WHAT
     for kind in ("mismatched", "stale", "missing"):
         if counts[kind]:
             f = obj(first.get(kind))
             out.append(
                 f"{where}: integrity: {counts[kind]} {kind} block(s) of {counts['compared']}; first: request "
                 f"{f.get('request')} group {f.get('group')} prefill rank {f.get('prefill_rank')} block {f.get('block')}"
-                f" ({_WHAT[kind]})"
+                f" ({what[kind]})"
                 + (_by_group(integ.get("missing_by_group")) if kind == "missing" else "")
                 + (_misplaced(integ.get("misplaced"), obj(first.get("misplaced"))) if kind == "mismatched" else "")
             )
+    if n := integ.get("unwritten"):  # push mode (pdsweep.core.kvpush.unwritten)
+        f = obj(first.get("unwritten"))
+        out.append(
+            f"{where}: integrity: {n} decode block(s) no prefill WRITE covered; first: request {f.get('request')} "
+            f"(decode request {f.get('decode_request')}) group {f.get('group')} decode block {f.get('decode_block')}"
+            " (decode's KV there is whatever the block held before)"
+        )
     if not out and not counts["matched"]:
         apart = f"{integ.get('failed_on_purpose', 0)} block(s) of failed READs"
         apart += f", {integ.get('unread_requests', 0)} unread request(s)"

