@@ -266,6 +266,15 @@ def test_push_cells_are_digested_and_gated_like_pull_cells(tmp_path):
     assert g.verdict == FAIL and g.reasons[-1].endswith(
         "integrity: not measured (integrity is null; the plan switched the KV digests on)"
     )
+    # what the file must hold comes from the plan: a pull-shaped integrity in a push cell fails, push's passes
+    cell = pd("tiny-mla-mamba2", 2, 1)
+    wrong = gate_run(write_run(tmp_path, "pull-shaped", [case(cell, planned, {TR: {"integrity": MATCHED}})]))
+    assert [r for r in wrong.cell(cell.id).reasons if "integrity" in r] == [
+        f'{cell.id}/transfer.json: integrity: mode null in a push cell (allowed: "push")'
+    ]
+    pushed = {**MATCHED, "mode": "push", "unwritten": 0}
+    ok = gate_run(write_run(tmp_path, "push-ok", [case(cell, planned, {TR: {"integrity": pushed}})])).cell(cell.id)
+    assert [r for r in ok.reasons if "integrity" in r] == []
 
 
 def test_a_push_cells_transfer_json_carries_integrity_from_the_write_digests(tmp_path):

@@ -391,13 +391,17 @@ _WHAT_PUSH = {  # push mode (pdsweep.core.kvpush): prefill WRITEs into decode's 
 }
 
 
-def integrity_reasons(integ: Any, where: str) -> list[str]:
-    """The reasons ``integ`` (transfer.json ``integrity``) fails; empty when it passes."""
+def integrity_reasons(integ: Any, where: str, push: bool = False) -> list[str]:
+    """The reasons ``integ`` (transfer.json ``integrity``) fails; empty when it passes. ``push``: the plan
+    made it a push cell, so ``integrity`` must be push's (``mode`` push, an ``unwritten`` count)."""
     if not isinstance(integ, dict):
         return [f"{where}: integrity: not measured (integrity is {_show(integ)}; the plan switched the KV digests on)"]
     if integ.get("not_measured"):
         return [f"{where}: integrity: not measured ({integ['not_measured']})"]
-    counts = {k: integ.get(k) for k in ("compared", "matched", "mismatched", "missing", "stale")}
+    keys = ("compared", "matched", "mismatched", "missing", "stale") + (("unwritten",) if push else ())
+    counts = {k: integ.get(k) for k in keys}
+    if push and integ.get("mode") != "push":
+        return [f'{where}: integrity: mode {_show(integ.get("mode"))} in a push cell (allowed: "push")']
     if any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in counts.values()):
         return [f"{where}: integrity: impossible counts {_show(counts)} (allowed: whole numbers >= 0)"]
     out = []
