@@ -233,3 +233,32 @@ def test_a_decode_block_no_prefill_rank_wrote_is_unwritten():
         "t: integrity: 1 decode block(s) no prefill WRITE covered; first: request p-1 (decode request d-1) group "
         "1:ssm-conv decode block 6 (decode's KV there is whatever the block held before)"
     ]
+
+
+def test_the_hooks_are_where_vllm_has_them():
+    """The installed vLLM's push worker and NIXL wrapper get the three wrappers (restored after), and every
+    release pdsweep keeps (tests/fixtures/vllm_releases, 0.27.0-0.34.0) has the shape they rely on: the WRITE
+    posted in ``_xfer_blocks`` with the decode request id, the completed count in ``_get_new_notifs``."""
+    from pathlib import Path
+
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import NixlPushConnectorWorker as W
+    from vllm.distributed.nixl_utils import NixlWrapper
+
+    saved = W._xfer_blocks, W._get_new_notifs, NixlWrapper.make_prepped_xfer
+    try:
+        assert KP.install_push_digest(3) is True
+        assert all(getattr(f, KP._MARK) for f in (W._xfer_blocks, W._get_new_notifs, NixlWrapper.make_prepped_xfer))
+    finally:
+        W._xfer_blocks, W._get_new_notifs, NixlWrapper.make_prepped_xfer = saved
+    rel = Path(__file__).parent / "fixtures" / "vllm_releases"
+    files = sorted(rel.glob("*/vllm/distributed/kv_transfer/kv_connector/v1/nixl/push_worker.py"))
+    assert len(files) >= 9
+    for f in files:
+        src = f.read_text()
+        for needle in (
+            "def _xfer_blocks(",
+            "remote_request_id=",
+            "def _get_new_notifs(",
+            "_recving_transfers.setdefault(",
+        ):
+            assert needle in src, f"{f}: {needle}"
