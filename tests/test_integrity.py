@@ -225,7 +225,8 @@ def test_a_cell_that_failed_measuring_carries_what_the_digests_saw(monkeypatch):
     monkeypatch.setattr(phases, "read_split", lambda dep: {"integrity": integ})
     (first, missing) = phases.failed_cell_integrity(types.SimpleNamespace(transfer_mode="pull"))
     assert first.startswith("KV digests in the logs so far: integrity: 1 READ(s) NIXL refused to prepare")
-    assert phases.failed_cell_integrity(types.SimpleNamespace(transfer_mode="push")) == []
+    # a push cell too (its WRITE digests, pdsweep.core.kvpush): before push digests it said nothing
+    assert phases.failed_cell_integrity(types.SimpleNamespace(transfer_mode="push"))[0] == first
     monkeypatch.setattr(phases, "read_split", lambda dep: {"integrity": {"not_measured": "x"}})
     assert phases.failed_cell_integrity(types.SimpleNamespace(transfer_mode="pull")) == []
 
@@ -250,12 +251,55 @@ def test_a_failed_first_request_carries_what_the_digests_saw(tmp_path):
     assert integrity_note(handles[:1], settle_s=0)[0].startswith("KV digests: integrity: no block compared")
 
 
-def test_push_cells_are_not_digested_yet():
-    """Push mode (prefill WRITEs, NixlPushConnector) has no digest hook: the plan leaves it off, so the gate asks nothing."""
+def test_push_cells_are_digested_and_gated_like_pull_cells(tmp_path):
+    """Push mode (NixlPushConnector: prefill WRITEs): the plan switches the digests on for prefill and decode
+    (pdsweep.engine.kvpushdigest), transfer.json integrity comes from the WRITE lines and the gate fails closed."""
     ls = load_sweep("sweeps/cpu-push.yaml")
     cell = next(c for c in expand(ls).cells if c.kind == "pd")
-    envs = [s.env for s in instances(cell, Slot(0, (), 20000), ls, "/m", "python")]
-    assert envs and all("PDSWEEP_KV_DIGEST" not in e for e in envs)
+    envs = {s.name: s.env for s in instances(cell, Slot(0, (), 20000), ls, "/m", "python")}
+    assert {k: v.get("PDSWEEP_KV_DIGEST") for k, v in envs.items()} == {"prefill-0": "1", "decode-0": "1"}
+    push_argv = ["vllm", "serve", "m", "--kv-transfer-config", '{"kv_connector":"NixlPushConnector"}']
+    planned = {"cell.json": {"instances": [{**i, "argv": push_argv} for i in DIGESTS_ON["cell.json"]["instances"]]}}
+    g = gate_run(write_run(tmp_path, "push", [case(pd("tiny-mla-mamba2", 2, 1), planned)])).cell(
+        pd("tiny-mla-mamba2", 2, 1).id
+    )
+    assert g.verdict == FAIL and g.reasons[-1].endswith(
+        "integrity: not measured (integrity is null; the plan switched the KV digests on)"
+    )
+    # what the file must hold comes from the plan: a pull-shaped integrity in a push cell fails, push's passes
+    cell = pd("tiny-mla-mamba2", 2, 1)
+    wrong = gate_run(write_run(tmp_path, "pull-shaped", [case(cell, planned, {TR: {"integrity": MATCHED}})]))
+    assert [r for r in wrong.cell(cell.id).reasons if "integrity" in r] == [
+        f'{cell.id}/transfer.json: integrity: mode null in a push cell (allowed: "push")'
+    ]
+    pushed = {**MATCHED, "mode": "push", "unwritten": 0}
+    ok = gate_run(write_run(tmp_path, "push-ok", [case(cell, planned, {TR: {"integrity": pushed}})])).cell(cell.id)
+    assert [r for r in ok.reasons if "integrity" in r] == []
+
+
+def test_a_push_cells_transfer_json_carries_integrity_from_the_write_digests(tmp_path):
+    """pdsweep.measure.phases.read_split in push mode: prefill's WRITE lines against decode's landed lines."""
+    import types
+
+    from pdsweep.core.kvpush import PUSHED_TAG, WRITE_TAG
+    from pdsweep.measure import phases
+
+    (tmp_path / "p.log").write_text(
+        f"{WRITE_TAG} agent=d0 engine=P rank=0 req=p-1 dreq=d-1 us=7 bytes=64 d=0/kv/3/0/e0/32/aa;0/kv/3/1/2e0/32/bb\n"
+    )
+    (tmp_path / "d.log").write_text(
+        f"{PUSHED_TAG} agent=d0 req=d-1 state=DONE us=3 bytes=64 split=1 d=e0/32/aa;2e0/32/bb\n"
+    )
+    p, d = (types.SimpleNamespace(log_path=tmp_path / n) for n in ("p.log", "d.log"))
+    dep = types.SimpleNamespace(
+        transfer_mode="push",
+        uses=[types.SimpleNamespace(handle=h, log_offset=0) for h in (p, d)],
+        decode_handles=[d],
+        role=lambda r: [p] if r == "prefill" else [d],
+    )
+    integ = phases.read_split(dep)["integrity"]
+    assert (integ["mode"], integ["compared"], integ["matched"], integ["requests"]) == ("push", 1, 1, 1)
+    assert integ["cost"]["prefill_us"] == 7 and integ["cost"]["decode_us"] == 3
 
 
 def test_decodes_own_prefix_cache_hits_are_counted_apart_not_missing():

@@ -100,8 +100,9 @@ SWEEP_FAULTS: dict[str, FaultKind] = {
     "flip-byte-1-in-N": FaultKind(
         FLIP_BYTE_PATTERN,
         "engine",
-        f"{FLIP_BYTE_ENV_VAR}=N on decode: every N-th NIXL READ done has one byte of its first block "
-        "inverted in decode's KV cache after the READ (pdsweep.engine.kvdigest)",
+        f"{FLIP_BYTE_ENV_VAR}=N on decode: every N-th NIXL READ done (push: every N-th request whose WRITEs "
+        "were all notified) has one byte of its first block inverted in decode's KV cache after the transfer "
+        "(pdsweep.engine.kvdigest, pdsweep.engine.kvpushdigest)",
         r"integrity: \d+ mismatched block\(s\) of \d+; first: request \S+ group \S+ prefill rank \d+ block \d+",
     ),
     "scramble-kv-1-in-K": FaultKind(

@@ -227,6 +227,23 @@ def integrity(prefill_text: str, decode_text: str) -> dict[str, Any]:
         return {"source": SOURCE, "not_measured": why, **apart}
     if unsupported := unsupported_ratio(landed):
         return {"source": SOURCE, "not_measured": unsupported}
+    return judge(offers, landed, decode_text.count(FLIP_TAG), apart=apart)
+
+
+def judge(
+    offers: list[dict[str, Any]],
+    landed: list[dict[str, Any]],
+    flips: int,
+    source: str = SOURCE,
+    push: bool = False,
+    apart: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """transfer.json ``integrity`` of parsed offers and landed lines (:func:`parse_offers`,
+    :func:`parse_landed`; push mode: :mod:`pdsweep.core.kvpush` gives both in these shapes, joined on
+    decode's agent and addresses). ``flips``: byte flips the drill injected. ``push``: no replica and no
+    prefix-cache excuse for an unread descriptor (prefill WRITEs each descriptor it names to one decode
+    address, and never the blocks decode had cached). ``apart``: the digests used and the requests sampled
+    out (:func:`pdsweep.core.kvsample.sampled_apart`; default: SHA-256-64 on every request)."""
     read, failed, pulled, refused, orders = _landed_index(landed)
     by_addr: dict[tuple[str, int, int], dict[str, str]] = defaultdict(dict)  # (agent, addr, len) -> req -> digest
     # (engine, req, unit id) -> agent -> (digest, addr, len)
@@ -241,6 +258,8 @@ def integrity(prefill_text: str, decode_text: str) -> dict[str, Any]:
         return {d for q, d in by_addr[(offer["agent"], u[4], u[5])].items() if q != offer["req"] and d != u[6]}
 
     def replica(offer: dict[str, Any], u: tuple[Any, ...]) -> bool:
+        if push:
+            return False
         peers = by_unit[(offer["engine"], offer["req"], (u[0], u[1], u[2], u[3]))]
         return any(
             a != offer["agent"] and d == u[6] and d in read[(a, offer["req"])].get((addr, n), set())
@@ -260,7 +279,8 @@ def integrity(prefill_text: str, decode_text: str) -> dict[str, Any]:
             continue
         if (o["agent"], o["req"]) in refused:
             _refused(o, refused[(o["agent"], o["req"])], first)
-        statuses = _prefix_cached(_blocks(o, read[(o["agent"], o["req"])], ctx), (o["agent"], o["req"]) in refused)
+        as_is = push or (o["agent"], o["req"]) in refused
+        statuses = _prefix_cached(_blocks(o, read[(o["agent"], o["req"])], ctx), as_is)
         moved = misplaced(o, orders[(o["agent"], o["req"])], statuses)
         for key, how in moved.items():
             statuses[key] = "mismatched"
@@ -277,7 +297,8 @@ def integrity(prefill_text: str, decode_text: str) -> dict[str, Any]:
     p_us, p_bytes = sum(o["us"] for o in offers), sum(o["bytes"] for o in offers)
     d_us, d_bytes = sum(r["us"] for r in landed), sum(r["bytes"] for r in landed)
     return {
-        "source": SOURCE,
+        "source": source,
+        **({"mode": "push"} if push else {}),
         "compared": counts["compared"],
         **{k: counts[k] for k in ("matched", "mismatched", "missing", "stale", "misplaced")},
         "replicated_descs": counts["replicated_descs"],
@@ -288,9 +309,9 @@ def integrity(prefill_text: str, decode_text: str) -> dict[str, Any]:
         "missing_by_group": {g: sorted(r) for g, r in sorted(missing_by_group.items())},
         "unread_requests": len(unread),
         "unmatched_reads": sum(1 for r in landed if (r["agent"], r["req"]) not in known),
-        "byte_flips_injected": decode_text.count(FLIP_TAG),
+        "byte_flips_injected": flips,
         "requests": n_req,
-        **apart,
+        **(apart or {"impl": [DIGEST_NAME], "sample": 1.0, "sampled_out": 0}),
         "first": {k: first[k] for k in ("refused", "mismatched", "misplaced", "stale", "missing") if k in first},
         "cost": cost(p_us, p_bytes, d_us, d_bytes, n_req),
     }
@@ -323,15 +344,16 @@ def _where(offer: dict[str, Any], key: tuple[Any, ...]) -> dict[str, Any]:
     return {"request": offer["req"], "group": f"{key[0]}:{key[1]}", "prefill_rank": offer["rank"], "block": key[2]}
 
 
-def _prefix_cached(statuses: dict[tuple[Any, ...], str], refused: bool) -> dict[tuple[Any, ...], str]:
+def _prefix_cached(statuses: dict[tuple[Any, ...], str], as_is: bool) -> dict[tuple[Any, ...], str]:
     """``statuses`` with decode's own prefix-cache hits apart: in an attention group (``kv``,
     ``mla``), missing blocks that are exactly the request's first k of n blocks (0 < k < n) were
     computed locally by decode's prefix cache, so vLLM's NIXL worker read only the rest (the
     scheduler's ``num_computed_tokens`` from ``get_computed_blocks``; ``nixl/pull_worker.py``
     trims ``remote_block_ids`` to the blocks decode allocated): ``prefix_cached``, not missing.
     Found in the CPU default: tiny-llama p1d1's 149 "missing" blocks x 32 tokens = its decode's
-    4768 ``vllm:prefix_cache_hits_total``; an SSM group or a whole request missing stays missing."""
-    if refused:
+    4768 ``vllm:prefix_cache_hits_total``; an SSM group or a whole request missing stays missing.
+    ``as_is``: no excuse (a READ NIXL refused; push mode, where prefill never WRITEs decode's cached blocks)."""
+    if as_is:
         return statuses
     by_group: dict[tuple[Any, Any], list[tuple[Any, ...]]] = defaultdict(list)
     for key in statuses:  # the request's block order (prefill's block table)
@@ -385,15 +407,24 @@ _WHAT = {
     "stale": "decode read bytes prefill offered for another request (a reused block)",
     "missing": "prefill offered them, decode never read them (nor an equal replica from another prefill rank)",
 }
+_WHAT_PUSH = {  # push mode (pdsweep.core.kvpush): prefill WRITEs into decode's blocks
+    "mismatched": "decode's bytes differ from what prefill wrote there",
+    "stale": "decode holds bytes prefill wrote there for another request",
+    "missing": "prefill wrote them, decode never digested them there",
+}
 
 
-def integrity_reasons(integ: Any, where: str) -> list[str]:
-    """The reasons ``integ`` (transfer.json ``integrity``) fails; empty when it passes."""
+def integrity_reasons(integ: Any, where: str, push: bool = False) -> list[str]:
+    """The reasons ``integ`` (transfer.json ``integrity``) fails; empty when it passes. ``push``: the plan
+    made it a push cell, so ``integrity`` must be push's (``mode`` push, an ``unwritten`` count)."""
     if not isinstance(integ, dict):
         return [f"{where}: integrity: not measured (integrity is {_show(integ)}; the plan switched the KV digests on)"]
     if integ.get("not_measured"):
         return [f"{where}: integrity: not measured ({integ['not_measured']})"]
-    counts = {k: integ.get(k) for k in ("compared", "matched", "mismatched", "missing", "stale")}
+    keys = ("compared", "matched", "mismatched", "missing", "stale") + (("unwritten",) if push else ())
+    counts = {k: integ.get(k) for k in keys}
+    if push and integ.get("mode") != "push":
+        return [f'{where}: integrity: mode {_show(integ.get("mode"))} in a push cell (allowed: "push")']
     if any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in counts.values()):
         return [f"{where}: integrity: impossible counts {_show(counts)} (allowed: whole numbers >= 0)"]
     out = []
@@ -406,16 +437,24 @@ def integrity_reasons(integ: Any, where: str) -> list[str]:
             f"{f.get('block')} (decode's descriptor {f.get('local_bytes')} B, prefill's {f.get('remote_bytes')} B): "
             "that KV never arrived"
         )
+    what = _WHAT_PUSH if integ.get("mode") == "push" else _WHAT
     for kind in ("mismatched", "stale", "missing"):
         if counts[kind]:
             f = obj(first.get(kind))
             out.append(
                 f"{where}: integrity: {counts[kind]} {kind} block(s) of {counts['compared']}; first: request "
                 f"{f.get('request')} group {f.get('group')} prefill rank {f.get('prefill_rank')} block {f.get('block')}"
-                f" ({_WHAT[kind]})"
+                f" ({what[kind]})"
                 + (_by_group(integ.get("missing_by_group")) if kind == "missing" else "")
                 + (_misplaced(integ.get("misplaced"), obj(first.get("misplaced"))) if kind == "mismatched" else "")
             )
+    if n := integ.get("unwritten"):  # push mode (pdsweep.core.kvpush.unwritten)
+        f = obj(first.get("unwritten"))
+        out.append(
+            f"{where}: integrity: {n} decode block(s) no prefill WRITE covered; first: request {f.get('request')} "
+            f"(decode request {f.get('decode_request')}) group {f.get('group')} decode block {f.get('decode_block')}"
+            " (decode's KV there is whatever the block held before)"
+        )
     if not out and not counts["matched"]:
         apart = f"{integ.get('failed_on_purpose', 0)} block(s) of failed READs"
         apart += f", {integ.get('unread_requests', 0)} unread request(s)"

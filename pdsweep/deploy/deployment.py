@@ -344,7 +344,7 @@ def first_request(dep: Deployment, model: str, timeout_s: float) -> None:
         hang = r.status_code == 504 and "timed out" in r.text and hung(dep.handles)
         why = f"first request: HTTP {r.status_code}: {r.text[:500]}"
         if dep.cell.kind == "pd" and not hang:  # what the KV digests saw (pdsweep.deploy.kvnote)
-            why += "".join(f"; {n}" for n in integrity_note(dep.handles))
+            why += "".join(f"; {n}" for n in integrity_note(dep.handles, push=dep.transfer_mode == "push"))
         raise (ReadyHang if hang else CellFailed)("ready", _with_culprits(why, dep.handles), _tails(dep))
     usage = r.json().get("usage") or {}
     if not usage.get("completion_tokens"):

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import time
 
-from pdsweep.core.kvintegrity import integrity, integrity_reasons
+from pdsweep.core.kvintegrity import integrity_reasons
+from pdsweep.core.kvpush import cell_integrity
 from pdsweep.deploy.launchers import Handle
 
 LOG_SETTLE_S = 1.0  # the worker logs the READ's line before vLLM answers; let its stdout reach the log file
@@ -27,9 +28,10 @@ def _text(handles: list[Handle], role: str) -> str:
     return out
 
 
-def integrity_note(handles: list[Handle], settle_s: float = LOG_SETTLE_S) -> list[str]:
+def integrity_note(handles: list[Handle], settle_s: float = LOG_SETTLE_S, push: bool = False) -> list[str]:
     """The integrity reasons of ``handles``' prefill and decode logs from this use on (empty when
-    nothing was digested or nothing is wrong), after ``settle_s`` seconds."""
+    nothing was digested or nothing is wrong), after ``settle_s`` seconds (``push``: a push cell's
+    WRITE digests, :mod:`pdsweep.core.kvpush`)."""
     time.sleep(settle_s)
-    integ = integrity(_text(handles, "prefill"), _text(handles, "decode"))
+    integ = cell_integrity(_text(handles, "prefill"), _text(handles, "decode"), push)
     return [] if integ.get("not_measured") else integrity_reasons(integ, "KV digests")

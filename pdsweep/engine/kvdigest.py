@@ -152,7 +152,15 @@ def ssm_part(worker: Any, i: int) -> str:
 def offered_descs(worker: Any, block_ids: Any) -> list[tuple[int, str, int, int, int, int]]:
     """``(group, kind, block, i, addr, len)`` of every descriptor of the offered ``block_ids``
     (logical, per KV cache group), in prefill's own descriptor list."""
-    phys = worker._logical_to_kernel_block_ids(block_ids, worker._physical_blocks_per_logical_kv_block)
+    return physical_descs(
+        worker, worker._logical_to_kernel_block_ids(block_ids, worker._physical_blocks_per_logical_kv_block)
+    )
+
+
+def physical_descs(worker: Any, phys: Any) -> list[tuple[int, str, int, int, int, int]]:
+    """:func:`offered_descs` of kernel (physical) block ids ``phys``, per KV cache group: the rows of this
+    worker's own ``src_blocks_data`` (``base_worker.py`` ``register_local_xfer_handler``), descriptor ids from
+    vLLM's ``_compute_desc_ids`` one (group, block) at a time."""
     rows = worker.src_blocks_data
     out = []
     for g, ids in enumerate(phys):

@@ -51,6 +51,7 @@ from pdsweep.engine.cpupatches import (
     request_amx_permission,
 )
 from pdsweep.engine.kvdigest import install_from_env
+from pdsweep.engine.kvpushdigest import install_push_from_env
 from pdsweep.engine.readdelay import read_delay
 from pdsweep.engine.readfault import install_read_fault
 from pdsweep.engine.readlog import install_nixl_read_log, install_nixl_write_log
@@ -285,6 +286,7 @@ def register() -> None:
             logger.warning("pdsweep: ignoring %s=%r: %s", READ_FAULT_ENV_VAR, raw, e)
     if env_on(KV_DIGEST_ENV_VAR):  # after the READ-failure drill: its check_xfer_state wraps the drill's
         install_from_env(os.environ)
+        install_push_from_env(os.environ)  # push cells: prefill's WRITEs, decode's landed blocks
     if env_on(AMX_ENV_VAR):
         try:
             request_amx_permission()

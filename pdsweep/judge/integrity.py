@@ -12,7 +12,9 @@ what the file must hold comes from that, never from the file. Fails when
   request, group (``<index>:<kv|mla|ssm-conv|ssm-temporal>``), prefill rank and block (``missing``:
   also every group with the prefill ranks it is missing from);
 - any READ NIXL refused to prepare (``refused_reads``): naming the block of the first descriptor
-  whose decode and prefill lengths differ.
+  whose decode and prefill lengths differ;
+- push cells (``NixlPushConnector``, :mod:`pdsweep.core.kvpush`): the same counts over prefill's WRITEs,
+  and any ``unwritten`` decode block (a descriptor no WRITE of the request covered).
 """
 
 from __future__ import annotations
@@ -23,7 +25,16 @@ from pdsweep.core.faults import KV_DIGEST_ENV_VAR
 from pdsweep.core.kvintegrity import integrity_reasons
 from pdsweep.core.stats import obj
 from pdsweep.judge.facts import CellFiles
+from pdsweep.plan.instance import transfer_mode
 from pdsweep.results import layout
+
+
+def planned_push(files: CellFiles) -> bool:
+    """The plan made this a push cell (an instance's ``--kv-transfer-config`` names ``NixlPushConnector``)."""
+    instances = obj(files.get(layout.CELL_FILE)).get("instances")
+    return isinstance(instances, list) and any(
+        transfer_mode([str(a) for a in obj(i).get("argv") or []]) == "push" for i in instances if isinstance(i, dict)
+    )
 
 
 def planned(files: CellFiles) -> bool:
@@ -47,4 +58,4 @@ class IntegrityCheck:
         tr = files.get(layout.TRANSFER_FILE)
         if tr is None or not planned(files):
             return []  # TransferCheck fails a missing transfer.json
-        return integrity_reasons(tr.get("integrity"), files.where(layout.TRANSFER_FILE))
+        return integrity_reasons(tr.get("integrity"), files.where(layout.TRANSFER_FILE), planned_push(files))

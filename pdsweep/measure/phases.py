@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 
 from pdsweep.core.kvintegrity import integrity, integrity_reasons
+from pdsweep.core.kvpush import push_integrity
 from pdsweep.core.logscan import nixl_reads_by_rank, nixl_writes_by_rank, read_fault_counts, transfer_topologies
 from pdsweep.deploy.deployment import CellFailed, Deployment, stop_if_ended
 from pdsweep.measure import benchserve
@@ -183,6 +184,7 @@ def read_split(dep: Deployment) -> dict[str, Any]:
             "reads_by_prefill_rank": None,
             "writes_by_prefill_rank": nixl_writes_by_rank(prefill) or None,
             "read_faults": read_fault_counts(decode),
+            "integrity": push_integrity(prefill, decode),  # pdsweep.core.kvpush
         }
     return {
         "transfer_plans": transfer_topologies(decode),
@@ -193,12 +195,10 @@ def read_split(dep: Deployment) -> dict[str, Any]:
 
 
 def failed_cell_integrity(dep: Deployment) -> list[str]:
-    """The KV integrity reasons (:func:`pdsweep.core.kvintegrity.integrity_reasons`) of a pull PD cell
-    whose measuring stopped on an error, from its logs so far: a failed cell writes no transfer.json,
+    """The KV integrity reasons (:func:`pdsweep.core.kvintegrity.integrity_reasons`) of a pull or push PD
+    cell whose measuring stopped on an error, from its logs so far: a failed cell writes no transfer.json,
     so its status reason must carry what the digests saw (a READ NIXL refused, missing SSM shards).
     Empty when nothing was digested or nothing is wrong."""
-    if dep.transfer_mode == "push":
-        return []
     integ = read_split(dep)["integrity"]
     return [] if integ.get("not_measured") else integrity_reasons(integ, "KV digests in the logs so far")
 

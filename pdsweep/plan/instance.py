@@ -291,11 +291,13 @@ def serve_env(cell: Cell, role: str, ls: LoadedSweep, host: str | None) -> dict[
     if role == "decode" and (level := s.serve_variant(cell.serve_args).decode_optimize):
         env["PYTHONOPTIMIZE"] = str(level)  # asserts compiled out in decode's vLLM (serve_args decode_optimize)
     push = role != "single" and kv_transfer_config(cell, role, ls).get("kv_connector") == PUSH_CONNECTOR
-    if role != "single" and not push and (s.platform == "cpu" or s.integrity.gpu):  # KV digests (docs/integrity.md)
+    # KV digests (docs/integrity.md): pull and push PD cells on CPU; pull cells on GPU where the sweep opts in
+    # (push's digests read host memory only: pdsweep.engine.kvpushdigest)
+    if role != "single" and (s.platform == "cpu" or (s.integrity.gpu and not push)):
         env.setdefault(KV_DIGEST_ENV_VAR, "1")  # the same for every cell: prefill instances stay shared
         if s.platform != "cpu":  # GPU: opt-in, a sampled fraction of requests (pdsweep.core.kvsample)
             env[SAMPLE_ENV_VAR] = f"{s.integrity.gpu_sample:g}"
-    if role == "prefill" and kv_transfer_config(cell, role, ls).get("kv_connector") == PUSH_CONNECTOR:
+    if role == "prefill" and push:
         env.setdefault("UCX_PROTO_INFO", "y")  # push: prefill WRITEs, so it logs them
         env.setdefault("PDSWEEP_NIXL_WRITE_LOG", "1")  # pdsweep.engine.readlog's WRITE log
     return env

@@ -192,6 +192,9 @@ def main() -> int:
     ap.add_argument("--prefill-tp", type=int, default=2)
     ap.add_argument("--decode-tp", type=int, default=1)
     ap.add_argument("--block-size", type=int, default=32)
+    ap.add_argument(
+        "--serve-args", default="base", help="the sweep's serve_args variant, e.g. push (sweeps/cpu-push.yaml)"
+    )
     ap.add_argument("--extra-both", nargs="*", default=[])
     ap.add_argument("--extra-prefill", nargs="*", default=[])
     ap.add_argument("--extra-decode", nargs="*", default=[])
@@ -237,6 +240,7 @@ def main() -> int:
         kv_buffer_device="cpu",
         build="fixed",
         platform="cpu",
+        serve_args=a.serve_args,
     )
     mpath = P.model_path(model, a.model)
     specs = P.instances(cell, P.Slot(0, (), a.port_base, tuple(range(os.cpu_count() or 1))), ls, mpath, sys.executable)
@@ -288,10 +292,14 @@ def main() -> int:
         ids = tok.encode(" ".join(["the river and the mountain window"] * 200)).ids[: a.prompt_tokens]
         for i in range(a.requests):
             req = {"model": a.model, "prompt": ids[i:], "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+            # one id on both legs, as pdsweep's PD proxy sends: push mode (nixl/push_worker.py) matches decode's
+            # registration to prefill's finished blocks by it (get_base_request_id); without it push never WRITEs
+            hdr = {"X-Request-Id": f"repro-{os.getpid()}-{i}"}
             t1 = time.monotonic()
             pj = httpx.post(
                 f"http://127.0.0.1:{pre.port}/v1/completions",
                 timeout=a.timeout,
+                headers=hdr,
                 json={
                     **req,
                     "max_tokens": 1,
@@ -320,6 +328,7 @@ def main() -> int:
                     httpx.post,
                     f"http://127.0.0.1:{dec.port}/v1/completions",
                     timeout=a.timeout,
+                    headers=hdr,
                     json={**req, "kv_transfer_params": pj["kv_transfer_params"]},
                 )
                 try:
