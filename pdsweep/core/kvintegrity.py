@@ -69,16 +69,23 @@ SOURCE = (
 )
 
 
+def parse_units(field: str) -> list[tuple[int, str, int, str, int, int, str]]:
+    """The ``d=`` field of an offer (or push WRITE) line: ``(group, kind, block, i, addr, len, digest)``
+    per ``;``-separated ``group/kind/block/i/addr hex/len/digest``."""
+    out = []
+    for d in filter(None, field.split(";")):
+        g, kind, b, i, addr, length, dig = d.split("/")
+        out.append((int(g), kind, int(b), i, int(addr, 16), int(length), dig))
+    return out
+
+
 def parse_offers(text: str) -> list[dict[str, Any]]:
     """One dict per :data:`OFFER_TAG` line: agent, engine, rank, req, us, bytes and ``units``
     ``(group, kind, block, i, addr, len, digest)`` (``i`` a string: ``"3"`` or a part ``"3.1"``), ``impl``
     (the digest; lines before it was logged: :data:`DIGEST_NAME`), ``sample`` and ``sampled_out``."""
     out = []
     for m in _OFFER.finditer(text):
-        units = []
-        for d in filter(None, m.group("d").split(";")):
-            g, kind, b, i, addr, length, dig = d.split("/")
-            units.append((int(g), kind, int(b), i, int(addr, 16), int(length), dig))
+        units = parse_units(m.group("d"))
         out.append(
             {
                 "agent": m.group(1),

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pdsweep.core.kvintegrity import DIGEST_NAME, FLIP_TAG, integrity, judge
+from pdsweep.core.kvintegrity import DIGEST_NAME, FLIP_TAG, integrity, judge, parse_units
 
 # the lines pdsweep.engine.kvpushdigest logs inside vLLM (prefill's WRITEs, decode's landed push)
 WRITE_TAG = "PDSWEEP_KV_WRITE"
@@ -44,10 +44,7 @@ def parse_writes(text: str) -> list[dict[str, Any]]:
     ``units`` ``(group, kind, prefill block, i, decode addr, len, digest of prefill's source bytes)``."""
     out = []
     for m in _WRITE.finditer(text):
-        units = []
-        for d in filter(None, m.group(8).split(";")):
-            g, kind, b, i, addr, length, dig = d.split("/")
-            units.append((int(g), kind, int(b), i, int(addr, 16), int(length), dig))
+        units = parse_units(m.group(8))
         out.append(
             {
                 "agent": m.group(1),

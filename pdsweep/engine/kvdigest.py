@@ -421,12 +421,16 @@ def wrap_register_kv_caches(orig: Callable[..., Any]) -> Callable[..., Any]:
     return register_kv_caches
 
 
-def _wrap(owner: Any, attr: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+def wrap_once(
+    owner: Any, attr: str, make: Callable[[Callable[..., Any]], Callable[..., Any]], mark: str = _MARK
+) -> None:
+    """Replace ``owner.attr`` with ``make(owner.attr)`` unless a wrapper carrying ``mark`` is there already
+    (the plugin loads in every vLLM process; a second install must not wrap twice)."""
     orig = getattr(owner, attr)
-    if getattr(orig, _MARK, False):
+    if getattr(orig, mark, False):
         return
     new = make(orig)
-    setattr(new, _MARK, True)
+    setattr(new, mark, True)
     setattr(owner, attr, new)
 
 
@@ -443,16 +447,16 @@ def install_kv_digest(flip_every: int = 0) -> bool:
     names = ("get_xfer_descs", "prep_xfer_dlist", "make_prepped_xfer", "check_xfer_state")
     if wrapper is None or not all(hasattr(wrapper, n) for n in names):
         return False
-    _wrap(NixlPullConnectorScheduler, "request_finished", wrap_request_finished)
-    _wrap(NixlPullConnectorScheduler, "build_connector_meta", wrap_build_meta)
-    _wrap(NixlPullConnectorWorker, "start_load_kv", wrap_start_load_kv)
-    _wrap(NixlPullConnectorWorker, "register_kv_caches", wrap_register_kv_caches)
+    wrap_once(NixlPullConnectorScheduler, "request_finished", wrap_request_finished)
+    wrap_once(NixlPullConnectorScheduler, "build_connector_meta", wrap_build_meta)
+    wrap_once(NixlPullConnectorWorker, "start_load_kv", wrap_start_load_kv)
+    wrap_once(NixlPullConnectorWorker, "register_kv_caches", wrap_register_kv_caches)
     if hasattr(NixlPullConnectorWorker, "_read_blocks"):  # the order and tp_ratio fields (module doc)
-        _wrap(NixlPullConnectorWorker, "_read_blocks", wrap_read_blocks)
-    _wrap(wrapper, "get_xfer_descs", wrap_get_xfer_descs)
-    _wrap(wrapper, "prep_xfer_dlist", wrap_prep_xfer_dlist)
-    _wrap(wrapper, "make_prepped_xfer", wrap_make_prepped_xfer)
-    _wrap(wrapper, "check_xfer_state", lambda o: wrap_check_xfer_state(o, flip_every))
+        wrap_once(NixlPullConnectorWorker, "_read_blocks", wrap_read_blocks)
+    wrap_once(wrapper, "get_xfer_descs", wrap_get_xfer_descs)
+    wrap_once(wrapper, "prep_xfer_dlist", wrap_prep_xfer_dlist)
+    wrap_once(wrapper, "make_prepped_xfer", wrap_make_prepped_xfer)
+    wrap_once(wrapper, "check_xfer_state", lambda o: wrap_check_xfer_state(o, flip_every))
     return True
 
 

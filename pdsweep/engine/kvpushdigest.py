@@ -48,7 +48,7 @@ from typing import Any, Callable
 from pdsweep.core.faults import FLIP_BYTE_ENV_VAR
 from pdsweep.core.kvintegrity import FLIP_TAG
 from pdsweep.core.kvpush import PUSHED_TAG, WRITE_TAG
-from pdsweep.engine.kvdigest import _DLISTS, digest, flip_byte, physical_descs
+from pdsweep.engine.kvdigest import _DLISTS, digest, flip_byte, physical_descs, wrap_once
 from pdsweep.engine.readlog import nixl_wrapper
 
 logger = logging.getLogger("vllm.pdsweep.engine.kvpushdigest")
@@ -169,15 +169,6 @@ def wrap_get_new_notifs(orig: Callable[..., Any], flip_every: int = 0) -> Callab
     return _get_new_notifs
 
 
-def _wrap(owner: Any, attr: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-    orig = getattr(owner, attr)
-    if getattr(orig, _MARK, False):
-        return
-    new = make(orig)
-    setattr(new, _MARK, True)
-    setattr(owner, attr, new)
-
-
 def install_push_digest(flip_every: int = 0) -> bool:
     """Install the prefill and decode push wrappers (module doc) once; False when vLLM's push worker
     (``nixl/push_worker.py``, vLLM >= 0.27.0) or its methods are not where they were."""
@@ -193,9 +184,9 @@ def install_push_digest(flip_every: int = 0) -> bool:
         or not all(hasattr(NixlPushConnectorWorker, m) for m in methods)
     ):
         return False
-    _wrap(NixlPushConnectorWorker, "_xfer_blocks", wrap_xfer_blocks)
-    _wrap(NixlPushConnectorWorker, "_get_new_notifs", lambda o: wrap_get_new_notifs(o, flip_every))
-    _wrap(wrapper, "make_prepped_xfer", wrap_make_prepped_xfer)
+    wrap_once(NixlPushConnectorWorker, "_xfer_blocks", wrap_xfer_blocks, _MARK)
+    wrap_once(NixlPushConnectorWorker, "_get_new_notifs", lambda o: wrap_get_new_notifs(o, flip_every), _MARK)
+    wrap_once(wrapper, "make_prepped_xfer", wrap_make_prepped_xfer, _MARK)
     return True
 
 
