@@ -252,13 +252,7 @@ def judge(
     address, and never the blocks decode had cached). ``apart``: the digests used and the requests sampled
     out (:func:`pdsweep.core.kvsample.sampled_apart`; default: SHA-256-64 on every request)."""
     read, failed, pulled, refused, orders = _landed_index(landed)
-    by_addr: dict[tuple[str, int, int], dict[str, str]] = defaultdict(dict)  # (agent, addr, len) -> req -> digest
-    # (engine, req, unit id) -> agent -> (digest, addr, len)
-    by_unit: dict[tuple[str, str, Any], dict[str, tuple[str, int, int]]] = defaultdict(dict)
-    for o in offers:
-        for u in o["units"]:
-            by_addr[(o["agent"], u[4], u[5])][o["req"]] = u[6]
-            by_unit[(o["engine"], o["req"], (u[0], u[1], u[2], u[3]))][o["agent"]] = (u[6], u[4], u[5])
+    by_addr, by_unit = _offer_index(offers)
     counts: dict[str, int] = defaultdict(int)
 
     def other(offer: dict[str, Any], u: tuple[Any, ...]) -> set[str]:
@@ -322,6 +316,18 @@ def judge(
         "first": {k: first[k] for k in ("refused", "mismatched", "misplaced", "stale", "missing") if k in first},
         "cost": cost(p_us, p_bytes, d_us, d_bytes, n_req),
     }
+
+
+def _offer_index(offers: list[dict[str, Any]]) -> tuple[dict[Any, dict[str, str]], dict[Any, dict[str, Any]]]:
+    """Prefill's digests by ``(agent, addr, len) -> req -> digest`` and by
+    ``(engine, req, unit id) -> agent -> (digest, addr, len)`` (the replicas of one unit across ranks)."""
+    by_addr: dict[tuple[str, int, int], dict[str, str]] = defaultdict(dict)
+    by_unit: dict[tuple[str, str, Any], dict[str, tuple[str, int, int]]] = defaultdict(dict)
+    for o in offers:
+        for u in o["units"]:
+            by_addr[(o["agent"], u[4], u[5])][o["req"]] = u[6]
+            by_unit[(o["engine"], o["req"], (u[0], u[1], u[2], u[3]))][o["agent"]] = (u[6], u[4], u[5])
+    return by_addr, by_unit
 
 
 def _landed_index(landed: list[dict[str, Any]]) -> tuple[Any, set[str], set[str], dict[Any, Any], Any]:
