@@ -233,3 +233,13 @@ def test_dry_run_prefill_and_decode_torch_digests_match_and_a_flip_fails_the_blo
     (reason,) = integrity_reasons(flipped, "c/transfer.json")
     assert reason.startswith("c/transfer.json: integrity: 1 mismatched block(s) of 1; first: request cmpl-1 group 0:kv")
     assert "prefill rank 0 block 3" in reason
+
+
+def test_the_dry_run_without_torch_skips_the_digest_step_and_says_so(monkeypatch):
+    """The py312 dry run (CI: a bare venv with the carried wheels, no torch) skips the step and says so;
+    on a GPU (``cuda``) a missing torch fails the check."""
+    monkeypatch.setitem(__import__("sys").modules, "torch", None)  # import torch -> ImportError
+    dry, gpu = digest_check("cpu", iters=1), digest_check("cuda", iters=1)
+    assert (dry["ok"], dry["skipped"], gpu["ok"], gpu["skipped"]) == (False, True, False, False)
+    assert summary(dry).startswith("kv digest: SKIPPED (the dry run) torch not importable")
+    assert summary(gpu).startswith("kv digest: torch not importable")

@@ -57,11 +57,12 @@ def digest_check(device: str, iters: int = 3, size: int | None = None) -> dict[s
     """Time the torch digest on ``device`` (``cuda`` or ``cpu``, the dry run) over ``size`` bytes
     (default :data:`SIZES`): per descriptor size, GB/s and us/MiB; the estimated added TTFT share at
     sample 1 and at :data:`~pdsweep.core.kvsample.DEFAULT_GPU_SAMPLE`, and the fraction that keeps it
-    at 2 %, from the 64 KiB figure. Never raises: ``error`` says why it could not run."""
+    at 2 %, from the 64 KiB figure. Never raises: ``error`` says why it could not run; without torch
+    the CPU dry run is ``skipped`` (the lent device has torch: there it fails)."""
     try:
         import torch
     except ImportError as e:
-        return {"ok": False, "error": f"torch not importable: {e}"}
+        return {"ok": False, "skipped": device == "cpu", "error": f"torch not importable: {e}"}
     out: dict[str, Any] = {"digest": TORCH_DIGEST_NAME, "device": device}
     threads = torch.get_num_threads()
     if device == "cpu":
@@ -99,7 +100,7 @@ def digest_check(device: str, iters: int = 3, size: int | None = None) -> dict[s
 def summary(res: dict[str, Any]) -> str:
     """One line for the device check's output."""
     if res.get("error"):
-        return f"kv digest: {res['error']}"
+        return f"kv digest: {'SKIPPED (the dry run) ' if res.get('skipped') else ''}{res['error']}"
     e = res["estimate"]
     share = e[f"ttft_share_at_default_{DEFAULT_GPU_SAMPLE:g}"]
     dry = "; the CPU dry run: a GPU's prefill rate against a CPU digest" if res["device"] == "cpu" else ""
