@@ -366,3 +366,31 @@ def test_decode_tp_not_dividing_prefills_parts_is_not_measured():
     assert ok["missing"] == 1 and "not_measured" not in ok  # its sibling rank's half was never read
     got = integrity(offer("p0", 0, "r1", units, split=2), landed("p0", "r1", [(0x100, 32, "t0")], fields=" tp_ratio=3"))
     assert got["not_measured"].startswith("decode TP / prefill TP = 3 does not divide the parts prefill digests")
+
+
+def test_the_report_shows_every_digested_cells_figures_passing_or_not(tmp_path):
+    """report.md's "KV integrity" table: a PASS shows the bytes it rests on (compared = matched), a FAIL its
+    stale block, a sampled GPU cell its digest and sample, a not-measured cell why."""
+    from pdsweep.judge.gate import gate_run
+    from pdsweep.report.html import write_report
+    from pdsweep.report.integrity_section import INTEGRITY_COLUMNS, integrity_rows
+
+    ok, bad, gpu, none = (pd(m, 2, 1) for m in ("tiny-mla-mamba2", "tiny-llama", "tiny-mla", "tiny-nemotron-h"))
+    stale = {**MATCHED, "matched": 5, "stale": 1, "prefix_cached": 2, "cost": {"us_per_request": 612.4}}
+    sampled = {**MATCHED, "impl": ["wsum-128"], "sample": 0.25, "sampled_out": 3}
+    cases = [
+        case(ok, DIGESTS_ON, {TR: {"integrity": MATCHED}}),
+        case(bad, DIGESTS_ON, {TR: {"integrity": stale}}),
+        case(gpu, DIGESTS_ON, {TR: {"integrity": sampled}}),
+        case(none, DIGESTS_ON, {TR: {"integrity": {"not_measured": "no PDSWEEP_KV_OFFER line"}}}),
+    ]
+    run = write_run(tmp_path, "r", cases)
+    rows = {r[0]: dict(zip(INTEGRITY_COLUMNS, r)) for r in integrity_rows(gate_run(run))}
+    assert set(rows) == {ok.id, bad.id, gpu.id, none.id}
+    assert (rows[ok.id]["verdict"], rows[ok.id]["compared"], rows[ok.id]["matched"]) == ("PASS", "6", "6")
+    b = rows[bad.id]
+    assert (b["verdict"], b["stale"], b["apart"], b["us/request"]) == ("FAIL", "1", "2", "612")
+    assert (rows[gpu.id]["digest"], rows[gpu.id]["apart"]) == ("wsum-128 (sample 0.25)", "0 + 3 req sampled out")
+    assert rows[none.id]["compared"] == "not measured: no PDSWEEP_KV_OFFER line"
+    md = write_report(run, tmp_path / "report")["markdown"].read_text()
+    assert "## KV integrity" in md and f"| {ok.id} | PASS | 6 | 6 | 0 | 0 | 0 | - | 0 | - | - |" in md

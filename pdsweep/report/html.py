@@ -19,6 +19,7 @@ from pdsweep.core.errors import UserError
 from pdsweep.core.stats import obj
 from pdsweep.judge.compare import CompareResult, compare_cells, compare_results
 from pdsweep.judge.gate import SKIPPED, CellResult, GateResult, gate_run
+from pdsweep.report.integrity_section import INTEGRITY_COLUMNS, INTEGRITY_NOTE, integrity_rows
 from pdsweep.report.load_section import LOAD_COLUMNS, LOAD_NOTE, load_rows
 from pdsweep.report.overview import (
     CAUSE_CHARS,
@@ -168,6 +169,8 @@ def _markdown(
             md_table(LOAD_COLUMNS, loads),
             "",
         ]
+    if integ := integrity_rows(result):  # pdsweep.report.integrity_section
+        lines += ["## KV integrity", "", INTEGRITY_NOTE, "", md_table(INTEGRITY_COLUMNS, integ), ""]
     if perf := perf_cell_rows(result):  # pdsweep.report.perf_section
         lines += ["## Performance", "", PERF_NOTE, "", md_table(PERF_CELL_COLUMNS, perf), ""]
     if plots:
@@ -373,6 +376,8 @@ def _html(
     if loads := load_rows(result):
         parts += ["<h2>Load: correctness and performance per workload</h2>", f"<p>{e(LOAD_NOTE)}</p>"]
         parts.append(_html_table(LOAD_COLUMNS, loads))
+    if integ := integrity_rows(result):
+        parts += ["<h2>KV integrity</h2>", f"<p>{e(INTEGRITY_NOTE)}</p>", _html_table(INTEGRITY_COLUMNS, integ)]
     if perf := perf_cell_rows(result):
         parts += ["<h2>Performance</h2>", f"<p>{e(PERF_NOTE)}</p>", _html_table(PERF_CELL_COLUMNS, perf)]
     if plots:
