@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
-import numpy as np
+if TYPE_CHECKING:  # numpy, like torch, is imported where used: the device check's GPU-facts probe runs
+    import numpy as np  # in a bare python 3.12 venv without either (tests/test_device_check_py312.py)
 
 # words per reduction chunk: on a GPU 64 MiB of int32 (int64 temporaries of 128 MiB); on a CPU 1 MiB, so
 # the int64 temporaries stay in cache (16 MiB in 64 KiB regions here: 4055 us/MiB against 8548 at 2**24)
@@ -40,6 +41,8 @@ _WEIGHTS: dict[tuple[int, str], Any] = {}
 
 def splitmix64(x: np.ndarray) -> np.ndarray:
     """splitmix64 (Steele, Lea, Flood 2014) of each uint64 in ``x``: the weights' generator."""
+    import numpy as np
+
     with np.errstate(over="ignore"):
         z = x + np.uint64(0x9E3779B97F4A7C15)
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -49,12 +52,15 @@ def splitmix64(x: np.ndarray) -> np.ndarray:
 
 def weights_np(m: int) -> np.ndarray:
     """The (2, m) odd uint64 weights of positions ``0..m-1`` (lane k: splitmix64 of ``2 i + k``, low bit set)."""
+    import numpy as np
+
     i = np.arange(m, dtype=np.uint64)
     return np.stack([splitmix64(2 * i) | np.uint64(1), splitmix64(2 * i + np.uint64(1)) | np.uint64(1)])
 
 
 def weights(m: int, device: Any) -> Any:
     """:func:`weights_np` as an int64 (2, m) tensor on ``device`` (cached per length and device)."""
+    import numpy as np
     import torch
 
     key = (m, str(device))
@@ -66,6 +72,8 @@ def weights(m: int, device: Any) -> Any:
 def reference_digest(data: bytes) -> str:
     """The digest of ``data`` in pure Python (the tests' oracle): int32 words when its length is a
     multiple of 4, else bytes (as :func:`row_view` picks for an aligned region)."""
+    import numpy as np
+
     step = 4 if len(data) % 4 == 0 else 1
     fmt = "<i4" if step == 4 else "u1"
     xs = np.frombuffer(data, dtype=fmt).astype(np.int64).tolist() if data else []
@@ -91,6 +99,7 @@ def row_view(flat: Any, offsets: list[int], length: int) -> tuple[Any, Any]:
     stride: the gcd of the offsets' differences; int32 words when ``length`` and every offset are
     multiples of 4, ``flat``'s start being an allocation's, else bytes) and the regions' row indices
     (None when they are the view's rows in order: no gather needed)."""
+    import numpy as np
     import torch
 
     byte_offs = np.asarray(offsets, dtype=np.int64)
