@@ -1,9 +1,9 @@
 """transfer.json ``integrity`` (pdsweep.measure.phases): prefill's digests of the offered blocks against decode's
 digests of the same bytes after each READ (the log lines of :mod:`pdsweep.engine.kvdigest`).
 
-Joined per descriptor on (prefill NIXL agent, prefill request id, remote address, length), then
-judged per block: ``(request, group, prefill rank, block)``, where a block of one group is every
-descriptor of it (every layer, every region). A block is
+Joined per descriptor on (prefill NIXL agent, prefill request id, remote address, length), then judged per block:
+``(request, group, prefill rank, block)``, where a block of one group is every descriptor of it (every layer, every
+region). A block is (``compared`` is their sum)
 
 - ``matched``: every descriptor decode read has prefill's digest (a descriptor read as k parts
   by k decode ranks: each part has prefill's digest of that part);
@@ -18,19 +18,17 @@ descriptor of it (every layer, every region). A block is
   with equal bytes (a replica: MLA's latent on every prefill rank), from another (the shape of
   vLLM PR #49297: one prefill rank read, the SSM shards of the others lost).
 
-A READ NIXL refused to prepare (``state=REFUSED``, vLLM's ``transfer_setup_failed``: decode's and
-prefill's descriptor lengths differ) is no failure on purpose: its blocks are ``missing`` and
-``first.refused`` names the block of the first descriptor whose lengths differ.
+A READ NIXL refused to prepare (``state=REFUSED``, vLLM's ``transfer_setup_failed``: decode's and prefill's
+descriptor lengths differ) is no failure on purpose: its blocks are ``missing`` and ``first.refused`` names the
+block of the first descriptor whose lengths differ.
 
-Counted apart (``prefix_cached``): an attention group's leading blocks decode had in its own prefix
-cache and so never read (:func:`_prefix_cached`).
-
-Counted apart, never compared: the blocks of a request with a READ that failed (``state=ERR``:
-the READ-failure drill, a failed READ and so a recomputed or failed request) and requests
-prefill offered that decode never read at all (``unread_requests``: aborted, killed, pulled by
-no decode), and requests the digests sampled out (``sampled_out``: a GPU sweep's ``integrity.gpu_sample``,
-:mod:`pdsweep.core.kvsample`; ``sample`` and the digests used, ``impl``, are recorded). Cost: microseconds
-of digest per MiB and per request, per side.
+Counted apart (``prefix_cached``): an attention group's leading blocks decode had in its own prefix cache and so
+never read (:func:`_prefix_cached`). Counted apart, never compared: the blocks of a request with a READ that failed
+(``state=ERR``: the READ-failure drill, a failed READ and so a recomputed or failed request) and requests prefill
+offered that decode never read at all (``unread_requests``: aborted, killed, pulled by no decode), and requests the
+digests sampled out (``sampled_out``: a GPU sweep's ``integrity.gpu_sample``, :mod:`pdsweep.core.kvsample`;
+``sample`` and the digests used, ``impl``, are recorded). Cost: microseconds of digest per MiB and per request, per
+side.
 """
 
 from __future__ import annotations
@@ -415,6 +413,7 @@ def cost(p_us: int, p_bytes: int, d_us: int, d_bytes: int, n_req: int) -> dict[s
     }
 
 
+_COUNTS_RULE = "whole numbers >= 0, compared = matched + mismatched + missing + stale"
 _WHAT = {
     "mismatched": "decode's bytes differ from what prefill offered",
     "stale": "decode read bytes prefill offered for another request (a reused block)",
@@ -438,8 +437,9 @@ def integrity_reasons(integ: Any, where: str, push: bool = False) -> list[str]:
     counts = {k: integ.get(k) for k in keys}
     if push and integ.get("mode") != "push":
         return [f'{where}: integrity: mode {_show(integ.get("mode"))} in a push cell (allowed: "push")']
-    if any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in counts.values()):
-        return [f"{where}: integrity: impossible counts {_show(counts)} (allowed: whole numbers >= 0)"]
+    whole = all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in counts.values())
+    if not whole or counts["compared"] != sum(counts[k] for k in keys[1:5]):  # judge: each compared block is one of 4
+        return [f"{where}: integrity: impossible counts {_show(counts)} (allowed: {_COUNTS_RULE})"]
     out = []
     first = obj(integ.get("first"))
     if refused := integ.get("refused_reads"):
