@@ -44,14 +44,14 @@ def wrapped(flip_every: int = 0) -> FakeNixl:
     return nixl
 
 
-def read_one(nixl: FakeNixl, buf: bytearray, caplog: pytest.LogCaptureFixture) -> str:
+def read_one(nixl: FakeNixl, buf: bytearray, caplog: pytest.LogCaptureFixture, notif: bytes = b"cmpl-7-0:1") -> str:
     """Decode's path: prepare local and remote lists as vLLM does, READ block 1, poll it DONE."""
     base = ctypes.addressof((ctypes.c_char * len(buf)).from_buffer(buf))
     local = np.array([[base, 64, 0], [base + 64, 64, 0]], dtype=np.uint64)
     remote = np.array([[0xA000, 64, 0], [0xA040, 64, 0]], dtype=np.uint64)
     lh = nixl.prep_xfer_dlist("NIXL_INIT_AGENT", nixl.get_xfer_descs(local, "DRAM"))
     rh = nixl.prep_xfer_dlist(b"prefill-agent", nixl.get_xfer_descs(remote, "DRAM"))  # vLLM: the name as bytes
-    x = nixl.make_prepped_xfer("READ", lh, np.array([1]), rh, np.array([1]), notif_msg=b"cmpl-7-0:1")
+    x = nixl.make_prepped_xfer("READ", lh, np.array([1]), rh, np.array([1]), notif_msg=notif)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="vllm.pdsweep.engine.kvdigest"):
         nixl.check_xfer_state(x)

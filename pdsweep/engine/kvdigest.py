@@ -73,7 +73,7 @@ from typing import Any, Callable
 from pdsweep.core.faults import FLIP_BYTE_ENV_VAR
 from pdsweep.core.kvintegrity import DIGEST_NAME, FLIP_TAG, KV_DIGEST_PARTS, LANDED_TAG, OFFER_TAG, TORCH_DIGEST_NAME
 from pdsweep.core.kvsample import IMPL_ENV_VAR, SAMPLE_ENV_VAR, SAMPLED_OUT_STATE, parse_fraction, sampled
-from pdsweep.engine.readlog import nixl_wrapper
+from pdsweep.engine.readlog import log_word, nixl_wrapper
 from pdsweep.engine.torchdigest import StorageMap, tensors_of
 
 logger = logging.getLogger("vllm.pdsweep.engine.kvdigest")
@@ -186,7 +186,7 @@ def physical_descs(worker: Any, phys: Any) -> list[tuple[int, str, int, int, int
 def offer_line(worker: Any, req: str, block_ids: Any, split: int = KV_DIGEST_PARTS) -> str:
     """The :data:`OFFER_TAG` line of one request (module doc); no digests for a request :func:`sampled`
     leaves out (``sampled_out=1``)."""
-    req = req.replace(" ", "_")
+    req = log_word(req)
     head = f"{OFFER_TAG} agent={worker.nixl_wrapper.name} engine={worker.engine_id} rank={worker.tp_rank} req={req}"
     tail = f"split={split} impl={impl_name()} sample={_STATE['sample']:g}"
     if not sampled(req, _STATE["sample"]):
@@ -350,13 +350,13 @@ def refused_line(where: tuple[Any, Any, str, str, str]) -> str:
     local, remote, agent, req, _ = where
     bad = [(r, ll) for (_, ll, _), r in zip(local.tolist(), remote.tolist()) if int(ll) != int(r[1])]
     d = f"{int(bad[0][0][0]):x}/{int(bad[0][0][1])}/local{int(bad[0][1])}" if bad else ""
-    return f"{LANDED_TAG} agent={agent} req={req.replace(' ', '_')} state=REFUSED us=0 bytes=0 d={d}"
+    return f"{LANDED_TAG} agent={agent} req={log_word(req)} state=REFUSED us=0 bytes=0 d={d}"
 
 
 def landed_line(where: tuple[Any, Any, str, str, str], state: str, flip_now: bool) -> str:
     """The :data:`LANDED_TAG` line of one READ (module doc)."""
     local, remote, agent, req, fields = where
-    req = req.replace(" ", "_")
+    req = log_word(req)
     if state == "DONE" and not sampled(req, _STATE["sample"]):
         state = SAMPLED_OUT_STATE
     head = f"{LANDED_TAG} agent={agent} req={req} state={state}"

@@ -49,7 +49,7 @@ from pdsweep.core.faults import FLIP_BYTE_ENV_VAR
 from pdsweep.core.kvintegrity import FLIP_TAG
 from pdsweep.core.kvpush import PUSHED_TAG, WRITE_TAG
 from pdsweep.engine.kvdigest import _DLISTS, digest, flip_byte, physical_descs, wrap_once
-from pdsweep.engine.readlog import nixl_wrapper
+from pdsweep.engine.readlog import log_word, nixl_wrapper
 
 logger = logging.getLogger("vllm.pdsweep.engine.kvpushdigest")
 
@@ -96,8 +96,8 @@ def write_line(info: tuple[Any, str, str, Any], local: Any, remote: Any, agent: 
         nbytes += int(llen)
     us = (time.perf_counter() - t) * 1e6
     return (
-        f"{WRITE_TAG} agent={agent} engine={worker.engine_id} rank={worker.tp_rank} req={req.replace(' ', '_')} "
-        f"dreq={dreq.replace(' ', '_')} us={us:.0f} bytes={nbytes} d={';'.join(parts)}"
+        f"{WRITE_TAG} agent={agent} engine={worker.engine_id} rank={worker.tp_rank} req={log_word(req)} "
+        f"dreq={log_word(dreq)} us={us:.0f} bytes={nbytes} d={';'.join(parts)}"
     )
 
 
@@ -141,7 +141,7 @@ def pushed_line(worker: Any, req: str, meta: Any, flip_now: bool) -> str:
             parts += [f"{addr + p * n:x}/{n}/{digest(addr + p * n, n)}" for p in range(k)]
     us = (time.perf_counter() - t) * 1e6
     return (
-        f"{PUSHED_TAG} agent={worker.nixl_wrapper.name} req={req.replace(' ', '_')} state=DONE us={us:.0f} "
+        f"{PUSHED_TAG} agent={worker.nixl_wrapper.name} req={log_word(req)} state=DONE us={us:.0f} "
         f"bytes={nbytes} split={k} d={';'.join(parts)}"
     )
 

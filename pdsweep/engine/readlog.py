@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import re
 import time
 from typing import Any, Callable
 
@@ -49,6 +50,13 @@ from pdsweep.core.logtags import NIXL_READ_TAG, NIXL_WRITE_TAG
 from pdsweep.engine.readdelay import wait
 
 logger = logging.getLogger("vllm.pdsweep.engine.readlog")
+_SPACE = re.compile(r"\s")
+
+
+def log_word(text: str) -> str:
+    """``text`` (a request id: vLLM takes it from the client's ``X-Request-Id``) as one field of a log line:
+    each whitespace character (tab, no-break space, ...; the parsers' ``\\S+``) an underscore."""
+    return _SPACE.sub("_", text)
 
 
 def wrap_read_blocks(
@@ -134,7 +142,7 @@ def wrap_telemetry(orig: Callable[..., Any], posted: dict[Any, tuple[Any, ...]])
                 where[1],
                 int(res.totalBytes),
                 int(res.descCount),
-                where[2].replace(" ", "_") or "-",
+                log_word(where[2]) or "-",
                 where[3],
                 time.monotonic(),
                 int(xfer) if isinstance(xfer, (int, float)) else -1,
