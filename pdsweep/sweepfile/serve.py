@@ -78,6 +78,14 @@ class ServeArgsVariant(_Strict):
                 f"kv_transfer_extra.kv_connector_extra_config: key(s) {unknown} unknown "
                 f"(allowed: {', '.join(NIXL_EXTRA_KEYS)}: the keys vLLM's NIXL connector reads)"
             )
+        extra = v.get("kv_connector_extra_config") or {}
+        nulls = [f"kv_transfer_extra.{k}" for k, x in v.items() if x is None]
+        nulls += [f"kv_transfer_extra.kv_connector_extra_config.{k}" for k, x in extra.items() if x is None]
+        if nulls:  # vLLM's get_from_extra_config would hand its code None, not its default (kv_lease_duration // 6)
+            raise ValueError(
+                f"{nulls[0]}: null is no value vLLM takes (allowed: a value of the key's type, "
+                "pdsweep.sweepfile.connector; leave the key out for vLLM's default)"
+            )
         validate_nested(KvTransferExtra, v, "kv_transfer_extra")
         return v
 
