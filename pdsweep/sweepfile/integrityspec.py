@@ -13,6 +13,8 @@ The plan sets ``PDSWEEP_KV_DIGEST=1`` and ``PDSWEEP_KV_DIGEST_SAMPLE`` on those 
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import field_validator
 
 from pdsweep.core.kvsample import DEFAULT_GPU_SAMPLE
@@ -23,6 +25,21 @@ class IntegritySpec(_Strict):
     gpu: bool = False  # GPU sweeps: opt-in (the digests cost TTFT there; CPU sweeps always digest)
     # the default keeps the added TTFT under 2 % by an estimate (pdsweep.core.kvsample), not a GPU measurement
     gpu_sample: float = DEFAULT_GPU_SAMPLE
+
+    @field_validator("gpu", mode="before")
+    @classmethod
+    def _flag(cls, v: Any) -> Any:
+        if not isinstance(v, bool):
+            raise ValueError(f"{v!r} is no boolean (allowed: true, false)")
+        return v
+
+    @field_validator("gpu_sample", mode="before")
+    @classmethod
+    def _number(cls, v: Any) -> Any:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            hint = "; YAML reads 1e-3 as text: write 0.001 or 1.0e-3" if isinstance(v, str) else ""
+            raise ValueError(f"{v!r} is no number (allowed: 0 < gpu_sample <= 1{hint})")
+        return v
 
     @field_validator("gpu_sample")
     @classmethod

@@ -1,0 +1,128 @@
+"""What a CI maintainer tried against today's KV integrity, lease drill and GPU sampling work and found
+broken (docs/integrity.md): a damaged integrity that passed the gate, request ids whose whitespace hid
+their digest lines, sweep values that crashed or said no allowed values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from _sweepfiles import sweep
+from fixtures.make_runs import TR, case, pd, write_run
+from test_kvdigest import read_one, wrapped
+
+from pdsweep.cli import main
+from pdsweep.core.errors import UserError
+from pdsweep.core.kvintegrity import integrity_reasons, parse_landed
+from pdsweep.core.kvpush import parse_writes
+from pdsweep.engine import kvpushdigest
+from pdsweep.judge.gate import FAIL, PASS, gate_run
+
+REPO = Path(__file__).resolve().parents[1]
+_KV = ["vllm", "serve", "m", "--kv-transfer-config", '{"kv_connector":"NixlConnector"}']
+MATCHED = {"compared": 6, "matched": 6, "mismatched": 0, "missing": 0, "stale": 0, "first": {}}
+
+
+def planned(**env: str) -> dict:
+    """cell.json of a pull cell whose plan switched the digests on (``env``: more instance env)."""
+    inst = [
+        {"name": f"{r}-0", "role": r, "argv": _KV, "env": {"PDSWEEP_KV_DIGEST": "1", **env}}
+        for r in ("prefill", "decode")
+    ]
+    return {"cell.json": {"instances": inst}}
+
+
+@pytest.mark.parametrize(
+    "counts",
+    [{"compared": 0}, {"compared": 2}, {"compared": 9}],  # 6 matched: compared must be their sum
+)
+def test_counts_that_do_not_add_up_are_impossible(counts):
+    (reason,) = integrity_reasons({**MATCHED, **counts}, "t")
+    assert reason.startswith("t: integrity: impossible counts") and "compared = matched + mismatched" in reason
+
+
+def gated(tmp_path: Path, name: str, integ: dict, **env: str):
+    cell = pd("tiny-mla-mamba2", 2, 1)
+    g = gate_run(write_run(tmp_path, name, [case(cell, planned(**env), {TR: {"integrity": integ}})])).cell(cell.id)
+    return g.verdict, [r.split("transfer.json: ", 1)[-1] for r in g.reasons if "integrity" in r]
+
+
+def test_a_pull_cells_integrity_in_push_shape_fails(tmp_path):
+    assert gated(tmp_path, "ok", MATCHED) == (PASS, [])
+    assert gated(tmp_path, "push", {**MATCHED, "mode": "push", "unwritten": 0}) == (
+        FAIL,
+        ['integrity: mode "push" in a pull cell (allowed: no mode; the plan launches NixlConnector)'],
+    )
+
+
+def test_requests_sampled_out_where_the_plan_digests_every_request_fail(tmp_path):
+    cpu = {**MATCHED, "impl": ["sha256-64"], "sample": 0.01, "sampled_out": 190}
+    assert gated(tmp_path, "cpu", cpu) == (
+        FAIL,
+        [
+            "integrity: sample 0.01 with 190 request(s) sampled out, but the plan digests 1 of requests "
+            "(cell.json PDSWEEP_KV_DIGEST_SAMPLE absent; allowed: sample 1, sampled_out 0)"
+        ],
+    )
+    # a GPU cell sampled as planned passes; the file's own fraction never decides
+    gpu = {**MATCHED, "sample": 0.25, "sampled_out": 30}
+    assert gated(tmp_path, "gpu", gpu, PDSWEEP_KV_DIGEST_SAMPLE="0.25") == (PASS, [])
+    verdict, reasons = gated(tmp_path, "gpu-low", {**gpu, "sample": 0.01}, PDSWEEP_KV_DIGEST_SAMPLE="0.25")
+    assert verdict == FAIL and reasons[0].startswith(
+        "integrity: sample 0.01 with 30 request(s) sampled out, but the plan"
+    )
+    # runs from before sampling carry neither field: every request, as planned
+    assert gated(tmp_path, "old", MATCHED) == (PASS, [])
+
+
+@pytest.mark.parametrize("req", ["cmpl\t7-0", "cmpl\xa07-0", "cmpl 7-0"])
+def test_a_request_id_with_whitespace_keeps_its_landed_line(caplog, req):
+    nixl = wrapped()
+    text = read_one(nixl, bytearray(range(128)), caplog, notif=f"{req}:1".encode())
+    assert [r["req"] for r in parse_landed(text)] == ["cmpl_7-0"]
+
+
+def test_a_push_write_line_with_whitespace_in_its_request_ids_parses(monkeypatch):
+    monkeypatch.setattr(kvpushdigest, "source_keys", lambda worker, blocks: ([], []))
+    worker, rows = SimpleNamespace(engine_id="E", tp_rank=0), np.zeros((0, 3), dtype=np.uint64)
+    line = kvpushdigest.write_line((worker, "cmpl\t7-0", "d\xa01", []), rows, rows, "agent-d")
+    assert [(w["req"], w["dreq"]) for w in parse_writes(line)] == [("cmpl_7-0", "d_1")]
+
+
+def test_a_null_nixl_extra_config_value_is_bad_input_not_a_traceback(tmp_path):
+    with pytest.raises(
+        UserError, match=r"kv_connector_extra_config.kv_lease_duration: null .*allowed: .*leave the key out"
+    ):
+        sweep(
+            tmp_path,
+            """serve_args:
+  base: []
+  x: {kv_transfer_extra: {kv_connector_extra_config: {kv_lease_duration: null}}}
+matrix: {model: [tiny-llama], tp: [p1d1]}
+""",
+        )
+
+
+@pytest.mark.parametrize(("value", "shown"), [("1e-3", "'1e-3'"), ("true", "True"), ('"0.5"', "'0.5'")])
+def test_a_gpu_sample_that_is_no_number_names_the_allowed_values(tmp_path, capsys, value, shown):
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        f"name: s\nplatform: cuda\nmodels_file: {REPO / 'sweeps' / 'models.yaml'}\n"
+        f"integrity: {{gpu: true, gpu_sample: {value}}}\nmatrix: {{model: [kimi-linear], tp: [p2d1]}}\n"
+    )
+    assert main(["validate", str(path), "--no-check-argv"]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:4: integrity.gpu_sample: {shown} is no number (allowed: 0 < gpu_sample <= 1" in err, err
+    assert "Traceback" not in err
+
+
+def test_a_gpu_flag_that_is_no_boolean_names_the_allowed_values(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        f"name: s\nplatform: cuda\nmodels_file: {REPO / 'sweeps' / 'models.yaml'}\n"
+        "integrity: {gpu: 1}\nmatrix: {model: [kimi-linear], tp: [p2d1]}\n"
+    )
+    assert main(["validate", str(path), "--no-check-argv"]) == 2
+    assert f"{path}:4: integrity.gpu: 1 is no boolean (allowed: true, false)" in capsys.readouterr().err
