@@ -18,6 +18,7 @@ from pdsweep.core.errors import UserError
 from pdsweep.core.kvintegrity import integrity_reasons, parse_landed
 from pdsweep.core.kvpush import parse_writes
 from pdsweep.engine import kvpushdigest
+from pdsweep.engine.torchdigest import StorageMap, reference_digest
 from pdsweep.judge.gate import FAIL, PASS, gate_run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -127,3 +128,14 @@ def test_a_gpu_flag_that_is_no_boolean_names_the_allowed_values(tmp_path, capsys
     )
     assert main(["validate", str(path), "--no-check-argv"]) == 2
     assert f"{path}:4: integrity.gpu: 1 is no boolean (allowed: true, false)" in capsys.readouterr().err
+
+
+def test_a_regions_torch_digest_is_its_own_whatever_is_batched_with_it_or_the_storage_size():
+    """Prefill and decode batch different regions: an unaligned region of the same length beside it, or a
+    storage whose size is no multiple of 4, turned a word-aligned region's digest into its bytewise one."""
+    torch = pytest.importorskip("torch")
+    want = reference_digest(bytes(range(8)))
+    t = torch.arange(64, dtype=torch.uint8)
+    assert StorageMap([t]).digest_many([(t.data_ptr(), 8), (t.data_ptr() + 2, 8)])[0] == want
+    odd = torch.arange(63, dtype=torch.uint8)
+    assert StorageMap([odd]).digest_many([(odd.data_ptr(), 8)]) == [want]

@@ -103,8 +103,8 @@ def row_view(flat: Any, offsets: list[int], length: int) -> tuple[Any, Any]:
     import torch
 
     byte_offs = np.asarray(offsets, dtype=np.int64)
-    step = 4 if length % 4 == 0 and not (byte_offs % 4).any() and flat.numel() % 4 == 0 else 1
-    words = flat.view(torch.int32) if step == 4 else flat
+    step = 4 if length % 4 == 0 and not (byte_offs % 4).any() else 1
+    words = flat[: flat.numel() // 4 * 4].view(torch.int32) if step == 4 else flat  # whatever the storage's size
     offs = byte_offs // step
     lo, m = int(offs.min()), length // step
     g = int(np.gcd.reduce(offs - lo)) or 1
@@ -189,14 +189,15 @@ class StorageMap:
         return True
 
     def digest_many(self, regions: list[tuple[int, int]]) -> list[str | None]:
-        """The digests of ``(addr, length)`` regions, batched per (storage, length); None where a region
+        """The digests of ``(addr, length)`` regions, batched per (storage, length, word alignment); None where a region
         is in no registered storage."""
         out: list[str | None] = [None] * len(regions)
-        groups: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)  # (span, length) -> (i, offset)
+        # (span, length, word-aligned) -> (i, offset): a region's digest is its own bytes', never its neighbours'
+        groups: dict[tuple[int, int, bool], list[tuple[int, int]]] = defaultdict(list)
         for i, (addr, length) in enumerate(regions):
             if (s := self.span_of(addr, length)) is not None:
-                groups[(s, length)].append((i, addr - self.starts[s]))
-        for (s, length), items in groups.items():
+                groups[(s, length, (addr - self.starts[s]) % 4 == 0)].append((i, addr - self.starts[s]))
+        for (s, length, _), items in groups.items():
             for (i, _), d in zip(items, digest_tensor_regions(self.spans[s][2], [o for _, o in items], length)):
                 out[i] = d
         return out
