@@ -20,6 +20,7 @@ from pdsweep.core.kvpush import parse_writes
 from pdsweep.engine import kvpushdigest
 from pdsweep.engine.torchdigest import StorageMap, reference_digest
 from pdsweep.judge.gate import FAIL, PASS, gate_run
+from pdsweep.judge.perf import same_pair
 
 REPO = Path(__file__).resolve().parents[1]
 _KV = ["vllm", "serve", "m", "--kv-transfer-config", '{"kv_connector":"NixlConnector"}']
@@ -139,3 +140,11 @@ def test_a_regions_torch_digest_is_its_own_whatever_is_batched_with_it_or_the_st
     assert StorageMap([t]).digest_many([(t.data_ptr(), 8), (t.data_ptr() + 2, 8)])[0] == want
     odd = torch.arange(63, dtype=torch.uint8)
     assert StorageMap([odd]).digest_many([(odd.data_ptr(), 8)]) == [want]
+
+
+def test_a_pairing_with_a_side_missing_is_not_paired():
+    """load.json ``pairing`` of one side damaged (``side`` gone): the front lines and perf verdicts took it for
+    the ABBA pair (``side`` None != ``a``) and judged by the paired test."""
+    assert same_pair({"id": "p1", "side": "a"}, {"id": "p1", "side": "b"})
+    assert not same_pair({"id": "p1", "side": "a"}, {"id": "p1"})
+    assert not same_pair({"id": "p1", "side": "a"}, {"id": "p1", "side": "c"})

@@ -271,9 +271,14 @@ def paired_with(load_a: dict[str, Any] | None, load_b: dict[str, Any] | None) ->
 
 def same_pair(pa: Any, pb: Any) -> bool:
     """Whether two load.json ``pairing`` objects (``{id, side, ...}``, :mod:`pdsweep.measure.paired`;
-    None or anything else: unpaired) are the two sides of one pair: one ``id``, opposite sides."""
+    None or anything else: unpaired) are the two sides of one pair: one ``id``, sides ``a`` and ``b``
+    (either case; a side missing or of another name: unpaired, never the paired test)."""
     pa, pb = obj(pa), obj(pb)
-    return bool(pa.get("id")) and pa.get("id") == pb.get("id") and pa.get("side") != pb.get("side")
+    return (
+        bool(pa.get("id"))
+        and pa.get("id") == pb.get("id")
+        and {str(pa.get("side")).lower(), str(pb.get("side")).lower()} == {"a", "b"}
+    )
 
 
 def counts(deltas: list[PerfDelta]) -> dict[str, int]:
