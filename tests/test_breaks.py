@@ -148,3 +148,15 @@ def test_a_pairing_with_a_side_missing_is_not_paired():
     assert same_pair({"id": "p1", "side": "a"}, {"id": "p1", "side": "b"})
     assert not same_pair({"id": "p1", "side": "a"}, {"id": "p1"})
     assert not same_pair({"id": "p1", "side": "a"}, {"id": "p1", "side": "c"})
+
+
+def test_a_sweeps_env_cannot_switch_the_kv_digests_off(tmp_path):
+    """``env: {x: {PDSWEEP_KV_DIGEST: "0"}}`` was kept by the plan (setdefault), so the CPU cell ran without
+    digests and the gate's integrity check, which the plan's env switches on, asked nothing."""
+    with pytest.raises(
+        UserError, match=r"env.x.PDSWEEP_KV_DIGEST: PDSWEEP_KV_DIGEST is set by pdsweep .*use integrity.gpu"
+    ):
+        sweep(
+            tmp_path,
+            'env:\n  base: {}\n  x: {PDSWEEP_KV_DIGEST: "0"}\nmatrix: {model: [tiny-llama], tp: [p1d1], env: [x]}\n',
+        )

@@ -72,6 +72,8 @@ RESERVED_ENV = {
     "VLLM_SSM_CONV_STATE_LAYOUT": "nothing: derived for SSM models (pdsweep.plan.instance.derived_env)",
     "CUDA_VISIBLE_DEVICES": "--gpus and the scheduler (pdsweep hands each cell its GPUs)",
     "PDSWEEP_KV_DIGEST_SAMPLE": "integrity.gpu_sample (the fraction of requests whose KV is digested on GPU)",
+    # "0" here switched a CPU cell's digests off and with them the gate's integrity check (pdsweep.judge.integrity)
+    "PDSWEEP_KV_DIGEST": "integrity.gpu (the plan digests every PD cell's KV on CPU, on GPU where the sweep opts in)",
 }
 
 
