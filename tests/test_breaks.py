@@ -160,3 +160,19 @@ def test_a_sweeps_env_cannot_switch_the_kv_digests_off(tmp_path):
             tmp_path,
             'env:\n  base: {}\n  x: {PDSWEEP_KV_DIGEST: "0"}\nmatrix: {model: [tiny-llama], tp: [p1d1], env: [x]}\n',
         )
+
+
+def test_a_cpu_pd_cell_whose_cell_json_lost_the_digest_env_still_needs_integrity(tmp_path):
+    """cell.json instances without PDSWEEP_KV_DIGEST (damaged) and transfer.json without integrity passed: the
+    plan digests every PD cell on CPU, which the cell record (platform, kind) says too."""
+    cell = pd("tiny-mla-mamba2", 2, 1, platform="cpu")
+    bare = {
+        "cell.json": {
+            "instances": [{"name": f"{r}-0", "role": r, "argv": _KV, "env": {}} for r in ("prefill", "decode")]
+        }
+    }
+    g = gate_run(write_run(tmp_path, "noenv", [case(cell, bare)])).cell(cell.id)
+    assert (g.verdict, [r for r in g.reasons if "integrity" in r]) == (
+        FAIL,
+        [f"{cell.id}/transfer.json: integrity: not measured (integrity is null; the plan switched the KV digests on)"],
+    )

@@ -44,8 +44,13 @@ def planned_push(files: CellFiles) -> bool:
 
 
 def planned(files: CellFiles) -> bool:
-    """The plan switched the KV digests on for this cell (cell.json instances' env)."""
-    instances = obj(files.get(layout.CELL_FILE)).get("instances")
+    """The plan switched the KV digests on for this cell: cell.json instances' env, or its cell record on CPU
+    (the plan digests every PD cell there, :func:`pdsweep.plan.instance.instance_env`; an instance env
+    without the variable, e.g. a damaged cell.json, asks no less of a CPU PD cell)."""
+    cj = obj(files.get(layout.CELL_FILE))
+    cell, instances = obj(cj.get("cell")), cj.get("instances")
+    if cell.get("platform") == "cpu" and cell.get("kind") not in (None, "ref"):
+        return True
     return isinstance(instances, list) and any(
         obj(obj(i).get("env")).get(KV_DIGEST_ENV_VAR) == "1" for i in instances if isinstance(i, dict)
     )
