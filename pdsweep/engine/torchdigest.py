@@ -17,7 +17,7 @@ two changed words can cancel (probability about ``2**-128`` per lane pair for un
 Regions are compared only with regions of the same length (the join in
 :mod:`pdsweep.core.kvintegrity` is on address and length), so the length is not mixed in.
 
-**Batched**: regions of one length in one registered storage are rows of one strided view (gathered
+**Batched**: regions of one length and word alignment in one registered storage are rows of one strided view (gathered
 by one ``index_select`` unless they are consecutive), widened, multiplied by the two weight vectors
 and summed per row: a few kernels per (storage, length) group and chunk, one device-to-host copy per
 call.
