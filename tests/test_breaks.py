@@ -20,7 +20,9 @@ from pdsweep.core.kvpush import parse_writes
 from pdsweep.engine import kvpushdigest
 from pdsweep.engine.torchdigest import StorageMap, reference_digest
 from pdsweep.judge.gate import FAIL, PASS, gate_run
+from pdsweep.judge.pareto import Interval, Point, best
 from pdsweep.judge.perf import same_pair
+from pdsweep.sweepfile.slo import parse_slo
 
 REPO = Path(__file__).resolve().parents[1]
 _KV = ["vllm", "serve", "m", "--kv-transfer-config", '{"kv_connector":"NixlConnector"}']
@@ -176,3 +178,13 @@ def test_a_cpu_pd_cell_whose_cell_json_lost_the_digest_env_still_needs_integrity
         FAIL,
         [f"{cell.id}/transfer.json: integrity: not measured (integrity is null; the plan switched the KV digests on)"],
     )
+
+
+def test_best_refuses_a_metric_twice_and_names_the_models_of_the_run(tmp_path, capsys):
+    """``--slo ttft_p90=500,ttft_p90=1`` kept the last limit silently; ``--model nope`` said the run measured no
+    bench phase although it had load points of other models."""
+    with pytest.raises(UserError, match=r"--slo: ttft_p90 given twice \(500 and 1; allowed: one limit per metric\)"):
+        parse_slo("ttft_p90=500,ttft_p90=1")
+    pt = Point("c", "tiny-llama", "fixed", "p1d1 b32-32", 1, 2, Interval.of([10.0, 11.0]), None, {}, None, None)
+    with pytest.raises(UserError, match=r"^--model nope: no load point of it \(allowed: tiny-llama\)$"):
+        best([pt], {"ttft_p90": 500.0}, "nope")

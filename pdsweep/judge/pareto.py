@@ -176,6 +176,8 @@ def best(pts: list[Point], slo: dict[str, float], model: str | None = None) -> B
     The runner-up is the best point of a *different* configuration (cell). Raises ``UserError``
     when the run has no load point (for ``model``)."""
     pool = [p for p in pts if model is None or p.model == model]
+    if not pool and pts:  # the run has load points, none of this model's
+        raise UserError(f"--model {model}: no load point of it (allowed: {', '.join(sorted({p.model for p in pts}))})")
     if not pool:
         raise UserError(f"no load points{f' for model {model}' if model else ''}: the run measured no bench phase")
     figure = "goodput_per_gpu" if any(p.goodput_per_gpu for p in pool) else "tok_s_per_gpu"

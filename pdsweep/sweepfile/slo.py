@@ -16,7 +16,7 @@ SLO_KEYS = tuple(f"{m}_{p}" for m in LATENCY_METRICS for p in PERCENTILES)
 def parse_slo(text: str) -> dict[str, float]:
     """``"ttft_p90=500,tpot_p90=50"`` -> ``{"ttft_p90": 500.0, "tpot_p90": 50.0}`` (ms, each a
     point's mean percentile must be at or below). Raises ``UserError`` naming the metric and the
-    allowed keys for an unknown key, a missing or non-positive value, or an empty SLO."""
+    allowed keys for an unknown key, a missing or non-positive value, a metric given twice, or an empty SLO."""
     out: dict[str, float] = {}
     for part in (p.strip() for p in text.split(",")):
         key, eq, val = part.partition("=")
@@ -26,6 +26,8 @@ def parse_slo(text: str) -> dict[str, float]:
         value = num(_float(val)) if eq else None
         if value is None or value <= 0:
             raise UserError(f"--slo: {key} needs a limit in ms > 0, e.g. {key}=500 (got {part!r})")
+        if key in out:  # the second would silently replace the first
+            raise UserError(f"--slo: {key} given twice ({out[key]:g} and {value:g}; allowed: one limit per metric)")
         out[key] = value
     if not out:
         raise UserError(f"--slo: no metric given (allowed: {', '.join(SLO_KEYS)})")
