@@ -4,6 +4,7 @@ their digest lines, sweep values that crashed or said no allowed values."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,11 +18,12 @@ from pdsweep.cli import main
 from pdsweep.core.errors import UserError
 from pdsweep.core.kvintegrity import integrity_reasons, parse_landed
 from pdsweep.core.kvpush import parse_writes
+from pdsweep.core.stats import positive_t_interval
 from pdsweep.engine import kvpushdigest
 from pdsweep.engine.torchdigest import StorageMap, reference_digest
 from pdsweep.judge.gate import FAIL, PASS, gate_run
 from pdsweep.judge.pareto import Interval, Point, best
-from pdsweep.judge.perf import same_pair
+from pdsweep.judge.perf import NOISY, same_pair, verdict_of
 from pdsweep.sweepfile.slo import parse_slo
 
 REPO = Path(__file__).resolve().parents[1]
@@ -188,3 +190,11 @@ def test_best_refuses_a_metric_twice_and_names_the_models_of_the_run(tmp_path, c
     pt = Point("c", "tiny-llama", "fixed", "p1d1 b32-32", 1, 2, Interval.of([10.0, 11.0]), None, {}, None, None)
     with pytest.raises(UserError, match=r"^--model nope: no load point of it \(allowed: tiny-llama\)$"):
         best([pt], {"ttft_p90": 500.0}, "nope")
+
+
+def test_a_corrupt_1e308_throughput_is_no_traceback():
+    """load.json ``output_tok_s`` 1e308 in one repeat: positive_t_interval's exp overflowed (best, report: exit 3)
+    and the perf verdict divided by a 0 bound (compare: ZeroDivisionError)."""
+    mean, lo, hi, scale = positive_t_interval([357.0, 1e308])
+    assert (mean, lo, hi, scale) == (5e307, 0.0, math.inf, "log")
+    assert verdict_of(1.0, 0.0, 2.0, 0.05, lower_better=False) == NOISY

@@ -104,7 +104,12 @@ def positive_t_interval(
     if sem == 0:
         return mean, mean, mean, "log"
     llo, lhi = stats.t.interval(confidence, len(logs) - 1, loc=sum(logs) / len(logs), scale=sem)
-    return mean, math.exp(float(llo)), math.exp(float(lhi)), "log"
+    return mean, math.exp(float(llo)), _exp(float(lhi)), "log"
+
+
+def _exp(x: float) -> float:
+    """``e**x``, ``inf`` past float's range (a bound of a corrupt 1e308 tok/s, never an OverflowError)."""
+    return math.exp(x) if x < 709.78 else math.inf
 
 
 def ratio_interval(

@@ -137,7 +137,7 @@ class PerfDelta:
 
 def verdict_of(ratio: float | None, lo: float | None, hi: float | None, t: float, lower_better: bool) -> str:
     """The verdict of a B/A ratio interval at threshold ``t`` (module doc)."""
-    if ratio is None or lo is None or hi is None:
+    if ratio is None or lo is None or hi is None or lo <= 0 or hi <= 0:  # a bound 0 (exp underflow): no claim
         return NOISY
     qlo, qhi = (lo, hi) if lower_better else (1 / hi, 1 / lo)
     if qlo > 1 + t:
