@@ -21,6 +21,7 @@ from pdsweep.core.kvpush import parse_writes
 from pdsweep.core.stats import positive_t_interval
 from pdsweep.engine import kvpushdigest
 from pdsweep.engine.torchdigest import StorageMap, reference_digest
+from pdsweep.judge import pareto
 from pdsweep.judge.gate import FAIL, PASS, gate_run
 from pdsweep.judge.pareto import Interval, Point, best
 from pdsweep.judge.perf import NOISY, same_pair, verdict_of
@@ -198,3 +199,12 @@ def test_a_corrupt_1e308_throughput_is_no_traceback():
     mean, lo, hi, scale = positive_t_interval([357.0, 1e308])
     assert (mean, lo, hi, scale) == (5e307, 0.0, math.inf, "log")
     assert verdict_of(1.0, 0.0, 2.0, 0.05, lower_better=False) == NOISY
+
+
+def test_a_points_latency_is_unknown_when_a_repeat_lacks_it_or_is_negative():
+    """One repeat's ttft_ms.p90 of -1 (or text) made the point's mean 65 ms (or the other repeat's alone) and so
+    met ``--slo ttft_p90=100`` that the two real repeats (~111 ms) do not."""
+    runs = [{"ttft_ms": {"p90": 131.7}}, {"ttft_ms": {"p90": 91.1}}]
+    assert pareto._mean(runs, "ttft_p90") == pytest.approx(111.4)
+    assert pareto._mean([runs[0], {"ttft_ms": {"p90": -1}}], "ttft_p90") is None
+    assert pareto._mean([runs[0], {"ttft_ms": "x"}], "ttft_p90") is None

@@ -135,9 +135,12 @@ def _runs_by_concurrency(load: dict[str, Any]) -> dict[int, list[dict[str, Any]]
 
 
 def _mean(runs: list[dict[str, Any]], key: str) -> float | None:
+    """The mean of latency ``key`` (``ttft_p90``, ms) over the repeats; None when a repeat lacks it or holds a
+    negative one (a corrupt load.json: a point cannot meet an SLO on the other repeats or on a negative TTFT)."""
     metric, _, pct = key.partition("_")
-    vals = [v for r in runs if (v := num(obj(r.get(f"{metric}_ms")).get(pct))) is not None]
-    return sum(vals) / len(vals) if vals else None
+    vals = [num(obj(r.get(f"{metric}_ms")).get(pct)) for r in runs]
+    ok = [v for v in vals if v is not None and v >= 0]
+    return sum(ok) / len(ok) if ok and len(ok) == len(vals) else None
 
 
 def front(pts: list[Point], x: str = "tok_s_per_user") -> list[Point]:
