@@ -434,7 +434,7 @@ def integrity_reasons(integ: Any, where: str, push: bool = False) -> list[str]:
     if integ.get("not_measured"):
         return [f"{where}: integrity: not measured ({integ['not_measured']})"]
     keys = ("compared", "matched", "mismatched", "missing", "stale") + (("unwritten",) if push else ())
-    counts = {k: integ.get(k) for k in keys}
+    counts: dict[str, Any] = {k: integ.get(k) for k in keys}
     if push and integ.get("mode") != "push":
         return [f'{where}: integrity: mode {_show(integ.get("mode"))} in a push cell (allowed: "push")']
     whole = all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in counts.values())
