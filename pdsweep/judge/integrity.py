@@ -35,32 +35,31 @@ from pdsweep.plan.instance import transfer_mode
 from pdsweep.results import layout
 
 
+def _instances(files: CellFiles) -> list[dict[str, Any]]:
+    """cell.json's instance records (what the plan launched); none where the file or the list is damaged."""
+    instances = obj(files.get(layout.CELL_FILE)).get("instances")
+    return [i for i in instances if isinstance(i, dict)] if isinstance(instances, list) else []
+
+
 def planned_push(files: CellFiles) -> bool:
     """The plan made this a push cell (an instance's ``--kv-transfer-config`` names ``NixlPushConnector``)."""
-    instances = obj(files.get(layout.CELL_FILE)).get("instances")
-    return isinstance(instances, list) and any(
-        transfer_mode([str(a) for a in obj(i).get("argv") or []]) == "push" for i in instances if isinstance(i, dict)
-    )
+    return any(transfer_mode([str(a) for a in i.get("argv") or []]) == "push" for i in _instances(files))
 
 
 def planned(files: CellFiles) -> bool:
     """The plan switched the KV digests on for this cell: cell.json instances' env, or its cell record on CPU
     (the plan digests every PD cell there, :func:`pdsweep.plan.instance.instance_env`; an instance env
     without the variable, e.g. a damaged cell.json, asks no less of a CPU PD cell)."""
-    cj = obj(files.get(layout.CELL_FILE))
-    cell, instances = obj(cj.get("cell")), cj.get("instances")
+    cell = obj(obj(files.get(layout.CELL_FILE)).get("cell"))
     if cell.get("platform") == "cpu" and cell.get("kind") not in (None, "ref"):
         return True
-    return isinstance(instances, list) and any(
-        obj(obj(i).get("env")).get(KV_DIGEST_ENV_VAR) == "1" for i in instances if isinstance(i, dict)
-    )
+    return any(obj(i.get("env")).get(KV_DIGEST_ENV_VAR) == "1" for i in _instances(files))
 
 
 def planned_sample(files: CellFiles) -> tuple[float | None, str]:
     """The fraction of requests the plan digests (cell.json instances' ``PDSWEEP_KV_DIGEST_SAMPLE``, absent: 1,
     every request) and how the plan says it; None for a value :func:`pdsweep.core.kvsample.parse_fraction` refuses."""
-    instances = obj(files.get(layout.CELL_FILE)).get("instances")
-    envs = [obj(obj(i).get("env")) for i in instances if isinstance(i, dict)] if isinstance(instances, list) else []
+    envs = [obj(i.get("env")) for i in _instances(files)]
     raw = sorted({str(e[SAMPLE_ENV_VAR]) for e in envs if SAMPLE_ENV_VAR in e})
     try:
         return min((parse_fraction(r) for r in raw), default=1.0), f"{SAMPLE_ENV_VAR} {' '.join(raw) or 'absent'}"
