@@ -19,6 +19,11 @@ RUN_ONE = $(if $(findstring $(comma),$(RUN)),$(abspath $(firstword $(subst $(com
 A ?=
 B ?=
 BASELINE ?= results/last-green
+# the cells' seconds for the plan's budget check, shard cut and dispatch order: the last green run's
+# measured wall times where BASELINE holds a run (`--durations-from`, docs/nightly.md), else pdsweep's
+# duration model; `make plan` and `make nightly` take it, so a night runs the cut its plan showed
+DURATIONS ?= $(if $(wildcard $(BASELINE)/run.json),$(BASELINE))
+DURATIONS_SAID = echo "nightly: cell durations $(if $(DURATIONS),from the last green run $(DURATIONS) (--durations-from),from pdsweep's duration model (no last green run at $(BASELINE)))"
 # VLLM=<version | wheel file or URL | source tree>: tonight's vLLM. `pdsweep builds tonight` makes
 # the build (.cache/builds, keyed on its inputs), its unfixed twin by code shape, and SWEEP pointed
 # at both (.cache/nightly/<sweep>.yaml, the sweep's name kept); plan, sweep and nightly then run that.
@@ -58,7 +63,8 @@ validate: install
 
 plan: install
 	$(if $(VLLM),$(BUILDS))
-	$(PY) -m pdsweep plan $(RUN_SWEEP) $(if $(filter slurm,$(LAUNCHER)),--launcher slurm) $(PLAN_ARGS)
+	@$(DURATIONS_SAID)
+	$(PY) -m pdsweep plan $(RUN_SWEEP) $(if $(filter slurm,$(LAUNCHER)),--launcher slurm) $(if $(DURATIONS),--durations-from $(DURATIONS)) $(PLAN_ARGS)
 
 # Fetch every hub weight and eval dataset the sweep needs (pdsweep fetch: disk checked first, progress,
 # a partial snapshot resumed; the CPU default's tiny checkpoints are local: nothing downloads), so no
@@ -98,7 +104,8 @@ compare-builds: install
 nightly: install
 	$(BUILDS)
 	$(PY) -m pdsweep fetch $(RUN_SWEEP)
-	$(PY) -m pdsweep run $(RUN_SWEEP) --out $(RUN) --quiet --launcher $(LAUNCHER) --history $(HISTORY)
+	@$(DURATIONS_SAID)
+	$(PY) -m pdsweep run $(RUN_SWEEP) --out $(RUN) --quiet --launcher $(LAUNCHER) --history $(HISTORY) $(if $(DURATIONS),--durations-from $(DURATIONS))
 	$(RECORD)
 	$(MAKE) --no-print-directory nightly-finish RUN=$(RUN)
 

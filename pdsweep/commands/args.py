@@ -15,6 +15,7 @@ from pdsweep.core.paths import REPO
 from pdsweep.history.store import add_run
 from pdsweep.plan.shards import JobArgs, Shard, parse_shard
 from pdsweep.results import layout
+from pdsweep.results.durations import RunDurations, read_durations
 from pdsweep.results.shards import merged_view
 
 
@@ -88,8 +89,31 @@ def budget_arg(p: argparse.ArgumentParser) -> None:
 
 
 def job_args(ns: argparse.Namespace) -> JobArgs:
-    """:class:`pdsweep.plan.shards.JobArgs` of ``--shard`` and ``--budget``."""
-    return JobArgs(getattr(ns, "shard", None), getattr(ns, "budget", None))
+    """:class:`pdsweep.plan.shards.JobArgs` of ``--shard``, ``--budget`` and ``--durations-from``."""
+    return JobArgs(getattr(ns, "shard", None), getattr(ns, "budget", None), getattr(ns, "durations_from", None))
+
+
+def durations_run(text: str) -> RunDurations:
+    """argparse type of ``--durations-from``: the measured cell durations of the run directory
+    ``text`` (:func:`pdsweep.results.durations.read_durations`); one that does not exist or is
+    not a run exits 2 naming it."""
+    try:
+        return read_durations(Path(text))
+    except UserError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def durations_arg(p: argparse.ArgumentParser) -> None:
+    """``--durations-from RUN_DIR``: each cell's measured wall time there, else pdsweep's model
+    (:mod:`pdsweep.plan.durations`), for the budget check, the shard cut and the dispatch order."""
+    p.add_argument(
+        "--durations-from",
+        type=durations_run,
+        default=None,
+        metavar="RUN_DIR",
+        help="a previous run: each cell it ran takes its measured wall time there (budget, shards); "
+        "the others pdsweep's duration model",
+    )
 
 
 def run_dirs(text: str) -> list[Path]:

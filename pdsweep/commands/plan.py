@@ -8,7 +8,15 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from pdsweep.commands.args import budget_arg, gpu_arch_arg, gpu_count, job_args, no_check_argv_arg, shard_arg
+from pdsweep.commands.args import (
+    budget_arg,
+    durations_arg,
+    gpu_arch_arg,
+    gpu_count,
+    job_args,
+    no_check_argv_arg,
+    shard_arg,
+)
 from pdsweep.core.errors import UserError
 from pdsweep.run.dryrun import plan_cluster, plan_dict, print_plan
 
@@ -51,6 +59,7 @@ class PlanArgs:
         )
         shard_arg(p)
         budget_arg(p)
+        durations_arg(p)
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> PlanArgs:

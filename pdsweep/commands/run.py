@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdsweep.commands.args import append_history, default_history, gpu_arch_arg, gpu_count, shard_arg
+from pdsweep.commands.args import append_history, default_history, durations_arg, gpu_arch_arg, gpu_count, shard_arg
 from pdsweep.core.errors import EXIT_INTERRUPTED, UserError, ignore_stop_signals
 from pdsweep.run.context import RunOptions
 from pdsweep.run.sweep import run_sweep
@@ -32,6 +32,7 @@ class RunArgs:
         gpu_arch_arg(p)
         p.add_argument("--resume", action="store_true", help="skip cells whose status is final")
         shard_arg(p)
+        durations_arg(p)
         p.add_argument("--quiet", action="store_true", help="one line per cell (CI logs)")
         p.add_argument("--skip-eval", action="store_true", help="deploy and probe only, no lm-eval")
         p.add_argument(

@@ -7,7 +7,15 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from pdsweep.commands.args import budget_arg, gpu_arch_arg, gpu_count, job_args, no_check_argv_arg, shard_arg
+from pdsweep.commands.args import (
+    budget_arg,
+    durations_arg,
+    gpu_arch_arg,
+    gpu_count,
+    job_args,
+    no_check_argv_arg,
+    shard_arg,
+)
 from pdsweep.core.errors import UserError
 from pdsweep.measure.evaltasks import check_eval_tasks
 from pdsweep.measure.percentiles import percentile_plan
@@ -39,6 +47,7 @@ class ValidateArgs:
         gpu_arch_arg(p)
         budget_arg(p)
         shard_arg(p)
+        durations_arg(p)
         p.add_argument(
             "--gpus", type=gpu_count, default=None, help="GPUs the budget is checked on (default: nvidia-smi)"
         )
@@ -65,6 +74,8 @@ class ValidateArgs:
         job = self.job or JobArgs()
         if job.budget is not None or ls.sweep.budget is not None:
             check_budget(self.sweep, self.gpus, job)
+        elif job.durations is not None:
+            print(f"--durations-from {job.durations.run_dir}: no budget to check (--budget, or the sweep's budget:)")
         print(
             f"{self.sweep}: valid: {len(plan.pd_cells)} PD cells, {len(plan.cells) - len(plan.pd_cells)} "
             f"reference cells, {len(plan.rejected)} rejected"

@@ -2,7 +2,8 @@
 sweep's own ``budget:``) against the planned makespan of what the job runs (the whole sweep,
 or its ``--shard i/n``). A plan that cannot fit is refused naming both figures; the figure
 is pdsweep's duration model (:mod:`pdsweep.plan.startup`, :mod:`pdsweep.plan.dispatch`), an
-estimate, and says so."""
+estimate, and says so, or with ``--durations-from RUN_DIR`` each cell's measured wall time there
+where it has one (:mod:`pdsweep.plan.durations`), saying how many cells came from which."""
 
 from __future__ import annotations
 
@@ -28,14 +29,17 @@ def pick(flag: float | None, sweep_budget: float | None, sweep_path: Any) -> Bud
     return None
 
 
-def verdict(makespan_s: float, budget: Budget, what: str, shards: int = 1) -> dict[str, Any]:
-    """plan.json ``budget``: the figures and whether the job fits; ``line`` says it in words;
-    over budget, ``shards_hint`` is the fewest shards whose even split would fit (a lower
-    bound: whole chains may not split evenly)."""
+def verdict(
+    makespan_s: float, budget: Budget, what: str, shards: int = 1, basis: str = "pdsweep's duration estimate"
+) -> dict[str, Any]:
+    """plan.json ``budget``: the figures and whether the job fits; ``line`` says it in words,
+    with ``basis``, where the cells' seconds come from (``--durations-from``: how many were
+    measured, :meth:`pdsweep.plan.durations.CellClock.record`); over budget, ``shards_hint`` is
+    the fewest shards whose even split would fit (a lower bound: whole chains may not split evenly)."""
     minutes = makespan_s / 60
     fits = minutes <= budget.minutes
     line = (
-        f"planned makespan {minutes:.0f} min ({makespan_s:.0f} s, {what}; pdsweep's duration estimate) "
+        f"planned makespan {minutes:.0f} min ({makespan_s:.0f} s, {what}; {basis}) "
         f"{'fits' if fits else 'exceeds'} the budget of {budget.minutes:g} min ({budget.source})"
     )
     hint = None if fits else math.ceil(minutes * shards / budget.minutes)

@@ -205,8 +205,9 @@ class Inputs:
     """What a dispatch is planned on (the same in :func:`simulate`, :func:`ordered` and
     :func:`first_order`): ``keys`` cell id -> its instance keys; ``sizes`` key -> its GPUs;
     ``num_gpus`` the node's; ``estimate(cell)`` its duration (s: its instances' startup, then
-    :func:`pdsweep.plan.schedule.eval_s`); ``ends`` cell id -> the keys it leaves stopped
-    (:func:`ended`); ``prestart`` rule 3 on (``RunOptions.prestart``)."""
+    ``work``); ``ends`` cell id -> the keys it leaves stopped (:func:`ended`); ``prestart`` rule 3
+    on (``RunOptions.prestart``); ``work(cell)`` its measured phases once its instances answer (s:
+    :func:`pdsweep.plan.schedule.eval_s`, or measured: :meth:`pdsweep.plan.durations.CellClock.work`)."""
 
     keys: dict[str, frozenset[str]]
     sizes: dict[str, int]
@@ -214,6 +215,7 @@ class Inputs:
     estimate: Callable[[Cell], float]
     ends: dict[str, frozenset[str]]
     prestart: bool = True
+    work: Callable[[Cell], float] = eval_s
 
     def dispatcher(self, order: list[Cell]) -> Dispatcher:
         """A fresh :class:`Dispatcher` of ``order`` on these inputs."""
@@ -238,12 +240,12 @@ class Placed:
 
 def simulate(order: list[Cell], inp: Inputs) -> tuple[list[Placed], int]:
     """The :class:`Dispatcher` run of ``order`` on the duration model: an instance started
-    for a cell is up its startup (``inp.estimate(cell)`` minus :func:`pdsweep.plan.schedule.eval_s`)
-    later; a cell's measured phases begin when all its instances are up and take ``eval_s``;
+    for a cell is up its startup (``inp.estimate(cell)`` minus ``inp.work(cell)``) later; a cell's
+    measured phases begin when all its instances are up and take ``inp.work(cell)``;
     at its end the instances ``inp.ends`` names stop. Returns the cells in start order and the
     waiting-cell visits spent (the search's work)."""
     d = inp.dispatcher(order)
-    keys, estimate = inp.keys, inp.estimate
+    keys, estimate, work = inp.keys, inp.estimate, inp.work
     up: dict[str, float] = {}  # key -> when it answers
     pre: dict[str, set[str]] = {}
     launches: dict[str, int] = {}  # cell id -> instance starts made for it
@@ -259,18 +261,18 @@ def simulate(order: list[Cell], inp: Inputs) -> tuple[list[Placed], int]:
             elif isinstance(a, Release):
                 pass  # bookkeeping: counted as started for the cells they were prestarted for
             elif isinstance(a, Prestart):
-                ready = t + estimate(a.cell) - eval_s(a.cell)
+                ready = t + estimate(a.cell) - work(a.cell)
                 up.update(dict.fromkeys(a.keys, ready))
                 pre.setdefault(a.cell.id, set()).update(a.keys)
                 launches[a.cell.id] = launches.get(a.cell.id, 0) + len(a.keys)
             else:
                 c = a.cell
-                up.update(dict.fromkeys(a.new, t + estimate(c) - eval_s(c)))
+                up.update(dict.fromkeys(a.new, t + estimate(c) - work(c)))
                 ready = max([t, *(up[k] for k in keys[c.id])])
                 mine = frozenset(pre.pop(c.id, set()) & keys[c.id])
                 n = launches.pop(c.id, 0) + len(a.new)
-                out.append(Placed(c, t, ready, ready + eval_s(c), a.new | mine, mine, n))
-                heapq.heappush(events, (ready + eval_s(c), len(out), c.id))
+                out.append(Placed(c, t, ready, ready + work(c), a.new | mine, mine, n))
+                heapq.heappush(events, (ready + work(c), len(out), c.id))
         if not events:
             return out, d.visits
         t, _, cid = heapq.heappop(events)

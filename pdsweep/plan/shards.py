@@ -5,8 +5,10 @@ Cells are joined when they share an instance (the chains of :mod:`pdsweep.plan.r
 cell and its single-instance reference, whose answers the judge compares in one run
 directory; the two cells of a ``bench.pair_builds`` pair, measured interleaved). Each joined
 group goes whole to one shard: longest first (estimated seconds, one cell after the other),
-onto the shard with the least so far (ties: the lower index). The cut depends on nothing but
-the cells, so every job computes the same one: disjoint shards whose union is the sweep.
+onto the shard with the least so far (ties: the lower index); the seconds are the plan's
+(:class:`pdsweep.plan.durations.CellClock`: measured in ``--durations-from RUN_DIR``, else the
+model). The cut depends on nothing but the cells and those seconds, so every job given the same
+``--durations-from`` computes the same one: disjoint shards whose union is the sweep.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 
 from pdsweep.plan.cell import Cell
 from pdsweep.plan.reusepack import groups
+from pdsweep.results.durations import RunDurations
 
 MAX_SHARDS = 256
 
@@ -33,11 +36,13 @@ class Shard:
 
 @dataclass(frozen=True)
 class JobArgs:
-    """The job flags of ``plan``/``validate``/``run``: ``--shard i/n`` and ``--budget MINUTES``
-    (:mod:`pdsweep.plan.clock`)."""
+    """The job flags of ``plan``/``validate``/``run``: ``--shard i/n``, ``--budget MINUTES``
+    (:mod:`pdsweep.plan.clock`) and ``--durations-from RUN_DIR`` (measured cell durations:
+    :mod:`pdsweep.plan.durations`)."""
 
     shard: Shard | None = None
     budget: float | None = None
+    durations: RunDurations | None = None
 
 
 def parse_shard(text: str) -> Shard:

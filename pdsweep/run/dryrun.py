@@ -124,7 +124,8 @@ def plan_dict(
     schedule; over ``cluster`` (nodes x GPUs) when given, else over one host's ``gpus``.
     ``gpu_check``: run :func:`pdsweep.run.preflight.preflight` first (``UserError`` on a problem;
     busy GPUs are left out of the schedule). ``job_args``: :class:`pdsweep.plan.shards.JobArgs`
-    (``--shard``, ``--budget``; folding, the core-case warning and the budget: :func:`pdsweep.run.jobs.annotate`)."""
+    (``--shard``, ``--budget``, ``--durations-from``; folding, the core-case warning and the budget:
+    :func:`pdsweep.run.jobs.annotate`)."""
     ls = load_sweep(sweep)
     start_probe_if_cold(ls, check)
     plan = expand(ls)
@@ -141,7 +142,7 @@ def plan_dict(
         return place(ls, job, gpus, cluster, check=gpu_check, fit=True)
 
     try:  # vLLM's refusals come first
-        rp = plan_cells(plan, cells, job_args.shard, where)
+        rp = plan_cells(plan, cells, job_args.shard, where, durations=job_args.durations)
         rp = rp.with_instances(dry_pythons(ls, rp.cells), frozenset())
         _check_slot_ports({p.cell.id: p.slot for p in rp.schedule.placements}, ls.sweep.defaults.port_base)
     except UserError:
@@ -195,6 +196,7 @@ def _as_dict(rp: RunPlan, fitted: str | None, cluster: Cluster | None) -> dict[s
         "perf": _perf(ls),
         "pairs": pairs,
         "pairs_off": pairs_off(rp),
+        "durations": rp.seconds.record(rp.cells),  # measured (--durations-from) or the model, per cell
     }
 
 

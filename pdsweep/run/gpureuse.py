@@ -40,14 +40,17 @@ def plan_order(
     num_gpus: int,
     estimate: Callable[[Cell], float],
     prestart: bool = True,
+    work: Callable[[Cell], float] | None = None,
 ) -> tuple[list[Cell], list[Placed], Inputs]:
     """The priority order ``run`` dispatches ``todo`` in and ``plan`` simulates
     (:func:`pdsweep.plan.dispatch.ordered` from :func:`pdsweep.plan.dispatch.first_order`, the
     instances a cell expected to fail ends: :func:`pdsweep.plan.dispatch.ended`), its simulation,
-    and the inputs it was planned on."""
+    and the inputs it was planned on. ``estimate``/``work``: a cell's wall and measured-phase
+    seconds (:class:`pdsweep.plan.durations.CellClock`; ``work`` None: the model's ``eval_s``)."""
     planned, sizes = identities(specs)
     keys = {c.id: planned.get(c.id, frozenset()) for c in todo}
-    inp = Inputs(keys, sizes, num_gpus, estimate, {c.id: ended(c, keys[c.id]) for c in todo}, prestart)
+    ends = {c.id: ended(c, keys[c.id]) for c in todo}
+    inp = Inputs(keys, sizes, num_gpus, estimate, ends, prestart, *([work] if work else []))
     order, placed = ordered(first_order(todo, inp), inp)
     return order, placed, inp
 

@@ -5,6 +5,7 @@ prints and ``run`` executes alone (:func:`pdsweep.run.runplan.plan_cells`): a jo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +15,7 @@ from pdsweep.plan.blocks import for_cell
 from pdsweep.plan.builds import build_python
 from pdsweep.plan.cell import Cell
 from pdsweep.plan.clock import pick, verdict
+from pdsweep.plan.durations import MODEL_WORDS
 from pdsweep.plan.expand import Plan, reference_of
 from pdsweep.plan.fold import fold
 from pdsweep.plan.instance import Slot, instances, model_path
@@ -71,16 +73,19 @@ def _links(ls: LoadedSweep, cells: list[Cell]) -> list[tuple[str, str]]:
     return links
 
 
-def job_cells(ls: LoadedSweep, cells: list[Cell], shard: Shard | None) -> Job:
+def job_cells(
+    ls: LoadedSweep, cells: list[Cell], shard: Shard | None, estimate: Callable[[Cell], float] | None = None
+) -> Job:
     """The cells this job runs out of the selected ``cells`` (references included): folded,
-    then cut to ``shard``. Raises ``UserError`` when the shard is empty (more shards than
-    groups of cells that must run together)."""
+    then cut to ``shard`` by ``estimate`` (cell -> seconds: :meth:`pdsweep.plan.durations.CellClock.wall`;
+    None: the model, :func:`pdsweep.plan.startup.estimator`). Raises ``UserError`` when the shard
+    is empty (more shards than groups of cells that must run together)."""
     ref = (lambda c: reference_of(c, ls).id) if ls.sweep.eval.reference else (lambda c: None)
     folded = fold(cells, _blocks(ls), ref)
     job = Job(folded.cells, folded.into, folded.why)
     if shard is None:
         return job
-    parts = cut(folded.cells, shard.count, _keys(ls, folded.cells), _links(ls, folded.cells), estimator(ls))
+    parts = cut(folded.cells, shard.count, _keys(ls, folded.cells), _links(ls, folded.cells), estimate or estimator(ls))
     mine = parts[shard.index - 1]
     if not mine:
         groups = sum(1 for p in parts if p)
@@ -136,7 +141,9 @@ def annotate(d: dict[str, Any], ls: LoadedSweep, plan: Plan, job: Job, args: Job
     budget = pick(args.budget, ls.sweep.budget, ls.path)
     what = f"shard {job.shard['index']}/{job.shard['count']}" if job.shard else "the whole sweep"
     shards = job.shard["count"] if job.shard else 1
-    d["budget"] = verdict(d["makespan"]["s"], budget, what, shards) if budget else None
+    durations = d.get("durations") or {}
+    basis = durations["line"] if durations.get("from") else "pdsweep's duration estimate"
+    d["budget"] = verdict(d["makespan"]["s"], budget, what, shards, basis) if budget else None
     if budget and d["platform"] == "cuda" and not d["gpus"]:  # nothing placed: a makespan of 0 proves nothing
         d["budget"].update(
             fits=False,
@@ -154,6 +161,18 @@ def job_text(d: dict[str, Any]) -> str:
     ]
     if s := d.get("shard"):
         lines.append(f"shard {s['index']}/{s['count']}: {s['cells']} of {s['of']} cells (whole instance chains)\n")
+    lines += durations_text(d.get("durations"))
     if b := d.get("budget"):
         lines.append(f"budget: {b['line']}\n")
     return "".join(lines)
+
+
+def durations_text(rec: dict[str, Any] | None) -> list[str]:
+    """The plan's lines for its ``durations`` (:meth:`pdsweep.plan.durations.CellClock.record`):
+    where the cells' seconds came from and each record that fell back to the model, with why;
+    none when no ``--durations-from`` was given (the model alone: the makespan line says "estimated")."""
+    if not rec or not rec.get("from"):
+        return []
+    return [f"durations: {rec['line']}\n"] + [
+        f"  {cid}: {MODEL_WORDS} ({why})\n" for cid, why in rec["unusable"].items()
+    ]

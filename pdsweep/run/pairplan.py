@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 from pdsweep.plan.pairing import overhead_s, pairing
-from pdsweep.plan.startup import estimator
 
 
 def pairs_dict(rp: Any) -> dict[str, Any] | None:
@@ -20,12 +19,13 @@ def pairs_dict(rp: Any) -> dict[str, Any] | None:
     side ``a`` the earlier build in ``builds:``), ``alone`` (cell id -> why it runs unpaired),
     ``how`` (why pairing is on: the default or ``bench.pair_builds: true``), ``overhead_s``
     (seconds the pairs add to the makespan; None where not measured), ``first_s`` (on GPUs: the pairs
-    run before the dispatch, their GPU-seconds over the pool's GPUs by :func:`pdsweep.plan.startup.estimator`,
+    run before the dispatch, their GPU-seconds over the pool's GPUs by the plan's cell seconds
+    (:class:`pdsweep.plan.durations.CellClock`: measured, or :func:`pdsweep.plan.startup.estimator`),
     a packing estimate; None on CPU, where the schedule holds them); None without pairs."""
     if not rp.pairs:
         return None
     pairs, alone = rp.pairs
-    est, n = estimator(rp.ls), rp.pool.num_gpus
+    est, n = rp.seconds.wall, rp.pool.num_gpus
     first = sum(max(est(p.a), est(p.b)) * p.num_gpus for p in pairs) / n if n and pairs else None
     return {
         "pairs": [{"a": p.a.id, "b": p.b.id} for p in pairs],

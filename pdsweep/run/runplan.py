@@ -19,6 +19,7 @@ from typing import Any
 from pdsweep.core.errors import UserError
 from pdsweep.deploy.instances import instance_key, reuse_record
 from pdsweep.plan.dispatch import Inputs, Placed
+from pdsweep.plan.durations import CellClock
 from pdsweep.plan.expand import Plan, reference_of
 from pdsweep.plan.instance import InstanceSpec, instances, model_path
 from pdsweep.plan.pairing import pairing
@@ -26,6 +27,7 @@ from pdsweep.plan.placement import Cluster, ClusterPool
 from pdsweep.plan.schedule import GpuPool, Schedule, detect_gpus, order, pack, reuse_order
 from pdsweep.plan.shards import Shard
 from pdsweep.plan.startup import estimator
+from pdsweep.results.durations import RunDurations
 from pdsweep.run.gpureuse import plan_order, record
 from pdsweep.run.jobs import Job, job_cells
 from pdsweep.run.pairs import Pair, fitting, plan_pairs
@@ -99,7 +101,8 @@ class RunPlan:
     left to run (``done``: final under ``--resume``), in the order ``run`` takes them; ``specs``: cell
     id -> its planned instances (ports of its schedule lane; GPU ids are where, not what); ``reuse``:
     plan.json ``reuse`` (None without instance reuse); ``dispatch``: (priority order, simulation,
-    inputs) of the reuse dispatch on GPUs; ``pairs``: ``bench.pair_builds`` pairs, why other PD cells run alone."""
+    inputs) of the reuse dispatch on GPUs; ``pairs``: ``bench.pair_builds`` pairs, why other PD cells run alone;
+    ``clock``: each cell's seconds (measured in ``--durations-from``, else the model: :class:`CellClock`)."""
 
     ls: LoadedSweep
     expanded: Plan
@@ -116,6 +119,12 @@ class RunPlan:
     reuse: dict[str, Any] | None = None
     dispatch: tuple[list[Any], list[Placed], Inputs] | None = None
     pairs: tuple[list[Pair], dict[str, str]] | None = None
+    clock: CellClock | None = None
+
+    @property
+    def seconds(self) -> CellClock:
+        """:attr:`clock`, or the model alone when none was given."""
+        return self.clock or CellClock(estimator(self.ls), self.ls.sweep.platform)
 
     @property
     def cells(self) -> list[Any]:
@@ -130,7 +139,7 @@ class RunPlan:
         """This plan with each scheduled cell's instances (``python_of``: build -> its
         interpreter, None when unusable; ``unbuilt``: models without a checkpoint: their cells
         plan no instance), the reuse order and record, the dispatch and the pairs."""
-        ls, est = self.ls, estimator(self.ls)
+        ls, clock = self.ls, self.seconds
         slots = {p.cell.id: p.slot for p in self.schedule.placements}
         specs = {c.id: _specs(ls, c, slots[c.id], python_of.get(c.build), unbuilt) for c in self.cells if c.id in slots}
         todo, reuse, dispatch = self.todo, None, None
@@ -146,8 +155,8 @@ class RunPlan:
             todo = paired + rest
             reuse = reuse_record(todo, mine, self.prestart)
             if self.pool.num_gpus:  # the cells the pairs leave: what run_pairs hands the dispatch
-                dispatch = plan_order(rest, mine, self.pool.num_gpus, est, self.prestart)
-                reuse["schedule"] = record(dispatch[1], est)
+                dispatch = plan_order(rest, mine, self.pool.num_gpus, clock.wall, self.prestart, clock.work)
+                reuse["schedule"] = record(dispatch[1], clock.wall)
                 reuse["schedule"]["instance_starts"] += sum(len(mine[c.id]) for c in paired)  # each pair starts its own
         return replace(self, specs=specs, todo=todo, reuse=reuse, dispatch=dispatch, pairs=pairs)
 
@@ -177,22 +186,24 @@ def _specs(ls: LoadedSweep, cell: Any, slot: Any, python: str | None, unbuilt: A
 
 def plan_cells(
     expanded: Plan, selected: list[Any], shard: Shard | None, where: Placer, reuse: bool = True,
-    prestart: bool = True, done: Callable[[Any], bool] = lambda c: False,
+    prestart: bool = True, done: Callable[[Any], bool] = lambda c: False, durations: RunDurations | None = None,
 ) -> RunPlan:  # fmt: skip
     """The plan of this job (``shard`` of the ``selected`` cells, folded: :func:`job_cells`; ``UserError``
     for an empty shard) on the pool ``where`` places its cells on (instances: :meth:`RunPlan.with_instances`).
     ``reuse``: share identical instances (not on a cluster); ``prestart``: start the next cell's instances
-    early; ``done(cell)``: final (``--resume``)."""
+    early; ``done(cell)``: final (``--resume``); ``durations``: measured cell durations of a previous run
+    (``--durations-from``; the shard cut, schedule and dispatch take them where a cell has one)."""
     ls = expanded.loaded
-    job = job_cells(ls, selected, shard)
+    clock = CellClock(estimator(ls), ls.sweep.platform, durations)
+    job = job_cells(ls, selected, shard, clock.wall)
     cells = job.cells
     pool, fitted, warnings = where(cells)
     for w in warnings:
         log.warning("%s", w)
     ref_of = (lambda c: reference_of(c, ls).id) if ls.sweep.eval.reference else None
-    sched = pack(cells, pool.num_gpus, pool.port_base, pool=fresh_pool(pool), estimate=estimator(ls), ref_of=ref_of)
+    sched = pack(cells, pool.num_gpus, pool.port_base, pool=fresh_pool(pool), estimate=clock.wall, ref_of=ref_of)
     why = sched.reasons
     runnable = [c for c in order(cells) if c.id not in why]
     reuse_on = reuse and not isinstance(pool, ClusterPool)
     todo = [c for c in runnable if not done(c)]
-    return RunPlan(ls, expanded, job, pool, why, sched, runnable, todo, fitted, reuse_on, prestart)
+    return RunPlan(ls, expanded, job, pool, why, sched, runnable, todo, fitted, reuse_on, prestart, clock=clock)

@@ -17,6 +17,7 @@ import functools
 import hashlib
 import logging
 import signal
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -191,7 +192,9 @@ def _open_run(path: str | Path, opts: RunOptions) -> tuple[RunContext, RunPlan]:
     check = opts.preflight and opts.launcher == "local"  # weights, memory, driver, busy GPUs: before anything starts
     where = functools.partial(place, ls, gpus=opts.gpus, cluster=cluster, check=check, fit=False, refuse_unfetched=True)
     # this job's cells (identical deployments folded, then its shard), placed and scheduled
-    rp = plan_cells(plan, cells, opts.shard, where, opts.reuse, opts.prestart, done)
+    rp = plan_cells(plan, cells, opts.shard, where, opts.reuse, opts.prestart, done, opts.durations_from)
+    if opts.durations_from is not None:  # where the shard cut and dispatch order took their seconds from
+        print(f"durations: {rp.seconds.record(rp.cells)['line']}", file=sys.stderr)
     if rp.fitted:
         log.info("cells fitted to %s", rp.fitted)
     current = git_sha()
@@ -221,6 +224,7 @@ def _write_plan(ctx: RunContext, rp: RunPlan) -> None:
         "schedule": rp.schedule.to_dict(),
         # what each PD cell's accuracy.json must name as its reference (judge.planned.PlannedTasksCheck)
         "references": {c.id: reference_of(c, ctx.ls).id for c in rp.cells if c.kind == "pd"},
+        "durations": rp.seconds.record(rp.cells),  # where the plan's cell seconds came from (--durations-from)
     }
     if rp.reuse is not None and rp.todo:
         body["reuse"] = rp.reuse
