@@ -23,7 +23,7 @@ BASELINE ?= results/last-green
 # measured wall times where BASELINE holds a run (`--durations-from`, docs/nightly.md), else pdsweep's
 # duration model; `make plan` and `make nightly` take it, so a night runs the cut its plan showed
 DURATIONS ?= $(if $(wildcard $(BASELINE)/run.json),$(BASELINE))
-DURATIONS_SAID = echo "nightly: cell durations $(if $(DURATIONS),from the last green run $(DURATIONS) (--durations-from),from pdsweep's duration model (no last green run at $(BASELINE)))"
+DURATIONS_SAID = echo "nightly: cell durations $(if $(DURATIONS),measured in $(DURATIONS) (--durations-from; by default the last green run BASELINE),from pdsweep's duration model (no run at BASELINE=$(BASELINE), or DURATIONS= empty))"
 # VLLM=<version | wheel file or URL | source tree>: tonight's vLLM. `pdsweep builds tonight` makes
 # the build (.cache/builds, keyed on its inputs), its unfixed twin by code shape, and SWEEP pointed
 # at both (.cache/nightly/<sweep>.yaml, the sweep's name kept); plan, sweep and nightly then run that.

@@ -216,10 +216,12 @@ def test_make_nightly_takes_the_last_green_runs_durations(tmp_path):
 
     green = write_run(tmp_path / "last-green", {"x": ok(1.0)})
     out = dry(green)
-    assert f"--durations-from {green}" in out and f"cell durations from the last green run {green}" in out
+    assert (
+        f"--durations-from {green}" in out and f"nightly: cell durations measured in {green} (--durations-from" in out
+    )
     out = dry(tmp_path / "none")
     assert "--durations-from" not in out
-    assert f"cell durations from pdsweep's duration model (no last green run at {tmp_path / 'none'})" in out
+    assert f"cell durations from pdsweep's duration model (no run at BASELINE={tmp_path / 'none'}" in out
 
 
 def test_run_takes_last_nights_durations_and_records_them(tmp_path, tok, capsys):

@@ -59,8 +59,8 @@ def test_run_dispatches_in_the_order_plan_printed_on_gpus(tmp_path, monkeypatch,
     schedule ``plan`` printed (the run's own cells run in real time: they are not started here)."""
     real = runplan.plan_order
 
-    def bent(todo, specs, num_gpus, estimate, prestart=True):  # the planned priority order, backwards
-        order, _, inp = real(todo, specs, num_gpus, estimate, prestart)
+    def bent(todo, specs, num_gpus, estimate, prestart=True, work=None):  # the planned priority order, backwards
+        order, _, inp = real(todo, specs, num_gpus, estimate, prestart, work)
         order = order[::-1]
         return order, simulate(order, inp)[0], inp
 
@@ -92,7 +92,7 @@ def test_run_takes_its_job_from_the_plan(tmp_path, monkeypatch, no_side_effects)
     (shard 1/2, which nobody asked for) and the run runs and records the job ``plan`` printed; a run
     that folded and sharded the cells itself would run the whole sweep."""
     real = runplan.job_cells
-    monkeypatch.setattr(runplan, "job_cells", lambda ls, cells, shard: real(ls, cells, Shard(1, 2)))
+    monkeypatch.setattr(runplan, "job_cells", lambda ls, cells, shard, *est: real(ls, cells, Shard(1, 2), *est))
     printed = plan_dict(str(SMOKE), 0)
     ran: list[str] = []
     monkeypatch.setattr(run_sweep_mod, "run_cell", lambda ctx, cell, slot, on_ready=None: ran.append(cell.id))
