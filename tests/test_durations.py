@@ -1,7 +1,7 @@
 """Measured cell durations (``--durations-from RUN_DIR`` of ``plan``/``validate``/``run``, the
 nightly's last green run): the budget check, the shard cut and the dispatch take each cell's
 wall time in that run where its record gives one, pdsweep's duration model for the rest, and
-say how many came from which (pdsweep.results.durations, pdsweep.plan.durations)."""
+say how many came from which (pdsweep.results.celltimes, pdsweep.plan.durations)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pdsweep.cli import main
 from pdsweep.plan.dispatch import Inputs, simulate
 from pdsweep.plan.durations import CellClock
 from pdsweep.plan.expand import Cell
-from pdsweep.results.durations import CellTime, RunDurations, read_durations
+from pdsweep.results.celltimes import CellTime, RunDurations, read_durations
 
 CELLS = ("fake-gqa.ref-tp1.b16.fixed", "fake-gqa.p1d1.b16-16.fixed")  # the fake sweep's
 PARETO = REPO / "sweeps" / "cpu-pareto.yaml"

@@ -15,7 +15,7 @@ from pdsweep.core.paths import REPO
 from pdsweep.history.store import add_run
 from pdsweep.plan.shards import JobArgs, Shard, parse_shard
 from pdsweep.results import layout
-from pdsweep.results.durations import RunDurations, read_durations
+from pdsweep.results.celltimes import RunDurations, read_durations
 from pdsweep.results.shards import merged_view
 
 
@@ -95,7 +95,7 @@ def job_args(ns: argparse.Namespace) -> JobArgs:
 
 def durations_run(text: str) -> RunDurations:
     """argparse type of ``--durations-from``: the measured cell durations of the run directory
-    ``text`` (:func:`pdsweep.results.durations.read_durations`); one that does not exist or is
+    ``text`` (:func:`pdsweep.results.celltimes.read_durations`); one that does not exist or is
     not a run exits 2 naming it."""
     try:
         return read_durations(Path(text))

@@ -1,6 +1,6 @@
 """Each cell's seconds for the schedule, the budget check and the shard cut: measured in a
 previous run where it has a usable record (``--durations-from RUN_DIR``,
-:mod:`pdsweep.results.durations`), else pdsweep's duration model
+:mod:`pdsweep.results.celltimes`), else pdsweep's duration model
 (:func:`pdsweep.plan.startup.estimator`: startup by model size + :func:`pdsweep.plan.schedule.eval_s`).
 
 The figures mean what the schedule simulates. ``wall``: a cell from its start to its end
@@ -23,7 +23,7 @@ from typing import Any
 from pdsweep.plan.cell import Cell
 from pdsweep.plan.pairing import overhead_s
 from pdsweep.plan.schedule import eval_s
-from pdsweep.results.durations import CellTime, RunDurations
+from pdsweep.results.celltimes import CellTime, RunDurations
 
 MODEL_WORDS = "pdsweep's duration model"
 

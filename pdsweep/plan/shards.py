@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from pdsweep.plan.cell import Cell
 from pdsweep.plan.reusepack import groups
-from pdsweep.results.durations import RunDurations
+from pdsweep.results.celltimes import RunDurations
 
 MAX_SHARDS = 256
 

@@ -36,7 +36,7 @@ class RunOptions:
     prestart: bool = True  # with reuse: start the next cell's new instances while this one measures
     preflight: bool = True  # weights, memory fit, driver, busy GPUs (pdsweep.run.preflight); False: --no-preflight
     shard: Any = None  # pdsweep.plan.shards.Shard: job i of n (--shard i/n); None: the whole sweep
-    durations_from: Any = None  # pdsweep.results.durations.RunDurations of --durations-from RUN_DIR; None: the model
+    durations_from: Any = None  # pdsweep.results.celltimes.RunDurations of --durations-from RUN_DIR; None: the model
 
     @property
     def faults(self) -> ProxyFaults:

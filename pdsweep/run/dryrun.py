@@ -142,7 +142,7 @@ def plan_dict(
         return place(ls, job, gpus, cluster, check=gpu_check, fit=True)
 
     try:  # vLLM's refusals come first
-        rp = plan_cells(plan, cells, job_args.shard, where, durations=job_args.durations)
+        rp = plan_cells(plan, cells, job_args, where)
         rp = rp.with_instances(dry_pythons(ls, rp.cells), frozenset())
         _check_slot_ports({p.cell.id: p.slot for p in rp.schedule.placements}, ls.sweep.defaults.port_base)
     except UserError:

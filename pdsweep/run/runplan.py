@@ -25,9 +25,8 @@ from pdsweep.plan.instance import InstanceSpec, instances, model_path
 from pdsweep.plan.pairing import pairing
 from pdsweep.plan.placement import Cluster, ClusterPool
 from pdsweep.plan.schedule import GpuPool, Schedule, detect_gpus, order, pack, reuse_order
-from pdsweep.plan.shards import Shard
+from pdsweep.plan.shards import JobArgs
 from pdsweep.plan.startup import estimator
-from pdsweep.results.durations import RunDurations
 from pdsweep.run.gpureuse import plan_order, record
 from pdsweep.run.jobs import Job, job_cells
 from pdsweep.run.pairs import Pair, fitting, plan_pairs
@@ -185,17 +184,18 @@ def _specs(ls: LoadedSweep, cell: Any, slot: Any, python: str | None, unbuilt: A
 
 
 def plan_cells(
-    expanded: Plan, selected: list[Any], shard: Shard | None, where: Placer, reuse: bool = True,
-    prestart: bool = True, done: Callable[[Any], bool] = lambda c: False, durations: RunDurations | None = None,
+    expanded: Plan, selected: list[Any], job_args: JobArgs, where: Placer, reuse: bool = True,
+    prestart: bool = True, done: Callable[[Any], bool] = lambda c: False,
 ) -> RunPlan:  # fmt: skip
-    """The plan of this job (``shard`` of the ``selected`` cells, folded: :func:`job_cells`; ``UserError``
-    for an empty shard) on the pool ``where`` places its cells on (instances: :meth:`RunPlan.with_instances`).
-    ``reuse``: share identical instances (not on a cluster); ``prestart``: start the next cell's instances
-    early; ``done(cell)``: final (``--resume``); ``durations``: measured cell durations of a previous run
-    (``--durations-from``; the shard cut, schedule and dispatch take them where a cell has one)."""
+    """The plan of this job (``job_args.shard`` of the ``selected`` cells, folded: :func:`job_cells`;
+    ``UserError`` for an empty shard) on the pool ``where`` places its cells on (instances:
+    :meth:`RunPlan.with_instances`). ``reuse``: share identical instances (not on a cluster);
+    ``prestart``: start the next cell's instances early; ``done(cell)``: final (``--resume``);
+    ``job_args.durations``: measured cell durations of a previous run (``--durations-from``; the shard
+    cut, schedule and dispatch take them where a cell has one)."""
     ls = expanded.loaded
-    clock = CellClock(estimator(ls), ls.sweep.platform, durations)
-    job = job_cells(ls, selected, shard, clock.wall)
+    clock = CellClock(estimator(ls), ls.sweep.platform, job_args.durations)
+    job = job_cells(ls, selected, job_args.shard, clock.wall)
     cells = job.cells
     pool, fitted, warnings = where(cells)
     for w in warnings:

@@ -39,6 +39,7 @@ from pdsweep.plan.expand import Cell, expand, reference_of, select_cells
 from pdsweep.plan.instance import PORTS_PER_SLOT, Slot
 from pdsweep.plan.placement import Cluster
 from pdsweep.plan.schedule import GpuPool
+from pdsweep.plan.shards import JobArgs
 from pdsweep.results import layout
 from pdsweep.run.cell import run_cell
 from pdsweep.run.context import RunContext, RunOptions
@@ -192,7 +193,8 @@ def _open_run(path: str | Path, opts: RunOptions) -> tuple[RunContext, RunPlan]:
     check = opts.preflight and opts.launcher == "local"  # weights, memory, driver, busy GPUs: before anything starts
     where = functools.partial(place, ls, gpus=opts.gpus, cluster=cluster, check=check, fit=False, refuse_unfetched=True)
     # this job's cells (identical deployments folded, then its shard), placed and scheduled
-    rp = plan_cells(plan, cells, opts.shard, where, opts.reuse, opts.prestart, done, opts.durations_from)
+    job = JobArgs(opts.shard, None, opts.durations_from)  # `run` checks no budget: `plan`/`validate` do
+    rp = plan_cells(plan, cells, job, where, opts.reuse, opts.prestart, done)
     if opts.durations_from is not None:  # where the shard cut and dispatch order took their seconds from
         print(f"durations: {rp.seconds.record(rp.cells)['line']}", file=sys.stderr)
     if rp.fitted:
