@@ -146,6 +146,8 @@ def test_validate_fails_the_budget_on_measured_walls(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"planned makespan 15 min (908 s, the whole sweep; 6 cells measured in {slow}" in err
     assert "exceeds the budget of 10 min (--budget)" in err
+    assert main(["validate", str(PARETO), "--no-check-argv", "--durations-from", str(slow)]) == 0
+    assert f"--durations-from {slow}: no budget to check (--budget, or the sweep's budget:)" in capsys.readouterr().out
 
 
 def test_a_build_pair_counts_its_share_of_the_pairs_wall(tmp_path, capsys):
@@ -246,3 +248,29 @@ def test_run_takes_last_nights_durations_and_records_them(tmp_path, tok, capsys)
         "unusable": {},
         "line": "2 cells from pdsweep's duration model",
     }
+
+
+def test_the_mission_on_8_gpus_dispatches_on_measured_walls(tmp_path, capsys):
+    """The reuse dispatch on GPUs (plan --gpus 8, no GPU here): every cell of the mission measured
+    at 200 s, its instances up after 150 s, measures 50 s once they answer (the model: eval_s 120 s, 30 s
+    for a cell that dies at its first PD request);
+    a build pair's two cells, measured at once, each count the pair's wall (the longer side's)."""
+    mission = REPO / "sweeps" / "hybrid-mla-mamba.yaml"
+    model, _ = plan(capsys, mission, "--gpus", "8")
+    partner = {p[s]: p[o] for p in model["pairs"]["pairs"] for s, o in (("a", "b"), ("b", "a"))}
+    b_side = {p["b"] for p in model["pairs"]["pairs"]}  # 260 s: the pair's wall, its a side's too
+    cells = {
+        c["id"]: ok(260.0 if c["id"] in b_side else 200.0, 150.0, pairing={"partner": partner[c["id"]]})
+        if c["id"] in partner
+        else ok(200.0, 150.0)
+        for c in model["cells"]
+    }
+    run = write_run(tmp_path / "gpu-night", cells, platform="cuda")
+    d, _ = plan(capsys, mission, "--gpus", "8", "--durations-from", str(run))
+    assert d["durations"]["measured"] == len(cells) and d["durations"]["model"] == 0
+    placed = [p for p in d["reuse"]["schedule"]["cells"] if p["cell"] not in partner]
+    assert placed and {round(p["end_s"] - p["ready_s"], 1) for p in placed} == {50.0}
+    assert {round(p["end_s"] - p["ready_s"], 1) for p in model["reuse"]["schedule"]["cells"]} == {30.0, 120.0}
+    gpus = {c["id"]: c["num_gpus"] for c in d["cells"]}
+    first = sum(260.0 * (gpus[p["a"]] + gpus[p["b"]]) for p in d["pairs"]["pairs"]) / 8
+    assert d["pairs"]["first_s"] == round(first, 1)
