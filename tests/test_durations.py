@@ -20,6 +20,7 @@ from pdsweep.cli import main
 from pdsweep.plan.dispatch import Inputs, simulate
 from pdsweep.plan.durations import CellClock
 from pdsweep.plan.expand import Cell
+from pdsweep.plan.schedule import pack
 from pdsweep.results.celltimes import CellTime, RunDurations, read_durations
 
 CELLS = ("fake-gqa.ref-tp1.b16.fixed", "fake-gqa.p1d1.b16-16.fixed")  # the fake sweep's
@@ -274,3 +275,19 @@ def test_the_mission_on_8_gpus_dispatches_on_measured_walls(tmp_path, capsys):
     gpus = {c["id"]: c["num_gpus"] for c in d["cells"]}
     first = sum(260.0 * (gpus[p["a"]] + gpus[p["b"]]) for p in d["pairs"]["pairs"]) / 8
     assert d["pairs"]["first_s"] == round(first, 1)
+
+
+def test_the_cells_schedule_runs_the_longest_measured_first():
+    """LPT by measured walls (pdsweep.plan.schedule.order): three p1d1 cells on 4 GPUs, the
+    model's figures equal; last night the third took twice the others. It goes first: 200 s,
+    not the 300 s of the model's order."""
+    a, b, c = (Cell(m, 1, 1, 16, 16, 1, 1, "cuda", "fixed") for m in ("m1", "m2", "m3"))
+    walls = {a.id: CellTime(100.0, 60.0), b.id: CellTime(100.0, 60.0), c.id: CellTime(200.0, 60.0)}
+    clock = CellClock(lambda x: 420.0, "cuda", RunDurations(Path("r"), "cuda", walls))
+    got = pack([a, b, c], 4, estimate=clock.wall, rank=clock.rank)
+    assert [(p.cell.id, p.start_s, p.end_s) for p in got.placements] == [
+        (c.id, 0.0, 200.0),
+        (a.id, 0.0, 100.0),
+        (b.id, 100.0, 200.0),
+    ]
+    assert pack([a, b, c], 4, estimate=clock.wall).makespan_s == 300.0  # the model's order: a, b, then c

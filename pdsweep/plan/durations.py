@@ -22,7 +22,7 @@ from typing import Any
 
 from pdsweep.plan.cell import Cell
 from pdsweep.plan.pairing import overhead_s
-from pdsweep.plan.schedule import eval_s
+from pdsweep.plan.schedule import estimate_s, eval_s
 from pdsweep.results.celltimes import CellTime, RunDurations
 
 MODEL_WORDS = "pdsweep's duration model"
@@ -54,6 +54,12 @@ class CellClock:
         pair = max(t.wall_s, other.wall_s)
         per = overhead_s(self.platform, 1)  # None (GPUs): the pair runs at once before the dispatch
         return pair if per is None else max(pair - per, 0.0) / 2
+
+    def rank(self, cell: Cell) -> float:
+        """Seconds the run order sorts ``cell`` by (:func:`pdsweep.plan.schedule.order`, longest
+        first): its measured wall, else :func:`pdsweep.plan.schedule.estimate_s` (the order without
+        durations, unchanged)."""
+        return estimate_s(cell) if self.measured(cell) is None else self.wall(cell)
 
     def work(self, cell: Cell) -> float:
         """Seconds of ``cell``'s measured phases once its instances answer (measured: its wall

@@ -216,10 +216,13 @@ def instance_placement(p: Placement) -> list[dict]:
     return out
 
 
-def order(cells: list[Cell]) -> list[Cell]:
+def order(cells: list[Cell], rank: Callable[[Cell], float] | None = None) -> list[Cell]:
     """Run order: references first (PD cells are judged against them), then the
-    largest cells first (LPT), stable otherwise."""
-    return sorted(cells, key=lambda c: (c.kind != "ref", -c.num_gpus, -estimate_s(c)))
+    largest cells first (LPT: most GPUs, then longest by ``rank``, seconds: default
+    :func:`estimate_s`; :meth:`pdsweep.plan.durations.CellClock.rank` with measured durations),
+    stable otherwise."""
+    rank = rank or estimate_s
+    return sorted(cells, key=lambda c: (c.kind != "ref", -c.num_gpus, -rank(c)))
 
 
 def not_runnable(cells: list[Cell], pool: Any, ref_of: Callable[[Cell], str] | None = None) -> dict[str, str]:
@@ -248,17 +251,19 @@ def pack(
     pool=None,
     estimate=None,
     ref_of: Callable[[Cell], str] | None = None,
+    rank: Callable[[Cell], float] | None = None,
 ) -> Schedule:
     """Simulate the run-time scheduler with estimated durations (``estimate``: cell ->
     seconds, default :func:`estimate_s`; :func:`pdsweep.plan.startup.estimator` by model size),
     on ``pool`` (default a :class:`GpuPool` of ``num_gpus``; a :class:`pdsweep.plan.placement.ClusterPool`
-    places over nodes); cells :func:`not_runnable` (with ``ref_of``) are left out with their reason.
+    places over nodes), in :func:`order` by ``rank``; cells :func:`not_runnable` (with ``ref_of``) are left
+    out with their reason.
     Returns placements whose concurrent cells hold disjoint GPUs and distinct lanes.
     """
     estimate = estimate or estimate_s
     pool = pool or GpuPool(num_gpus, port_base)
     why = not_runnable(cells, pool, ref_of)
-    runnable = [c for c in order(cells) if c.id not in why]
+    runnable = [c for c in order(cells, rank) if c.id not in why]
     too_big = [c for c in cells if c.id in why]
     running: list[tuple[float, int, Slot]] = []  # heap of (end, start order, slot)
     out: list[Placement] = []

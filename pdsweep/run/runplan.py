@@ -201,9 +201,11 @@ def plan_cells(
     for w in warnings:
         log.warning("%s", w)
     ref_of = (lambda c: reference_of(c, ls).id) if ls.sweep.eval.reference else None
-    sched = pack(cells, pool.num_gpus, pool.port_base, pool=fresh_pool(pool), estimate=clock.wall, ref_of=ref_of)
+    sched = pack(
+        cells, pool.num_gpus, pool.port_base, pool=fresh_pool(pool), estimate=clock.wall, ref_of=ref_of, rank=clock.rank
+    )
     why = sched.reasons
-    runnable = [c for c in order(cells) if c.id not in why]
+    runnable = [c for c in order(cells, clock.rank) if c.id not in why]
     reuse_on = reuse and not isinstance(pool, ClusterPool)
     todo = [c for c in runnable if not done(c)]
     return RunPlan(ls, expanded, job, pool, why, sched, runnable, todo, fitted, reuse_on, prestart, clock=clock)
