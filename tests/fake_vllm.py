@@ -95,7 +95,7 @@ def bench(argv: list[str]) -> None:
     if os.environ.get("FAKE_BENCH_HANG"):
         time.sleep(3600)
     lost = int(os.environ.get("FAKE_BENCH_LOST", "0"))
-    done = 0
+    done, start = 0, time.perf_counter()
     for _ in range(args.num_prompts - lost):
         r = httpx.post(
             args.base_url + args.endpoint,
@@ -107,13 +107,16 @@ def bench(argv: list[str]) -> None:
             },
         )
         done += r.status_code == 200
+    dur = time.perf_counter() - start  # vLLM's benchmark_duration; its figures are counts over it (calculate_metrics)
+    lat = min(1.0, dur * 1000)  # ms: every request ran inside the duration
     res = {
         "completed": done,
         "failed": args.num_prompts - done,
-        "request_throughput": 1.0,
-        "output_throughput": 4.0,
+        "duration": dur,
+        "request_throughput": done / dur,
+        "output_throughput": done * args.random_output_len / dur,
         "total_output_tokens": done * args.random_output_len,
-        **{f"{s}_{m}_ms": 1.0 for s in ("mean", "median", "p90", "p99") for m in ("ttft", "tpot", "itl", "e2el")},
+        **{f"{s}_{m}_ms": lat for s in ("mean", "median", "p90", "p99") for m in ("ttft", "tpot", "itl", "e2el")},
     }
     if args.num_prompts - done:
         print(f"WARNING: {args.num_prompts - done} requests failed", flush=True)

@@ -10,6 +10,7 @@ from pdsweep.judge.transfer import TransferCheck
 from pdsweep.results import layout
 
 RUN = {"concurrency": 4, "num_prompts": 16, "completed": 16, "errors": 0, "output_tok_s": 50.0, "output_tokens": 128}
+RUN["duration_s"] = 2.56  # vLLM's output_throughput = output_tokens / duration
 W = "c/load.json"
 
 
@@ -20,8 +21,10 @@ def _load(**run: Any) -> list[str]:
 def test_a_load_run_with_zero_output_tokens_fails() -> None:
     assert _load() == []
     assert _load(output_tokens=0, output_tok_s=1e9) == [
+        f"{W}: runs.0 (concurrency 4): output_tok_s = 1e+09 but output_tokens / duration_s = 0 / 2.56 = 0: "
+        "impossible (vLLM output_throughput is output_tokens / duration)",
         f"{W}: concurrency 4: 0 output tokens (output_tokens 0) with every request 'completed': "
-        "nothing was generated (a failed run, not a fast one)"
+        "nothing was generated (a failed run, not a fast one)",
     ]
     # a load.json from before output_tokens: the rate decides
     assert _load(output_tokens=None, output_tok_s=0.0) == [
@@ -34,7 +37,7 @@ def test_a_load_run_with_zero_output_tokens_fails() -> None:
 
 
 def test_every_request_errored_fails() -> None:
-    assert _load(completed=0, errors=16, output_tokens=0) == [
+    assert _load(completed=0, errors=16, output_tokens=0, output_tok_s=0.0) == [
         f"{W}: concurrency 4: 16 load requests failed, completed 0 of num_prompts 16 (vllm bench serve exits 0 regardless)"
     ]
 

@@ -27,6 +27,7 @@ from pdsweep.judge.facts import (
     CellFiles,
     show,
 )
+from pdsweep.judge.loadfigures import run_problems
 from pdsweep.measure.probe import compare
 from pdsweep.results import layout
 
@@ -296,7 +297,9 @@ class LoadCheck:
     ``vllm bench serve`` exits 0 even when every request failed (it only warns), so its own
     exit code proves nothing, and a run of 0 output tokens is a failed run, never a fast one
     (srt-slurm issue 429: every transfer failed, the benchmark printed "Total generated
-    tokens: 0" and reported success). ``required``: the sweep's ``bench.enabled`` (frozen in
+    tokens: 0" and reported success). Every figure of a run must be possible by vLLM's own
+    arithmetic (:func:`pdsweep.judge.loadfigures.run_problems`: finite, >= 0, throughputs =
+    counts / duration). ``required``: the sweep's ``bench.enabled`` (frozen in
     run.json); a load.json present is checked either way."""
 
     required: bool = False
@@ -319,8 +322,9 @@ class LoadCheck:
         if not isinstance(runs, list) or not runs:
             return [f"{w}: no load runs"]
         out = planned_runs(runs, self.concurrencies, self.num_prompts, w)
-        for r in runs:
+        for i, r in enumerate(runs):
             r = r if isinstance(r, dict) else {}
+            out += run_problems(r, f"{w}: runs.{i} (concurrency {show(r.get('concurrency'))})")
             conc, want = r.get("concurrency"), num(r.get("num_prompts"))
             done, errors = num(r.get("completed")), num(r.get("errors"))
             if want is None or done is None or errors is None:

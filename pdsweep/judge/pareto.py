@@ -31,6 +31,7 @@ from pdsweep.core.errors import UserError
 from pdsweep.core.stats import b_over_a, num, obj, positive_t_interval
 from pdsweep.judge.facts import cell_from_dict, read_index
 from pdsweep.judge.gate import GateResult
+from pdsweep.judge.loadfigures import figure_problem, run_problems
 from pdsweep.judge.perf import UNPAIRED_BUILDS, same_pair
 from pdsweep.judge.point_answers import answers_at, point_failure
 from pdsweep.sweepfile.slo import SLO_KEYS
@@ -118,11 +119,19 @@ def points(run_dir: Path, result: GateResult) -> list[Point]:
                 Point(
                     cell.id, cell.model, cell.build, config, conc, cell.num_ranks,
                     tput.scaled(1 / cell.num_ranks), 1000 / tpot if tpot else None, lat,
-                    good.scaled(1 / cell.num_ranks) if good else None, point_failure(judged, conc),
+                    good.scaled(1 / cell.num_ranks) if good else None,
+                    point_failure(judged, conc) or _impossible(runs, f"{cell.id}/load.json: concurrency {conc}"),
                     answers_at(judged.facts.load_check, conc), obj(judged.facts.load).get("pairing"),
                 )
             )  # fmt: skip
     return out
+
+
+def _impossible(runs: list[dict[str, Any]], where: str) -> str | None:
+    """The first impossible figure of a point's repeats (the gate's rule,
+    :func:`pdsweep.judge.loadfigures.run_problems`), as a failure; None: every figure is possible."""
+    bad = [p for i, r in enumerate(runs) for p in run_problems(r, f"{where} repeat {i}")]
+    return f"FAIL: {bad[0]}" if bad else None
 
 
 def _runs_by_concurrency(load: dict[str, Any]) -> dict[int, list[dict[str, Any]]]:
@@ -135,11 +144,12 @@ def _runs_by_concurrency(load: dict[str, Any]) -> dict[int, list[dict[str, Any]]
 
 
 def _mean(runs: list[dict[str, Any]], key: str) -> float | None:
-    """The mean of latency ``key`` (``ttft_p90``, ms) over the repeats; None when a repeat lacks it or holds a
-    negative one (a corrupt load.json: a point cannot meet an SLO on the other repeats or on a negative TTFT)."""
+    """The mean of latency ``key`` (``ttft_p90``, ms) over the repeats; None when a repeat lacks it or holds an
+    impossible one (:func:`pdsweep.judge.loadfigures.figure_problem`, the gate's rule: a corrupt load.json's
+    negative, NaN or inf TTFT; a point cannot meet an SLO on the other repeats or on such a figure)."""
     metric, _, pct = key.partition("_")
-    vals = [num(obj(r.get(f"{metric}_ms")).get(pct)) for r in runs]
-    ok = [v for v in vals if v is not None and v >= 0]
+    vals = [obj(r.get(f"{metric}_ms")).get(pct) for r in runs]
+    ok = [float(v) for v in vals if v is not None and figure_problem(v) is None]
     return sum(ok) / len(ok) if ok and len(ok) == len(vals) else None
 
 

@@ -86,7 +86,9 @@ class TransferJson(_File):
     integrity: dict[str, Any] | None = None
 
 
-Ms = Annotated[float, Field(ge=0)] | None  # a latency in ms or a rate (null: not reported)
+# a rate (null: not reported); its value (finite, >= 0, counts / duration) is judged by the gate's load
+# rule, pdsweep.judge.loadfigures, which pdsweep best applies too
+Rate = float | None
 
 
 class LoadRun(_File):
@@ -98,9 +100,9 @@ class LoadRun(_File):
     completed: Count = None
     errors: Count = None
     output_tokens: Count = None  # vllm bench serve total_output_tokens
-    output_tok_s: Ms = None
-    req_s: Ms = None
-    goodput_req_s: Ms = None  # vllm bench serve request_goodput (bench.goodput set)
+    output_tok_s: Rate = None
+    req_s: Rate = None
+    goodput_req_s: Rate = None  # vllm bench serve request_goodput (bench.goodput set)
 
     @model_validator(mode="after")
     def _possible(self) -> LoadRun:
