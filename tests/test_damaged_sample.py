@@ -73,7 +73,7 @@ CELL_DEFAULTS = (
 # listed here must fail when dropped.
 OPTIONAL = {
     r"(run|plan)\.json:schema": "schema defaults to 1",
-    r"run\.json:(name|sweep|sweep_name|sweep_sha256|platform|started|finished|host.*|git_sha|pdsweep_version)": (
+    r"run\.json:(name|sweep|sweep_name|sweep_sha256|started|finished|host.*|git_sha|pdsweep_version)": (
         "provenance shown by report and history, not judged"
     ),
     r"run\.json:eval\.(?!tasks|reference$|consistency$|consistency\.(enabled|lengths|max_tokens)).+": (

@@ -5,11 +5,16 @@ kind, state and expectation (:func:`disagreements`), and every cell directory is
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 from pdsweep.judge.facts import CellFiles, cell_from_dict, show
+from pdsweep.plan.cell import Cell
 from pdsweep.results import layout
+
+# compared by :func:`disagreements` across all four files
+_SHARED = ("kind", "expect_fail")
 
 
 def cell_kind(files: CellFiles) -> str | None:
@@ -53,6 +58,24 @@ def disagreements(
             f"(status {show(st.get('status'))}, phase {show(st.get('phase'))}): the run is not what was planned"
         )
     return out
+
+
+def record_disagreements(planned: Cell | None, files: CellFiles) -> list[str]:
+    """Where cell.json's cell record is not the cell plan.json planned (``planned``): every field (platform,
+    TP, blocks, build, serve args, expectation, ...) naming both values, e.g. ``cell.json: cell.platform is
+    "cuda", plan.json plans "cpu"``. What a results file must hold comes from the plan: a record claiming
+    another platform turns off the checks the plan's platform asks for (the CPU cells' KV integrity,
+    :func:`pdsweep.judge.integrity.planned`). Empty when either record is missing (CellFileCheck and
+    :func:`pdsweep.judge.planned.plan_problems` fail those)."""
+    cell = cell_from_dict((files.get(layout.CELL_FILE) or {}).get("cell"))
+    if cell is None or planned is None:
+        return []
+    w = files.where(layout.CELL_FILE)
+    return [
+        f"{w}: cell.{f.name} is {show(a)}, {layout.PLAN_FILE} plans {show(b)}"
+        for f in dataclasses.fields(Cell)
+        if f.name not in _SHARED and (a := getattr(cell, f.name)) != (b := getattr(planned, f.name))
+    ]
 
 
 def strictest_kind(*kinds: Any) -> str:

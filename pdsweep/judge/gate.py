@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from pdsweep.core.errors import GateFailed, UserError
 from pdsweep.core.stats import obj
 from pdsweep.judge.accuracy import AccuracyCheck, AccuracyRecompute
-from pdsweep.judge.agreement import disagreements, strictest_kind, unlisted_cells
+from pdsweep.judge.agreement import disagreements, record_disagreements, strictest_kind, unlisted_cells
 from pdsweep.judge.buildrecord import BuildRecordCheck
 from pdsweep.judge.consistency import ConsistencyCheck, ConsistencyRecompute
 from pdsweep.judge.facts import (
@@ -376,7 +376,8 @@ def gate_run(
         st = files.get(layout.STATUS_FILE) or {}
         kind = strictest_kind(entry.get("kind"), cj.get("kind"), fallback.kind if fallback else None, st.get("kind"))
         res = judge_cell(files, kind, checks, entry, fallback)
-        if extra := disagreements(cid, entry, fallback, files, None):  # fails whatever was expected
+        extra = disagreements(cid, entry, fallback, files, None) + record_disagreements(fallback, files)
+        if extra:  # fails whatever was expected
             res = dataclasses.replace(res, verdict=FAIL, reasons=(*res.reasons, *extra))
         results.append(res)
     results = fold_in(results, index.get("folded"), _runner_missing)  # folded cells: their runner's verdict

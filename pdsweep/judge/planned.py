@@ -5,8 +5,9 @@ files list them, and none they do not plan; each task records the expected score
 gives its model. A run.json without ``eval`` or ``expected`` fails the gate (:func:`frozen_problems`);
 its checks here then stand on the sweep defaults (:class:`~pdsweep.sweepfile.phases.EvalSpec`).
 
-The plan itself, :func:`frozen_problems`: run.json's ``cells``, ``rejected``, ``gate``, ``bench``, ``eval``
-and ``expected`` and plan.json's ``cells``, ``rejected`` and ``references`` say what each results
+The plan itself, :func:`frozen_problems`: run.json's ``cells``, ``rejected``, ``gate``, ``bench``, ``eval``,
+``expected`` and ``platform`` (every plan.json cell's) and plan.json's ``cells``, ``rejected`` and
+``references`` say what each results
 file must hold; the gate reads them, never a results file's own claims. A default cannot stand in
 for a missing key of them without judging the results by themselves (a run.json without
 ``bench`` would turn the load checks off), so every missing or malformed field is named, e.g.
@@ -182,6 +183,7 @@ RUN_KEYS = {
     "bench": "the load phase load.json and load_check.json must hold",
     "eval": "the lm-eval tasks and probe prompts",
     "expected": "each model's expected score per task (accuracy/expected.yaml when the run started)",
+    "platform": "the sweep's platform, cuda or cpu (each planned cell's)",
 }
 PLAN_KEYS = {
     "cells": "the planned cells",
@@ -254,6 +256,8 @@ def plan_problems(index: dict[str, Any], plan: dict[str, Any]) -> list[str]:
             out.append(f"{PLAN}: cells.{i}: {problem}")
         elif (c := cell_from_dict(d)) is not None:
             planned[c.id] = c
+            if "platform" in index and c.platform != index["platform"]:
+                out.append(f"{PLAN}: cells.{i}: platform {show(c.platform)}, {RUN} platform {show(index['platform'])}")
     rejected = {r.get("cell_id") for r in index.get("rejected") or [] if isinstance(r, dict)}
     ran = set(obj(index.get("cells")))
     out += [f"{PLAN}: cells: {c} missing (run.json cells lists it)" for c in ran if c not in planned]
