@@ -18,6 +18,7 @@ from pdsweep.judge.accuracy import load_expected
 from pdsweep.plan.builds import venv_python
 from pdsweep.plan.expand import Plan, _to_cell
 from pdsweep.run.drillcheck import drill_problems
+from pdsweep.run.samplecheck import sample_problems
 from pdsweep.sweepfile.axes import AXES
 from pdsweep.sweepfile.phases import resolve_lengths
 from pdsweep.tiny import arith
@@ -187,11 +188,12 @@ def feasibility_warnings(plan: Plan, tasks: bool = True) -> list[str]:
     ``tasks=False`` skips the lm-eval task index (seconds to read; ``plan`` skips it)."""
     matrix_errors, matrix_warnings = matrix_problems(plan)
     drill_errors, drill_warnings = drill_problems(plan)
-    errors = matrix_errors + cannot_pass(plan) + model_problems(plan) + drill_errors
+    sample_errors, sample_warnings = sample_problems(plan)
+    errors = matrix_errors + cannot_pass(plan) + model_problems(plan) + drill_errors + sample_errors
     if tasks:
         errors += unknown_tasks(plan)
     build_errors, warnings = build_problems(plan)
     errors += build_errors
     if errors:
         raise UserError("\n".join(dict.fromkeys(errors)))
-    return matrix_warnings + warnings + drill_warnings
+    return matrix_warnings + warnings + drill_warnings + sample_warnings
