@@ -458,6 +458,7 @@ def _figures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Figur
             "repeat": i,
             "ttft_ms": {"p50": t},
             "output_tok_s": 100.0,
+            "duration_s": 10.0,  # vLLM writes it: the rates are counts over it
         }
         for i, t in enumerate((10.0, 50.0))
     ]
