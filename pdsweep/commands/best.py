@@ -7,9 +7,10 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdsweep.core.errors import GateFailed
+from pdsweep.core.errors import GateFailed, UserError
 from pdsweep.judge.gate import gate_run
 from pdsweep.judge.pareto import best, describe, points
+from pdsweep.results import layout
 from pdsweep.sweepfile.slo import parse_slo
 
 
@@ -35,7 +36,11 @@ class BestArgs:
         return cls(ns.run_dir, ns.slo, ns.model)
 
     def main(self) -> int:
-        pts = points(self.run_dir, gate_run(self.run_dir))
+        result = gate_run(self.run_dir)
+        pts = points(self.run_dir, result)
+        lost = [r for c in result.cells for r in c.reasons if f"/{layout.LOAD_FILE}: unreadable" in r]
+        if not pts and lost:  # not "the run measured no bench phase": it did, and its figures are damaged
+            raise UserError(f"no load points: {'; '.join(lost)}")
         models = sorted({p.model for p in pts})
         none_met = []
         chosen: list[str | None] = [self.model] if self.model else [*models] or [None]

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pdsweep.core.errors import UserError
 from pdsweep.judge.gate import GateResult
-from pdsweep.results import layout
 
 LOAD_COLUMNS = (
     "cell",
@@ -41,11 +39,8 @@ def load_rows(result: GateResult) -> list[tuple[str, ...]]:
     whose files are unreadable is left out (the gate already fails it)."""
     rows: list[tuple[str, ...]] = []
     for c in result.cells:
-        try:
-            cdir = layout.CellDir.of(result.run_dir, c.cell_id)
-            check, load = cdir.read(layout.LOAD_CHECK_FILE), cdir.read(layout.LOAD_FILE)
-        except UserError:  # unreadable (a symlink loop too): the gate already fails the cell; the report goes on
-            continue
+        # the files as the gate read them (typed, pdsweep.results.schema): an unreadable one is left out
+        check, load = c.facts.load_check, c.facts.load
         if not check:
             continue
         perf = {(w.get("workload"), w.get("concurrency")): w for w in (load or {}).get("workloads") or []}

@@ -37,6 +37,9 @@ class StatusJson(_File):
     expect_ref: str | None = None
     expect_match: str | None = None
     duration_s: Num = None
+    # the failed attempts before a redeploy (pdsweep.judge.flaky): an entry that is no object is a lost
+    # attempt, never one fewer (retries [1, "x"] made a twice-redeployed cell PASS, not FLAKY)
+    retries: list[dict[str, Any]] | None = None
 
 
 class TaskJson(_File):
@@ -115,7 +118,19 @@ class LoadRun(_File):
 
 
 class LoadJson(_File):
+    """load.json (``pdsweep.measure.phases``): the sections its readers walk (report, compare, best) are the
+    objects and lists the load phase writes (``repeat_plan: [1]`` made report and compare raise)."""
+
     runs: list[LoadRun] | None = None
+    repeats: list[dict[str, Any]] | None = None  # pdsweep.measure.repeats: one entry per repeat
+    repeat_plan: dict[str, Any] | None = None
+    summary: dict[str, Any] | None = None  # pdsweep.measure.repeats.summarize_repeats
+    pairing: dict[str, Any] | None = None  # pdsweep.measure.paired
+    workloads: list[dict[str, Any]] | None = None  # the checked workloads' answers
+
+
+class LoadCheckJson(_File):
+    workloads: list[dict[str, Any]] | None = None  # pdsweep.judge.load.judge_load: one per (workload, concurrency)
 
 
 class RunCell(_File):
@@ -153,6 +168,7 @@ SCHEMAS: dict[str, type[_File]] = {
     layout.CONSISTENCY_FILE: ConsistencyJson,
     layout.TRANSFER_FILE: TransferJson,
     layout.LOAD_FILE: LoadJson,
+    layout.LOAD_CHECK_FILE: LoadCheckJson,
 }
 
 

@@ -1,0 +1,81 @@
+"""Issue 59, the break hunt on damaged results (the real runs under results/, copied and damaged one field at
+a time; each case below is one that broke, rebuilt on a fixture run): ``gate`` fails the cell naming the file
+and field, ``report``, ``compare`` and ``best`` answer without a traceback (exit 3)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fixtures.make_runs import LOAD, case, edit, pd, ref, write_run
+
+from pdsweep.cli import main
+from pdsweep.judge.gate import FAIL, PASS, gate_run
+from pdsweep.results import layout
+
+CELL = pd("tiny-llama", 1, 1)
+RUN = {"concurrency": 1, "num_prompts": 16, "completed": 16, "errors": 0, "output_tokens": 256, "duration_s": 4.0}
+RUN |= {"output_tok_s": 64.0, "ttft_ms": {"p50": 91.2, "p90": 118.9, "p99": 122.0}, "repeat": 0}
+ANSWERS = {"workload": "random", "concurrency": 1, "checked": 8, "wrong": 0, "stale": 0, "errors": 0, "unmatched": 0}
+FILES = {
+    LOAD: {
+        "runs": [RUN, {**RUN, "repeat": 1}],
+        "repeat_plan": {"run": 2, "stop_reason": "planned", "confidence": 0.95},
+        "summary": {"c1": {"output_tok_s": {"mean": 64.0, "lo": 64.0, "hi": 64.0, "n": 2}}},
+        "workloads": [{"workload": "random", "concurrency": 1, "requests": []}],
+    },
+    layout.LOAD_CHECK_FILE: {"verdict": "pass", "reasons": [], "workloads": [ANSWERS]},
+}
+
+
+def _run(tmp_path: Path, name: str, fname: str = "", key: str = "", value: Any = None) -> Path:
+    run = write_run(tmp_path, name, [case(CELL, FILES), case(ref(CELL))])
+    if fname:
+        edit(run / CELL.id / fname, lambda d: d.update({key: value}))
+    return run
+
+
+BREAKS = [
+    # (file, field, damaged value, the gate's reason): report and compare raised AttributeError on the first two;
+    # the third passed the gate as PASS (a twice-redeployed cell is FLAKY)
+    (LOAD, "repeat_plan", [1], "load.json: unreadable: repeat_plan: Input should be a valid dictionary"),
+    (
+        layout.LOAD_CHECK_FILE,
+        "workloads",
+        [1],
+        "load_check.json: unreadable: workloads.0: Input should be a valid dict",
+    ),
+    (layout.STATUS_FILE, "retries", [1, "x"], "status.json: unreadable: retries.0: Input should be a valid dictionary"),
+]
+
+
+def test_the_fixture_run_passes_and_reports(tmp_path, capsys):
+    run = _run(tmp_path, "ok")
+    assert gate_run(run).cell(CELL.id).verdict == PASS
+    assert main(["report", str(run), "--out", str(tmp_path / "rep")]) == 0
+
+
+@pytest.mark.parametrize(("fname", "key", "value", "reason"), BREAKS)
+def test_a_damaged_results_file_fails_the_gate_naming_the_field(tmp_path, fname, key, value, reason):
+    g = gate_run(_run(tmp_path, "bad", fname, key, value)).cell(CELL.id)
+    assert g.verdict == FAIL
+    assert any(r.startswith(f"{CELL.id}/{reason}") for r in g.reasons), g.reasons
+
+
+@pytest.mark.parametrize(("fname", "key", "value", "reason"), BREAKS)
+@pytest.mark.parametrize("command", ["report", "compare", "best"])
+def test_no_command_prints_a_traceback_on_a_damaged_results_file(tmp_path, capsys, fname, key, value, reason, command):
+    good, bad = _run(tmp_path, "ok"), _run(tmp_path, "bad", fname, key, value)
+    argv = {
+        "report": ["report", str(bad), "--out", str(tmp_path / "rep")],
+        "compare": ["compare", str(good), str(bad), "--out", str(tmp_path / "cmp")],
+        "best": ["best", str(bad), "--slo", "ttft_p90=500"],
+    }[command]
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    if command == "best" and fname == LOAD:  # its only load points are damaged: bad input naming the file
+        assert (rc, err) == (2, f"error: no load points: {CELL.id}/{reason} (got [1])\n"), err
+    else:
+        assert rc in (0, 1), (rc, err)
