@@ -11,7 +11,9 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from pdsweep.core.stats import num, obj
 from pdsweep.judge.gate import CellResult, GateResult
+from pdsweep.measure.repeats import summarize_repeats
 
 PERF_CELL_COLUMNS = (
     "cell",
@@ -77,12 +79,20 @@ def perf_cells(result: GateResult) -> list[CellResult]:
     return [c for c in result.cells if isinstance(c.facts.load.get("summary"), dict)]
 
 
+def summary_of(c: CellResult) -> dict[str, Any]:
+    """The cell's repeat statistics recomputed from its load.json runs and repeats
+    (:func:`pdsweep.measure.repeats.summarize_repeats` at ``repeat_plan.confidence``, else 0.95), never the
+    file's stored ``summary`` (a summary of text and lists made the report raise TypeError)."""
+    load = c.facts.load
+    return summarize_repeats(load, num(obj(load.get("repeat_plan")).get("confidence")) or 0.95)
+
+
 def perf_cell_rows(result: GateResult) -> list[tuple[str, ...]]:
     """One row per cell with load repeats, in :data:`PERF_CELL_COLUMNS` order."""
     rows: list[tuple[str, ...]] = []
     for c in perf_cells(result):
         load = c.facts.load
-        s = load["summary"]
+        s = summary_of(c)
         plan = load.get("repeat_plan") or {}
         ttft = "/".join(fmt_ci(_stat(s, "c*", f"ttft_ms.{p}")) for p in ("p50", "p90", "p99"))
         rows.append(
@@ -134,14 +144,14 @@ def plot_perf(result: GateResult, path: Path) -> Path | None:
     if not cells:
         return None
     ns = [  # a cell's repeats: the largest n among its plotted figures
-        max((x.get("n") or 1 for m in PLOT_METRICS if (x := _stat(c.facts.load["summary"], m[0], m[1]))), default=1)
+        max((x.get("n") or 1 for m in PLOT_METRICS if (x := _stat(summary_of(c), m[0], m[1]))), default=1)
         for c in cells
     ]
     fig = Figure(figsize=(max(6.0, 0.6 * len(cells) + 3), 2.6 * len(PLOT_METRICS)), layout="constrained")
     axes = fig.subplots(len(PLOT_METRICS), 1, sharex=True)
     xs = range(len(cells))
     for ax, (series, metric, title) in zip(axes, PLOT_METRICS):
-        stats = [_stat(c.facts.load["summary"], series, metric) for c in cells]
+        stats = [_stat(summary_of(c), series, metric) for c in cells]
         means = [x["mean"] if x else 0.0 for x in stats]
         ax.bar(xs, means, yerr=error_bars(stats), capsize=4, color="#4c72b0")
         for i, x in enumerate(stats):
