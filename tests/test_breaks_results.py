@@ -79,3 +79,51 @@ def test_no_command_prints_a_traceback_on_a_damaged_results_file(tmp_path, capsy
         assert (rc, err) == (2, f"error: no load points: {CELL.id}/{reason} (got [1])\n"), err
     else:
         assert rc in (0, 1), (rc, err)
+
+
+REPEATS = {"enabled": True, "check": False, "workloads": [{"name": "random"}], "concurrencies": [1, 2]}
+REPEATS |= {"num_prompts": 16, "repeats": 2, "target_ci": None, "max_repeats": 5}
+
+
+@pytest.mark.parametrize(
+    ("runs", "reasons"),
+    [
+        ([(1, 0), (2, 0), (1, 1), (2, 1)], []),
+        # a repeat's run lost at one concurrency (or moved to another): PASSED
+        (
+            [(1, 0), (2, 0), (1, 1)],
+            [
+                "runs per concurrency differ (1: 2, 2: 1): every repeat runs every concurrency once",
+                "concurrency 2: 1 run(s), the plan repeats the load phase 2 times (bench.repeats in run.json)",
+            ],
+        ),
+        # the second repeat lost at every concurrency: PASSED
+        (
+            [(1, 0), (2, 0)],
+            [
+                "concurrency 1: 1 run(s), the plan repeats the load phase 2 times (bench.repeats in run.json)",
+                "concurrency 2: 1 run(s), the plan repeats the load phase 2 times (bench.repeats in run.json)",
+            ],
+        ),
+        ([(1, 0), (2, 0), (1, 0), (2, 1)], ["concurrency 1: repeat indices [0, 0] (allowed: 0..1, each once)"]),
+    ],
+)
+def test_load_runs_are_the_plans_repeats(tmp_path, runs, reasons):
+    load = {"runs": [{**RUN, "concurrency": c, "repeat": i} for c, i in runs]}
+    run = write_run(tmp_path, "r", [case(CELL, {LOAD: load}), case(ref(CELL))])
+    edit(run / layout.RUN_FILE, lambda d: d.update(bench=REPEATS))
+    g = gate_run(run).cell(CELL.id)
+    got = [r.removeprefix(f"{CELL.id}/load.json: ") for r in g.reasons if "/load.json: " in r]
+    assert got == reasons
+
+
+def test_the_report_recomputes_the_repeat_summary_from_the_runs(tmp_path, capsys):
+    """load.json ``summary`` (the load phase's own statistics of its runs) with text and a list for numbers: the
+    report printed it and raised TypeError; it recomputes them from the runs, as the gate judges them."""
+    bad = {"c1": {"output_tok_s": {"mean": "x", "lo": None, "hi": [1], "n": 2}}}
+    run = _run(tmp_path, "bad", LOAD, "summary", bad)
+    assert main(["report", str(run), "--out", str(tmp_path / "rep")]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    md = (tmp_path / "rep" / "report.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith(f"| {CELL.id} | 2 (planned)"))
+    assert "| 64 ±0 |" in row, row  # output tok/s of the two runs, not the summary's "x"

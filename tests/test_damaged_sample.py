@@ -24,7 +24,7 @@ from pdsweep.results import layout
 REF = ref(HYBRID)
 CONCS = (2, 8)
 BENCH = {"enabled": True, "check": True, "workloads": [{"name": "random"}], "concurrencies": list(CONCS)}
-BENCH["num_prompts"] = 16
+BENCH |= {"num_prompts": 16, "repeats": 1}  # one vllm bench serve run per concurrency
 
 
 def _load(c: int) -> dict:

@@ -17,6 +17,7 @@ from pdsweep.sweepfile.gatespec import GateSpec
 from pdsweep.sweepfile.phases import EvalSpec
 
 BENCH = {"enabled": True, "check": False, "workloads": [{"name": "random"}], "concurrencies": [2, 8], "num_prompts": 16}
+BENCH["repeats"] = 1  # one vllm bench serve run per concurrency
 EVAL = EvalSpec(tasks=[TASK], consistency={"lengths": ["short", "blocks", "long"]}).model_dump()
 NO_BENCH = {"enabled": False}
 

@@ -36,11 +36,17 @@ def run_(conc: int, tok_s: float, ttft_p90: float, tpot_p50: float, goodput: flo
 
 
 def load(*runs: dict[str, Any]) -> dict[str, Any]:
-    return {layout.LOAD_FILE: {"runs": list(runs)}}
+    """load.json of ``runs``, each numbered as the repeat it is at its concurrency (0, 1, ...)."""
+    seen: dict[int, int] = {}
+    numbered = []
+    for r in runs:
+        numbered.append({**r, "repeat": seen.get(r["concurrency"], 0)})
+        seen[r["concurrency"]] = seen.get(r["concurrency"], 0) + 1
+    return {layout.LOAD_FILE: {"runs": numbered}}
 
 
 # run.json bench as run freezes it (a whole BenchSpec, pdsweep.judge.planned.frozen_problems): the pareto runs' load phase
-BENCH = BenchSpec(enabled=True, check=False, concurrencies=[1, 4], num_prompts=16).model_dump()
+BENCH = BenchSpec(enabled=True, check=False, concurrencies=[1, 4], num_prompts=16, repeats=2).model_dump()
 P1D1, P2D1, P1D2 = pd("tiny-llama", 1, 1), pd("tiny-llama", 2, 1), pd("tiny-llama", 1, 2)
 
 

@@ -359,7 +359,7 @@ def gate_run(
         gate,
         bench=on,
         load_answers=answers,
-        load_plan=load_plan(bench),
+        load_plan=load_plan(bench, index.get("platform")),
         planned=asked,
         answers_plan=planned_answers(bench) if answers else (),
     )

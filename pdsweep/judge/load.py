@@ -306,6 +306,7 @@ class LoadCheck:
     name: str = "load"
     concurrencies: tuple[int, ...] = ()  # run.json bench.concurrencies, when a `random` workload was planned
     num_prompts: int | None = None  # run.json bench.num_prompts: each vllm bench serve run's request count
+    repeats: tuple[int, int] | None = None  # fewest, most runs per concurrency (run.json bench.repeats, platform)
 
     def applies(self, kind: str) -> bool:
         return True
@@ -321,7 +322,7 @@ class LoadCheck:
             return []
         if not isinstance(runs, list) or not runs:
             return [f"{w}: no load runs"]
-        out = planned_runs(runs, self.concurrencies, self.num_prompts, w)
+        out = planned_runs(runs, self.concurrencies, self.num_prompts, w) + planned_repeats_of(runs, self.repeats, w)
         for i, r in enumerate(runs):
             r = r if isinstance(r, dict) else {}
             out += run_problems(r, f"{w}: runs.{i} (concurrency {show(r.get('concurrency'))})")
@@ -365,6 +366,31 @@ def planned_runs(runs: list[Any], concurrencies: tuple[int, ...], num_prompts: i
             for r in rows
             if num(r.get("num_prompts")) != num_prompts
         ]
+    return out
+
+
+def planned_repeats_of(runs: list[Any], repeats: tuple[int, int] | None, w: str) -> list[str]:
+    """What the plan's repeats ask of load.json ``runs`` (each repeat runs every concurrency once,
+    :func:`pdsweep.measure.phases.run_load`): the same number of runs at every concurrency, within
+    ``repeats`` (fewest, most: :func:`pdsweep.measure.repeats.planned_repeats`), their ``repeat`` indices
+    0..n-1 each once (a lone run of a load.json before repeats may carry none)."""
+    by: dict[Any, list[Any]] = {}
+    for r in runs:
+        if isinstance(r, dict):
+            by.setdefault(r.get("concurrency"), []).append(r.get("repeat"))
+    out = []
+    if len({len(v) for v in by.values()}) > 1:
+        counts = ", ".join(f"{show(c)}: {len(v)}" for c, v in by.items())
+        out.append(f"{w}: runs per concurrency differ ({counts}): every repeat runs every concurrency once")
+    for c, idx in by.items():
+        n = len(idx)
+        if repeats is not None and not repeats[0] <= n <= repeats[1]:
+            want = f"{repeats[0]}" if repeats[0] == repeats[1] else f"{repeats[0]}..{repeats[1]}"
+            out.append(f"{w}: concurrency {show(c)}: {n} run(s), the plan repeats the load phase {want} times "
+                       "(bench.repeats in run.json)")  # fmt: skip
+        whole = all(isinstance(i, int) and not isinstance(i, bool) for i in idx)
+        if idx != [None] and not (whole and sorted(idx) == list(range(n))):
+            out.append(f"{w}: concurrency {show(c)}: repeat indices {show(idx)} (allowed: 0..{n - 1}, each once)")
     return out
 
 

@@ -27,6 +27,7 @@ import dataclasses
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
@@ -34,6 +35,7 @@ from pydantic import ValidationError
 from pdsweep.core.errors import UserError
 from pdsweep.core.stats import num, obj
 from pdsweep.judge.facts import CellFiles, cell_from_dict, cell_problem, show
+from pdsweep.measure.repeats import planned_repeats
 from pdsweep.plan.cell import Cell
 from pdsweep.results import layout
 from pdsweep.sweepfile.gatespec import GateSpec
@@ -214,7 +216,9 @@ def _bench_problems(bench: Any) -> list[str]:
     if out := _missing(bench, BENCH_KEYS, where) or _nonempty(bench, ("workloads", "concurrencies"), where):
         return out
     works = bench["workloads"] if isinstance(bench["workloads"], list) else []
-    return [
+    if bench.get("repeats") is not None and not _whole(bench["repeats"]):
+        out.append(f"{where}.repeats: {show(bench['repeats'])} (allowed: null or a whole number >= 1)")
+    return out + [
         f"{where}.workloads.{i}.name missing" for i, w in enumerate(works) if not isinstance(w, dict) or "name" not in w
     ]
 
@@ -289,7 +293,7 @@ def planned_answers(bench: dict[str, Any]) -> tuple[tuple[str, int], ...]:
     return tuple((str(n), c) for n in names for c in concs if isinstance(c, int))
 
 
-def load_plan(bench: dict[str, Any]) -> dict[str, Any]:
+def load_plan(bench: dict[str, Any], platform: Any = None) -> dict[str, Any]:
     """:class:`~pdsweep.judge.load.LoadCheck`'s ``concurrencies`` and ``num_prompts`` from run.json ``bench`` (the
     sweep's :class:`~pdsweep.sweepfile.phases.BenchSpec`, frozen): ``vllm bench serve`` runs once per
     concurrency when a ``random`` workload is planned (:func:`pdsweep.measure.phases.run_load`); a
@@ -303,7 +307,23 @@ def load_plan(bench: dict[str, Any]) -> dict[str, Any]:
     return {
         "concurrencies": tuple(c for c in concs if isinstance(c, int)) if isinstance(concs, list) else (),
         "num_prompts": n if isinstance(n, int) and not isinstance(n, bool) else None,
+        "repeats": _repeats(bench, platform),
     }
+
+
+def _repeats(bench: dict[str, Any], platform: Any) -> tuple[int, int] | None:
+    """The fewest and most runs per concurrency the load phase makes (its repeats,
+    :func:`pdsweep.measure.repeats.planned_repeats` over run.json ``bench`` and ``platform``); None for a
+    damaged setting (:func:`_bench_problems` names it)."""
+    rep, ci, most = bench.get("repeats"), bench.get("target_ci"), bench.get("max_repeats", 5)
+    if not (rep is None or _whole(rep)) or not _whole(most) or (ci is not None and num(ci) is None):
+        return None
+    lo, _, hi = planned_repeats(SimpleNamespace(repeats=rep, target_ci=ci, max_repeats=most), str(platform))
+    return lo, hi
+
+
+def _whole(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 1
 
 
 def signature_matches(pattern: str, reasons: list[str], status: dict[str, Any]) -> bool:
