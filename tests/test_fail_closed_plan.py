@@ -44,7 +44,7 @@ W = f"{HYBRID.id}/{LOAD}"
     "runs, why",
     [
         ([load_run(2), load_run(8)], None),
-        ([load_run(2), load_run(2)], f"{W}: no load run at concurrency 8 (bench.concurrencies [2, 8] in run.json)"),
+        ([load_run(2)], f"{W}: no load run at concurrency 8 (bench.concurrencies [2, 8] in run.json)"),
         (
             [load_run(2), load_run(8), load_run(4)],
             f"{W}: a load run at concurrency 4, which bench.concurrencies [2, 8] does not plan",

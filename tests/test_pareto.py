@@ -241,7 +241,7 @@ def two_builds(root: Path, a: list[float], b: list[float], pairing: bool) -> Pat
     their repeats interleaved (both load.json carry one ``pairing``) or not."""
     sides = [(FIXED, a, "a"), (UNFIXED, b, "b")]
     cases = [
-        case(c, {layout.LOAD_FILE: {"runs": [run_(4, v, 90, 12) for v in vs],
+        case(c, {layout.LOAD_FILE: {"runs": load(*[run_(4, v, 90, 12) for v in vs])[layout.LOAD_FILE]["runs"],
                                     **({"pairing": {"id": "pair-1", "side": s}} if pairing else {})}})
         for c, vs, s in sides
     ]  # fmt: skip
