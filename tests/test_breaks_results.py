@@ -25,7 +25,7 @@ FILES = {
         "summary": {"c1": {"output_tok_s": {"mean": 64.0, "lo": 64.0, "hi": 64.0, "n": 2}}},
         "workloads": [{"workload": "random", "concurrency": 1, "requests": []}],
     },
-    layout.LOAD_CHECK_FILE: {"verdict": "pass", "reasons": [], "workloads": [ANSWERS]},
+    layout.LOAD_CHECK_FILE: {"verdict": "pass", "reasons": [], "workloads": [ANSWERS], "reference_cell": ref(CELL).id},
 }
 
 
@@ -127,3 +127,16 @@ def test_the_report_recomputes_the_repeat_summary_from_the_runs(tmp_path, capsys
     md = (tmp_path / "rep" / "report.md").read_text()
     row = next(line for line in md.splitlines() if line.startswith(f"| {CELL.id} | 2 (planned)"))
     assert "| 64 ±0 |" in row, row  # output tok/s of the two runs, not the summary's "x"
+
+
+@pytest.mark.parametrize("fname", [layout.CONSISTENCY_FILE, layout.LOAD_CHECK_FILE])
+def test_answers_compared_with_another_cell_than_the_plans_reference_fail(tmp_path, fname):
+    """consistency.json / load_check.json ``reference_cell`` the PD cell itself (it agrees with itself): PASSED."""
+    g = gate_run(_run(tmp_path, "self", fname, "reference_cell", CELL.id)).cell(CELL.id)
+    assert (g.verdict, list(g.reasons)) == (
+        FAIL,
+        [
+            f'{CELL.id}/{fname}: reference_cell "{CELL.id}", the plan\'s reference of {CELL.id} is '
+            f"{ref(CELL).id} (plan.json references)"
+        ],
+    )

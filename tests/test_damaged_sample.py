@@ -39,7 +39,8 @@ def passing_run(root: Path) -> Path:
     """The sample: run.json freezes the sweep defaults' gate and eval, the load phase (:data:`BENCH`) and
     the model's expected score (the accuracy.json ``expected`` of the fixture, 0.8 +/- 0.05)."""
     load = {LOAD: {"runs": [_load(c) for c in CONCS]}}
-    answers = {layout.LOAD_CHECK_FILE: {"verdict": "pass", "reasons": [], "workloads": [_checked(c) for c in CONCS]}}
+    checked = {"verdict": "pass", "reasons": [], "workloads": [_checked(c) for c in CONCS], "reference_cell": REF.id}
+    answers = {layout.LOAD_CHECK_FILE: checked}
     run = write_run(root, "run", [case(HYBRID, load, answers), case(REF, load)])
     edit(run / layout.RUN_FILE, lambda d: d.update(bench=BENCH))
     return run

@@ -48,6 +48,7 @@ def load(*runs: dict[str, Any]) -> dict[str, Any]:
 # run.json bench as run freezes it (a whole BenchSpec, pdsweep.judge.planned.frozen_problems): the pareto runs' load phase
 BENCH = BenchSpec(enabled=True, check=False, concurrencies=[1, 4], num_prompts=16, repeats=2).model_dump()
 P1D1, P2D1, P1D2 = pd("tiny-llama", 1, 1), pd("tiny-llama", 2, 1), pd("tiny-llama", 1, 2)
+REF2 = ref(P1D2).id  # the reference p1d2's load answers were compared with (plan.json references)
 
 
 def pareto_run(tmp_path: Path, bad: dict[str, Any] | None = None) -> Path:
@@ -88,7 +89,7 @@ def test_front_leaves_out_dominated_and_failed_points(tmp_path: Path) -> None:
     # p1d2 serves wrong answers under load: its points are drawn, marked and off the front
     bad = {
         **load(run_(1, 90, 60, 11), run_(4, 900, 80, 8)),
-        layout.LOAD_CHECK_FILE: {"verdict": "fail", "reasons": ["2 of 16 answers differ"]},
+        layout.LOAD_CHECK_FILE: {"verdict": "fail", "reference_cell": REF2, "reasons": ["2 of 16 answers differ"]},
     }
     run2 = pareto_run(tmp_path / "bad", bad)
     pts2 = points(run2, gate_run(run2))
@@ -112,7 +113,7 @@ def test_each_point_carries_its_own_answer_check(tmp_path: Path) -> None:
     wrong_at_4 = "load workload 'random' at concurrency 4: 3 of 8 answers differ from the reference; first: prompt"
     bad = {
         **load(run_(1, 200, 60, 9), run_(1, 202, 61, 9), run_(4, 900, 80, 14), run_(4, 905, 81, 14)),
-        layout.LOAD_CHECK_FILE: {"verdict": "fail", "reasons": [wrong_at_4], "workloads": [_pair(1, 8, 0), _pair(4, 8, 3)]},
+        layout.LOAD_CHECK_FILE: {"verdict": "fail", "reference_cell": REF2, "reasons": [wrong_at_4], "workloads": [_pair(1, 8, 0), _pair(4, 8, 3)]},
     }  # fmt: skip
     run = pareto_run(tmp_path, bad)
     g = gate_run(run)
@@ -207,7 +208,17 @@ def test_front_changes_name_the_points_that_moved_beyond_noise(tmp_path: Path) -
     cases = [
         case(P1D1, slow),
         case(P2D1, load(run_(1, 121, 40, 9), run_(1, 125, 41, 9), run_(4, 300, 90, 12), run_(4, 306, 92, 12))),
-        case(P1D2, {**slow, layout.LOAD_CHECK_FILE: {"verdict": "fail", "reasons": ["2 of 16 answers differ"]}}),
+        case(
+            P1D2,
+            {
+                **slow,
+                layout.LOAD_CHECK_FILE: {
+                    "verdict": "fail",
+                    "reference_cell": REF2,
+                    "reasons": ["2 of 16 answers differ"],
+                },
+            },
+        ),
         case(ref(P1D1)),
     ]
     b = write_run(tmp_path / "b", "r", cases)
@@ -224,7 +235,10 @@ def test_compare_prints_where_the_front_moved(tmp_path: Path, capsys: pytest.Cap
     assert main(["compare", str(a), str(a), "--out", str(tmp_path / "same")]) == 0
     assert "front: no Pareto front moved beyond noise" in capsys.readouterr().out
     bad = load(run_(1, 90, 60, 11), run_(1, 93, 61, 11), run_(4, 900, 80, 14), run_(4, 905, 81, 14))
-    b = pareto_run(tmp_path / "b", {**bad, layout.LOAD_CHECK_FILE: {"verdict": "fail", "reasons": ["wrong"]}})
+    b = pareto_run(
+        tmp_path / "b",
+        {**bad, layout.LOAD_CHECK_FILE: {"verdict": "fail", "reference_cell": REF2, "reasons": ["wrong"]}},
+    )
     main(["compare", str(a), str(b), "--out", str(tmp_path / "cmp")])
     assert "front: tiny-llama: p1d2 b16-16 @ concurrency 4: left the front (B: failed)" in capsys.readouterr().out
 

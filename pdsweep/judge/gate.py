@@ -47,6 +47,7 @@ from pdsweep.judge.load import LoadAnswersCheck, LoadCheck
 from pdsweep.judge.planned import (
     PlannedEval,
     PlannedPromptsCheck,
+    PlannedReferenceCheck,
     PlannedTasksCheck,
     fold_in,
     frozen_problems,
@@ -143,6 +144,7 @@ def checks_for(
     checks += [TransferCheck(gate.max_failed_transfers), ReadPatternCheck(), IntegrityCheck()]
     checks.append(LoadCheck(required=bench, **(load_plan or {})))
     checks.append(LoadAnswersCheck(required=load_answers, planned=answers_plan))
+    checks.append(PlannedReferenceCheck(planned))
     if gate.transports or gate.transports_cross_host:  # the UCX transport expected (pdsweep.judge.transfer)
         checks.append(TransportCheck(tuple(gate.transports or ()), tuple(gate.transports_cross_host or ())))
     return checks

@@ -176,6 +176,31 @@ class PlannedPromptsCheck:
         ]
 
 
+@dataclass(frozen=True)
+class PlannedReferenceCheck:
+    """consistency.json and load_check.json of a PD cell compared it with the reference cell the plan gives it
+    (plan.json ``references``; a run before them: the cell's own reference, :meth:`Cell.reference`), never
+    another: a PD cell probed against itself agrees with itself."""
+
+    plan: PlannedEval
+    name: str = "planned-reference"
+
+    def applies(self, kind: str) -> bool:
+        return kind != "ref"
+
+    def fails(self, files: CellFiles) -> list[str]:
+        cell = cell_from_dict((files.get(layout.CELL_FILE) or {}).get("cell"))
+        if cell is None or cell.kind != "pd":
+            return []  # CellFileCheck fails a cell without its record
+        want = dict(self.plan.references).get(cell.id) or cell.reference().id
+        return [
+            f"{files.where(name)}: reference_cell {show(body.get('reference_cell'))}, the plan's reference of "
+            f"{cell.id} is {want} (plan.json references)"
+            for name in (layout.CONSISTENCY_FILE, layout.LOAD_CHECK_FILE)
+            if isinstance(body := files.get(name), dict) and body.get("reference_cell") != want
+        ]
+
+
 # ---------------------------------------------------------------- the plan itself
 RUN, PLAN = layout.RUN_FILE, layout.PLAN_FILE
 RUN_KEYS = {
