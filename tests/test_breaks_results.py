@@ -140,3 +140,12 @@ def test_answers_compared_with_another_cell_than_the_plans_reference_fail(tmp_pa
             f"{ref(CELL).id} (plan.json references)"
         ],
     )
+
+
+def test_compare_lines_cells_up_by_the_plans_cell_not_cell_jsons_compare_key(tmp_path, capsys):
+    """cell.json ``compare_key`` "zzz" (a file's own claim) put the cell in no pair: compare said it was only in A and
+    only in B and exited 1 (a regression) for a run identical to A."""
+    good, bad = _run(tmp_path, "ok"), _run(tmp_path, "bad", layout.CELL_FILE, "compare_key", "zzz")
+    assert main(["compare", str(good), str(bad), "--out", str(tmp_path / "cmp")]) == 0
+    md = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "only-in" not in md and "zzz" not in md, md

@@ -318,6 +318,7 @@ def test_the_planned_reference_comes_from_plan_json(tmp_path: Path) -> None:
     FAILed every such cell because the gate used Cell.reference() (the cell's own build)."""
     unfixed, fixed_ref = pd("tiny-llama", 1, 1, build="unfixed"), CELL.reference()
     patch = {layout.ACCURACY_FILE: {"tasks": {"pdsweep_arith": {"reference": {"cell_id": fixed_ref.id}}}}}
+    patch[layout.CONSISTENCY_FILE] = {"reference_cell": fixed_ref.id}  # the probe compared with it too
     run = write_run(tmp_path, "run", [case(unfixed, patch), case(CELL), case(fixed_ref)])
     before = {c.cell_id: c for c in gate_run(run).cells}[unfixed.id]
     assert before.verdict == FAIL and f"the cell's reference is {unfixed.reference().id}" in " ".join(before.reasons)

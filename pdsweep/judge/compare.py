@@ -1,6 +1,6 @@
 """Compare two runs cell by cell. **A = baseline, B = candidate**; ratios are B/A.
 
-Cells line up by ``compare_key`` (cell.json: the id without the build), so a fixed and an
+Cells line up by ``compare_key`` (the planned cell's id without the build; never cell.json's own), so a fixed and an
 unfixed run of the same sweep match; within one key, identical ids pair first. Each pair
 gets a verdict and an asv-style mark:
 

@@ -271,7 +271,8 @@ def cell_facts(files: CellFiles, fallback: Cell | None = None) -> CellFacts:
         prefill_tp=cell.prefill_tp if cell else None,
         decode_tp=cell.decode_tp if cell else None,
         build=cell.build if cell else None,
-        compare_key=cj.get("compare_key") or (cell.compare_key if cell else None),
+        # the plan's cell lines cells up (compare), never cell.json's own compare_key ("zzz" put it in no pair)
+        compare_key=planned.compare_key if (planned := fallback or cell) else cj.get("compare_key"),
         config_hash=cj.get("config_hash"),
         status=st.get("status"),
         phase=st.get("phase"),
