@@ -44,7 +44,7 @@ RECORD = $(if $(VLLM),cp $(TONIGHT:.yaml=.json) $(RUN)/tonight.json)
 HISTORY ?= $(or $(PDSWEEP_HISTORY),results/history.sqlite)
 PYTEST_ARGS ?=
 GATE_ARGS ?=
-# e.g. one run's builds: make compare A=results/latest B=results/latest COMPARE_ARGS="--a-build fixed --b-build unfixed --allow-missing"
+# e.g. one run's builds: make compare A=results/latest B=results/latest COMPARE_ARGS="--a-build unfixed --b-build fixed --allow-missing"
 COMPARE_ARGS ?=
 # e.g. the GPU matrix on paper from a CPU box: make plan SWEEP=sweeps/hybrid-mla-mamba.yaml PLAN_ARGS="--gpus 8 --gpu-arch sm90"
 PLAN_ARGS ?=
@@ -95,7 +95,7 @@ compare: install
 # fixed vs unfixed within one run (default the latest): what PR #49297 changes, cell by cell
 RUN_DIR ?= $(LATEST)
 compare-builds: install
-	$(PY) -m pdsweep compare $(RUN_DIR) $(RUN_DIR) --a-build fixed --b-build unfixed --allow-missing $(COMPARE_ARGS)
+	$(PY) -m pdsweep compare $(RUN_DIR) $(RUN_DIR) --a-build unfixed --b-build fixed --allow-missing $(COMPARE_ARGS)
 
 # Nightly: sweep + gate + compare against the last green run + summary. BASELINE is a
 # directory kept between runs (CI: restored and saved by the platform's cache or artifacts,

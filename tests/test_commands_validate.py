@@ -54,7 +54,9 @@ def test_build_venv_not_built_yet_is_a_warning(tmp_path: Path, capsys) -> None:
     p = write(tmp_path, SMALL.replace("matrix:", "builds: {fixed: {venv: .venv-nope}}\nmatrix:"))
     assert main(["validate", str(p)]) == 0
     assert "warning: " in capsys.readouterr().err
-    assert feasibility_warnings(expand(load_sweep(p)), tasks=False)[0].endswith("until then cells of build fixed fail")
+    assert feasibility_warnings(expand(load_sweep(p)), tasks=False)[0].endswith(
+        "`make sweep` builds it first, or `make baseline-env`); a `pdsweep run` before then fails the cells of build fixed"
+    )
 
 
 def test_a_relative_venv_is_the_sweep_files_not_the_working_directorys(tmp_path: Path, capsys, monkeypatch) -> None:

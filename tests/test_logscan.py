@@ -227,3 +227,21 @@ def test_a_redeployed_instance_is_blamed_for_its_own_attempt(tmp_path: Path):
     # a failed request's reason leads with the instance's error, the HTTP wrapper after it
     reason = _with_culprits('first request: HTTP 500: {"error": {"message": "EngineCore ..."}}', [h])
     assert reason == f'{why}; first request: HTTP 500: {{"error": {{"message": "EngineCore ..."}}}}'
+
+
+def test_an_api_server_that_exits_0_after_its_engine_died_says_so(tmp_path: Path):
+    """vLLM stops its API server cleanly (exit 0) once its engine has died (``terminate_if_errored``,
+    vllm/entrypoints/launchers/launcher.py): a new user read ``decode-0 (exited with code 0):
+    AssertionError ...`` as a contradiction; the reason now says why the code is 0."""
+    import sys
+
+    from pdsweep.deploy.deployment import culprits
+    from pdsweep.deploy.launchers.base import LaunchRequest
+    from pdsweep.deploy.launchers.local import LocalLauncher
+
+    text = "\n".join(UNFIXED_DECODE) + "\n"
+    h = LocalLauncher().start(LaunchRequest("decode-0", [sys.executable, "-c", f"import sys; sys.stdout.write({text!r})"],
+                              {}, 1, tmp_path / "decode-0.log"))  # fmt: skip
+    assert h.proc is not None and h.proc.wait(timeout=60) == 0
+    (why,) = culprits([h])
+    assert why.startswith("decode-0 (exited with code 0 after its engine died): AssertionError at vllm/")

@@ -32,3 +32,21 @@ def test_an_expected_failure_says_so(capsys):
     assert lines[0].startswith("[1/3] drill: failed (expect: fail) after") and lines[0].endswith("killed by signal 9")
     assert lines[1].startswith("[2/3] unfixed: ok (expect: fail) after")
     assert lines[2].startswith("[3/3] base: failed after")
+
+
+def test_cells_started_together_get_their_own_start_numbers(capsys):
+    """A build pair starts both builds' cells before either ends; a new user's make sweep printed
+    ``[1/29] ...fixed: start`` and ``[1/29] ...unfixed: start`` (the start counted finished cells)."""
+    p = progress.Progress(3, quiet=True)
+    p.phase("pair.fixed", "start")
+    p.phase("pair.unfixed", "start")
+    p.done("pair.fixed", "ok", None)
+    p.phase("next", "start")
+    p.close()
+    lines = capsys.readouterr().err.splitlines()
+    assert [ln.split(" after")[0] for ln in lines] == [
+        "[1/3] pair.fixed: start",
+        "[2/3] pair.unfixed: start",
+        "[1/3] pair.fixed: ok",
+        "[3/3] next: start",
+    ]

@@ -116,16 +116,19 @@ def test_the_makefile_runs_tonights_build_with_vllm_and_the_pinned_one_without()
     assert "make --no-print-directory baseline-env || " in pinned and "tonight.json" not in pinned
 
 
-def test_make_compare_has_no_dead_defaults_and_compare_builds_is_fixed_vs_unfixed() -> None:
+def test_make_compare_has_no_dead_defaults_and_compare_builds_is_unfixed_to_fixed() -> None:
     """``make compare`` without A/B says what to give (exit 2) instead of failing on a directory
-    no target makes; ``make compare-builds`` compares the latest run's fixed and unfixed cells."""
+    no target makes; ``make compare-builds`` compares the latest run's unfixed cells (A, the
+    baseline: the build without the fix) with its fixed ones (B): what the fix changes shows as
+    improvements, and the unfixed core cell failing as planned is no regression (a new user's
+    clean-clone ``make compare-builds`` exited 1 on a green run with fixed -> unfixed)."""
     r = subprocess.run(
         ["make", "-s", "-C", str(REPO), "compare", "-o", ".venv/.pdsweep-installed"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert r.returncode == 2 and "make compare: give A=<baseline run> B=<candidate run>" in r.stderr, r.stderr
     out = make_n("compare-builds")
-    assert "-m pdsweep compare results/latest results/latest --a-build fixed --b-build unfixed --allow-missing" in out
+    assert "-m pdsweep compare results/latest results/latest --a-build unfixed --b-build fixed --allow-missing" in out
 
 
 @pytest.mark.integration

@@ -129,6 +129,8 @@ def culprits(handles: list[Handle]) -> list[str]:
         if rc is None and exc is None:
             continue
         how = "still running" if rc is None else f"killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
+        if rc == 0 and exc is not None:  # vLLM's terminate_if_errored (entrypoints/launchers/launcher.py)
+            how += " after its engine died"  # stops the API server cleanly once its engine has died
         out.append(f"{h.name} ({how}): {exc.describe() if exc else 'no Python traceback in its log'}")
     return out
 

@@ -123,7 +123,8 @@ def build_problems(plan: Plan) -> tuple[list[str], list[str]]:
             if not (py := venv_python(b.venv, Path(path).parent)).exists():
                 warnings.append(
                     f"{path}: builds.{name}.venv: {py} does not exist yet (for the "
-                    f"unfixed baseline: `make baseline-env`); until then cells of build {name} fail"
+                    f"unfixed baseline, `make sweep` builds it first, or `make baseline-env`); a `pdsweep run` "
+                    f"before then fails the cells of build {name}"
                 )
     return errors, warnings
 

@@ -15,7 +15,7 @@ HEARTBEAT_S = 25.0  # a line per running cell at least this often (under 30 s)
 
 class Progress:
     def __init__(self, total: int, quiet: bool = False, skipped: int = 0) -> None:
-        self.total, self.quiet, self.done_n = total, quiet, 0
+        self.total, self.quiet, self.done_n, self.started_n = total, quiet, 0, 0
         self.console = Console(stderr=True, highlight=False, soft_wrap=True)
         self.t0: dict[str, float] = {}
         self.lock = threading.Lock()
@@ -42,8 +42,9 @@ class Progress:
         with self.lock:
             self.current[cell], self.last[cell] = phase, time.monotonic()
             if cell not in self.t0:
-                self.t0[cell] = time.monotonic()
-                self.console.print(f"[{self.done_n + 1}/{self.total}] {cell}: start")
+                self.t0[cell], self.started_n = time.monotonic(), self.started_n + 1
+                # starts count starts: a build pair (or GPU lanes) starts cells before any ends
+                self.console.print(f"[{self.started_n}/{self.total}] {cell}: start")
             elif not self.quiet:
                 self.console.print(f"  {self._elapsed(cell)}  {cell}: {phase}")
 
