@@ -139,3 +139,23 @@ def test_write_text_names_the_path_it_cannot_write(tmp_path: Path) -> None:
     mode_file = layout.write_text(tmp_path / "m.txt", "ü", mode=0o640)
     assert mode_file.read_text(encoding="utf-8") == "ü" and mode_file.stat().st_mode & 0o777 == 0o640
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp file left
+
+
+@pytest.mark.parametrize("command", ["gate", "report", "compare"])
+def test_a_run_directory_that_does_not_exist_says_what_writes_one(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A new user's ``make gate`` before any sweep read ``results/latest: not a pdsweep run (run.json
+    missing)``; a missing directory now says what writes one (exit 2), an empty one keeps the old words."""
+    from pdsweep.cli import main
+
+    gone = tmp_path / "latest"
+    argv = [command, str(gone)] + ([str(gone)] if command == "compare" else [])
+    assert main(argv) == 2
+    assert (
+        f"{gone}: no such run directory (`make sweep` or `pdsweep run SWEEP --out DIR` writes one)"
+        in capsys.readouterr().err
+    )
+    gone.mkdir()
+    assert main(argv) == 2
+    assert f"{gone}: not a pdsweep run (run.json missing)" in capsys.readouterr().err

@@ -319,7 +319,7 @@ def read_index(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     try:
         index = layout.read_json(run_dir / layout.RUN_FILE)
     except FileNotFoundError:
-        raise UserError(f"{run_dir}: not a pdsweep run ({layout.RUN_FILE} missing)") from None
+        raise layout.not_a_run(run_dir) from None
     plan = layout.read_json_or_none(run_dir / layout.PLAN_FILE) or {}
     for name, data in ((layout.RUN_FILE, index), (layout.PLAN_FILE, plan)):
         if (bad := type_problem(name, data)) is not None:

@@ -174,6 +174,14 @@ def read_json(path: Path) -> dict[str, Any]:
     return data
 
 
+def not_a_run(run_dir: Path) -> UserError:
+    """The error for a ``run_dir`` without run.json: a directory that does not exist (``results/latest``
+    before the first ``make sweep``) says what writes one."""
+    if not run_dir.exists():
+        return UserError(f"{run_dir}: no such run directory (`make sweep` or `pdsweep run SWEEP --out DIR` writes one)")
+    return UserError(f"{run_dir}: not a pdsweep run ({RUN_FILE} missing)")
+
+
 def read_json_or_none(path: Path) -> dict[str, Any] | None:
     try:
         return read_json(path)

@@ -28,7 +28,7 @@ def _shard_of(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, 
     try:
         index = layout.read_json(run_dir / layout.RUN_FILE)
     except FileNotFoundError:
-        raise UserError(f"{run_dir}: not a pdsweep run ({layout.RUN_FILE} missing)") from None
+        raise layout.not_a_run(run_dir) from None
     shard = index.get("shard")
     if (
         not isinstance(shard, dict)
