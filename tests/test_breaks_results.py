@@ -149,3 +149,13 @@ def test_compare_lines_cells_up_by_the_plans_cell_not_cell_jsons_compare_key(tmp
     assert main(["compare", str(good), str(bad), "--out", str(tmp_path / "cmp")]) == 0
     md = (tmp_path / "cmp" / "compare.md").read_text()
     assert "only-in" not in md and "zzz" not in md, md
+
+
+def test_a_null_reference_cell_is_left_to_the_files_own_judge(tmp_path):
+    """consistency.json ``reference_cell`` null (compared with nothing: a sweep with ``eval.reference: false``
+    runs no reference) is not another cell than the plan's: the planned-reference check first failed every
+    such cell (CI's test_failure_names and test_slurm runs); the consistency judge says "no reference cell"."""
+    g = gate_run(_run(tmp_path, "none", layout.CONSISTENCY_FILE, "reference_cell", None)).cell(CELL.id)
+    assert not [r for r in g.reasons if "the plan's reference of" in r], g.reasons
+    other = gate_run(_run(tmp_path, "other", layout.CONSISTENCY_FILE, "reference_cell", "x.ref")).cell(CELL.id)
+    assert f'{CELL.id}/{layout.CONSISTENCY_FILE}: reference_cell "x.ref", the plan\'s reference of' in other.reasons[0]

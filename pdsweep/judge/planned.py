@@ -193,11 +193,13 @@ class PlannedReferenceCheck:
         if cell is None or cell.kind != "pd":
             return []  # CellFileCheck fails a cell without its record
         want = dict(self.plan.references).get(cell.id) or cell.reference().id
+        # null: compared with nothing; the file's own judge fails it ("no reference cell: nothing to compare
+        # against") where the gate requires the comparison (a sweep with eval.reference false runs none)
         return [
-            f"{files.where(name)}: reference_cell {show(body.get('reference_cell'))}, the plan's reference of "
+            f"{files.where(name)}: reference_cell {show(got)}, the plan's reference of "
             f"{cell.id} is {want} (plan.json references)"
             for name in (layout.CONSISTENCY_FILE, layout.LOAD_CHECK_FILE)
-            if isinstance(body := files.get(name), dict) and body.get("reference_cell") != want
+            if isinstance(body := files.get(name), dict) and (got := body.get("reference_cell")) not in (None, want)
         ]
 
 
