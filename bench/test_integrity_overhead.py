@@ -24,7 +24,7 @@ import time
 import pytest
 import torch
 
-from pdsweep.core.kvintegrity import DIGEST_NAME, TORCH_DIGEST_NAME
+from pdsweep.core.kvlines import DIGEST_NAME, TORCH_DIGEST_NAME
 from pdsweep.engine.kvdigest import digest
 from pdsweep.engine.torchdigest import StorageMap
 

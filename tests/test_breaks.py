@@ -16,8 +16,8 @@ from test_kvdigest import read_one, wrapped
 
 from pdsweep.cli import main
 from pdsweep.core.errors import UserError
-from pdsweep.core.kvintegrity import integrity_reasons, parse_landed
-from pdsweep.core.kvpush import parse_writes
+from pdsweep.core.kvintegrity import integrity_reasons
+from pdsweep.core.kvlines import parse_landed, parse_writes
 from pdsweep.core.stats import positive_t_interval
 from pdsweep.engine import kvpushdigest
 from pdsweep.engine.torchdigest import StorageMap, reference_digest

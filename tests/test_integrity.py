@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from fixtures.make_runs import TR, case, pd, write_run
 
-from pdsweep.core.kvintegrity import LANDED_TAG, OFFER_TAG, integrity
+from pdsweep.core.kvintegrity import integrity
+from pdsweep.core.kvlines import LANDED_TAG, OFFER_TAG, PUSHED_TAG, WRITE_TAG
 from pdsweep.judge.gate import FAIL, PASS, gate_run
 from pdsweep.judge.integrity import integrity_reasons
 from pdsweep.plan.expand import expand
@@ -281,7 +282,6 @@ def test_a_push_cells_transfer_json_carries_integrity_from_the_write_digests(tmp
     """pdsweep.measure.phases.read_split in push mode: prefill's WRITE lines against decode's landed lines."""
     import types
 
-    from pdsweep.core.kvpush import PUSHED_TAG, WRITE_TAG
     from pdsweep.measure import phases
 
     (tmp_path / "p.log").write_text(

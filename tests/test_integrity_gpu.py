@@ -10,7 +10,8 @@ from test_integrity import P0, P1, fixed_reads, landed, offer
 
 from pdsweep.cli import main
 from pdsweep.core import kvsample
-from pdsweep.core.kvintegrity import TORCH_DIGEST_NAME, integrity, integrity_reasons
+from pdsweep.core.kvintegrity import integrity, integrity_reasons
+from pdsweep.core.kvlines import TORCH_DIGEST_NAME
 from pdsweep.plan.expand import expand
 from pdsweep.plan.instance import Slot, instances
 from pdsweep.sweepfile.integrityspec import IntegritySpec

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from pdsweep.core.faults import flip_byte_every, sweep_fault
-from pdsweep.core.kvintegrity import parse_landed, parse_offers
+from pdsweep.core.kvlines import parse_landed, parse_offers
 from pdsweep.engine import kvdigest as K
 
 

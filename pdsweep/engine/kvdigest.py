@@ -71,7 +71,8 @@ import time
 from typing import Any, Callable
 
 from pdsweep.core.faults import FLIP_BYTE_ENV_VAR
-from pdsweep.core.kvintegrity import DIGEST_NAME, FLIP_TAG, KV_DIGEST_PARTS, LANDED_TAG, OFFER_TAG, TORCH_DIGEST_NAME
+from pdsweep.core.kvintegrity import KV_DIGEST_PARTS
+from pdsweep.core.kvlines import DIGEST_NAME, FLIP_TAG, LANDED_TAG, OFFER_TAG, TORCH_DIGEST_NAME
 from pdsweep.core.kvsample import IMPL_ENV_VAR, SAMPLE_ENV_VAR, SAMPLED_OUT_STATE, parse_fraction, sampled
 from pdsweep.engine.readlog import log_word, nixl_wrapper
 from pdsweep.engine.torchdigest import StorageMap, tensors_of

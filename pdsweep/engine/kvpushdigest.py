@@ -46,8 +46,7 @@ import time
 from typing import Any, Callable
 
 from pdsweep.core.faults import FLIP_BYTE_ENV_VAR
-from pdsweep.core.kvintegrity import FLIP_TAG
-from pdsweep.core.kvpush import PUSHED_TAG, WRITE_TAG
+from pdsweep.core.kvlines import FLIP_TAG, PUSHED_TAG, WRITE_TAG
 from pdsweep.engine.kvdigest import _DLISTS, digest, flip_byte, physical_descs, wrap_once
 from pdsweep.engine.readlog import log_word, nixl_wrapper
 

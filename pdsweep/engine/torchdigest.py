@@ -6,7 +6,7 @@ cache tensors ``NixlBaseConnectorWorker.register_kv_caches`` registers, vLLM
 and, with ``PDSWEEP_KV_DIGEST_IMPL=torch``, for host memory too (the CPU dry run). Standard library,
 numpy and torch only (the lent device runs it through ``scripts/device_check.py`` without vLLM).
 
-**The digest** (``wsum-128``, ``pdsweep.core.kvintegrity.TORCH_DIGEST_NAME``) of a region of ``n``
+**The digest** (``wsum-128``, ``pdsweep.core.kvlines.TORCH_DIGEST_NAME``) of a region of ``n``
 bytes: its words ``x_0..x_{m-1}`` (int32, sign-extended to int64; bytes, when ``n`` or the address is
 not a multiple of 4) and two fixed vectors of odd 64-bit weights ``w_k,i`` (:func:`weights`,
 splitmix64 of the position): two lanes

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from pdsweep.core.kvintegrity import TORCH_DIGEST_NAME
+from pdsweep.core.kvlines import TORCH_DIGEST_NAME
 from pdsweep.core.kvsample import (
     DEFAULT_GPU_SAMPLE,
     ESTIMATED_DIGEST_GBPS,
