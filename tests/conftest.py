@@ -1,15 +1,20 @@
 """Fixtures shared by several test modules. Module-scoped, as they were in each module:
-every module gets its own copy, so a test that edits one cannot leak into another file."""
+every module gets its own copy, so a test that edits one cannot leak into another file. Also the
+NIXL fakes the KV digest tests share (:class:`FakeNixl`, :func:`kv_worker`)."""
 
 from __future__ import annotations
 
 import os
+import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 from _fakes import build_tokenizer
 from fixtures.make_runs import write_all
 from hypothesis import settings
+
+from pdsweep.engine import kvdigest as K
 
 # `make test` (CI, every commit) sets PDSWEEP_HYPOTHESIS_PROFILE=per-commit: every property test
 # draws the same examples on every run, so a red CI means the commit changed something, not that
@@ -143,3 +148,42 @@ def hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))  # restored after the test, like the env
     return cache
+
+
+class FakeNixl:
+    """NIXL's ``nixl_agent`` surface vLLM's pull and push workers use (descriptor lists, transfers, their
+    state); tests wrap it with :mod:`pdsweep.engine.kvdigest`'s and :mod:`~pdsweep.engine.kvpushdigest`'s wrappers."""
+
+    def get_xfer_descs(self, descs, mem_type=None):
+        return object()
+
+    def prep_xfer_dlist(self, agent_name, xfer_list, mem_type=None):
+        return len(K._DLISTS) + 100
+
+    def make_prepped_xfer(self, op, local, lids, remote, rids, notif_msg=b""):
+        return ("xfer", op, tuple(lids))
+
+    def check_xfer_state(self, handle):
+        return "DONE"
+
+
+def kv_worker(
+    base: int, tp_rank: int = 0, agent: str = "agent", memory_type: str = "DRAM", world_size: int = 1
+) -> types.SimpleNamespace:
+    """A NIXL worker with two regions (K and V) of 10 blocks of 32 B each from address ``base`` (20
+    ``src_blocks_data`` rows) and vLLM's own ``NixlBaseConnectorWorker._compute_desc_ids`` and
+    ``_logical_to_kernel_block_ids`` (``nixl/base_worker.py``) bound to it."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import NixlBaseConnectorWorker
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    w = types.SimpleNamespace(
+        _has_mamba=False, _transfer_layer_group_ids=[], num_regions=2, block_len_per_layer=[32, 32],
+        region_group_ids=[0, 0], _uses_region_group_mapping=False, _physical_blocks_per_logical_kv_block=1,
+        dst_num_blocks={"E": 10}, dst_region_num_blocks={}, engine_id="E", _group_spec_types=(FullAttentionSpec,),
+        src_blocks_data=np.array([[base + 32 * i, 32, 0] for i in range(20)], dtype=np.uint64), use_mla=False,
+        tp_rank=tp_rank, world_size=world_size, nixl_memory_type=memory_type,
+        nixl_wrapper=types.SimpleNamespace(name=agent),
+    )  # fmt: skip
+    w._compute_desc_ids = types.MethodType(NixlBaseConnectorWorker._compute_desc_ids, w)
+    w._logical_to_kernel_block_ids = types.MethodType(NixlBaseConnectorWorker._logical_to_kernel_block_ids, w)
+    return w

@@ -11,26 +11,11 @@ import types
 
 import numpy as np
 import pytest
+from conftest import FakeNixl, kv_worker
 
 from pdsweep.core.faults import flip_byte_every, sweep_fault
 from pdsweep.core.kvlines import parse_landed, parse_offers
 from pdsweep.engine import kvdigest as K
-
-
-class FakeNixl:
-    """NIXL's ``nixl_agent`` surface vLLM's pull worker uses: descriptor lists, READs, states."""
-
-    def get_xfer_descs(self, descs, mem_type=None):
-        return object()
-
-    def prep_xfer_dlist(self, agent_name, xfer_list, mem_type=None):
-        return len(K._DLISTS) + 100
-
-    def make_prepped_xfer(self, op, local, lids, remote, rids, notif_msg=b""):
-        return ("xfer", op, tuple(lids))
-
-    def check_xfer_state(self, handle):
-        return "DONE"
 
 
 def wrapped(flip_every: int = 0) -> FakeNixl:
@@ -87,21 +72,9 @@ def test_a_failed_read_logs_no_digest(caplog):
 
 def test_prefill_descriptors_of_an_offered_block_come_from_vllm_compute_desc_ids():
     """Two regions (K and V) of 10 blocks each, 32 bytes a block: block 3 is descriptors 3 and 13."""
-    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import NixlBaseConnectorWorker
-    from vllm.v1.kv_cache_interface import FullAttentionSpec
-
     mem = bytearray(b"k" * 320 + b"v" * 320)
     base = ctypes.addressof((ctypes.c_char * len(mem)).from_buffer(mem))
-    rows = np.array([[base + 32 * i, 32, 0] for i in range(20)], dtype=np.uint64)
-    w = types.SimpleNamespace(
-        _has_mamba=False, _transfer_layer_group_ids=[], num_regions=2, block_len_per_layer=[32, 32],
-        region_group_ids=[0, 0], _uses_region_group_mapping=False, _physical_blocks_per_logical_kv_block=1,
-        dst_num_blocks={"E": 10}, dst_region_num_blocks={}, engine_id="E", src_blocks_data=rows,
-        _group_spec_types=(FullAttentionSpec,), use_mla=False, tp_rank=1, nixl_memory_type="DRAM",
-        nixl_wrapper=types.SimpleNamespace(name="agent-p1"),
-    )  # fmt: skip
-    w._compute_desc_ids = types.MethodType(NixlBaseConnectorWorker._compute_desc_ids, w)
-    w._logical_to_kernel_block_ids = types.MethodType(NixlBaseConnectorWorker._logical_to_kernel_block_ids, w)
+    w = kv_worker(base, tp_rank=1, agent="agent-p1")
     got = K.offered_descs(w, [[3]])
     assert got == [(0, "kv", 3, 0, base + 96, 32), (0, "kv", 3, 1, base + 416, 32)]
     # parts whatever the cell (KV_DIGEST_PARTS): a p1d2 decode rank's half matches without a per-cell env

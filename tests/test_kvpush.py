@@ -9,8 +9,8 @@ import hashlib
 import logging
 import types
 
-import numpy as np
 import pytest
+from conftest import FakeNixl, kv_worker
 
 from pdsweep.core.kvintegrity import integrity_reasons
 from pdsweep.core.kvlines import PUSHED_TAG, WRITE_TAG, parse_pushed, parse_writes
@@ -27,38 +27,6 @@ def addr_of(buf: bytearray) -> int:
     return ctypes.addressof((ctypes.c_char * len(buf)).from_buffer(buf))
 
 
-def kv_worker(mem: bytearray, tp_rank: int = 0, world_size: int = 1, agent: str = "agent") -> types.SimpleNamespace:
-    """A worker with two regions (K and V) of 10 blocks of 32 B each over ``mem``, vLLM's own
-    ``_compute_desc_ids`` and ``_logical_to_kernel_block_ids``."""
-    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import NixlBaseConnectorWorker
-    from vllm.v1.kv_cache_interface import FullAttentionSpec
-
-    base = addr_of(mem)
-    w = types.SimpleNamespace(
-        _has_mamba=False, _transfer_layer_group_ids=[], num_regions=2, block_len_per_layer=[32, 32],
-        region_group_ids=[0, 0], _uses_region_group_mapping=False, _physical_blocks_per_logical_kv_block=1,
-        dst_num_blocks={"E": 10}, dst_region_num_blocks={}, engine_id="E", _group_spec_types=(FullAttentionSpec,),
-        src_blocks_data=np.array([[base + 32 * i, 32, 0] for i in range(20)], dtype=np.uint64), use_mla=False,
-        tp_rank=tp_rank, world_size=world_size, nixl_memory_type="DRAM", nixl_wrapper=types.SimpleNamespace(name=agent),
-    )  # fmt: skip
-    w._compute_desc_ids = types.MethodType(NixlBaseConnectorWorker._compute_desc_ids, w)
-    w._logical_to_kernel_block_ids = types.MethodType(NixlBaseConnectorWorker._logical_to_kernel_block_ids, w)
-    return w
-
-
-class FakeNixl:
-    """The NIXL surface vLLM's push worker uses on prefill: descriptor lists and WRITEs."""
-
-    def get_xfer_descs(self, descs, mem_type=None):
-        return object()
-
-    def prep_xfer_dlist(self, agent_name, xfer_list, mem_type=None):
-        return len(K._DLISTS) + 500
-
-    def make_prepped_xfer(self, op, local, lids, remote, rids, notif_msg=b""):
-        return ("xfer", op, tuple(lids))
-
-
 def push_nixl() -> FakeNixl:
     cls = types.new_class("PushWrapped", (FakeNixl,))
     cls.get_xfer_descs = K.wrap_get_xfer_descs(FakeNixl.get_xfer_descs)
@@ -72,7 +40,7 @@ def push_nixl() -> FakeNixl:
 def prefill_writes(p_mem: bytearray, d_mem: bytearray, blocks: list[int], d_blocks: list[int], caplog) -> str:
     """Prefill's path (vLLM push_worker ``_xfer_blocks``): prepare its own rows and decode's, then WRITE
     ``blocks`` into decode's ``d_blocks`` (descriptor ids from vLLM's ``_compute_desc_ids``)."""
-    p, d = kv_worker(p_mem, agent="p-agent"), kv_worker(d_mem, agent="d-agent")
+    p, d = kv_worker(addr_of(p_mem), agent="p-agent"), kv_worker(addr_of(d_mem), agent="d-agent")
     nixl = push_nixl()
     lh = nixl.prep_xfer_dlist("NIXL_INIT_AGENT", nixl.get_xfer_descs(p.src_blocks_data, "DRAM"))
     rh = nixl.prep_xfer_dlist(b"d-agent", nixl.get_xfer_descs(d.src_blocks_data, "DRAM"))
@@ -96,7 +64,7 @@ def prefill_writes(p_mem: bytearray, d_mem: bytearray, blocks: list[int], d_bloc
 def decode_lands(d_mem: bytearray, d_blocks: list[int], caplog, prefill_tp: int = 1, flip_every: int = 0) -> str:
     """Decode's path (vLLM push_worker ``_get_new_notifs``): the last notification completes the request,
     which gets an empty ``_recving_transfers`` entry for ``_pop_done_transfers``."""
-    d = kv_worker(d_mem, agent="d-agent")
+    d = kv_worker(addr_of(d_mem), agent="d-agent")
     d._recving_transfers = {}
     d._recving_metadata = {"cmpl-d-1": types.SimpleNamespace(local_physical_block_ids=[d_blocks], tp_size=prefill_tp)}
 

@@ -10,6 +10,7 @@ import types
 import numpy as np
 import pytest
 import torch
+from conftest import kv_worker
 from test_kvdigest import wrapped
 
 from pdsweep.core.kvintegrity import integrity, integrity_reasons
@@ -145,21 +146,9 @@ def test_register_kv_caches_maps_what_vllm_registered_and_leaves_host_kv_to_sha2
 
 
 def offering_worker(mem: torch.Tensor) -> types.SimpleNamespace:
-    """A prefill worker with two regions (K, V) of 10 blocks of 32 B in ``mem`` (as in test_kvdigest)."""
-    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import NixlBaseConnectorWorker
-    from vllm.v1.kv_cache_interface import FullAttentionSpec
-
-    rows = np.array([[mem.data_ptr() + 32 * i, 32, 0] for i in range(20)], dtype=np.uint64)
-    w = types.SimpleNamespace(
-        _has_mamba=False, _transfer_layer_group_ids=[], num_regions=2, block_len_per_layer=[32, 32],
-        region_group_ids=[0, 0], _uses_region_group_mapping=False, _physical_blocks_per_logical_kv_block=1,
-        dst_num_blocks={"E": 10}, dst_region_num_blocks={}, engine_id="E", src_blocks_data=rows,
-        _group_spec_types=(FullAttentionSpec,), use_mla=False, tp_rank=0, nixl_memory_type="VRAM",
-        nixl_wrapper=types.SimpleNamespace(name="agent-p0"),
-    )  # fmt: skip
-    w._compute_desc_ids = types.MethodType(NixlBaseConnectorWorker._compute_desc_ids, w)
-    w._logical_to_kernel_block_ids = types.MethodType(NixlBaseConnectorWorker._logical_to_kernel_block_ids, w)
-    return w
+    """A prefill worker (rank 0, agent ``agent-p0``) whose KV (``conftest.kv_worker``'s K and V regions) is
+    ``mem``, registered as device memory (``VRAM``)."""
+    return kv_worker(mem.data_ptr(), agent="agent-p0", memory_type="VRAM")
 
 
 def test_prefill_offers_device_kv_with_torch_and_a_sampled_out_request_without_digests(torch_state):
