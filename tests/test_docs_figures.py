@@ -21,11 +21,16 @@ MISSION, CPU = REPO / "sweeps" / "hybrid-mla-mamba.yaml", REPO / "sweeps" / "cpu
 CPU_PARETO = REPO / "sweeps" / "cpu-pareto.yaml"
 
 
-def quoted(page: str, pattern: str) -> tuple[int, ...]:
+def sentence(page: str, pattern: str) -> tuple[str, ...]:
+    """The groups of ``pattern`` in ``page`` (docs/x.md), as written; fails naming the page and pattern."""
     text = " ".join((REPO / page).read_text().split())  # sentences wrap: one space between words
     m = re.search(pattern, text)
     assert m, f"{page}: no sentence matches {pattern!r} (reworded? update this test with it)"
-    return tuple(int(x) for x in m.groups())
+    return m.groups()
+
+
+def quoted(page: str, pattern: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in sentence(page, pattern))
 
 
 @pytest.fixture(scope="module")
@@ -72,14 +77,12 @@ def test_gpu_reuse_makespan_figures(made_mission_plan: dict) -> None:
     placed = [cells[p["cell"]] for p in made_mission_plan["schedule"]["placements"]]
     upstream = sum(est(c) for c in placed if c.kind == "pd")
     ours = made_mission_plan["makespan"]["s"]
-    text = " ".join((REPO / "docs/gpu-reuse.md").read_text().split())
-    m = re.search(
+    got = sentence(
+        "docs/gpu-reuse.md",
         r"takes ([\d.]+) h on the schedule `run` follows \(reuse dispatch\) against ([\d.]+) h "
         r"for upstream's fresh pair per configuration in the same model: \*\*([\d.]+)x\*\*",
-        text,
     )
-    assert m, "docs/gpu-reuse.md: the mission makespan sentence (reworded? update this test with it)"
-    assert m.groups() == (f"{ours / 3600:.2f}", f"{upstream / 3600:.2f}", f"{ours / upstream:.2f}")
+    assert got == (f"{ours / 3600:.2f}", f"{upstream / 3600:.2f}", f"{ours / upstream:.2f}")
 
 
 def test_pareto_mission_load_figures(made_mission_plan: dict) -> None:
@@ -92,10 +95,8 @@ def test_pareto_mission_load_figures(made_mission_plan: dict) -> None:
         r"tokens in and (\d+) out per run",
     )
     assert b.enabled and got == (*b.concurrencies, b.num_prompts, b.input_len, b.output_len)
-    text = " ".join((REPO / "docs/pareto.md").read_text().split())
-    m = re.search(r"planned makespan of (\d+) s \(([\d.]+) h\) on 8 GPUs", text)
-    assert m, "docs/pareto.md: the mission makespan sentence (reworded? update this test with it)"
-    assert m.groups() == (f"{s:.0f}", f"{s / 3600:.2f}")
+    got_makespan = sentence("docs/pareto.md", r"planned makespan of (\d+) s \(([\d.]+) h\) on 8 GPUs")
+    assert got_makespan == (f"{s:.0f}", f"{s / 3600:.2f}")
 
 
 def test_pareto_cpu_plan_figures() -> None:
@@ -210,13 +211,11 @@ def test_pairing_cost_figures():
 
 def test_integrity_gpu_sample_estimate_figures() -> None:
     """docs/integrity.md's estimate of the TTFT the GPU digests add (pdsweep.core.kvsample)."""
-    text = " ".join((REPO / "docs/integrity.md").read_text().split())
-    m = re.search(
+    got = sentence(
+        "docs/integrity.md",
         r"is ~(\d+) GB/s .*?prefill writes KV at ~([\d.]+) GB/s .*? With every request digested that is ([\d.]+) % "
         r"of TTFT; the default `gpu_sample` ([\d.]+) keeps it at an estimated ([\d.]+) %, and 2 % allows ([\d.]+)\.",
-        text,
     )
-    assert m, "docs/integrity.md: the GPU sample estimate sentence (reworded? update this test with it)"
     computed = (
         f"{ks.ESTIMATED_DIGEST_GBPS:g}",
         f"{ks.ESTIMATED_PREFILL_KV_GBPS:g}",
@@ -225,6 +224,4 @@ def test_integrity_gpu_sample_estimate_figures() -> None:
         f"{100 * ks.ttft_share(ks.DEFAULT_GPU_SAMPLE, ks.ESTIMATED_DIGEST_GBPS):.1f}",
         f"{ks.fraction_for(ks.ESTIMATED_DIGEST_GBPS):.3g}",
     )
-    assert m.groups() == computed, (
-        "docs/integrity.md: (digest GB/s, prefill KV GB/s, share at 1, default, share, 2 % sample)"
-    )
+    assert got == computed, "docs/integrity.md: (digest GB/s, prefill KV GB/s, share at 1, default, share, 2 % sample)"
