@@ -1,12 +1,12 @@
 """The KV digest lines pdsweep's vLLM plugin logs inside vLLM and their parsers: the contract between
 the plugin (:mod:`pdsweep.engine.kvdigest`: pull mode's ``OFFER``/``LANDED``; :mod:`pdsweep.engine.kvpushdigest`:
 push mode's ``WRITE``/``PUSHED``; the line formats are in their module docs) and the judges that read them back
-(:mod:`pdsweep.core.kvintegrity`, :mod:`pdsweep.core.kvpush`). Standard library only, so the plugin, loaded in
-every vLLM process, imports no judge.
+(:mod:`pdsweep.core.kvintegrity`, :mod:`pdsweep.core.kvpush`). Standard library only: the plugin, loaded in
+every vLLM process, imports its tags from here.
 
 Each parser returns one dict per line (``us``: microseconds of digest, ``bytes``: bytes digested; both whole
-numbers) and raises ``ValueError`` on a ``d=`` entry that is not the format the plugin writes (a truncated
-line: the regex needs the whole line, so a line cut before ``d=`` is skipped).
+numbers) and raises ``ValueError`` on a ``d=`` entry not in the format the plugin writes; a line cut before
+its ``d=`` field matches no pattern and is skipped.
 """
 
 from __future__ import annotations
