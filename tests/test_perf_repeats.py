@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from pdsweep.measure.repeats import Probes, planned_repeats, run_repeats
+from pdsweep.core.stats import planned_repeats
+from pdsweep.measure.repeats import Probes, run_repeats
 from pdsweep.sweepfile.phases import BenchSpec
 
 

@@ -51,6 +51,21 @@ def two_proportion_p(x1: int, n1: int, x2: int, n2: int) -> float:
 # that reading results files stays cheap.
 
 
+GPU_REPEATS = 3  # load repeats per concurrency when bench.repeats is not given
+
+
+def planned_repeats(b: Any, platform: str) -> tuple[int, int, int]:
+    """``(minimum, planned, bound)`` load repeats of a sweep's ``bench`` ``b`` (``repeats``,
+    ``target_ci``, ``max_repeats``): ``bench.repeats`` (None: 3); with ``target_ci`` at least 2
+    (the fewest with an interval) and at most ``max_repeats``. ``platform`` is the sweep's (CPU
+    plans 2 at least when ``repeats`` is not given). The run (pdsweep.measure.repeats) repeats by
+    it and the gate (pdsweep.judge.planned) holds a load.json to it."""
+    planned = b.repeats or GPU_REPEATS
+    if b.target_ci is not None:
+        return min(2, planned), planned, max(planned, b.max_repeats)
+    return (2 if b.repeats is None and platform == "cpu" else planned), planned, planned
+
+
 def t_interval(xs: list[float], confidence: float = 0.95) -> tuple[float | None, float | None, float | None]:
     """Mean of ``xs`` and its two-sided Student-t confidence interval ``(mean, lo, hi)``
     (``scipy.stats.t.interval`` with the standard error of the mean, as AIPerf reports over

@@ -372,7 +372,7 @@ def planned_runs(runs: list[Any], concurrencies: tuple[int, ...], num_prompts: i
 def planned_repeats_of(runs: list[Any], repeats: tuple[int, int] | None, w: str) -> list[str]:
     """What the plan's repeats ask of load.json ``runs`` (each repeat runs every concurrency once,
     :func:`pdsweep.measure.phases.run_load`): the same number of runs at every concurrency, within
-    ``repeats`` (fewest, most: :func:`pdsweep.measure.repeats.planned_repeats`), their ``repeat`` indices
+    ``repeats`` (fewest, most: :func:`pdsweep.core.stats.planned_repeats`), their ``repeat`` indices
     0..n-1 each once (a lone run of a load.json before repeats may carry none)."""
     by: dict[Any, list[Any]] = {}
     for r in runs:

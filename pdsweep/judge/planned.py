@@ -33,9 +33,8 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from pdsweep.core.errors import UserError
-from pdsweep.core.stats import num, obj
+from pdsweep.core.stats import num, obj, planned_repeats
 from pdsweep.judge.facts import CellFiles, cell_from_dict, cell_problem, show
-from pdsweep.measure.repeats import planned_repeats
 from pdsweep.plan.cell import Cell
 from pdsweep.results import layout
 from pdsweep.sweepfile.gatespec import GateSpec
@@ -340,7 +339,7 @@ def load_plan(bench: dict[str, Any], platform: Any = None) -> dict[str, Any]:
 
 def _repeats(bench: dict[str, Any], platform: Any) -> tuple[int, int] | None:
     """The fewest and most runs per concurrency the load phase makes (its repeats,
-    :func:`pdsweep.measure.repeats.planned_repeats` over run.json ``bench`` and ``platform``); None for a
+    :func:`pdsweep.core.stats.planned_repeats` over run.json ``bench`` and ``platform``); None for a
     damaged setting (:func:`_bench_problems` names it)."""
     rep, ci, most = bench.get("repeats"), bench.get("target_ci"), bench.get("max_repeats", 5)
     if not (rep is None or _whole(rep)) or not _whole(most) or (ci is not None and num(ci) is None):

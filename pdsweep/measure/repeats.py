@@ -24,14 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from pdsweep.core.logscan import nixl_read_records
-from pdsweep.core.stats import num, obj, t_interval
+from pdsweep.core.stats import num, obj, planned_repeats, t_interval
 from pdsweep.measure.kvtiming import read_stats
 
 PCTS = ("p50", "p90", "p99")
 LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 # metrics the convergence rule watches (series c<C> for load runs, kv for the transfer)
 HEADLINE = ("ttft_ms.p50", "tpot_ms.p50", "output_tok_s", "kv_gbps.union")
-GPU_REPEATS = 3
 
 
 def flatten_run(run: dict[str, Any]) -> dict[str, float | None]:
@@ -112,15 +111,6 @@ def widest(summary: dict[str, dict[str, dict[str, Any]]]) -> tuple[str, float | 
             if worst[1] is not None and w >= worst[1]:
                 worst = (f"{name} {m}", w)
     return worst
-
-
-def planned_repeats(b: Any, platform: str) -> tuple[int, int, int]:
-    """``(minimum, planned, bound)`` repeats: ``bench.repeats`` (None: 3); with ``target_ci``
-    at least 2 (an interval) and at most ``max_repeats``. ``platform`` is the sweep's."""
-    planned = b.repeats or GPU_REPEATS
-    if b.target_ci is not None:
-        return min(2, planned), planned, max(planned, b.max_repeats)
-    return (2 if b.repeats is None and platform == "cpu" else planned), planned, planned
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ Two PD cells that differ only by build (one ``compare_key``: fixed and unfixed, 
 baseline venv) are measured as a pair by default: both deployed at once, their load repeats
 interleaved in ABBA order (:mod:`pdsweep.measure.paired`), so a machine-load drift hits both and
 compare judges them by the paired interval. No extra repeats: each side runs the repeats it would
-run alone (``bench.repeats``, or :func:`pdsweep.measure.repeats.planned_repeats`).
+run alone (``bench.repeats``, or :func:`pdsweep.core.stats.planned_repeats`).
 
 ``bench.pair_builds`` unset (the default) pairs wherever the load phase can (enabled, a fixed
 count of at least 2 repeats: no ``target_ci``); ``false`` is the sweep's opt-out; ``true``

@@ -24,9 +24,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from pdsweep.core.stats import planned_repeats
 from pdsweep.deploy.instances import InstancePool
 from pdsweep.measure.paired import PairTurns
-from pdsweep.measure.repeats import planned_repeats
 from pdsweep.plan.expand import Cell
 from pdsweep.plan.instance import PORTS_PER_SLOT, Slot, ports_fit
 from pdsweep.plan.pairing import no_load_phase

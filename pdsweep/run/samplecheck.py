@@ -13,7 +13,7 @@ each of ``bench.concurrencies``: each workload's checked prompts (``random``: ``
 ``shared-prefix``: ``num_prompts x passes``; ``multi-turn``: one per conversation at least; the others,
 whose count depends on the served model's lengths or a trace file: one at least,
 :func:`pdsweep.measure.workloads.build`) and, with a ``random`` workload, ``vllm bench serve``'s
-``bench.num_prompts`` per repeat (the fewest repeats :func:`pdsweep.measure.repeats.planned_repeats`
+``bench.num_prompts`` per repeat (the fewest repeats :func:`pdsweep.core.stats.planned_repeats`
 allows). The plan cannot count an lm-eval task without ``eval.limit`` (its size is its dataset's,
 which validate does not load): then ``F x N`` below 1 is a warning that says so, not a refusal.
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 
-from pdsweep.measure.repeats import planned_repeats
+from pdsweep.core.stats import planned_repeats
 from pdsweep.plan.expand import Plan
 from pdsweep.plan.pushrules import uses_push
 from pdsweep.results.layout import probe_prompt_name
