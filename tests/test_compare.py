@@ -175,44 +175,15 @@ def test_one_run_with_both_builds_compares_fixed_against_unfixed(tmp_path: Path)
     assert (
         c.reasons[0] == f"was passing, now FAIL: tiny-llama.p2d1.b16-16.unfixed/accuracy.json: {TASK}: {OUTSIDE % 0.05}"
     )
-    assert (
-        main(
-            [
-                "compare",
-                str(run),
-                str(run),
-                "--a-build",
-                "fixed",
-                "--b-build",
-                "unfixed",
-                "--out",
-                str(tmp_path / "cmp"),
-            ]
-        )
-        == 1
-    )
+    builds = lambda a, b, out: main(["compare", str(run), str(run), "--a-build", a, "--b-build", b, "--out", str(out)])  # noqa: E731
+    assert builds("fixed", "unfixed", tmp_path / "cmp") == 1
     assert "REGRESSED" in (tmp_path / "cmp" / "compare.md").read_text()
     with pytest.raises(UserError, match=r"no cell of build 'nightly' \(builds in this run: fixed, unfixed\)"):
         compare_runs(run, run, a_build="nightly")
     # make compare-builds' direction: the build without the fix is the baseline, the fix an improvement, exit 0
     rev = compare_runs(run, run, a_build="unfixed", b_build="fixed")
     assert [(c.a.cell_id, c.verdict) for c in rev.cells] == [("tiny-llama.p2d1.b16-16.unfixed", IMPROVEMENT)]
-    assert (
-        main(
-            [
-                "compare",
-                str(run),
-                str(run),
-                "--a-build",
-                "unfixed",
-                "--b-build",
-                "fixed",
-                "--out",
-                str(tmp_path / "rev"),
-            ]
-        )
-        == 0
-    )
+    assert builds("unfixed", "fixed", tmp_path / "rev") == 0
 
 
 # ---------------------------------------------------------------- fail closed (issue 15, kind 1)
