@@ -151,11 +151,20 @@ def test_compare_lines_cells_up_by_the_plans_cell_not_cell_jsons_compare_key(tmp
     assert "only-in" not in md and "zzz" not in md, md
 
 
-def test_a_null_reference_cell_is_left_to_the_files_own_judge(tmp_path):
-    """consistency.json ``reference_cell`` null (compared with nothing: a sweep with ``eval.reference: false``
-    runs no reference) is not another cell than the plan's: the planned-reference check first failed every
-    such cell (CI's test_failure_names and test_slurm runs); the consistency judge says "no reference cell"."""
+def test_a_null_reference_cell_fails_only_where_the_plan_compares_with_a_reference(tmp_path):
+    """consistency.json ``reference_cell`` null (compared with nothing) is left to the file's own judge ("no
+    reference cell") where the plan runs no reference (``eval.reference: false``: the planned-reference check
+    first failed every such cell, CI's test_failure_names and test_slurm runs); where the plan runs one, a null or
+    missing reference_cell fails naming the plan's (a load_check.json without it PASSED: test_damaged_sample)."""
+    planned = "the plan's reference of"
     g = gate_run(_run(tmp_path, "none", layout.CONSISTENCY_FILE, "reference_cell", None)).cell(CELL.id)
-    assert not [r for r in g.reasons if "the plan's reference of" in r], g.reasons
+    assert [r for r in g.reasons if planned in r] == [
+        f"{CELL.id}/{layout.CONSISTENCY_FILE}: reference_cell null, {planned} {CELL.id} is {ref(CELL).id} "
+        "(plan.json references)"
+    ], g.reasons
+    run = _run(tmp_path, "unplanned", layout.CONSISTENCY_FILE, "reference_cell", None)
+    edit(run / layout.RUN_FILE, lambda d: d.setdefault("eval", {}).update({"reference": False}))
+    g = gate_run(run).cell(CELL.id)
+    assert g.reasons and not [r for r in g.reasons if planned in r], g.reasons
     other = gate_run(_run(tmp_path, "other", layout.CONSISTENCY_FILE, "reference_cell", "x.ref")).cell(CELL.id)
-    assert f'{CELL.id}/{layout.CONSISTENCY_FILE}: reference_cell "x.ref", the plan\'s reference of' in other.reasons[0]
+    assert f'{CELL.id}/{layout.CONSISTENCY_FILE}: reference_cell "x.ref", {planned}' in other.reasons[0]
