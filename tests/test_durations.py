@@ -77,11 +77,19 @@ def test_each_record_gives_its_wall_time_or_says_why_not(tmp_path):
             "g": {**ok(3.0), "status": "running"},
             "h": {**ok(0.0)},
             "p": ok(200.0, 150.0, pairing={"partner": "q", "side": "a"}),
+            # an int beyond float's range (a damaged file) is no figure: startup falls back to the wall
+            # (math.isfinite raised OverflowError: a traceback from plan --durations-from)
+            "x": ok(7.0, 10**400),
         },
     )
     d = read_durations(run)
     assert d.platform == "cpu"
-    assert d.cells == {"a": CellTime(50.0, 20.0), "c": CellTime(5.0, 5.0), "p": CellTime(200.0, 150.0, "q")}
+    assert d.cells == {
+        "a": CellTime(50.0, 20.0),
+        "c": CellTime(5.0, 5.0),
+        "p": CellTime(200.0, 150.0, "q"),
+        "x": CellTime(7.0, 7.0),
+    }
     why = dict(d.unusable)
     assert why.pop("e").startswith(f"{run / 'e' / 'status.json'}: unreadable results file")
     assert why.pop("f").startswith("status.json: duration_s: Input should be a valid number")

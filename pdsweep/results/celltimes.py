@@ -15,12 +15,12 @@ expected to fail that failed counts: the failure is what the plan expects of it 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pdsweep.core.errors import UserError
+from pdsweep.core.stats import num
 from pdsweep.results import layout
 from pdsweep.results.schema import type_problem
 
@@ -50,10 +50,10 @@ class RunDurations:
 
 
 def _seconds(x: Any) -> float | None:
-    """A finite number >= 0, else None (bool, text, NaN are no figure)."""
-    if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x) or x < 0:
-        return None
-    return float(x)
+    """A finite number >= 0 (:func:`pdsweep.core.stats.num`), else None (bool, text, NaN, an int beyond
+    float's range are no figure)."""
+    v = num(x)
+    return v if v is not None and v >= 0 else None
 
 
 def cell_time(status: dict[str, Any] | None) -> CellTime | str:
