@@ -39,7 +39,7 @@ from pdsweep.plan.cell import Cell
 from pdsweep.results import layout
 from pdsweep.sweepfile.gatespec import GateSpec
 from pdsweep.sweepfile.matrix import TRIVIAL_TEXTS
-from pdsweep.sweepfile.phases import EvalSpec
+from pdsweep.sweepfile.phases import BenchSpec, EvalSpec
 
 R = TypeVar("R")
 LOST_MARK = "(metric missing"  # TransferCheck, ReadPatternCheck: a value the file should hold
@@ -343,7 +343,8 @@ def _repeats(bench: dict[str, Any], platform: Any) -> tuple[int, int] | None:
     """The fewest and most runs per concurrency the load phase makes (its repeats,
     :func:`pdsweep.core.stats.planned_repeats` over run.json ``bench`` and ``platform``); None for a
     damaged setting (:func:`_bench_problems` names it)."""
-    rep, ci, most = bench.get("repeats"), bench.get("target_ci"), bench.get("max_repeats", 5)
+    most = bench.get("max_repeats", BenchSpec.model_fields["max_repeats"].default)
+    rep, ci = bench.get("repeats"), bench.get("target_ci")
     if not (rep is None or _whole(rep)) or not _whole(most) or (ci is not None and num(ci) is None):
         return None
     lo, _, hi = planned_repeats(SimpleNamespace(repeats=rep, target_ci=ci, max_repeats=most), str(platform))

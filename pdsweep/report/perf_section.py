@@ -143,15 +143,15 @@ def plot_perf(result: GateResult, path: Path) -> Path | None:
     cells = perf_cells(result)
     if not cells:
         return None
+    sums = [summary_of(c) for c in cells]  # once per cell: every plotted metric reads it
     ns = [  # a cell's repeats: the largest n among its plotted figures
-        max((x.get("n") or 1 for m in PLOT_METRICS if (x := _stat(summary_of(c), m[0], m[1]))), default=1)
-        for c in cells
+        max((x.get("n") or 1 for m in PLOT_METRICS if (x := _stat(s, m[0], m[1]))), default=1) for s in sums
     ]
     fig = Figure(figsize=(max(6.0, 0.6 * len(cells) + 3), 2.6 * len(PLOT_METRICS)), layout="constrained")
     axes = fig.subplots(len(PLOT_METRICS), 1, sharex=True)
     xs = range(len(cells))
     for ax, (series, metric, title) in zip(axes, PLOT_METRICS):
-        stats = [_stat(summary_of(c), series, metric) for c in cells]
+        stats = [_stat(s, series, metric) for s in sums]
         means = [x["mean"] if x else 0.0 for x in stats]
         ax.bar(xs, means, yerr=error_bars(stats), capsize=4, color="#4c72b0")
         for i, x in enumerate(stats):

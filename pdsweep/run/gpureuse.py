@@ -22,7 +22,7 @@ from pdsweep.deploy.instances import InstancePool, instance_key
 from pdsweep.plan.dispatch import Inputs, Placed, Prestart, Release, Stop, ended, first_order, makespan, ordered
 from pdsweep.plan.expand import Cell
 from pdsweep.plan.instance import InstanceSpec, Slot, instances
-from pdsweep.plan.schedule import GpuPool
+from pdsweep.plan.schedule import GpuPool, eval_s
 from pdsweep.run.prebuild import checkpoint_path
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ def plan_order(
     planned, sizes = identities(specs)
     keys = {c.id: planned.get(c.id, frozenset()) for c in todo}
     ends = {c.id: ended(c, keys[c.id]) for c in todo}
-    inp = Inputs(keys, sizes, num_gpus, estimate, ends, prestart, *([work] if work else []))
+    inp = Inputs(keys, sizes, num_gpus, estimate, ends, prestart, work or eval_s)
     order, placed = ordered(first_order(todo, inp), inp)
     return order, placed, inp
 
